@@ -1,0 +1,136 @@
+"""Turning an approval (the operations API's create request) into an operation row. Pure.
+
+The approval is validated against the policy rule it names, so that every operation that exists
+can be sent by exactly one well-formed request: the path renders, the amount and currency are
+there iff the rule reads them, and approved parameters are ones the rule compares.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from datetime import datetime, timedelta
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from proxy.policy.model import BodyKind, OperationRequirement
+from proxy.policy.set import PolicySet
+from proxy.store.store import NewOperation
+
+_ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
+
+Scalar = str | int | float | bool
+
+
+class OperationRequest(BaseModel):
+    """The body of ``POST /v1/operations``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    operation_id: Annotated[str, Field(pattern=_ID)] | None = None
+    tenant: Annotated[str, Field(min_length=1, max_length=128)]
+    agent_id: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+    provider: str
+    action: str
+    path_params: dict[str, str] = Field(default_factory=dict)
+    # strict: money is a JSON integer; "100", true and 100.0 are refused, not coerced
+    amount: Annotated[int, Field(strict=True, ge=0, le=2**53 - 1)] | None = None
+    currency: Annotated[str, Field(pattern=r"^[A-Za-z]{3}$")] | None = None
+    params: dict[str, Scalar] = Field(default_factory=dict)
+    idempotency_key: str | None = None
+    approval_ref: Annotated[str, Field(min_length=1, max_length=256)]
+    approved_by: Annotated[str, Field(min_length=1, max_length=256)]
+    expires_at: datetime | None = None
+    ttl_seconds: Annotated[int, Field(gt=0, le=30 * 86400)] | None = None
+
+    @model_validator(mode="after")
+    def _one_expiry(self) -> OperationRequest:
+        if (self.expires_at is None) == (self.ttl_seconds is None):
+            raise ValueError("give exactly one of expires_at and ttl_seconds")
+        if self.expires_at is not None and self.expires_at.tzinfo is None:
+            raise ValueError("expires_at needs a time zone")
+        if self.idempotency_key is not None and not _KEY.match(self.idempotency_key):
+            raise ValueError("idempotency_key must be 1-255 printable ASCII characters")
+        return self
+
+
+def new_operation_id() -> str:
+    return "op_" + secrets.token_hex(12)
+
+
+def new_idempotency_key() -> str:
+    return "opk_" + secrets.token_hex(16)
+
+
+def plan_operation(
+    req: OperationRequest, policy: PolicySet, now: datetime
+) -> NewOperation | list[str]:
+    """The row to insert, or every reason the approval cannot be sent as it stands."""
+    provider = policy.provider_named(req.provider)
+    if provider is None:
+        return [f"no provider {req.provider!r} in the loaded policy"]
+    rule = provider.rule_named(req.action)
+    if rule is None:
+        return [f"provider {req.provider} has no rule {req.action!r}"]
+    problems: list[str] = []
+    if rule.operation is not OperationRequirement.REQUIRED:
+        problems.append(f"rule {rule.name} does not take operations")
+    try:
+        path = rule.path.render(req.path_params)
+    except ValueError as exc:
+        problems.append(str(exc))
+        path = ""
+    if (rule.amount is None) and req.amount is not None:
+        problems.append(f"rule {rule.name} reads no amount")
+    if (rule.currency is None) and req.currency is not None:
+        problems.append(f"rule {rule.name} reads no currency")
+    if rule.currency is not None and req.amount is not None and req.currency is None:
+        problems.append("an amount needs its currency")
+    unknown = sorted(set(req.params) - set(rule.params))
+    if unknown:
+        problems.append(f"rule {rule.name} compares no parameters {unknown}")
+    if rule.body is BodyKind.FORM:
+        non_text = sorted(k for k, v in req.params.items() if not isinstance(v, str))
+        if non_text:
+            problems.append(f"form parameters are text; {non_text} are not strings")
+    expires_at = req.expires_at or now + timedelta(seconds=req.ttl_seconds or 0)
+    if expires_at <= now:
+        problems.append("the approval has already expired")
+    if problems:
+        return problems
+    params: dict[str, Any] = dict(req.params)
+    return NewOperation(
+        operation_id=req.operation_id or new_operation_id(),
+        tenant=req.tenant,
+        agent_id=req.agent_id,
+        provider=provider.provider,
+        action=rule.name,
+        method=rule.method,
+        path=path,
+        path_params=dict(req.path_params),
+        amount=req.amount,
+        currency=req.currency.lower() if req.currency else None,
+        params=params,
+        idempotency_key=req.idempotency_key or new_idempotency_key(),
+        approval_ref=req.approval_ref,
+        approved_by=req.approved_by,
+        expires_at=expires_at,
+    )
+
+
+def same_approval(new: NewOperation, existing: dict[str, Any]) -> bool:
+    """Whether a repeated create (same operation_id) asks for what the row already holds."""
+    target = existing["target"]
+    return bool(
+        new.tenant == existing["tenant"]
+        and new.agent_id == existing["agent_id"]
+        and new.provider == existing["provider"]
+        and new.action == existing["action"]
+        and new.path == target["path"]
+        and new.amount == existing["amount"]
+        and new.currency == existing["currency"]
+        and new.params == existing["params"]
+        and new.approval_ref == existing["approval"]["ref"]
+    )

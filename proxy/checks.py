@@ -1,0 +1,216 @@
+"""The decision core: ordered, pure checks of one request against its operation row.
+
+No IO. ``decide`` starts from *deny* and only returns Forward or Replay once every check has
+passed; the first check that fails names the reason. The order matters and is part of the
+contract: identity before content, content before state, so that a re-sent request with a
+different payload is told "422 mismatch" (IETF Idempotency-Key draft), not "here is the replay".
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+
+from proxy.bodies import JsonLeaf, ParsedBody
+from proxy.decision import ClaimKind, Decision, Deny, Forward, Replay
+from proxy.operation import LastOutcome, Operation, Status
+from proxy.policy.model import BodyKind, OperationRequirement, Provider, Rule
+from proxy.reasons import Reason
+
+
+@dataclass(frozen=True)
+class Agent:
+    agent_id: str
+    tenant: str
+
+
+@dataclass(frozen=True)
+class RequestFacts:
+    """Everything the checks may look at, gathered (and parsed) before any decision."""
+
+    agent: Agent
+    provider: Provider
+    rule: Rule
+    method: str
+    path: str  # below the route prefix
+    path_params: dict[str, str]
+    body: ParsedBody
+    named_operation_id: str | None  # from X-Operation-Id
+    idempotency_key: str | None  # from the provider's idempotency header
+    injected_field: str | None  # the metadata field opgate will set (form key or JSON pointer)
+
+
+Check = Callable[[RequestFacts, Operation], Deny | None]
+
+
+def check_scope(facts: RequestFacts, op: Operation) -> Deny | None:
+    if op.tenant != facts.agent.tenant or (
+        op.agent_id is not None and op.agent_id != facts.agent.agent_id
+    ):
+        return Deny(Reason.OPERATION_SCOPE_MISMATCH, "the operation is not approved for this agent")
+    return None
+
+
+def check_target(facts: RequestFacts, op: Operation) -> Deny | None:
+    if op.provider != facts.provider.provider or op.action != facts.rule.name:
+        return Deny(
+            Reason.TARGET_MISMATCH,
+            f"approved for {op.provider} {op.action}, "
+            f"not {facts.provider.provider} {facts.rule.name}",
+        )
+    if op.method != facts.method or op.path != facts.path:
+        return Deny(
+            Reason.TARGET_MISMATCH,
+            f"approved for {op.method} {op.path}, not {facts.method} {facts.path}",
+        )
+    return None
+
+
+def check_idempotency_key(facts: RequestFacts, op: Operation) -> Deny | None:
+    if facts.idempotency_key is not None and facts.idempotency_key != op.idempotency_key:
+        return Deny(Reason.IDEMPOTENCY_KEY_MISMATCH, "the idempotency key is not the approved one")
+    return None
+
+
+def check_amount(facts: RequestFacts, op: Operation) -> Deny | None:
+    if facts.rule.amount is None:
+        return None
+    sent = facts.body.fields().get(facts.rule.amount)
+    if _amount_value(sent, facts.body.kind) != op.amount or (sent is None) != (op.amount is None):
+        return Deny(
+            Reason.AMOUNT_MISMATCH,
+            f"{facts.rule.amount} is {_show(sent)}, approved {_show(op.amount)}",
+        )
+    return None
+
+
+def check_currency(facts: RequestFacts, op: Operation) -> Deny | None:
+    if facts.rule.currency is None:
+        return None
+    sent = facts.body.fields().get(facts.rule.currency)
+    expected = op.currency
+    same = (sent is None and expected is None) or (
+        isinstance(sent, str) and expected is not None and sent.lower() == expected.lower()
+    )
+    if not same:
+        return Deny(
+            Reason.CURRENCY_MISMATCH,
+            f"{facts.rule.currency} is {_show(sent)}, approved {_show(expected)}",
+        )
+    return None
+
+
+def check_params(facts: RequestFacts, op: Operation) -> Deny | None:
+    fields = facts.body.fields()
+    for name in facts.rule.params:
+        sent, approved = fields.get(name), op.params.get(name)
+        if not _same_leaf(sent, approved):
+            return Deny(
+                Reason.PARAMETER_MISMATCH, f"{name} is {_show(sent)}, approved {_show(approved)}"
+            )
+    return None
+
+
+def check_no_unexpected_fields(facts: RequestFacts, op: Operation) -> Deny | None:
+    """Fail closed on fields nobody approved: the agent may only set what the rule lets it."""
+    rule = facts.rule
+    named = {f for f in (rule.amount, rule.currency, facts.injected_field, *rule.params) if f}
+    for field in facts.body.fields():
+        if field in named or any(_free_pattern(p).fullmatch(field) for p in rule.free):
+            continue
+        return Deny(Reason.PARAMETER_UNEXPECTED, f"{field} is neither approved nor free to set")
+    return None
+
+
+def check_injected_field(facts: RequestFacts, op: Operation) -> Deny | None:
+    if facts.injected_field is None:
+        return None
+    sent = facts.body.fields().get(facts.injected_field)
+    if sent is not None and sent != op.operation_id:
+        return Deny(Reason.INJECTION_CONFLICT, f"{facts.injected_field} is set by opgate")
+    return None
+
+
+# The payload checks: any difference from the approved operation is a 422.
+PAYLOAD_CHECKS: tuple[Check, ...] = (
+    check_scope,
+    check_target,
+    check_idempotency_key,
+    check_amount,
+    check_currency,
+    check_params,
+    check_injected_field,
+    check_no_unexpected_fields,
+)
+
+
+def decide(facts: RequestFacts, op: Operation | None, *, operation_lookup_failed: bool) -> Decision:
+    """The verdict for one request. ``op`` is the row read from the primary, or None."""
+    if facts.rule.operation is OperationRequirement.NONE:
+        return Forward(ClaimKind.NONE)
+    if op is None:
+        if operation_lookup_failed:
+            return Deny(Reason.OPERATION_UNKNOWN, f"no operation {facts.named_operation_id}")
+        return Deny(Reason.OPERATION_REQUIRED, "no approved operation is named")
+    for check in PAYLOAD_CHECKS:
+        denied = check(facts, op)
+        if denied is not None:
+            return denied
+    return decide_by_state(facts.provider, op)
+
+
+def decide_by_state(provider: Provider, op: Operation) -> Decision:
+    """For a request identical to the approval: what the operation's state allows."""
+    if op.status is Status.CONFIRMED:
+        return Replay()
+    if op.status is Status.FAILED:
+        return Deny(Reason.OPERATION_FAILED, "the provider refused this operation")
+    if op.revoked_at is not None:
+        return Deny(Reason.APPROVAL_REVOKED, op.revoked_reason or "revoked")
+    if op.expires_at <= op.read_at:
+        return Deny(Reason.APPROVAL_EXPIRED, f"the approval expired at {op.expires_at.isoformat()}")
+    if op.status is Status.CREATED:
+        return Forward(ClaimKind.FIRST)
+    if op.lease_is_live():
+        assert op.lease_until is not None
+        wait = max(1, math.ceil((op.lease_until - op.read_at).total_seconds()))
+        return Deny(Reason.OPERATION_IN_FLIGHT, "another attempt is in flight", wait)
+    if op.last_outcome == LastOutcome.NOT_SENT or provider.idempotency.provider_deduplicates:
+        return Forward(ClaimKind.RESEND)
+    return Deny(
+        Reason.RECONCILE_REQUIRED,
+        f"the last attempt ended {op.last_outcome or 'without an answer'}; "
+        f"{provider.provider} does not deduplicate on its idempotency key",
+    )
+
+
+def _amount_value(sent: JsonLeaf, kind: BodyKind) -> int | None:
+    """The amount as an integer, or None if absent or not written canonically."""
+    if kind is BodyKind.FORM and isinstance(sent, str):
+        if sent == "0" or (sent[:1] in "123456789" and sent.isascii() and sent.isdigit()):
+            return int(sent)
+        return None
+    if isinstance(sent, int) and not isinstance(sent, bool):
+        return sent
+    return None
+
+
+@lru_cache(maxsize=1024)
+def _free_pattern(glob: str) -> re.Pattern[str]:
+    """``*`` matches any run of characters; everything else is literal. Not fnmatch: its
+    ``[...]`` is a character class, so ``metadata[*]`` would match only ``metadata*``."""
+    return re.compile(".*".join(re.escape(part) for part in glob.split("*")), re.DOTALL)
+
+
+def _same_leaf(sent: JsonLeaf, approved: object) -> bool:
+    if sent is None or approved is None:
+        return sent is None and approved is None
+    # bool is an int in Python; True must not match an approved 1
+    return type(sent) is type(approved) and sent == approved
+
+
+def _show(value: object) -> str:
+    return "absent" if value is None else repr(value)

@@ -1,0 +1,140 @@
+"""The ``opgate`` command line (also ``python -m proxy``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from proxy.logs import configure_logging
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    result: int = handler(args)
+    return result
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="opgate", description=__doc__)
+    commands = parser.add_subparsers()
+
+    serve = commands.add_parser("serve", help="run the agent listener and the operations API")
+    _setting_flags(serve)
+    serve.add_argument("--dev", action="store_true", help="generate local trial tokens")
+    serve.set_defaults(handler=_serve)
+
+    migrate = commands.add_parser("migrate", help="apply the database schema and exit")
+    _setting_flags(migrate)
+    migrate.set_defaults(handler=_migrate)
+
+    token = commands.add_parser("token", help="make a new agent or admin token")
+    token.set_defaults(handler=_token)
+
+    policy = commands.add_parser("policy", help="policy tools")
+    policy_commands = policy.add_subparsers()
+    check = policy_commands.add_parser("check", help="validate a policy directory offline")
+    check.add_argument("directory", type=Path)
+    check.set_defaults(handler=_policy_check)
+    return parser
+
+
+def _setting_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--database-url", help="PostgreSQL primary (default: embedded)")
+    parser.add_argument("--data-dir", type=Path)
+    parser.add_argument("--policy-dir", type=Path)
+    parser.add_argument("--agent-listen", help="HOST:PORT of the agent listener")
+    parser.add_argument("--ops-listen", help="HOST:PORT of the operations API")
+
+
+def _settings(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> Any:
+    from proxy.settings import load_settings
+
+    flags = {
+        "database_url": args.database_url,
+        "data_dir": args.data_dir,
+        "policy_dir": args.policy_dir,
+        "agent_listen": args.agent_listen,
+        "ops_listen": args.ops_listen,
+        **(extra or {}),
+    }
+    try:
+        return load_settings(flags)
+    except ValidationError as exc:
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"])
+            print(f"opgate: setting {where}: {err['msg']}", file=sys.stderr)
+        raise SystemExit(2) from exc
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from proxy.devmode import DEV_AGENT_ID, dev_credentials, dev_overrides
+    from proxy.policy.load import PolicyLoadError
+    from proxy.server import serve
+
+    settings = _settings(args)
+    configure_logging(settings.log_level)
+    if args.dev:
+        creds = dev_credentials(settings.data_dir)
+        explicit = settings.model_dump(exclude_unset=True)
+        settings = type(settings)(**dev_overrides(creds, explicit))
+        print(
+            f"opgate dev mode: admin token {creds['admin_token']}, "
+            f"agent token ({DEV_AGENT_ID}, tenant demo) {creds['agent_token']} "
+            f"(kept in {settings.data_dir / 'dev-credentials.json'})",
+            file=sys.stderr,
+        )
+    try:
+        asyncio.run(serve(settings))
+    except PolicyLoadError as exc:
+        print(f"opgate: the policy set is invalid:\n{exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    from proxy.server import database_dsn
+    from proxy.store.migrate import migrate
+
+    settings = _settings(args)
+
+    async def run() -> list[int]:
+        async with database_dsn(settings) as dsn:
+            return await migrate(dsn)
+
+    applied = asyncio.run(run())
+    print(f"applied migrations: {applied or 'none (up to date)'}")
+    return 0
+
+
+def _token(args: argparse.Namespace) -> int:
+    from proxy.identity import new_token, token_digest
+
+    token = new_token()
+    print(f"token:        {token}")
+    print(f"token_sha256: {token_digest(token)}")
+    print("Give the token to its holder; configure only the digest.", file=sys.stderr)
+    return 0
+
+
+def _policy_check(args: argparse.Namespace) -> int:
+    from proxy.policy.load import PolicyLoadError, load_policy_dir
+
+    try:
+        policy = load_policy_dir(args.directory)
+    except PolicyLoadError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return 1
+    rules = sum(len(p.rules) for p in policy.providers)
+    print(f"ok: {len(policy.providers)} providers, {rules} rules, version {policy.version}")
+    return 0

@@ -1,0 +1,48 @@
+"""``opgate serve --dev``: a local trial with nothing configured by hand.
+
+Generates an admin token and one demo agent token (tenant ``demo``) once, keeps them in
+``<data_dir>/dev-credentials.json`` (mode 0600), and reuses them on the next start. Never for
+production: real deployments configure token digests (``opgate token new``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from proxy.identity import new_token, token_digest
+
+DEV_AGENT_ID = "demo-agent"
+DEV_TENANT = "demo"
+
+
+def dev_credentials(data_dir: Path) -> dict[str, str]:
+    path = data_dir / "dev-credentials.json"
+    if path.is_file():
+        stored: dict[str, str] = json.loads(path.read_text("utf-8"))
+        return stored
+    data_dir.mkdir(parents=True, exist_ok=True)
+    creds = {"admin_token": new_token(), "agent_token": new_token()}
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(creds, handle)
+    return creds
+
+
+def dev_overrides(creds: dict[str, str], current: dict[str, Any]) -> dict[str, Any]:
+    """Settings that wire the dev tokens in, where the operator configured none."""
+    out = dict(current)
+    out.setdefault("admin_token_sha256", token_digest(creds["admin_token"]))
+    out.setdefault(
+        "agents",
+        [
+            {
+                "id": DEV_AGENT_ID,
+                "tenant": DEV_TENANT,
+                "token_sha256": token_digest(creds["agent_token"]),
+            }
+        ],
+    )
+    return out

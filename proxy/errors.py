@@ -1,0 +1,53 @@
+"""opgate's exceptions: "could not decide" or "could not forward". A rejection is not one of
+these; it is a ``Deny`` value (decision.py).
+
+    OpgateError
+    ├── StoreUnavailable          the primary cannot be reached or did not answer in time
+    ├── ConfigurationError        settings or credentials are missing or invalid
+    ├── IdempotencyKeyInUse       another operation of the provider holds that key
+    └── UpstreamError             the provider exchange did not produce a complete answer
+        ├── UpstreamNotSent       the connection never opened: no byte of the request left
+        ├── UpstreamTimeout       sent (perhaps), no complete answer in time
+        ├── UpstreamDropped       the connection broke after the request may have left
+        └── UpstreamTruncated     the answer was larger than the policy allows
+
+Third-party errors (asyncpg, aiohttp, OSError) are translated at the module that calls them.
+"""
+
+from __future__ import annotations
+
+
+class OpgateError(Exception):
+    pass
+
+
+class StoreUnavailable(OpgateError):
+    pass
+
+
+class ConfigurationError(OpgateError):
+    pass
+
+
+class IdempotencyKeyInUse(OpgateError):
+    pass
+
+
+class UpstreamError(OpgateError):
+    pass
+
+
+class UpstreamNotSent(UpstreamError):
+    pass
+
+
+class UpstreamTimeout(UpstreamError):
+    pass
+
+
+class UpstreamDropped(UpstreamError):
+    pass
+
+
+class UpstreamTruncated(UpstreamError):
+    pass

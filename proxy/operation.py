@@ -1,0 +1,109 @@
+"""The authoritative operation row, as the pure checks and the APIs see it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+
+class Status(StrEnum):
+    CREATED = "created"
+    DISPATCHED = "dispatched"
+    CONFIRMED = "confirmed"
+    FAILED = "failed"
+
+
+class LastOutcome(StrEnum):
+    """Why a dispatched operation has no live attempt (``last_outcome`` column)."""
+
+    NOT_SENT = "not_sent"  # the connection to the provider never opened: no byte left
+    UNKNOWN_TIMEOUT = "unknown:timeout"
+    UNKNOWN_DROPPED = "unknown:dropped"
+    UNKNOWN_STATUS = "unknown:status"  # e.g. a 5xx
+    UNKNOWN_TRUNCATED = "unknown:truncated"
+    CONFIRMED = "confirmed"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Operation:
+    operation_id: str
+    tenant: str
+    agent_id: str | None
+    provider: str
+    action: str
+    method: str
+    path: str
+    path_params: dict[str, str]
+    amount: int | None
+    currency: str | None
+    params: dict[str, Any]
+    idempotency_key: str
+    approval_ref: str
+    approved_by: str
+    expires_at: datetime
+    status: Status
+    revoked_at: datetime | None
+    revoked_reason: str | None
+    attempts: int
+    dispatched_at: datetime | None
+    lease_owner: str | None
+    lease_until: datetime | None
+    last_outcome: str | None
+    provider_status: int | None
+    provider_object_id: str | None
+    response_content_type: str | None
+    response_body: bytes | None
+    settled_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    # The database's clock when the row was read: every time comparison uses it, so opgate
+    # replicas with skewed clocks decide alike.
+    read_at: datetime
+
+    def lease_is_live(self) -> bool:
+        return self.lease_until is not None and self.lease_until > self.read_at
+
+    def to_public(self) -> dict[str, Any]:
+        """The JSON shape the operations API returns (and the recovery read will)."""
+        body = self.response_body
+        text: str | None = None
+        if body is not None:
+            text = body.decode("utf-8", errors="replace")
+        return {
+            "operation_id": self.operation_id,
+            "tenant": self.tenant,
+            "agent_id": self.agent_id,
+            "provider": self.provider,
+            "action": self.action,
+            "target": {"method": self.method, "path": self.path, "path_params": self.path_params},
+            "amount": self.amount,
+            "currency": self.currency,
+            "params": self.params,
+            "idempotency_key": self.idempotency_key,
+            "approval": {
+                "ref": self.approval_ref,
+                "approved_by": self.approved_by,
+                "expires_at": self.expires_at.isoformat(),
+                "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None,
+                "revoked_reason": self.revoked_reason,
+            },
+            "status": self.status.value,
+            "attempts": self.attempts,
+            "dispatched_at": self.dispatched_at.isoformat() if self.dispatched_at else None,
+            "lease_until": self.lease_until.isoformat() if self.lease_until else None,
+            "last_outcome": self.last_outcome,
+            "provider_response": None
+            if self.provider_status is None
+            else {
+                "status": self.provider_status,
+                "object_id": self.provider_object_id,
+                "content_type": self.response_content_type,
+                "body": text,
+            },
+            "settled_at": self.settled_at.isoformat() if self.settled_at else None,
+            "created_at": self.created_at.isoformat(),
+            "updated_at": self.updated_at.isoformat(),
+        }

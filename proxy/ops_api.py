@@ -1,0 +1,134 @@
+"""The operations API: the application's approval step creates, reads and revokes operations.
+
+A separate listener from the agents', behind the admin bearer token. Agent tokens are not
+admin tokens, so an agent can never approve its own work.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+
+import structlog
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from proxy.approvals import OperationRequest, plan_operation, same_approval
+from proxy.errors import IdempotencyKeyInUse, StoreUnavailable
+from proxy.gateway import GATEWAY
+from proxy.identity import admin_token_matches, credential_from
+from proxy.problem import admin_problem
+
+_log = structlog.get_logger("opgate.ops")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+
+
+class RevokeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    reason: str = Field(min_length=1, max_length=1000)
+
+
+@web.middleware
+async def require_admin(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.path in _PUBLIC_PATHS:
+        return await handler(request)
+    values = request.headers.getall("Authorization", [])
+    presented = credential_from(values[0]) if len(values) == 1 else None
+    expected = request.app[GATEWAY].settings.admin_token_sha256
+    if not admin_token_matches(presented, expected):
+        _log.warning("ops_unauthorized", path=request.path, method=request.method)
+        response = admin_problem(401, "admin_unauthenticated", "an admin bearer token is required")
+        response.headers["WWW-Authenticate"] = 'Bearer realm="opgate-operations"'
+        return response
+    return await handler(request)
+
+
+@web.middleware
+async def store_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except StoreUnavailable as exc:
+        return admin_problem(503, "store_unavailable", str(exc))
+
+
+async def create_operation(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    try:
+        approval = OperationRequest.model_validate_json(await request.read())
+    except ValidationError as exc:
+        return admin_problem(400, "invalid_request", "the approval is invalid", errors=_errors(exc))
+    planned = plan_operation(approval, gateway.policy, datetime.now(UTC))
+    if isinstance(planned, list):
+        return admin_problem(422, "approval_not_sendable", "; ".join(planned), errors=planned)
+    try:
+        created = await gateway.store.create(planned, actor="admin")
+    except IdempotencyKeyInUse:
+        return admin_problem(
+            409, "idempotency_key_in_use", "another operation of this provider holds that key"
+        )
+    if created is not None:
+        _log.info("operation_created", operation_id=created.operation_id, action=created.action)
+        return web.json_response(created.to_public(), status=201)
+    existing = await gateway.store.load(planned.operation_id)
+    if existing is not None and same_approval(planned, existing.to_public()):
+        return web.json_response(existing.to_public(), status=200)
+    return admin_problem(
+        409, "operation_exists", f"{planned.operation_id} exists with a different approval"
+    )
+
+
+async def get_operation(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    op = await gateway.store.load(request.match_info["operation_id"])
+    if op is None:
+        return admin_problem(404, "operation_unknown", "no such operation")
+    public = op.to_public()
+    public["events"] = await gateway.store.events(op.operation_id)
+    return web.json_response(public)
+
+
+async def revoke_operation(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    operation_id = request.match_info["operation_id"]
+    try:
+        revoke = RevokeRequest.model_validate_json(await request.read())
+    except ValidationError as exc:
+        return admin_problem(400, "invalid_request", "a reason is required", errors=_errors(exc))
+    revoked = await gateway.store.revoke(operation_id, revoke.reason, actor="admin")
+    if revoked is None:
+        existing = await gateway.store.load(operation_id)
+        if existing is None:
+            return admin_problem(404, "operation_unknown", "no such operation")
+        return web.json_response(existing.to_public())  # revoking twice changes nothing
+    _log.info("operation_revoked", operation_id=operation_id)
+    return web.json_response(revoked.to_public())
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    try:
+        await gateway.store.ping()
+    except StoreUnavailable as exc:
+        return web.json_response({"status": "unavailable", "detail": str(exc)}, status=503)
+    return web.json_response({"status": "ready", "policy_version": gateway.policy.version})
+
+
+def _errors(exc: ValidationError) -> list[str]:
+    return [
+        f"{'.'.join(str(p) for p in err['loc']) or '(body)'}: {err['msg']}"
+        for err in json.loads(exc.json())
+    ]
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/operations", create_operation)
+    app.router.add_get("/v1/operations/{operation_id}", get_operation)
+    app.router.add_post("/v1/operations/{operation_id}/revoke", revoke_operation)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)

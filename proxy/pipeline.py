@@ -1,0 +1,330 @@
+"""One agent request, top to bottom:
+
+identify -> load the row (primary) -> decide (pure checks) -> prepare -> claim -> forward ->
+classify -> record -> answer, with exactly one audit record emitted in a ``finally``.
+
+Nothing leaves before the claim has committed. Once the claim has committed, the row only
+becomes confirmed or failed from the provider's answer; every other ending leaves it dispatched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+
+from aiohttp import web
+
+from proxy import upstream
+from proxy.audit import AuditRecord, Decision, emit
+from proxy.bodies import BodyRejected, ParsedBody, inject
+from proxy.checks import RequestFacts, decide, decide_by_state
+from proxy.classify import Settled, Unknown, classify_answer
+from proxy.decision import ClaimKind, Deny, Forward, Replay
+from proxy.errors import (
+    StoreUnavailable,
+    UpstreamError,
+    UpstreamNotSent,
+    UpstreamTimeout,
+    UpstreamTruncated,
+)
+from proxy.gateway import GATEWAY, Gateway
+from proxy.headers import outbound_headers, response_headers
+from proxy.intake import Target, identify, read_body
+from proxy.operation import LastOutcome, Operation
+from proxy.problem import problem_response
+from proxy.reasons import Reason
+from proxy.store.store import ProviderAnswer
+from proxy.upstream import OutboundRequest, UpstreamResponse
+
+
+async def handle_agent_request(request: web.Request) -> web.StreamResponse:
+    gateway = request.app[GATEWAY]
+    policy = gateway.policy  # this request is decided by the set it started with
+    record = AuditRecord(
+        request_id=secrets.token_hex(8),
+        method=request.method,
+        path=request.path,
+        policy_version=policy.version,
+    )
+    try:
+        response = await _process(gateway, request, record)
+        record.response_status = response.status
+        return response
+    finally:
+        emit(record)
+
+
+async def _process(gw: Gateway, request: web.Request, record: AuditRecord) -> web.StreamResponse:
+    # 1. identify the agent and the operation; read and parse the body strictly
+    target = identify(gw.policy, gw.agents, request)
+    if isinstance(target, Deny):
+        return _reject(record, target)
+    record.agent_id, record.tenant = target.agent.agent_id, target.agent.tenant
+    record.provider, record.rule = target.provider.provider, target.rule.name
+    body = await read_body(request, target)
+    if isinstance(body, Deny):
+        return _reject(record, body)
+    facts = _facts(target, body)
+
+    # 2. load the authoritative row from the primary
+    try:
+        op = await _load_operation(gw, target)
+    except StoreUnavailable as exc:
+        return _store_unavailable(record, exc)
+    if op is not None:
+        record.operation_id, record.status_before = op.operation_id, op.status.value
+
+    # 3. decide: ordered pure checks
+    decision = decide(facts, op, operation_lookup_failed=target.named_operation_id is not None)
+    if isinstance(decision, Deny):
+        return _reject(record, decision, op)
+    if isinstance(decision, Replay):
+        assert op is not None
+        return _replay(record, op)
+
+    # 4. prepare what will leave (pure: it must not fail after the claim), then claim
+    outbound = _prepare(gw, target, body, op)
+    if isinstance(outbound, Deny):
+        return _reject(record, outbound, op)
+    if decision.claim is not ClaimKind.NONE:
+        assert op is not None
+        try:
+            claimed = await _claim(gw, target, op, decision)
+        except StoreUnavailable as exc:
+            return _store_unavailable(record, exc)
+        if not isinstance(claimed, Operation):
+            return _answer_claim_conflict(record, claimed, op)
+        op = claimed
+        record.status_after, record.attempt = op.status.value, op.attempts
+
+    # 5-8. forward, classify, record; shielded so that an agent hanging up cannot stop the
+    # outcome of a request that has already left from being recorded
+    record.decision = Decision.ALLOW
+    record.forwarded_body_sha256 = hashlib.sha256(outbound.body).hexdigest()
+    return await asyncio.shield(_forward_and_record(gw, target, outbound, op, record))
+
+
+async def _forward_and_record(
+    gw: Gateway,
+    target: Target,
+    outbound: OutboundRequest,
+    op: Operation | None,
+    record: AuditRecord,
+) -> web.StreamResponse:
+    # 6. forward
+    try:
+        answer: UpstreamResponse | UpstreamError = await upstream.send(gw.client, outbound)
+    except UpstreamError as exc:
+        answer = exc
+    if op is None:  # a read without an operation: nothing to record
+        return _pass_through(record, answer, None)
+
+    # 7. classify the provider's answer
+    if isinstance(answer, UpstreamError):
+        outcome: Settled | Unknown = Unknown(_unknown_outcome(answer))
+    else:
+        record.provider_status = answer.status
+        classification = target.provider.classification_for(target.rule)
+        outcome = classify_answer(classification, answer.status, answer.body)
+
+    # 8. record the outcome
+    actor = gw.settings.instance_id
+    try:
+        if isinstance(outcome, Settled):
+            assert isinstance(answer, UpstreamResponse)
+            stored = ProviderAnswer(
+                answer.status, outcome.object_id, answer.headers.get("Content-Type"), answer.body
+            )
+            recorded = await gw.store.settle(op.operation_id, outcome.status, stored, actor)
+        else:
+            status = None if isinstance(answer, UpstreamError) else answer.status
+            recorded = await gw.store.release_unknown(
+                op.operation_id, op.attempts, outcome.outcome.value, status, actor
+            )
+    except StoreUnavailable:
+        # The provider has answered but the row could not be updated: it stays dispatched with
+        # a lease that will expire, i.e. unknown, which is true from the row's point of view.
+        recorded = None
+    record.status_after = recorded.status.value if recorded else op.status.value
+    if isinstance(outcome, Unknown):
+        record.decision, record.reason = Decision.ERROR, outcome.outcome.value
+    return _pass_through(record, answer, recorded or op)
+
+
+def _facts(target: Target, body: ParsedBody) -> RequestFacts:
+    return RequestFacts(
+        agent=target.agent,
+        provider=target.provider,
+        rule=target.rule,
+        method=target.rule.method,
+        path=target.path,
+        path_params=target.path_params,
+        body=body,
+        named_operation_id=target.named_operation_id,
+        idempotency_key=target.idempotency_key,
+        injected_field=target.provider.metadata_field(target.rule),
+    )
+
+
+async def _load_operation(gw: Gateway, target: Target) -> Operation | None:
+    if target.rule.operation.value == "none":
+        return None
+    if target.named_operation_id is not None:
+        return await gw.store.load(target.named_operation_id)
+    if target.idempotency_key is not None:
+        return await gw.store.load_by_key(target.provider.provider, target.idempotency_key)
+    return None
+
+
+def _prepare(
+    gw: Gateway, target: Target, body: ParsedBody, op: Operation | None
+) -> OutboundRequest | Deny:
+    provider = target.provider
+    injected: dict[str, str] = {}
+    if provider.credential is not None:
+        credential = gw.credentials.header_value(provider.credential)
+        if credential is None:
+            return Deny(Reason.CREDENTIAL_UNAVAILABLE, f"no credential for {provider.provider}")
+        injected[provider.credential.header] = credential
+    if body.media_type is not None:
+        injected["Content-Type"] = body.media_type
+    if op is not None:
+        injected["X-Operation-Id"] = op.operation_id
+        injected[provider.idempotency.header] = op.idempotency_key
+        field = provider.metadata_field(target.rule)
+        if field is not None:
+            try:
+                body = inject(body, field, op.operation_id)
+            except BodyRejected as exc:
+                return Deny(Reason.INJECTION_CONFLICT, str(exc))
+    url = gw.upstream_base(provider.provider, provider.upstream) + target.path
+    if target.query:
+        url += "?" + target.query
+    return OutboundRequest(
+        method=target.rule.method,
+        url=url,
+        headers=outbound_headers(target.headers, provider.forward_headers, injected),
+        body=body.serialise(),
+        connect_timeout=provider.timeouts.connect_seconds,
+        total_timeout=provider.timeouts.total_seconds,
+        max_response_bytes=provider.limits.max_response_body_bytes,
+    )
+
+
+async def _claim(
+    gw: Gateway, target: Target, op: Operation, decision: Forward
+) -> Operation | Deny | Replay:
+    """The conditional UPDATE; on zero rows, re-read the row and say why."""
+    timeouts = target.provider.timeouts
+    claimed = await gw.store.claim(
+        op.operation_id,
+        owner=gw.settings.instance_id,
+        lease_seconds=timeouts.total_seconds + gw.settings.lease_margin_seconds,
+        allow_resend=decision.claim is ClaimKind.RESEND,
+    )
+    if claimed is not None:
+        return claimed
+    current = await gw.store.load(op.operation_id)
+    if current is None:  # operations are never deleted; treat as a conflict all the same
+        return Deny(Reason.OPERATION_IN_FLIGHT, "the operation changed while it was claimed", 1)
+    explained = decide_by_state(target.provider, current)
+    if isinstance(explained, Forward):
+        # It was claimable a moment ago and is again: another attempt won and already ended.
+        return Deny(Reason.OPERATION_IN_FLIGHT, "another attempt claimed it first", 1)
+    return explained
+
+
+def _answer_claim_conflict(
+    record: AuditRecord, outcome: Deny | Replay, op: Operation
+) -> web.StreamResponse:
+    if isinstance(outcome, Replay):
+        return _replay(record, op)
+    return _reject(record, outcome, op)
+
+
+def _reject(record: AuditRecord, deny: Deny, op: Operation | None = None) -> web.Response:
+    record.decision, record.reason = Decision.DENY, deny.reason.value
+    extra = None
+    if op is not None and deny.reason is Reason.OPERATION_FAILED and op.provider_status:
+        extra = {"provider_response": op.to_public()["provider_response"]}
+    return problem_response(
+        deny.reason,
+        deny.detail,
+        operation_id=op.operation_id if op else None,
+        operation_status=op.status.value if op else None,
+        retry_after=deny.retry_after_seconds,
+        extra=extra,
+    )
+
+
+def _replay(record: AuditRecord, op: Operation) -> web.Response:
+    record.decision, record.status_after = Decision.REPLAY, op.status.value
+    response = web.Response(
+        status=op.provider_status or 200,
+        body=op.response_body or b"",
+        headers={
+            "X-Operation-Id": op.operation_id,
+            "X-Operation-Status": op.status.value,
+            "Idempotent-Replayed": "true",
+        },
+    )
+    if op.response_content_type:
+        response.headers["Content-Type"] = op.response_content_type
+    return response
+
+
+def _store_unavailable(record: AuditRecord, exc: StoreUnavailable) -> web.Response:
+    record.decision, record.reason = Decision.ERROR, Reason.STORE_UNAVAILABLE.value
+    return problem_response(Reason.STORE_UNAVAILABLE, f"nothing was sent: {exc}")
+
+
+def _unknown_outcome(error: UpstreamError) -> LastOutcome:
+    if isinstance(error, UpstreamNotSent):
+        return LastOutcome.NOT_SENT
+    if isinstance(error, UpstreamTimeout):
+        return LastOutcome.UNKNOWN_TIMEOUT
+    if isinstance(error, UpstreamTruncated):
+        return LastOutcome.UNKNOWN_TRUNCATED
+    return LastOutcome.UNKNOWN_DROPPED
+
+
+def _pass_through(
+    record: AuditRecord, answer: UpstreamResponse | UpstreamError, op: Operation | None
+) -> web.Response:
+    """The agent's answer once something was (or may have been) sent."""
+    op_id = op.operation_id if op else None
+    op_status = op.status.value if op else None
+    if isinstance(answer, UpstreamError):
+        record.decision = Decision.ERROR
+        if isinstance(answer, UpstreamNotSent):
+            record.reason = record.reason or LastOutcome.NOT_SENT.value
+            return problem_response(
+                Reason.UPSTREAM_UNAVAILABLE,
+                f"nothing was sent: {answer}",
+                operation_id=op_id,
+                operation_status=op_status,
+            )
+        return problem_response(
+            Reason.OUTCOME_UNKNOWN,
+            str(answer),
+            status=504 if isinstance(answer, UpstreamTimeout) else 502,
+            operation_id=op_id,
+            operation_status=op_status,
+        )
+    if op is not None and record.decision == Decision.ERROR:
+        # The provider answered, but not in a way that settles the operation (e.g. a 5xx).
+        return problem_response(
+            Reason.OUTCOME_UNKNOWN,
+            f"the provider answered {answer.status}",
+            operation_id=op_id,
+            operation_status=op_status,
+            extra={"provider_status": answer.status},
+        )
+    headers = response_headers(answer.headers)
+    if op is not None:
+        headers["X-Operation-Id"] = op.operation_id
+        headers["X-Operation-Status"] = op.status.value
+    return web.Response(
+        status=answer.status, reason=answer.reason, headers=headers, body=answer.body
+    )

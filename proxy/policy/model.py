@@ -1,0 +1,208 @@
+"""The policy file format, version 1: one YAML file per provider.
+
+Parsed by pydantic with ``extra="forbid"`` everywhere, so a typo is an error, not a silently
+ignored key. The platform team edits these files; opgate never writes them.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from proxy.policy.paths import PathPattern
+
+_NAME = r"^[a-z][a-z0-9_.-]*$"
+_STATUS_SPEC = re.compile(r"^[1-5]xx$")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BodyKind(StrEnum):
+    FORM = "form"  # application/x-www-form-urlencoded, Stripe-style bracket keys
+    JSON = "json"  # application/json; fields are JSON pointers
+    NONE = "none"  # no body allowed (reads)
+
+
+class OperationRequirement(StrEnum):
+    REQUIRED = "required"
+    NONE = "none"  # only for non-mutating calls: forwarded without an operation, still audited
+
+
+class CredentialInjection(Strict):
+    """How opgate authenticates to the provider. The secret's value never lives in a policy:
+    ``secret`` names it, and it is read from ``OPGATE_SECRET_<NAME>`` or the secrets directory."""
+
+    header: str = "Authorization"
+    scheme: str | None = "Bearer"
+    secret: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")]
+
+
+class Idempotency(Strict):
+    header: str = "Idempotency-Key"
+    # True only if the provider returns the first answer for a repeated key instead of acting
+    # twice: then an attempt whose outcome is unknown may be re-sent with the same key.
+    provider_deduplicates: bool = False
+
+
+class FormFieldInjection(Strict):
+    kind: Literal["form_field"]
+    field: str  # e.g. metadata[operation_id]
+
+
+class JsonPointerInjection(Strict):
+    kind: Literal["json_pointer"]
+    pointer: Annotated[str, Field(pattern=r"^(/[^/]+)+$")]  # e.g. /metadata/operation_id
+
+
+MetadataInjection = Annotated[
+    FormFieldInjection | JsonPointerInjection, Field(discriminator="kind")
+]
+
+
+class Timeouts(Strict):
+    connect_seconds: Annotated[float, Field(gt=0, le=60)] = 5.0
+    total_seconds: Annotated[float, Field(gt=0, le=600)] = 30.0
+
+
+class Limits(Strict):
+    max_request_body_bytes: Annotated[int, Field(gt=0, le=16 * 1024 * 1024)] = 64 * 1024
+    max_response_body_bytes: Annotated[int, Field(gt=0, le=64 * 1024 * 1024)] = 1024 * 1024
+
+
+StatusSpec = int | str
+
+
+def _status_matches(spec: StatusSpec, status: int) -> bool:
+    if isinstance(spec, int):
+        return spec == status
+    return status // 100 == int(spec[0])
+
+
+class Classification(Strict):
+    """How a provider's answer settles the operation. Whatever matches neither list is
+    *unknown*: the row stays dispatched. Never list a status as failed unless the provider
+    guarantees that answer means no effect."""
+
+    confirmed: list[StatusSpec] = Field(default_factory=lambda: list[StatusSpec](["2xx"]))
+    failed: list[StatusSpec] = Field(default_factory=list)
+    object_id: str | None = "/id"  # JSON pointer into a confirmed answer
+
+    @field_validator("confirmed", "failed")
+    @classmethod
+    def _valid_specs(cls, specs: list[StatusSpec]) -> list[StatusSpec]:
+        for spec in specs:
+            if isinstance(spec, int) and not 100 <= spec <= 599:
+                raise ValueError(f"{spec} is not an HTTP status")
+            if isinstance(spec, str) and not _STATUS_SPEC.match(spec):
+                raise ValueError(f"{spec!r} is neither a status nor a class like '2xx'")
+        return specs
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> Classification:
+        for status in range(100, 600):
+            if self.is_confirmed(status) and self.is_failed(status):
+                raise ValueError(f"status {status} is both confirmed and failed")
+        return self
+
+    def is_confirmed(self, status: int) -> bool:
+        return any(_status_matches(spec, status) for spec in self.confirmed)
+
+    def is_failed(self, status: int) -> bool:
+        return any(_status_matches(spec, status) for spec in self.failed)
+
+
+class Rule(Strict):
+    name: Annotated[str, Field(pattern=_NAME)]
+    method: Literal["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
+    path: PathPattern
+    operation: OperationRequirement = OperationRequirement.REQUIRED
+    body: BodyKind = BodyKind.FORM
+    amount: str | None = None  # the field carrying the amount in minor units
+    currency: str | None = None
+    params: list[str] = Field(default_factory=list)  # must equal the approved values, or be absent
+    free: list[str] = Field(default_factory=list)  # fields the agent may set; '*' = any run
+    classify: Classification | None = None  # overrides the provider's default
+    # False for provider calls that refuse metadata (e.g. Stripe's payment intent cancel).
+    inject_metadata: bool = True
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _parse_path(cls, value: object) -> PathPattern:
+        if isinstance(value, PathPattern):
+            return value
+        if not isinstance(value, str):
+            raise ValueError("path must be a string like /v1/refunds/{refund}")
+        return PathPattern.parse(value)
+
+    @model_validator(mode="after")
+    def _coherent(self) -> Rule:
+        mutating = self.method not in ("GET", "HEAD")
+        if mutating and self.operation is OperationRequirement.NONE:
+            raise ValueError(f"{self.method} changes the provider: it must require an operation")
+        if self.operation is OperationRequirement.NONE and (
+            self.amount or self.currency or self.params
+        ):
+            raise ValueError("amount, currency and params need `operation: required`")
+        if self.body is BodyKind.NONE and (
+            self.amount or self.currency or self.params or self.free
+        ):
+            raise ValueError("a rule with `body: none` cannot read fields from the body")
+        named = [f for f in (self.amount, self.currency, *self.params) if f is not None]
+        if len(named) != len(set(named)):
+            raise ValueError("a field is named twice among amount, currency and params")
+        return self
+
+
+class Provider(Strict):
+    version: Literal[1]
+    provider: Annotated[str, Field(pattern=_NAME)]
+    route_prefix: Annotated[str, Field(pattern=r"^/[A-Za-z0-9_.-]+$")]
+    upstream: Annotated[str, Field(pattern=r"^https?://[^/?#]+(/[^?#]*)?$")]
+    credential: CredentialInjection | None = None
+    idempotency: Idempotency = Field(default_factory=Idempotency)
+    metadata_injection: MetadataInjection | None = None
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    limits: Limits = Field(default_factory=Limits)
+    # Only these request headers reach the provider; everything else is dropped, so an agent
+    # cannot retarget a call through a header the approval never saw (e.g. Stripe-Account).
+    forward_headers: list[str] = Field(
+        default_factory=lambda: [
+            "Accept",
+            "Accept-Language",
+            "User-Agent",
+            "traceparent",
+            "tracestate",
+        ]
+    )
+    classify: Classification = Field(default_factory=Classification)
+    rules: Annotated[list[Rule], Field(min_length=1)]
+
+    # A field validator, not a model one: the error then points at `rules:` (not at line 1)
+    # and is reported alongside errors in other fields.
+    @field_validator("rules")
+    @classmethod
+    def _unique_rule_names(cls, rules: list[Rule]) -> list[Rule]:
+        seen: set[str] = set()
+        for rule in rules:
+            if rule.name in seen:
+                raise ValueError(f"rule name {rule.name!r} is used twice")
+            seen.add(rule.name)
+        return rules
+
+    def rule_named(self, name: str) -> Rule | None:
+        return next((rule for rule in self.rules if rule.name == name), None)
+
+    def metadata_field(self, rule: Rule) -> str | None:
+        """The body field opgate sets to the operation id for ``rule``, if any."""
+        injection = self.metadata_injection
+        if injection is None or not rule.inject_metadata:
+            return None
+        return injection.field if isinstance(injection, FormFieldInjection) else injection.pointer
+
+    def classification_for(self, rule: Rule) -> Classification:
+        return rule.classify or self.classify

@@ -1,0 +1,201 @@
+"""The stable rejection and outcome codes an agent, an operator and an auditor see.
+
+Each code is part of opgate's public contract: agents branch on it, audit queries filter on it.
+Never rename one; add new ones. The HTTP status follows the IETF Idempotency-Key draft where it
+speaks (422: the same key with a different payload; 409: a retry while the original is in flight).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    # routing and identity
+    NO_ROUTE = "no_route"
+    NO_MATCHING_RULE = "no_matching_rule"
+    AGENT_UNAUTHENTICATED = "agent_unauthenticated"
+    AMBIGUOUS_REQUEST = "ambiguous_request"
+    PATH_NOT_CANONICAL = "path_not_canonical"
+    # body
+    BODY_TOO_LARGE = "body_too_large"
+    BODY_INVALID = "body_invalid"
+    CONTENT_TYPE_MISMATCH = "content_type_mismatch"
+    QUERY_NOT_ALLOWED = "query_not_allowed"
+    # the operation and its approval
+    OPERATION_REQUIRED = "operation_required"
+    OPERATION_UNKNOWN = "operation_unknown"
+    OPERATION_SCOPE_MISMATCH = "operation_scope_mismatch"
+    TARGET_MISMATCH = "target_mismatch"
+    IDEMPOTENCY_KEY_MISMATCH = "idempotency_key_mismatch"
+    AMOUNT_MISMATCH = "amount_mismatch"
+    CURRENCY_MISMATCH = "currency_mismatch"
+    PARAMETER_MISMATCH = "parameter_mismatch"
+    PARAMETER_UNEXPECTED = "parameter_unexpected"
+    INJECTION_CONFLICT = "injection_conflict"
+    APPROVAL_REVOKED = "approval_revoked"
+    APPROVAL_EXPIRED = "approval_expired"
+    # the operation's state
+    OPERATION_IN_FLIGHT = "operation_in_flight"
+    OPERATION_FAILED = "operation_failed"
+    RECONCILE_REQUIRED = "reconcile_required"
+    # could not decide or could not forward
+    STORE_UNAVAILABLE = "store_unavailable"
+    CREDENTIAL_UNAVAILABLE = "credential_unavailable"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+
+
+@dataclass(frozen=True)
+class ReasonInfo:
+    status: int
+    title: str
+    next_action: str
+
+
+REASONS: dict[Reason, ReasonInfo] = {
+    Reason.NO_ROUTE: ReasonInfo(
+        404,
+        "No provider is configured for this path",
+        "Use a route prefix from opgate's policies (for example /stripe/...).",
+    ),
+    Reason.NO_MATCHING_RULE: ReasonInfo(
+        403,
+        "No policy rule allows this request",
+        "Only calls a policy names may leave; ask the platform team to add a rule.",
+    ),
+    Reason.AGENT_UNAUTHENTICATED: ReasonInfo(
+        401,
+        "The agent is not authenticated",
+        "Send your opgate agent token (Proxy-Authorization, or the provider's auth header).",
+    ),
+    Reason.AMBIGUOUS_REQUEST: ReasonInfo(
+        400,
+        "The request is ambiguous",
+        "Send each of these headers at most once, with one consistent value.",
+    ),
+    Reason.PATH_NOT_CANONICAL: ReasonInfo(
+        400,
+        "The path is not in canonical form",
+        "Send the plain path: no percent-escapes, dot segments or empty segments.",
+    ),
+    Reason.BODY_TOO_LARGE: ReasonInfo(
+        413,
+        "The request body is larger than the policy allows",
+        "Send a smaller body; opgate validates every byte it forwards.",
+    ),
+    Reason.BODY_INVALID: ReasonInfo(
+        400,
+        "The request body does not parse unambiguously",
+        "Send a body that parses one way only: no duplicated keys, no content encoding.",
+    ),
+    Reason.CONTENT_TYPE_MISMATCH: ReasonInfo(
+        415,
+        "The content type disagrees with the rule",
+        "Send the body in the media type this provider's rule expects.",
+    ),
+    Reason.QUERY_NOT_ALLOWED: ReasonInfo(
+        400,
+        "A query string is not allowed on this call",
+        "Put every parameter in the body, where opgate validates it.",
+    ),
+    Reason.OPERATION_REQUIRED: ReasonInfo(
+        400,
+        "This call needs an approved operation",
+        "Name the operation with X-Operation-Id (or its approved idempotency key); "
+        "if there is none, ask the application to approve one.",
+    ),
+    Reason.OPERATION_UNKNOWN: ReasonInfo(
+        404,
+        "No such operation",
+        "Check the operation id; do not invent one. Ask the application for an approved one.",
+    ),
+    Reason.OPERATION_SCOPE_MISMATCH: ReasonInfo(
+        403,
+        "The operation belongs to another tenant or agent",
+        "Use only operations approved for your own scope.",
+    ),
+    Reason.TARGET_MISMATCH: ReasonInfo(
+        422,
+        "The request targets something other than the approved operation",
+        "Send exactly the approved method and path; do not re-plan the call.",
+    ),
+    Reason.IDEMPOTENCY_KEY_MISMATCH: ReasonInfo(
+        422,
+        "The idempotency key differs from the approved one",
+        "Send the operation's approved idempotency key, or none (opgate adds it).",
+    ),
+    Reason.AMOUNT_MISMATCH: ReasonInfo(
+        422,
+        "The amount differs from the approved amount",
+        "Send exactly the approved amount; a different amount needs a new approval.",
+    ),
+    Reason.CURRENCY_MISMATCH: ReasonInfo(
+        422,
+        "The currency differs from the approved currency",
+        "Send exactly the approved currency.",
+    ),
+    Reason.PARAMETER_MISMATCH: ReasonInfo(
+        422,
+        "An approved parameter differs or is missing",
+        "Send every approved parameter exactly as approved.",
+    ),
+    Reason.PARAMETER_UNEXPECTED: ReasonInfo(
+        422,
+        "The request carries a parameter that was not approved",
+        "Remove parameters that the approval and the rule do not name.",
+    ),
+    Reason.INJECTION_CONFLICT: ReasonInfo(
+        422,
+        "The request sets a field opgate injects, to another value",
+        "Leave the operation metadata to opgate.",
+    ),
+    Reason.APPROVAL_REVOKED: ReasonInfo(
+        403,
+        "The approval was revoked",
+        "Do not send; ask the recovery protocol what is owed (a revoked approval may still "
+        "have an outcome to reconcile).",
+    ),
+    Reason.APPROVAL_EXPIRED: ReasonInfo(
+        403,
+        "The approval has expired",
+        "Do not send; a new attempt needs a new approval.",
+    ),
+    Reason.OPERATION_IN_FLIGHT: ReasonInfo(
+        409,
+        "An attempt of this operation is in flight",
+        "Wait and ask again after Retry-After; do not send a different request.",
+    ),
+    Reason.OPERATION_FAILED: ReasonInfo(
+        409,
+        "The operation failed at the provider",
+        "The provider's answer is attached; a new attempt needs a new approved operation.",
+    ),
+    Reason.RECONCILE_REQUIRED: ReasonInfo(
+        409,
+        "The last attempt's outcome is unknown and a re-send could duplicate it",
+        "Do not re-send; the operation must be reconciled with the provider first.",
+    ),
+    Reason.STORE_UNAVAILABLE: ReasonInfo(
+        503,
+        "The operation store is unavailable",
+        "Nothing was sent. Try again later with the same request.",
+    ),
+    Reason.CREDENTIAL_UNAVAILABLE: ReasonInfo(
+        503,
+        "opgate has no credential configured for this provider",
+        "Nothing was sent. Ask the platform team to configure the provider credential.",
+    ),
+    Reason.OUTCOME_UNKNOWN: ReasonInfo(
+        502,
+        "The provider's answer is unknown",
+        "The effect may or may not have happened. Do not re-plan: ask opgate for the "
+        "operation's status and follow the recovery protocol.",
+    ),
+    Reason.UPSTREAM_UNAVAILABLE: ReasonInfo(
+        502,
+        "The provider could not be reached",
+        "Try again later.",
+    ),
+}

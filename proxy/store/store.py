@@ -1,0 +1,231 @@
+"""The operation store: asyncpg against the PostgreSQL primary. The only module that runs SQL
+on the request path; every statement comes from queries.sql.
+
+All asyncpg and socket errors become ``StoreUnavailable``: the caller fails closed on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+import asyncpg
+
+from proxy.errors import IdempotencyKeyInUse, StoreUnavailable
+from proxy.operation import Operation, Status
+from proxy.store.queries import QUERIES
+
+T = TypeVar("T")
+
+# Errors that mean "the database did not answer", as opposed to a bug in our SQL.
+_UNAVAILABLE = (
+    OSError,
+    asyncio.TimeoutError,
+    asyncpg.exceptions.PostgresConnectionError,
+    asyncpg.exceptions.InterfaceError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.InternalClientError,
+    asyncpg.exceptions.TooManyConnectionsError,
+)
+
+
+@dataclass(frozen=True)
+class NewOperation:
+    operation_id: str
+    tenant: str
+    agent_id: str | None
+    provider: str
+    action: str
+    method: str
+    path: str
+    path_params: dict[str, str]
+    amount: int | None
+    currency: str | None
+    params: dict[str, Any]
+    idempotency_key: str
+    approval_ref: str
+    approved_by: str
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class ProviderAnswer:
+    status: int
+    object_id: str | None
+    content_type: str | None
+    body: bytes
+
+
+async def _reset_connection(conn: asyncpg.Connection) -> None:
+    """Replaces asyncpg's default reset (advisory unlock, CLOSE ALL, UNLISTEN, RESET ALL: one
+    extra round trip per request). opgate never leaves session state behind: no LISTEN, no
+    session advisory locks, no SET. Only an interrupted transaction needs undoing."""
+    if conn.is_in_transaction():
+        await conn.execute("ROLLBACK")
+
+
+class Store:
+    def __init__(self, pool: asyncpg.Pool, acquire_timeout: float) -> None:
+        self._pool = pool
+        self._acquire_timeout = acquire_timeout
+
+    @classmethod
+    async def open(
+        cls,
+        dsn: str,
+        *,
+        min_size: int = 2,
+        max_size: int = 10,
+        acquire_timeout: float = 5.0,
+        statement_timeout_ms: int = 5000,
+    ) -> Store:
+        try:
+            pool = await asyncpg.create_pool(
+                dsn,
+                min_size=min_size,
+                max_size=max_size,
+                reset=_reset_connection,
+                timeout=acquire_timeout,
+                command_timeout=statement_timeout_ms / 1000,
+                server_settings={"application_name": "opgate"},
+            )
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(f"cannot open the database pool: {exc}") from exc
+        return cls(pool, acquire_timeout)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    async def _run(self, call: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        try:
+            async with self._pool.acquire(timeout=self._acquire_timeout) as conn:
+                return await call(conn)
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(str(exc) or type(exc).__name__) from exc
+
+    async def _one(self, query: str, *args: Any) -> Operation | None:
+        record = await self._run(lambda conn: conn.fetchrow(QUERIES[query], *args))
+        return None if record is None else operation_from_record(record)
+
+    async def load(self, operation_id: str) -> Operation | None:
+        return await self._one("load_operation", operation_id)
+
+    async def load_by_key(self, provider: str, idempotency_key: str) -> Operation | None:
+        return await self._one("load_operation_by_key", provider, idempotency_key)
+
+    async def create(self, new: NewOperation, actor: str) -> Operation | None:
+        """The created row, or None if ``operation_id`` exists already."""
+        try:
+            return await self._create(new, actor)
+        except asyncpg.exceptions.UniqueViolationError as exc:
+            raise IdempotencyKeyInUse(new.idempotency_key) from exc
+
+    async def _create(self, new: NewOperation, actor: str) -> Operation | None:
+        return await self._one(
+            "create_operation",
+            new.operation_id,
+            new.tenant,
+            new.agent_id,
+            new.provider,
+            new.action,
+            new.method,
+            new.path,
+            json.dumps(new.path_params),
+            new.amount,
+            new.currency,
+            json.dumps(new.params),
+            new.idempotency_key,
+            new.approval_ref,
+            new.approved_by,
+            new.expires_at,
+            actor,
+        )
+
+    async def claim(
+        self, operation_id: str, *, owner: str, lease_seconds: float, allow_resend: bool
+    ) -> Operation | None:
+        return await self._one(
+            "claim_operation", operation_id, owner, lease_seconds, allow_resend, owner
+        )
+
+    async def settle(
+        self, operation_id: str, status: Status, answer: ProviderAnswer, actor: str
+    ) -> Operation | None:
+        return await self._one(
+            "settle_operation",
+            operation_id,
+            status.value,
+            answer.status,
+            answer.object_id,
+            answer.content_type,
+            answer.body,
+            actor,
+        )
+
+    async def release_unknown(
+        self,
+        operation_id: str,
+        attempt: int,
+        outcome: str,
+        provider_status: int | None,
+        actor: str,
+    ) -> Operation | None:
+        return await self._one(
+            "release_unknown", operation_id, attempt, outcome, provider_status, actor
+        )
+
+    async def revoke(self, operation_id: str, reason: str, actor: str) -> Operation | None:
+        return await self._one("revoke_operation", operation_id, reason, actor)
+
+    async def events(self, operation_id: str) -> list[dict[str, Any]]:
+        records = await self._run(
+            lambda conn: conn.fetch(QUERIES["operation_events"], operation_id)
+        )
+        return [
+            {**dict(r), "at": r["at"].isoformat(), "detail": json.loads(r["detail"])}
+            for r in records
+        ]
+
+    async def ping(self) -> None:
+        await self._run(lambda conn: conn.fetchval(QUERIES["ping"]))
+
+
+def operation_from_record(record: asyncpg.Record) -> Operation:
+    return Operation(
+        operation_id=record["operation_id"],
+        tenant=record["tenant"],
+        agent_id=record["agent_id"],
+        provider=record["provider"],
+        action=record["action"],
+        method=record["method"],
+        path=record["path"],
+        path_params=json.loads(record["path_params"]),
+        amount=record["amount"],
+        currency=record["currency"],
+        params=json.loads(record["params"]),
+        idempotency_key=record["idempotency_key"],
+        approval_ref=record["approval_ref"],
+        approved_by=record["approved_by"],
+        expires_at=record["expires_at"],
+        status=Status(record["status"]),
+        revoked_at=record["revoked_at"],
+        revoked_reason=record["revoked_reason"],
+        attempts=record["attempts"],
+        dispatched_at=record["dispatched_at"],
+        lease_owner=record["lease_owner"],
+        lease_until=record["lease_until"],
+        last_outcome=record["last_outcome"],
+        provider_status=record["provider_status"],
+        provider_object_id=record["provider_object_id"],
+        response_content_type=record["response_content_type"],
+        response_body=record["response_body"],
+        settled_at=record["settled_at"],
+        created_at=record["created_at"],
+        updated_at=record["updated_at"],
+        read_at=record["read_at"],
+    )

@@ -1,0 +1,158 @@
+"""The ``opgate`` command line, run as a user runs it: in a subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.support.opgate import SHIPPED_POLICIES
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        timeout=60,
+        check=False,
+    )
+
+
+def test_policy_check_accepts_the_shipped_policies() -> None:
+    """The shipped policy directory passes the offline check."""
+    result = run_cli("policy", "check", str(SHIPPED_POLICIES))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ok: 1 providers")
+
+
+def test_policy_check_reports_every_problem_with_its_location(tmp_path: Path) -> None:
+    """A broken policy exits non-zero and names file:line:col for each problem."""
+    (tmp_path / "bad.yaml").write_text(
+        "version: 1\nprovider: x\nroute_prefix: /x\nupstream: http://127.0.0.1:1\n"
+        "rules:\n  - name: a\n    method: POST\n    path: /v1/a\n    operation: none\n"
+        "  - name: b\n    method: FETCH\n    path: /v1/b\n    colour: red\n"
+    )
+    result = run_cli("policy", "check", str(tmp_path))
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 3, lines
+    assert lines[0].startswith(f"{tmp_path / 'bad.yaml'}:6:5: rules.0:")
+    assert "must require an operation" in lines[0]
+    assert any(":11:13: rules.1.method" in line for line in lines)
+    assert any(":13:5: rules.1.colour: Extra inputs are not permitted" in line for line in lines)
+
+
+def test_token_prints_a_token_and_its_digest() -> None:
+    """`opgate token` gives a token to hand out and the digest to configure."""
+    import hashlib
+
+    result = run_cli("token")
+    token = result.stdout.split("token:")[1].split()[0]
+    digest = result.stdout.split("token_sha256:")[1].split()[0]
+    assert token.startswith("opg_")
+    assert hashlib.sha256(token.encode()).hexdigest() == digest
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def open_data_dir() -> Iterator[Path]:
+    """A data directory whose parents the embedded server's user may traverse (pytest's own
+    tmp_path is 0700, which would make opgate relocate the cluster outside the test's reach)."""
+    parent = Path(tempfile.mkdtemp(prefix="opgate-cli-"))
+    parent.chmod(0o755)
+    try:
+        yield parent / "data"
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+async def test_serve_dev_starts_on_the_embedded_database_and_stops_cleanly(
+    open_data_dir: Path,
+) -> None:
+    """The quick start: `opgate serve --dev` with no database URL runs an embedded PostgreSQL,
+    accepts an approval with its generated admin token, and exits 0 on SIGTERM."""
+    data_dir = open_data_dir
+    agent_port, ops_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "proxy",
+        "serve",
+        "--dev",
+        "--data-dir",
+        str(data_dir),
+        "--agent-listen",
+        f"127.0.0.1:{agent_port}",
+        "--ops-listen",
+        f"127.0.0.1:{ops_port}",
+        cwd=REPO,
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert process.stderr is not None
+        banner = (await asyncio.wait_for(process.stderr.readline(), 60)).decode()
+        assert "opgate dev mode" in banner
+        creds = json.loads((data_dir / "dev-credentials.json").read_text())
+        assert (data_dir / "dev-credentials.json").stat().st_mode & 0o077 == 0
+        async with aiohttp.ClientSession(trust_env=False) as http:
+            ready = await wait_ready(http, f"http://127.0.0.1:{ops_port}/readyz")
+            assert ready["status"] == "ready"
+            async with http.post(
+                f"http://127.0.0.1:{ops_port}/v1/operations",
+                headers={"Authorization": f"Bearer {creds['admin_token']}"},
+                json={
+                    "tenant": "demo",
+                    "provider": "stripe",
+                    "action": "refund.create",
+                    "amount": 100,
+                    "params": {"charge": "ch_1"},
+                    "approval_ref": "t",
+                    "approved_by": "me",
+                    "ttl_seconds": 60,
+                },
+            ) as response:
+                assert response.status == 201, await response.text()
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(process.wait(), 60)
+    assert code == 0
+
+
+async def wait_ready(http: aiohttp.ClientSession, url: str) -> dict[str, str]:
+    """Poll readiness, bounded: start-up includes initdb of the embedded PostgreSQL."""
+    for _ in range(600):
+        try:
+            async with http.get(url) as response:
+                if response.status == 200:
+                    body: dict[str, str] = await response.json()
+                    return body
+        except aiohttp.ClientConnectionError:
+            pass
+        await asyncio.sleep(0.1)  # polling a readiness probe, not synchronising on a guess
+    raise AssertionError("opgate did not become ready within 60 s")
