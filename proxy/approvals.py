@@ -12,8 +12,9 @@ import secrets
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, model_validator
 
+from proxy.operation import Operation, Status
 from proxy.policy.model import BodyKind, OperationRequirement
 from proxy.policy.set import PolicySet
 from proxy.store.store import NewOperation
@@ -21,7 +22,8 @@ from proxy.store.store import NewOperation
 _ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 _KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 
-Scalar = str | int | float | bool
+# finite: a NaN or Infinity could never be sent (bodies.py refuses them) nor stored as JSON
+Scalar = str | int | FiniteFloat | bool
 
 
 class OperationRequest(BaseModel):
@@ -43,7 +45,10 @@ class OperationRequest(BaseModel):
     approval_ref: Annotated[str, Field(min_length=1, max_length=256)]
     approved_by: Annotated[str, Field(min_length=1, max_length=256)]
     expires_at: datetime | None = None
-    ttl_seconds: Annotated[int, Field(gt=0, le=30 * 86400)] | None = None
+    # The operation this one replaces (it failed with no effect, or was never sent and is no
+    # longer approved). The link records that the old approval is evidence, not permission.
+    supersedes: Annotated[str, Field(pattern=_ID)] | None = None
+    ttl_seconds: Annotated[int, Field(strict=True, gt=0, le=30 * 86400)] | None = None
 
     @model_validator(mode="after")
     def _one_expiry(self) -> OperationRequest:
@@ -117,6 +122,23 @@ def plan_operation(
         approval_ref=req.approval_ref,
         approved_by=req.approved_by,
         expires_at=expires_at,
+        supersedes=req.supersedes,
+    )
+
+
+def supersession_problem(new: NewOperation, old: Operation | None) -> str | None:
+    """Why ``new`` may not replace ``old`` (None: it may). Pure."""
+    if old is None:
+        return f"no operation {new.supersedes} to supersede"
+    if old.tenant != new.tenant:
+        return "an operation can only be superseded within its tenant"
+    if old.status is Status.FAILED:
+        return None
+    if old.status is Status.CREATED and not old.approval_stands():
+        return None
+    return (
+        f"{old.operation_id} is {old.status.value}: only an operation that failed with no effect "
+        "(or was never sent and is no longer approved) can be superseded"
     )
 
 

@@ -8,8 +8,11 @@ in, only named facts; the forwarded body appears only as its SHA-256.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import structlog
 
@@ -49,6 +52,16 @@ class AuditRecord:
     provider_status: int | None = None
     response_status: int | None = None
     forwarded_body_sha256: str | None = None
+    # Shadow mode (`mode: report`): the code an enforcing rule would have refused with, though
+    # the request was decided as `decision` (forwarded or replayed). Null otherwise.
+    would_deny: str | None = None
+    # Forward-proxy mode (listener "forward"): the host:port the agent addressed; for a CONNECT
+    # record, how it was tunnelled ("inspected" or "pass_through") and, for pass-through, the
+    # bytes each way (nothing else about an opaque tunnel is known).
+    destination: str | None = None
+    tunnel: str | None = None
+    bytes_from_agent: int | None = None
+    bytes_to_agent: int | None = None
     latency_ms: float | None = None
 
     def fields(self) -> dict[str, object]:
@@ -58,5 +71,15 @@ class AuditRecord:
         return data
 
 
+# Set per request by proxy/observe.py's middleware: span attributes, metrics, the audit table.
+REQUEST_OBSERVER: ContextVar[Callable[[dict[str, Any]], None] | None] = ContextVar(
+    "opgate_request_observer", default=None
+)
+
+
 def emit(record: AuditRecord) -> None:
-    structlog.get_logger(AUDIT_LOGGER).info("request", **record.fields())
+    fields = record.fields()
+    structlog.get_logger(AUDIT_LOGGER).info("request", **fields)
+    observer = REQUEST_OBSERVER.get()
+    if observer is not None:
+        observer(fields)

@@ -11,13 +11,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from proxy.bodies import JsonLeaf, ParsedBody
 from proxy.decision import ClaimKind, Decision, Deny, Forward, Replay
 from proxy.operation import LastOutcome, Operation, Status
-from proxy.policy.model import BodyKind, OperationRequirement, Provider, Rule
+from proxy.policy.model import BodyKind, Mode, OperationRequirement, Provider, Rule
 from proxy.reasons import Reason
 
 
@@ -147,19 +147,66 @@ PAYLOAD_CHECKS: tuple[Check, ...] = (
 )
 
 
-def decide(facts: RequestFacts, op: Operation | None, *, operation_lookup_failed: bool) -> Decision:
-    """The verdict for one request. ``op`` is the row read from the primary, or None."""
+# Shadow mode (``mode: report``) relaxes only these: how the payload differs from the approval.
+# Never who may act on which operation (scope, target, key), never the field opgate injects, and
+# never the state machine: a request in report mode still needs its row, and still claims it.
+RELAXED_IN_REPORT_MODE: frozenset[Check] = frozenset(
+    {check_amount, check_currency, check_params, check_no_unexpected_fields}
+)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    check: str  # the check's name without its ``check_`` prefix, e.g. "amount"
+    denied: Deny | None  # None: passed
+    relaxed: bool = False  # failed, but the rule is in report mode and this check may be relaxed
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Every check's result, in order, and the decision they make together."""
+
+    mode: Mode
+    results: tuple[CheckResult, ...]  # empty when no payload check applies (no operation)
+    state: Decision | None  # what the operation's state allows, once the payload checks pass
+    decision: Decision
+
+
+def evaluate(
+    facts: RequestFacts, op: Operation | None, *, operation_lookup_failed: bool
+) -> Verdict:
+    """All checks for one request (``decide`` is its decision; explain shows the rest)."""
+    mode = facts.provider.mode_for(facts.rule)
     if facts.rule.operation is OperationRequirement.NONE:
-        return Forward(ClaimKind.NONE)
+        return Verdict(mode, (), None, Forward(ClaimKind.NONE))
     if op is None:
         if operation_lookup_failed:
-            return Deny(Reason.OPERATION_UNKNOWN, f"no operation {facts.named_operation_id}")
-        return Deny(Reason.OPERATION_REQUIRED, "no approved operation is named")
-    for check in PAYLOAD_CHECKS:
-        denied = check(facts, op)
-        if denied is not None:
-            return denied
-    return decide_by_state(facts.provider, op)
+            missing = Deny(Reason.OPERATION_UNKNOWN, f"no operation {facts.named_operation_id}")
+        else:
+            missing = Deny(Reason.OPERATION_REQUIRED, "no approved operation is named")
+        return Verdict(mode, (), None, missing)
+    results = tuple(
+        _result(check, check(facts, op), mode is Mode.REPORT) for check in PAYLOAD_CHECKS
+    )
+    enforced = next((r.denied for r in results if r.denied and not r.relaxed), None)
+    if enforced is not None:
+        return Verdict(mode, results, None, enforced)
+    state = decide_by_state(facts.provider, op)
+    shadowed = next((r.denied for r in results if r.denied), None)
+    decision = state
+    if shadowed is not None and isinstance(state, Forward | Replay):
+        decision = replace(state, would_deny=shadowed)
+    return Verdict(mode, results, state, decision)
+
+
+def decide(facts: RequestFacts, op: Operation | None, *, operation_lookup_failed: bool) -> Decision:
+    """The verdict for one request. ``op`` is the row read from the primary, or None."""
+    return evaluate(facts, op, operation_lookup_failed=operation_lookup_failed).decision
+
+
+def _result(check: Check, denied: Deny | None, report_mode: bool) -> CheckResult:
+    relaxed = denied is not None and report_mode and check in RELAXED_IN_REPORT_MODE
+    return CheckResult(check.__name__.removeprefix("check_"), denied, relaxed)
 
 
 def decide_by_state(provider: Provider, op: Operation) -> Decision:
@@ -174,10 +221,16 @@ def decide_by_state(provider: Provider, op: Operation) -> Decision:
         return Deny(Reason.APPROVAL_EXPIRED, f"the approval expired at {op.expires_at.isoformat()}")
     if op.status is Status.CREATED:
         return Forward(ClaimKind.FIRST)
+    if op.escalated_at is not None:
+        return Deny(Reason.OPERATION_ESCALATED, op.escalation_reason or "escalated to a human")
     if op.lease_is_live():
         assert op.lease_until is not None
         wait = max(1, math.ceil((op.lease_until - op.read_at).total_seconds()))
         return Deny(Reason.OPERATION_IN_FLIGHT, "another attempt is in flight", wait)
+    if op.reconciliation_is_live():
+        assert op.reconcile_lease_until is not None
+        wait = max(1, math.ceil((op.reconcile_lease_until - op.read_at).total_seconds()))
+        return Deny(Reason.OPERATION_IN_FLIGHT, "opgate is reconciling it with the provider", wait)
     if op.last_outcome == LastOutcome.NOT_SENT or provider.idempotency.provider_deduplicates:
         return Forward(ClaimKind.RESEND)
     return Deny(

@@ -10,7 +10,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from proxy.auditlog.cli import add_audit_commands
 from proxy.logs import configure_logging
+from proxy.ops_cli import add_ops_commands
+from proxy.policy.commands import add_policy_commands
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,11 +43,19 @@ def _parser() -> argparse.ArgumentParser:
     token = commands.add_parser("token", help="make a new agent or admin token")
     token.set_defaults(handler=_token)
 
+    ca = commands.add_parser("ca", help="the forward-proxy interception CA")
+    ca_commands = ca.add_subparsers()
+    ca_init = ca_commands.add_parser("init", help="create the CA (kept if it exists)")
+    ca_init.add_argument("--data-dir", type=Path)
+    ca_init.add_argument("--ca-dir", type=Path, help="default: <data_dir>/ca")
+    ca_init.set_defaults(handler=_ca_init)
+
+    add_ops_commands(commands)
+    add_audit_commands(commands)  # audit verify, show, export: proxy/auditlog/cli.py
+
     policy = commands.add_parser("policy", help="policy tools")
     policy_commands = policy.add_subparsers()
-    check = policy_commands.add_parser("check", help="validate a policy directory offline")
-    check.add_argument("directory", type=Path)
-    check.set_defaults(handler=_policy_check)
+    add_policy_commands(policy_commands)  # check, schema, test, explain: proxy/policy/commands.py
     return parser
 
 
@@ -116,6 +127,18 @@ def _migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ca_init(args: argparse.Namespace) -> int:
+    from proxy.forward.ca import CA_CERT_FILE, init_ca
+    from proxy.settings import load_settings
+
+    settings = load_settings({"data_dir": args.data_dir, "ca_dir": args.ca_dir})
+    created = init_ca(settings.forward_ca_dir)
+    cert = settings.forward_ca_dir / CA_CERT_FILE
+    print(f"{'created' if created else 'exists'}: {cert}")
+    print("Agents trust it with SSL_CERT_FILE / REQUESTS_CA_BUNDLE (the key stays here).")
+    return 0
+
+
 def _token(args: argparse.Namespace) -> int:
     from proxy.identity import new_token, token_digest
 
@@ -123,18 +146,4 @@ def _token(args: argparse.Namespace) -> int:
     print(f"token:        {token}")
     print(f"token_sha256: {token_digest(token)}")
     print("Give the token to its holder; configure only the digest.", file=sys.stderr)
-    return 0
-
-
-def _policy_check(args: argparse.Namespace) -> int:
-    from proxy.policy.load import PolicyLoadError, load_policy_dir
-
-    try:
-        policy = load_policy_dir(args.directory)
-    except PolicyLoadError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
-        return 1
-    rules = sum(len(p.rules) for p in policy.providers)
-    print(f"ok: {len(policy.providers)} providers, {rules} rules, version {policy.version}")
     return 0

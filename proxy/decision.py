@@ -22,6 +22,8 @@ class Deny:
 class Replay:
     """The operation is confirmed: answer with the stored provider response, send nothing."""
 
+    would_deny: Deny | None = None  # shadow mode: what an enforcing rule would have refused
+
 
 class ClaimKind(StrEnum):
     NONE = "none"  # a read the rule lets through without an operation
@@ -32,6 +34,7 @@ class ClaimKind(StrEnum):
 @dataclass(frozen=True)
 class Forward:
     claim: ClaimKind
+    would_deny: Deny | None = None  # shadow mode: what an enforcing rule would have refused
 
 
 Decision = Deny | Replay | Forward

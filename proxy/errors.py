@@ -5,6 +5,7 @@ these; it is a ``Deny`` value (decision.py).
     ├── StoreUnavailable          the primary cannot be reached or did not answer in time
     ├── ConfigurationError        settings or credentials are missing or invalid
     ├── IdempotencyKeyInUse       another operation of the provider holds that key
+    ├── AlreadySuperseded         another operation already supersedes that one
     └── UpstreamError             the provider exchange did not produce a complete answer
         ├── UpstreamNotSent       the connection never opened: no byte of the request left
         ├── UpstreamTimeout       sent (perhaps), no complete answer in time
@@ -30,6 +31,10 @@ class ConfigurationError(OpgateError):
 
 
 class IdempotencyKeyInUse(OpgateError):
+    pass
+
+
+class AlreadySuperseded(OpgateError):
     pass
 
 

@@ -1,5 +1,11 @@
 """Stage 1 of a request: identify the provider, rule, agent and operation reference, and read
-and parse the body. Everything here either yields facts or a ``Deny``; nothing is forwarded."""
+and parse the body. Everything here either yields facts or a ``Deny``; nothing is forwarded.
+
+The decisions are pure functions of (method, raw path, headers, body bytes): ``identify_request``,
+``parse_request_body``, ``request_facts`` and ``operation_reference``. The pipeline wraps them
+around a live aiohttp request; ``opgate policy test`` and ``explain`` call the very same ones on
+a request written in a file.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +15,22 @@ from aiohttp import web
 from multidict import CIMultiDictProxy
 
 from proxy.bodies import BodyRejected, ParsedBody, parse_body
-from proxy.checks import Agent
+from proxy.checks import Agent, RequestFacts
 from proxy.decision import Deny
+from proxy.forward.context import (
+    FORWARDED,
+    ForwardedRequest,
+    forwarded_agent,
+    forwarded_route,
+)
 from proxy.headers import duplicated_header
 from proxy.identity import AgentDirectory, AmbiguousCredentials, presented_agent_token
-from proxy.policy.model import BodyKind, Provider, Rule
+from proxy.operation import Operation
+from proxy.policy.model import BodyKind, OperationRequirement, Provider, Rule
 from proxy.policy.paths import is_canonical_path
 from proxy.policy.set import PolicySet, match_rule
 from proxy.reasons import Reason
+from proxy.store.store import Store
 
 
 @dataclass(frozen=True)
@@ -30,32 +44,61 @@ class Target:
     named_operation_id: str | None
     idempotency_key: str | None
     headers: CIMultiDictProxy[str]
+    # Forward-proxy mode (issue 4): leaves through the client that checks resolved addresses.
+    forwarded: bool = False
 
 
 def identify(policy: PolicySet, agents: AgentDirectory, request: web.Request) -> Target | Deny:
-    raw_path, _, query = request.raw_path.partition("?")
-    route = policy.route(raw_path)
+    forwarded = request.get(FORWARDED)  # set by the forward listener only
+    raw_target = forwarded.raw_path if forwarded is not None else request.raw_path
+    return identify_request(
+        policy, agents, request.method, raw_target, request.headers, forwarded=forwarded
+    )
+
+
+def identify_request(
+    policy: PolicySet,
+    agents: AgentDirectory,
+    method: str,
+    raw_target: str,  # the path and query as sent, undecoded
+    headers: CIMultiDictProxy[str],
+    *,
+    forwarded: ForwardedRequest | None = None,
+) -> Target | Deny:
+    raw_path, _, query = raw_target.partition("?")
+    # Reverse mode: the route prefix names the provider. Forward mode: the host the agent
+    # addressed did (checked by the forward listener against the provider's upstream).
+    if forwarded is None:
+        route = policy.route(raw_path)
+    else:
+        route = forwarded_route(policy, forwarded, raw_path)
     if route is None:
         return Deny(Reason.NO_ROUTE, f"no provider is routed at {raw_path}")
     provider = route.provider
     auth_header = provider.credential.header if provider.credential else None
-    duplicated = duplicated_header(request.headers, (provider.idempotency.header,))
+    duplicated = duplicated_header(headers, (provider.idempotency.header,))
     if duplicated is not None:
         return Deny(Reason.AMBIGUOUS_REQUEST, f"{duplicated} is sent more than once")
-    try:
-        token = presented_agent_token(request.headers, auth_header)
-    except AmbiguousCredentials as exc:
-        return Deny(Reason.AMBIGUOUS_REQUEST, str(exc))
-    agent = agents.lookup(token) if token else None
+    if forwarded is not None:
+        agent_or_deny = forwarded_agent(agents, forwarded, headers, auth_header)
+        if isinstance(agent_or_deny, Deny):
+            return agent_or_deny
+        agent: Agent | None = agent_or_deny
+    else:
+        try:
+            token = presented_agent_token(headers, auth_header)
+        except AmbiguousCredentials as exc:
+            return Deny(Reason.AMBIGUOUS_REQUEST, str(exc))
+        agent = agents.lookup(token) if token else None
     if agent is None:
         return Deny(Reason.AGENT_UNAUTHENTICATED, "no valid agent token was presented")
     if not is_canonical_path(route.path):
         return Deny(Reason.PATH_NOT_CANONICAL, f"{route.path} is not canonical")
-    matched = match_rule(provider, request.method, route.path)
+    matched = match_rule(provider, method, route.path)
     if matched is None:
         return Deny(
             Reason.NO_MATCHING_RULE,
-            f"no {provider.provider} rule allows {request.method} {route.path}",
+            f"no {provider.provider} rule allows {method} {route.path}",
         )
     if query and matched.rule.body is not BodyKind.NONE:
         return Deny(Reason.QUERY_NOT_ALLOWED, "parameters must travel in the validated body")
@@ -66,19 +109,18 @@ def identify(policy: PolicySet, agents: AgentDirectory, request: web.Request) ->
         path=route.path,
         query=query,
         path_params=matched.path_params,
-        named_operation_id=request.headers.get("X-Operation-Id"),
-        idempotency_key=request.headers.get(provider.idempotency.header),
-        headers=request.headers,
+        named_operation_id=headers.get("X-Operation-Id"),
+        idempotency_key=headers.get(provider.idempotency.header),
+        headers=headers,
+        forwarded=forwarded is not None,
     )
 
 
 async def read_body(request: web.Request, target: Target) -> ParsedBody | Deny:
     limit = target.provider.limits.max_request_body_bytes
-    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-    if encoding != "identity":
-        return Deny(Reason.BODY_INVALID, f"Content-Encoding {encoding} is not accepted")
-    if request.content_length is not None and request.content_length > limit:
-        return Deny(Reason.BODY_TOO_LARGE, f"{request.content_length} bytes, limit {limit}")
+    refused = refuse_before_reading(target, request.content_length)
+    if refused is not None:
+        return refused
     chunks: list[bytes] = []
     size = 0
     while chunk := await request.content.read(64 * 1024):
@@ -86,10 +128,78 @@ async def read_body(request: web.Request, target: Target) -> ParsedBody | Deny:
         if size > limit:
             return Deny(Reason.BODY_TOO_LARGE, f"more than {limit} bytes")
         chunks.append(chunk)
+    return parse_request_body(target, b"".join(chunks))
+
+
+def refuse_before_reading(target: Target, content_length: int | None) -> Deny | None:
+    """What the headers alone refuse: an encoded body, a declared length over the limit."""
+    limit = target.provider.limits.max_request_body_bytes
+    encoding = target.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding != "identity":
+        return Deny(Reason.BODY_INVALID, f"Content-Encoding {encoding} is not accepted")
+    if content_length is not None and content_length > limit:
+        return Deny(Reason.BODY_TOO_LARGE, f"{content_length} bytes, limit {limit}")
+    return None
+
+
+def parse_request_body(target: Target, raw: bytes) -> ParsedBody | Deny:
+    """The whole body, read: parsed strictly as the rule's body kind."""
     try:
-        return parse_body(
-            target.rule.body, request.headers.getall("Content-Type", []), b"".join(chunks)
-        )
+        return parse_body(target.rule.body, target.headers.getall("Content-Type", []), raw)
     except BodyRejected as exc:
         reason = Reason.CONTENT_TYPE_MISMATCH if exc.content_type else Reason.BODY_INVALID
         return Deny(reason, str(exc))
+
+
+def request_facts(target: Target, body: ParsedBody) -> RequestFacts:
+    """Everything the checks look at."""
+    return RequestFacts(
+        agent=target.agent,
+        provider=target.provider,
+        rule=target.rule,
+        method=target.rule.method,
+        path=target.path,
+        path_params=target.path_params,
+        body=body,
+        named_operation_id=target.named_operation_id,
+        idempotency_key=target.idempotency_key,
+        injected_field=target.provider.metadata_field(target.rule),
+    )
+
+
+@dataclass(frozen=True)
+class OperationReference:
+    """How the request names its operation: ``X-Operation-Id`` first, else the provider's
+    idempotency key (looked up within the provider)."""
+
+    provider: str
+    operation_id: str | None
+    idempotency_key: str | None
+
+    def names(self, op: Operation) -> bool:
+        """Whether ``op`` is the row this reference reads (what the store's lookup returns)."""
+        if self.operation_id is not None:
+            return op.operation_id == self.operation_id
+        return op.provider == self.provider and op.idempotency_key == self.idempotency_key
+
+
+def operation_reference(target: Target) -> OperationReference | None:
+    """None when the rule takes no operation or the request names none."""
+    if target.rule.operation is OperationRequirement.NONE:
+        return None
+    if target.named_operation_id is None and target.idempotency_key is None:
+        return None
+    return OperationReference(
+        target.provider.provider, target.named_operation_id, target.idempotency_key
+    )
+
+
+async def load_operation(store: Store, target: Target) -> Operation | None:
+    """The row the request names, read from the primary."""
+    reference = operation_reference(target)
+    if reference is None:
+        return None
+    if reference.operation_id is not None:
+        return await store.load(reference.operation_id)
+    assert reference.idempotency_key is not None
+    return await store.load_by_key(reference.provider, reference.idempotency_key)

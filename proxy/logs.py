@@ -4,19 +4,30 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import structlog
+
+from proxy.auditlog.redact import redact_log_line
+from proxy.telemetry import add_trace_ids
+
+
+def log_processors() -> list[Any]:
+    """The processor chain of opgate's log lines (tests render through the same one)."""
+    return [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True, key="logged_at"),
+        structlog.processors.format_exc_info,
+        add_trace_ids,  # trace_id, span_id of the current span (proxy/telemetry.py)
+        redact_log_line,  # last before rendering: nothing secret is written
+        structlog.processors.JSONRenderer(),
+    ]
 
 
 def configure_logging(level: str = "info") -> None:
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True, key="logged_at"),
-            structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(),
-        ],
+        processors=log_processors(),
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),

@@ -59,12 +59,33 @@ class Operation:
     settled_at: datetime | None
     created_at: datetime
     updated_at: datetime
+    attempt_ended_at: datetime | None
+    settled_reason: str | None
+    supersedes: str | None
+    reconcile_attempts: int
+    reconcile_lease_until: datetime | None
+    next_reconcile_at: datetime | None
+    escalated_at: datetime | None
+    escalation_reason: str | None
+    resolution_note: str | None
     # The database's clock when the row was read: every time comparison uses it, so opgate
     # replicas with skewed clocks decide alike.
     read_at: datetime
 
     def lease_is_live(self) -> bool:
         return self.lease_until is not None and self.lease_until > self.read_at
+
+    def reconciliation_is_live(self) -> bool:
+        return self.reconcile_lease_until is not None and self.reconcile_lease_until > self.read_at
+
+    def approval_stands(self) -> bool:
+        return self.revoked_at is None and self.expires_at > self.read_at
+
+    def last_attempt_over_since(self) -> datetime | None:
+        """When the last attempt can no longer land a new effect (None: it may still)."""
+        if self.lease_is_live():
+            return None
+        return self.attempt_ended_at or self.lease_until
 
     def to_public(self) -> dict[str, Any]:
         """The JSON shape the operations API returns (and the recovery read will)."""
@@ -104,6 +125,16 @@ class Operation:
                 "body": text,
             },
             "settled_at": self.settled_at.isoformat() if self.settled_at else None,
+            "settled_reason": self.settled_reason,
+            "supersedes": self.supersedes,
+            "escalation": None
+            if self.escalated_at is None
+            else {
+                "since": self.escalated_at.isoformat(),
+                "reason": self.escalation_reason,
+            },
+            "resolution_note": self.resolution_note,
+            "reconcile_attempts": self.reconcile_attempts,
             "created_at": self.created_at.isoformat(),
             "updated_at": self.updated_at.isoformat(),
         }

@@ -9,20 +9,30 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import Literal
 
 import structlog
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from proxy.approvals import OperationRequest, plan_operation, same_approval
-from proxy.errors import IdempotencyKeyInUse, StoreUnavailable
+from proxy.approvals import (
+    OperationRequest,
+    plan_operation,
+    same_approval,
+    supersession_problem,
+)
+from proxy.errors import AlreadySuperseded, IdempotencyKeyInUse, StoreUnavailable
 from proxy.gateway import GATEWAY
 from proxy.identity import admin_token_matches, credential_from
+from proxy.operation import Status
 from proxy.problem import admin_problem
+from proxy.reconcile import reconcile_now
+from proxy.recovery_api import recovery_view
 
 _log = structlog.get_logger("opgate.ops")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+# /metrics: counts only, no identifiers; a scraper must not need the admin token (docs/audit.md).
+_PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 class RevokeRequest(BaseModel):
@@ -62,11 +72,19 @@ async def create_operation(request: web.Request) -> web.Response:
     planned = plan_operation(approval, gateway.policy, datetime.now(UTC))
     if isinstance(planned, list):
         return admin_problem(422, "approval_not_sendable", "; ".join(planned), errors=planned)
+    if planned.supersedes is not None:
+        refused = supersession_problem(planned, await gateway.store.load(planned.supersedes))
+        if refused is not None:
+            return admin_problem(409, "supersession_refused", refused)
     try:
         created = await gateway.store.create(planned, actor="admin")
     except IdempotencyKeyInUse:
         return admin_problem(
             409, "idempotency_key_in_use", "another operation of this provider holds that key"
+        )
+    except AlreadySuperseded:
+        return admin_problem(
+            409, "supersession_refused", f"{planned.supersedes} is already superseded"
         )
     if created is not None:
         _log.info("operation_created", operation_id=created.operation_id, action=created.action)
@@ -106,6 +124,96 @@ async def revoke_operation(request: web.Request) -> web.Response:
     return web.json_response(revoked.to_public())
 
 
+class ResolveRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    verdict: Literal["confirmed", "failed"]
+    object_id: str | None = Field(default=None, min_length=1, max_length=255)
+    note: str = Field(min_length=1, max_length=4000)
+    decided_by: str = Field(min_length=1, max_length=256)
+
+
+_STATUS_FILTERS = {
+    "unsettled": ["created", "dispatched"],
+    "all": ["created", "dispatched", "confirmed", "failed"],
+    **{s: [s] for s in ("created", "dispatched", "confirmed", "failed")},
+}
+
+
+async def list_operations(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    wanted = request.query.get("status", "unsettled")
+    if wanted not in _STATUS_FILTERS:
+        return admin_problem(
+            400, "invalid_request", f"status must be one of {sorted(_STATUS_FILTERS)}"
+        )
+    limit = min(
+        int(request.query.get("limit", "100")) if request.query.get("limit", "").isdigit() else 100,
+        1000,
+    )
+    ops = await gateway.store.list_operations(
+        request.query.get("tenant"), _STATUS_FILTERS[wanted], None, limit
+    )
+    return web.json_response({"operations": [recovery_view(gateway, op) for op in ops]})
+
+
+async def reconcile_operation(request: web.Request) -> web.Response:
+    """One reconciliation try now; answers the row and what a replacement agent should do."""
+    gateway = request.app[GATEWAY]
+    operation_id = request.match_info["operation_id"]
+    if await gateway.store.load(operation_id) is None:
+        return admin_problem(404, "operation_unknown", "no such operation")
+    op = await reconcile_now(gateway, operation_id)
+    assert op is not None
+    return web.json_response(recovery_view(gateway, op))
+
+
+async def list_escalations(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    ops = await gateway.store.list_operations(
+        request.query.get("tenant"), ["dispatched"], None, 1000
+    )
+    escalated = [op for op in ops if op.escalated_at is not None]
+    views = []
+    for op in escalated:
+        view = recovery_view(gateway, op)
+        view["events"] = await gateway.store.events(op.operation_id)
+        views.append(view)
+    return web.json_response({"escalations": views})
+
+
+async def resolve_operation(request: web.Request) -> web.Response:
+    """A human verdict on a dispatched operation (normally an escalated one)."""
+    gateway = request.app[GATEWAY]
+    operation_id = request.match_info["operation_id"]
+    try:
+        verdict = ResolveRequest.model_validate_json(await request.read())
+    except ValidationError as exc:
+        return admin_problem(400, "invalid_request", "the verdict is invalid", errors=_errors(exc))
+    if verdict.verdict == "confirmed" and verdict.object_id is None:
+        return admin_problem(
+            400, "invalid_request", "a confirmed verdict names the provider object"
+        )
+    resolved = await gateway.store.resolve(
+        operation_id,
+        Status(verdict.verdict),
+        verdict.object_id,
+        verdict.note,
+        actor=f"human:{verdict.decided_by}",
+    )
+    if resolved is None:
+        existing = await gateway.store.load(operation_id)
+        if existing is None:
+            return admin_problem(404, "operation_unknown", "no such operation")
+        return admin_problem(
+            409,
+            "not_resolvable",
+            f"{operation_id} is {existing.status.value}"
+            + (" with an attempt in flight" if existing.lease_is_live() else ""),
+        )
+    _log.info("operation_resolved", operation_id=operation_id, verdict=verdict.verdict)
+    return web.json_response(recovery_view(gateway, resolved))
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -128,6 +236,10 @@ def _errors(exc: ValidationError) -> list[str]:
 
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/operations", create_operation)
+    app.router.add_get("/v1/operations", list_operations)
+    app.router.add_get("/v1/escalations", list_escalations)
+    app.router.add_post("/v1/operations/{operation_id}/reconcile", reconcile_operation)
+    app.router.add_post("/v1/operations/{operation_id}/resolve", resolve_operation)
     app.router.add_get("/v1/operations/{operation_id}", get_operation)
     app.router.add_post("/v1/operations/{operation_id}/revoke", revoke_operation)
     app.router.add_get("/healthz", healthz)

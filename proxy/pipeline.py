@@ -18,7 +18,7 @@ from aiohttp import web
 from proxy import upstream
 from proxy.audit import AuditRecord, Decision, emit
 from proxy.bodies import BodyRejected, ParsedBody, inject
-from proxy.checks import RequestFacts, decide, decide_by_state
+from proxy.checks import decide, decide_by_state
 from proxy.classify import Settled, Unknown, classify_answer
 from proxy.decision import ClaimKind, Deny, Forward, Replay
 from proxy.errors import (
@@ -28,10 +28,12 @@ from proxy.errors import (
     UpstreamTimeout,
     UpstreamTruncated,
 )
+from proxy.forward.context import FORWARDED
 from proxy.gateway import GATEWAY, Gateway
 from proxy.headers import outbound_headers, response_headers
-from proxy.intake import Target, identify, read_body
+from proxy.intake import Target, identify, load_operation, read_body, request_facts
 from proxy.operation import LastOutcome, Operation
+from proxy.policy.set import PolicySet
 from proxy.problem import problem_response
 from proxy.reasons import Reason
 from proxy.store.store import ProviderAnswer
@@ -47,17 +49,23 @@ async def handle_agent_request(request: web.Request) -> web.StreamResponse:
         path=request.path,
         policy_version=policy.version,
     )
+    forwarded = request.get(FORWARDED)  # forward-proxy mode: which listener, which origin
+    if forwarded is not None:
+        record.listener, record.destination = "forward", forwarded.origin.authority
     try:
-        response = await _process(gateway, request, record)
+        response = await _process(gateway, policy, request, record)
         record.response_status = response.status
         return response
     finally:
         emit(record)
 
 
-async def _process(gw: Gateway, request: web.Request, record: AuditRecord) -> web.StreamResponse:
-    # 1. identify the agent and the operation; read and parse the body strictly
-    target = identify(gw.policy, gw.agents, request)
+async def _process(
+    gw: Gateway, policy: PolicySet, request: web.Request, record: AuditRecord
+) -> web.StreamResponse:
+    # 1. identify the agent and the operation; read and parse the body strictly. Only `policy`
+    # (the set captured at the start) is used: a reload mid-request must not mix two sets.
+    target = identify(policy, gw.agents, request)
     if isinstance(target, Deny):
         return _reject(record, target)
     record.agent_id, record.tenant = target.agent.agent_id, target.agent.tenant
@@ -65,11 +73,11 @@ async def _process(gw: Gateway, request: web.Request, record: AuditRecord) -> we
     body = await read_body(request, target)
     if isinstance(body, Deny):
         return _reject(record, body)
-    facts = _facts(target, body)
+    facts = request_facts(target, body)
 
     # 2. load the authoritative row from the primary
     try:
-        op = await _load_operation(gw, target)
+        op = await load_operation(gw.store, target)
     except StoreUnavailable as exc:
         return _store_unavailable(record, exc)
     if op is not None:
@@ -77,6 +85,8 @@ async def _process(gw: Gateway, request: web.Request, record: AuditRecord) -> we
 
     # 3. decide: ordered pure checks
     decision = decide(facts, op, operation_lookup_failed=target.named_operation_id is not None)
+    if not isinstance(decision, Deny) and decision.would_deny is not None:  # shadow mode
+        record.would_deny = decision.would_deny.reason.value
     if isinstance(decision, Deny):
         return _reject(record, decision, op)
     if isinstance(decision, Replay):
@@ -114,7 +124,8 @@ async def _forward_and_record(
 ) -> web.StreamResponse:
     # 6. forward
     try:
-        answer: UpstreamResponse | UpstreamError = await upstream.send(gw.client, outbound)
+        client = gw.egress_client(target.forwarded)  # forward mode: addresses are re-checked
+        answer: UpstreamResponse | UpstreamError = await upstream.send(client, outbound)
     except UpstreamError as exc:
         answer = exc
     if op is None:  # a read without an operation: nothing to record
@@ -150,31 +161,6 @@ async def _forward_and_record(
     if isinstance(outcome, Unknown):
         record.decision, record.reason = Decision.ERROR, outcome.outcome.value
     return _pass_through(record, answer, recorded or op)
-
-
-def _facts(target: Target, body: ParsedBody) -> RequestFacts:
-    return RequestFacts(
-        agent=target.agent,
-        provider=target.provider,
-        rule=target.rule,
-        method=target.rule.method,
-        path=target.path,
-        path_params=target.path_params,
-        body=body,
-        named_operation_id=target.named_operation_id,
-        idempotency_key=target.idempotency_key,
-        injected_field=target.provider.metadata_field(target.rule),
-    )
-
-
-async def _load_operation(gw: Gateway, target: Target) -> Operation | None:
-    if target.rule.operation.value == "none":
-        return None
-    if target.named_operation_id is not None:
-        return await gw.store.load(target.named_operation_id)
-    if target.idempotency_key is not None:
-        return await gw.store.load_by_key(target.provider.provider, target.idempotency_key)
-    return None
 
 
 def _prepare(

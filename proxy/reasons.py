@@ -18,6 +18,12 @@ class Reason(StrEnum):
     AGENT_UNAUTHENTICATED = "agent_unauthenticated"
     AMBIGUOUS_REQUEST = "ambiguous_request"
     PATH_NOT_CANONICAL = "path_not_canonical"
+    # forward-proxy mode (issue 4)
+    PROXY_AUTH_REQUIRED = "proxy_auth_required"
+    PROXY_REQUEST_INVALID = "proxy_request_invalid"
+    HOST_NOT_ALLOWED = "host_not_allowed"
+    DESTINATION_NOT_ALLOWED = "destination_not_allowed"
+    MISDIRECTED_REQUEST = "misdirected_request"
     # body
     BODY_TOO_LARGE = "body_too_large"
     BODY_INVALID = "body_invalid"
@@ -40,6 +46,7 @@ class Reason(StrEnum):
     OPERATION_IN_FLIGHT = "operation_in_flight"
     OPERATION_FAILED = "operation_failed"
     RECONCILE_REQUIRED = "reconcile_required"
+    OPERATION_ESCALATED = "operation_escalated"
     # could not decide or could not forward
     STORE_UNAVAILABLE = "store_unavailable"
     CREDENTIAL_UNAVAILABLE = "credential_unavailable"
@@ -79,6 +86,34 @@ REASONS: dict[Reason, ReasonInfo] = {
         400,
         "The path is not in canonical form",
         "Send the plain path: no percent-escapes, dot segments or empty segments.",
+    ),
+    # forward-proxy mode (issue 4)
+    Reason.PROXY_AUTH_REQUIRED: ReasonInfo(
+        407,
+        "The proxy needs the agent's token",
+        "Put your opgate token in the proxy URL (http://agent:TOKEN@opgate:3128) or send "
+        "Proxy-Authorization: Bearer TOKEN.",
+    ),
+    Reason.PROXY_REQUEST_INVALID: ReasonInfo(
+        400,
+        "Not a proxy request opgate accepts",
+        "Send CONNECT host:port, or an absolute-form request (POST http://host/path).",
+    ),
+    Reason.HOST_NOT_ALLOWED: ReasonInfo(
+        403,
+        "No policy names this host",
+        "Only providers and pass-through hosts a policy names are reachable.",
+    ),
+    Reason.DESTINATION_NOT_ALLOWED: ReasonInfo(
+        403,
+        "The host resolves to an address opgate does not reach",
+        "Loopback, private, link-local and metadata addresses need an explicit policy "
+        "allowance (forward_proxy.allow_destinations).",
+    ),
+    Reason.MISDIRECTED_REQUEST: ReasonInfo(
+        421,
+        "The Host header, the TLS server name and the proxy target disagree",
+        "Address one host: the same name in the CONNECT target, the SNI and the Host header.",
     ),
     Reason.BODY_TOO_LARGE: ReasonInfo(
         413,
@@ -176,6 +211,11 @@ REASONS: dict[Reason, ReasonInfo] = {
         409,
         "The last attempt's outcome is unknown and a re-send could duplicate it",
         "Do not re-send; the operation must be reconciled with the provider first.",
+    ),
+    Reason.OPERATION_ESCALATED: ReasonInfo(
+        409,
+        "The operation is escalated to a human",
+        "Do not send; wait for the human verdict (ask the recovery endpoint).",
     ),
     Reason.STORE_UNAVAILABLE: ReasonInfo(
         503,

@@ -16,13 +16,22 @@ from dataclasses import dataclass
 import structlog
 from aiohttp import web
 
+from proxy.background import run_background
 from proxy.checks import Agent
 from proxy.credentials import CredentialSource
+from proxy.explain_api import add_explain_routes
+from proxy.forward.listener import (
+    ForwardListener,
+    new_forward_client,
+    start_forward_listener,
+)
 from proxy.gateway import GATEWAY, Gateway
 from proxy.identity import AgentDirectory
+from proxy.observe import Observability, add_metrics_route, observe_agent_request
 from proxy.ops_api import add_routes, require_admin, store_errors
 from proxy.pipeline import handle_agent_request
-from proxy.policy.load import load_policy_dir
+from proxy.policy.reload import PolicyReloader, load_validated_policy, reloading
+from proxy.recovery_api import add_recovery_routes
 from proxy.settings import Settings, split_host_port
 from proxy.store.migrate import migrate
 from proxy.store.store import Store
@@ -36,6 +45,9 @@ class Running:
     gateway: Gateway
     agent_url: str
     ops_url: str
+    reloader: PolicyReloader | None = None  # policy hot reload (SIGHUP, file changes)
+    forward_url: str | None = None  # forward-proxy listener (HTTPS_PROXY), when enabled
+    forward_listener: ForwardListener | None = None
 
 
 def agent_directory(settings: Settings) -> AgentDirectory:
@@ -62,9 +74,11 @@ async def database_dsn(settings: Settings) -> AsyncIterator[str]:
 
 
 def agent_app(gateway: Gateway) -> web.Application:
-    app = web.Application(client_max_size=0)
+    app = web.Application(client_max_size=0, middlewares=[observe_agent_request])
     app[GATEWAY] = gateway
-    # Every method and path reaches the pipeline; routing is the policy's job, deny by default.
+    add_recovery_routes(app)  # /_opgate/...: opgate's own, never a provider's route prefix
+    # Every other method and path reaches the pipeline; routing is the policy's job, deny by
+    # default.
     app.router.add_route("*", "/{tail:.*}", handle_agent_request)
     return app
 
@@ -73,13 +87,15 @@ def ops_app(gateway: Gateway) -> web.Application:
     app = web.Application(middlewares=[require_admin, store_errors])
     app[GATEWAY] = gateway
     add_routes(app)
+    add_metrics_route(app)  # GET /metrics (Prometheus text; no token: docs/audit.md)
+    add_explain_routes(app)  # POST /v1/explain (policy authoring)
     return app
 
 
 @contextlib.asynccontextmanager
 async def running(settings: Settings) -> AsyncIterator[Running]:
     """opgate serving on both listeners until the block exits."""
-    policy = load_policy_dir(settings.policy_dir)
+    policy = load_validated_policy(settings.policy_dir)  # the same validation as a reload
     async with database_dsn(settings) as dsn:
         await migrate(dsn)
         store = await Store.open(
@@ -88,31 +104,62 @@ async def running(settings: Settings) -> AsyncIterator[Running]:
             max_size=settings.pool_max_size,
             acquire_timeout=settings.pool_acquire_timeout_seconds,
             statement_timeout_ms=settings.statement_timeout_ms,
+            instance_id=settings.instance_id,
         )
-        client = new_client_session()
+        credentials = CredentialSource(settings.secrets_dir)
+        observability = Observability(settings, policy, credentials)
+        client = new_client_session(observability.client_trace_configs())
         gateway = Gateway(
             settings=settings,
             policy=policy,
             store=store,
             client=client,
             agents=agent_directory(settings),
-            credentials=CredentialSource(settings.secrets_dir),
+            credentials=credentials,
+            observability=observability,
         )
         runners: list[web.AppRunner] = []
         try:
+            await observability.start(store)  # audit writers; the policy load on record
             agent_url = await _start(runners, agent_app(gateway), settings.agent_listen, settings)
             ops_url = await _start(runners, ops_app(gateway), settings.ops_listen, settings)
+            forward_url, forward_listener = None, None
+            if settings.forward_listen:  # forward-proxy mode (issue 4): proxy/forward/
+                forward_listen = settings.forward_listen
+
+                async def start_forward(app: web.Application) -> tuple[str, web.AppRunner]:
+                    url = await _start(runners, app, forward_listen, settings)
+                    return url, runners[-1]
+
+                gateway.forward_client = new_forward_client(gateway, settings)
+                forward_listener = await start_forward_listener(gateway, start_forward)
+                forward_url = forward_listener.url
             _log.info(
                 "opgate_started",
                 agent_url=agent_url,
                 ops_url=ops_url,
+                forward_url=forward_url,
                 policy_version=policy.version,
                 providers=[p.provider for p in policy.providers],
             )
-            yield Running(gateway, agent_url, ops_url)
+            stop_background = asyncio.Event()
+            background = asyncio.create_task(run_background(gateway, stop_background))
+            try:
+                async with reloading(
+                    gateway, settings.policy_dir, settings.policy_reload_interval_seconds
+                ) as reloader:
+                    yield Running(
+                        gateway, agent_url, ops_url, reloader, forward_url, forward_listener
+                    )
+            finally:
+                stop_background.set()
+                await background
         finally:
             for runner in reversed(runners):
                 await runner.cleanup()
+            if gateway.forward_client is not None:
+                await gateway.forward_client.close()
+            await observability.close()
             await client.close()
             await store.close()
 
@@ -147,12 +194,28 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+async def _relay_hangups(hangup: asyncio.Event, run: Running) -> None:
+    while True:
+        await hangup.wait()
+        hangup.clear()
+        if run.reloader is not None:
+            run.reloader.request_reload()
+
+
 async def serve(settings: Settings) -> None:
-    """Run until SIGINT or SIGTERM."""
+    """Run until SIGINT or SIGTERM; SIGHUP reloads the policy set."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with running(settings):
-        await stop.wait()
+    # Installed before anything listens: a SIGHUP that arrives while opgate is still starting
+    # must queue a reload, not kill the process (SIGHUP's default action).
+    hangup = asyncio.Event()
+    loop.add_signal_handler(signal.SIGHUP, hangup.set)
+    async with running(settings) as run:
+        relay = asyncio.create_task(_relay_hangups(hangup, run))
+        try:
+            await stop.wait()
+        finally:
+            relay.cancel()
     _log.info("opgate_stopped")

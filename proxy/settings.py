@@ -62,11 +62,47 @@ class Settings(BaseSettings):
     # A generous bound on client connections held idle between requests.
     keepalive_timeout_seconds: Annotated[float, Field(gt=0)] = 75.0
     log_level: str = "info"
+    # Policy hot reload: how often the policy files are checked for a change (0: SIGHUP only).
+    policy_reload_interval_seconds: Annotated[float, Field(ge=0)] = 2.0
+    # --- audit trail and observability (issue 5, docs/audit.md) ---
+    # Field names whose values are redacted from logs, spans, audit rows and exports.
+    audit_redact_fields: list[str] = Field(default_factory=list)
+    # How often the chain heads are signed (needs OPGATE_SECRET_AUDIT_KEY or secrets_dir).
+    audit_checkpoint_seconds: Annotated[float, Field(gt=0)] = 60.0
+    # /metrics counts operations dispatched longer than this and still unsettled.
+    metrics_dispatched_after_seconds: Annotated[float, Field(gt=0)] = 300.0
+    # --- forward-proxy mode (issue 4) ---
+    # The listener agents reach through HTTP_PROXY/HTTPS_PROXY; empty (null) disables it.
+    forward_listen: str | None = "127.0.0.1:3128"
+    # opgate's interception CA (created on first start if absent); default <data_dir>/ca.
+    ca_dir: Path | None = None
+    # Static name resolution for forward-mode egress, like /etc/hosts: {"provider.test":
+    # "127.0.0.1"}. For tests and split-horizon set-ups; addresses are still checked.
+    forward_static_hosts: dict[str, str] = Field(default_factory=dict)
+    # Extra CA certificates (PEM) trusted for providers' TLS in forward mode, besides the
+    # system's: a private CA, or a test CA.
+    upstream_ca_file: Path | None = None
+    forward_tls_handshake_timeout_seconds: Annotated[float, Field(gt=0)] = 10.0
+    # --- end forward-proxy mode ---
+    # Recovery: how often each replica looks for operations to reconcile and notifications to
+    # deliver, and where escalations are announced (POST JSON; retried with backoff).
+    background_interval_seconds: Annotated[float, Field(gt=0)] = 5.0
+    reconcile_batch_size: Annotated[int, Field(ge=1, le=1000)] = 20
+    escalation_webhook_url: str | None = None
 
     @field_validator("agent_listen", "ops_listen")
     @classmethod
     def _valid_address(cls, value: str) -> str:
         return _host_port(value)
+
+    @field_validator("forward_listen")
+    @classmethod
+    def _valid_optional_address(cls, value: str | None) -> str | None:
+        return _host_port(value) if value else None
+
+    @property
+    def forward_ca_dir(self) -> Path:
+        return self.ca_dir if self.ca_dir is not None else self.data_dir / "ca"
 
     @classmethod
     def settings_customise_sources(

@@ -1,5 +1,8 @@
 """Load a policy directory: every ``*.yaml`` file, every error reported as ``file:line:col``.
 
+``*.tests.yaml`` files are not policies: they hold a policy's test cases (``opgate policy
+test``) and are skipped here, so they never change the set or its version.
+
 All files are read and all errors collected before anything is refused, so the platform team
 sees every problem in one run. YAML's silent "last duplicate key wins" is an error here.
 """
@@ -9,10 +12,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from proxy.policy.model import Provider
 from proxy.policy.set import PolicySet
@@ -39,26 +42,61 @@ class PolicyLoadError(Exception):
 
 def load_policy_dir(directory: Path) -> PolicySet:
     """Parse and validate every policy file; raises PolicyLoadError listing all problems."""
+    return build_policy_set(read_policy_texts(directory), str(directory))
+
+
+def read_policy_texts(directory: Path) -> list[tuple[Path, str]]:
+    """Each policy file and its text, read once (a set is built from one reading)."""
+    return [(path, path.read_text("utf-8")) for path in policy_files(directory)]
+
+
+def policy_version(texts: list[tuple[Path, str]]) -> str:
+    """The digest of the files that make a set: what audit records name."""
+    digest = hashlib.sha256()
+    for path, text in texts:
+        digest.update(path.name.encode() + b"\0" + text.encode() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def build_policy_set(texts: list[tuple[Path, str]], directory: str) -> PolicySet:
     problems: list[PolicyProblem] = []
     providers: list[tuple[Provider, Path]] = []
-    digest = hashlib.sha256()
-    files = sorted(p for p in directory.glob("*.yaml") if p.is_file()) if directory.is_dir() else []
-    if not files:
-        raise PolicyLoadError([PolicyProblem(str(directory), 1, 1, "no *.yaml policy files found")])
-    for path in files:
-        text = path.read_text("utf-8")
-        digest.update(path.name.encode() + b"\0" + text.encode() + b"\0")
+    if not texts:
+        raise PolicyLoadError([PolicyProblem(directory, 1, 1, "no *.yaml policy files found")])
+    for path, text in texts:
         provider, file_problems = parse_policy_text(text, str(path))
         problems.extend(file_problems)
         if provider is not None:
             providers.append((provider, path))
-    problems.extend(_cross_file_problems(providers))
+    problems.extend(cross_file_problems(providers))
     if problems:
         raise PolicyLoadError(problems)
-    return PolicySet(tuple(p for p, _ in providers), version=digest.hexdigest()[:16])
+    return PolicySet(tuple(p for p, _ in providers), version=policy_version(texts))
+
+
+TESTS_SUFFIX = ".tests.yaml"
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def policy_files(directory: Path) -> list[Path]:
+    """The policy files of a directory, in load order: ``*.yaml`` but not ``*.tests.yaml``."""
+    if not directory.is_dir():
+        return []
+    return sorted(
+        p
+        for p in directory.glob("*.yaml")
+        if p.is_file() and not p.name.endswith(TESTS_SUFFIX)
+    )
 
 
 def parse_policy_text(text: str, file: str) -> tuple[Provider | None, list[PolicyProblem]]:
+    return parse_yaml_model(text, file, Provider)
+
+
+def parse_yaml_model(
+    text: str, file: str, model: type[_Model]
+) -> tuple[_Model | None, list[PolicyProblem]]:
+    """Strict YAML (no duplicate keys) validated as ``model``; every problem with its place."""
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
@@ -77,7 +115,7 @@ def parse_policy_text(text: str, file: str) -> tuple[Provider | None, list[Polic
         return None, duplicates
     data = yaml.safe_load(text)
     try:
-        return Provider.model_validate(data), []
+        return model.model_validate(data), []
     except ValidationError as exc:
         return None, [_problem_from_error(file, node, err) for err in exc.errors()]
 
@@ -132,7 +170,7 @@ def _node_at(root: yaml.Node, loc: tuple[Any, ...], *, at_key: bool = False) -> 
     return node
 
 
-def _cross_file_problems(providers: list[tuple[Provider, Path]]) -> list[PolicyProblem]:
+def cross_file_problems(providers: list[tuple[Provider, Path]]) -> list[PolicyProblem]:
     """Names and route prefixes must be unique; reported against the later file."""
     problems: list[PolicyProblem] = []
     seen_names: dict[str, str] = {}

@@ -10,7 +10,14 @@ import re
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from proxy.policy.paths import PathPattern
 
@@ -31,6 +38,24 @@ class BodyKind(StrEnum):
 class OperationRequirement(StrEnum):
     REQUIRED = "required"
     NONE = "none"  # only for non-mutating calls: forwarded without an operation, still audited
+
+
+class Mode(StrEnum):
+    """``report`` (shadow mode) forwards what a payload check would deny and audits
+    ``would_deny``; identity and state checks always apply (see checks.RELAXED_IN_REPORT_MODE)."""
+
+    ENFORCE = "enforce"
+    REPORT = "report"
+
+
+# Rule paths are parsed into a PathPattern; in the JSON Schema (editors) they are strings.
+_PATH_SCHEMA = WithJsonSchema(
+    {
+        "type": "string",
+        "pattern": r"^(/([A-Za-z0-9_.~-]+|\{[a-z_][a-z0-9_]*(\.\.\.)?\}))+$",
+        "description": "/v1/refunds, /v1/charges/{charge}/capture, /v1/{rest...}",
+    }
+)
 
 
 class CredentialInjection(Strict):
@@ -116,10 +141,38 @@ class Classification(Strict):
         return any(_status_matches(spec, status) for spec in self.failed)
 
 
+class ReconcileLookup(Strict):
+    """One way to ask the provider whether an operation's effect exists.
+
+    ``path`` and ``query`` values are templates over the operation's approved ``params`` and
+    ``path_params`` (``{charge}``); a lookup whose names the operation lacks is skipped. The
+    effect is the item (of the list at ``items``, or the answer itself when ``items`` is null)
+    whose ``match`` pointer equals the operation id (opgate injected it as metadata)."""
+
+    path: Annotated[str, Field(pattern=r"^/")]
+    query: dict[str, str] = Field(default_factory=dict)
+    items: str | None = "/data"
+    match: str = "/metadata/operation_id"
+    # true at this pointer means the list is incomplete: absence then proves nothing
+    has_more: str | None = "/has_more"
+    # Only if the provider's list is authoritative and complete for this lookup may "not found"
+    # settle the operation as failed with no effect.
+    absence_is_conclusive: bool = False
+
+
+class Reconcile(Strict):
+    lookups: Annotated[list[ReconcileLookup], Field(min_length=1)]
+    # After the last attempt ended (or its lease ran out), how long a straggling request may
+    # still land at the provider: absence is only conclusive after this.
+    grace_seconds: Annotated[float, Field(ge=0, le=86400)] = 30.0
+    max_attempts: Annotated[int, Field(ge=1, le=100)] = 5
+    retry_seconds: Annotated[float, Field(gt=0, le=86400)] = 10.0
+
+
 class Rule(Strict):
     name: Annotated[str, Field(pattern=_NAME)]
     method: Literal["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
-    path: PathPattern
+    path: Annotated[PathPattern, _PATH_SCHEMA]
     operation: OperationRequirement = OperationRequirement.REQUIRED
     body: BodyKind = BodyKind.FORM
     amount: str | None = None  # the field carrying the amount in minor units
@@ -129,6 +182,8 @@ class Rule(Strict):
     classify: Classification | None = None  # overrides the provider's default
     # False for provider calls that refuse metadata (e.g. Stripe's payment intent cancel).
     inject_metadata: bool = True
+    reconcile: Reconcile | None = None
+    mode: Mode | None = None  # None: the provider's mode
 
     @field_validator("path", mode="before")
     @classmethod
@@ -158,10 +213,35 @@ class Rule(Strict):
         return self
 
 
+# --- forward-proxy mode (issue 4) ---
+class PassThroughHost(Strict):
+    """A host forward mode tunnels without inspection (audited with host and byte counts)."""
+
+    host: Annotated[str, Field(pattern=r"^([a-z0-9]([a-z0-9.-]*[a-z0-9])?|[0-9a-f:.]+)$")]
+    port: Annotated[int, Field(ge=1, le=65535)] = 443
+
+
+DestinationClass = Literal["loopback", "private", "link_local", "metadata"]
+
+
+class ForwardProxy(Strict):
+    """Forward-proxy mode (HTTPS_PROXY) for this provider. Its upstream host is always
+    inspected: opgate terminates TLS and every request goes through the pipeline."""
+
+    # Address classes this provider's hosts may resolve to; public addresses always may.
+    allow_destinations: list[DestinationClass] = Field(default_factory=list)
+    # Companion hosts tunnelled opaquely; the provider's own (inspected) host never is.
+    pass_through: list[PassThroughHost] = Field(default_factory=list)
+
+
+# --- end forward-proxy mode ---
+
+
 class Provider(Strict):
     version: Literal[1]
     provider: Annotated[str, Field(pattern=_NAME)]
-    route_prefix: Annotated[str, Field(pattern=r"^/[A-Za-z0-9_.-]+$")]
+    # "/_..." is reserved for opgate's own endpoints on the agent listener (recovery reads).
+    route_prefix: Annotated[str, Field(pattern=r"^/[A-Za-z0-9.-][A-Za-z0-9_.-]*$")]
     upstream: Annotated[str, Field(pattern=r"^https?://[^/?#]+(/[^?#]*)?$")]
     credential: CredentialInjection | None = None
     idempotency: Idempotency = Field(default_factory=Idempotency)
@@ -180,7 +260,9 @@ class Provider(Strict):
         ]
     )
     classify: Classification = Field(default_factory=Classification)
+    mode: Mode = Mode.ENFORCE  # report: shadow mode for every rule that does not say otherwise
     rules: Annotated[list[Rule], Field(min_length=1)]
+    forward_proxy: ForwardProxy = Field(default_factory=ForwardProxy)  # forward mode (issue 4)
 
     # A field validator, not a model one: the error then points at `rules:` (not at line 1)
     # and is reported alongside errors in other fields.
@@ -194,6 +276,23 @@ class Provider(Strict):
             seen.add(rule.name)
         return rules
 
+    @model_validator(mode="after")
+    def _safe_forward_headers(self) -> Provider:
+        """Headers that carry framing, routing or credentials are opgate's to set: listing
+        one would let an agent's value through (e.g. its own token, where no credential is
+        configured to replace it)."""
+        reserved = {
+            "host", "content-length", "transfer-encoding", "connection", "keep-alive", "te",
+            "trailer", "upgrade", "expect", "proxy-authorization", "proxy-connection",
+            "authorization", "cookie", "x-operation-id", self.idempotency.header.lower(),
+        }
+        if self.credential is not None:
+            reserved.add(self.credential.header.lower())
+        listed = sorted(h for h in self.forward_headers if h.lower() in reserved)
+        if listed:
+            raise ValueError(f"forward_headers may not list {listed}: opgate sets or strips them")
+        return self
+
     def rule_named(self, name: str) -> Rule | None:
         return next((rule for rule in self.rules if rule.name == name), None)
 
@@ -203,6 +302,9 @@ class Provider(Strict):
         if injection is None or not rule.inject_metadata:
             return None
         return injection.field if isinstance(injection, FormFieldInjection) else injection.pointer
+
+    def mode_for(self, rule: Rule) -> Mode:
+        return rule.mode or self.mode
 
     def classification_for(self, rule: Rule) -> Classification:
         return rule.classify or self.classify

@@ -17,13 +17,15 @@ SELECT o.*, now() AS read_at FROM operations o WHERE o.provider = $1 AND o.idemp
 WITH created AS (
     INSERT INTO operations (
         operation_id, tenant, agent_id, provider, action, method, path, path_params,
-        amount, currency, params, idempotency_key, approval_ref, approved_by, expires_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11::jsonb, $12, $13, $14, $15)
+        amount, currency, params, idempotency_key, approval_ref, approved_by, expires_at,
+        supersedes)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11::jsonb, $12, $13, $14, $15, $17)
     ON CONFLICT (operation_id) DO NOTHING
     RETURNING *
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-    SELECT operation_id, 'created', NULL, 'created', $16, jsonb_build_object('approval_ref', approval_ref)
+    SELECT operation_id, 'created', NULL, 'created', $16,
+           jsonb_build_object('approval_ref', approval_ref, 'supersedes', supersedes)
     FROM created
 )
 SELECT c.*, now() AS read_at FROM created c;
@@ -36,11 +38,13 @@ WITH claimed AS (
     UPDATE operations
        SET status = 'dispatched', attempts = attempts + 1, dispatched_at = now(),
            lease_owner = $2, lease_until = now() + make_interval(secs => $3),
-           last_outcome = NULL, updated_at = now()
+           last_outcome = NULL, attempt_ended_at = NULL, updated_at = now()
      WHERE operation_id = $1
        AND revoked_at IS NULL AND expires_at > now()
        AND (status = 'created'
-            OR ($4 AND status = 'dispatched' AND (lease_until IS NULL OR lease_until <= now())))
+            OR ($4 AND status = 'dispatched' AND escalated_at IS NULL
+                AND (lease_until IS NULL OR lease_until <= now())
+                AND (reconcile_lease_until IS NULL OR reconcile_lease_until <= now())))
     RETURNING *
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
@@ -57,6 +61,7 @@ WITH settled AS (
     UPDATE operations
        SET status = $2, last_outcome = $2, provider_status = $3, provider_object_id = $4,
            response_content_type = $5, response_body = $6, settled_at = now(),
+           settled_reason = 'provider_answer', attempt_ended_at = now(),
            lease_owner = NULL, lease_until = NULL, updated_at = now()
      WHERE operation_id = $1 AND status = 'dispatched'
     RETURNING *
@@ -74,7 +79,7 @@ SELECT s.*, now() AS read_at FROM settled s;
 WITH released AS (
     UPDATE operations
        SET lease_owner = NULL, lease_until = NULL, last_outcome = $3, provider_status = $4,
-           updated_at = now()
+           attempt_ended_at = now(), updated_at = now()
      WHERE operation_id = $1 AND status = 'dispatched' AND attempts = $2
     RETURNING *
 ), event AS (
@@ -99,6 +104,145 @@ WITH revoked AS (
 )
 SELECT r.*, now() AS read_at FROM revoked r;
 
+-- name: list_operations
+-- Operations of a tenant ($1, NULL for all) in the given statuses, oldest first.
+SELECT o.*, now() AS read_at FROM operations o
+ WHERE ($1::text IS NULL OR o.tenant = $1) AND o.status = ANY($2::text[])
+   AND ($3::text IS NULL OR o.agent_id IS NULL OR o.agent_id = $3)
+ ORDER BY o.created_at, o.operation_id
+ LIMIT $4;
+
+-- name: claim_reconcile_one
+-- Take the reconciliation lease of one dispatched operation whose attempt is over, so that no
+-- two replicas (or a replica and a re-send) act on it at once.
+WITH taken AS (
+    UPDATE operations
+       SET reconcile_owner = $2, reconcile_lease_until = now() + make_interval(secs => $3),
+           updated_at = now()
+     WHERE operation_id = $1 AND status = 'dispatched' AND escalated_at IS NULL
+       AND (lease_until IS NULL OR lease_until <= now())
+       AND (reconcile_lease_until IS NULL OR reconcile_lease_until <= now())
+    RETURNING *
+)
+SELECT t.*, now() AS read_at FROM taken t;
+
+-- name: claim_reconcile_batch
+-- The background loop's pick: due, unleased, dispatched operations; SKIP LOCKED keeps replicas
+-- from waiting on (or picking) each other's rows.
+WITH due AS (
+    SELECT operation_id FROM operations
+     WHERE status = 'dispatched' AND escalated_at IS NULL
+       AND (lease_until IS NULL OR lease_until <= now())
+       AND (reconcile_lease_until IS NULL OR reconcile_lease_until <= now())
+       AND (next_reconcile_at IS NULL OR next_reconcile_at <= now())
+     ORDER BY dispatched_at
+     LIMIT $3
+     FOR UPDATE SKIP LOCKED
+), taken AS (
+    UPDATE operations o
+       SET reconcile_owner = $1, reconcile_lease_until = now() + make_interval(secs => $2),
+           updated_at = now()
+      FROM due WHERE o.operation_id = due.operation_id
+    RETURNING o.*
+)
+SELECT t.*, now() AS read_at FROM taken t;
+
+-- name: settle_reconciled
+-- dispatched -> confirmed | failed from the provider's own record, by the holder ($2) of the
+-- reconciliation lease, and only while no attempt is in flight.
+WITH settled AS (
+    UPDATE operations
+       SET status = $3, last_outcome = $3, settled_reason = $4, provider_object_id = $5,
+           provider_status = $6, response_content_type = $7, response_body = $8,
+           settled_at = now(), reconcile_owner = NULL, reconcile_lease_until = NULL,
+           updated_at = now()
+     WHERE operation_id = $1 AND status = 'dispatched' AND reconcile_owner = $2
+       AND (lease_until IS NULL OR lease_until <= now())
+    RETURNING *
+), event AS (
+    INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
+    SELECT operation_id, 'reconciled', 'dispatched', $3, $2, $9::jsonb FROM settled
+)
+SELECT s.*, now() AS read_at FROM settled s;
+
+-- name: reconcile_inconclusive
+-- The lookup settled nothing: count the try, release the lease, say when to look again.
+WITH noted AS (
+    UPDATE operations
+       SET reconcile_attempts = reconcile_attempts + 1, reconcile_owner = NULL,
+           reconcile_lease_until = NULL, next_reconcile_at = now() + make_interval(secs => $3),
+           updated_at = now()
+     WHERE operation_id = $1 AND reconcile_owner = $2 AND status = 'dispatched'
+    RETURNING *
+), event AS (
+    INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
+    SELECT operation_id, 'reconcile_inconclusive', 'dispatched', 'dispatched', $2, $4::jsonb
+    FROM noted
+)
+SELECT n.*, now() AS read_at FROM noted n;
+
+-- name: escalate_operation
+-- A human must decide. Stays dispatched; the notification is queued in the same statement.
+WITH escalated AS (
+    UPDATE operations
+       SET escalated_at = now(), escalation_reason = $3, reconcile_owner = NULL,
+           reconcile_lease_until = NULL, updated_at = now()
+     WHERE operation_id = $1 AND status = 'dispatched' AND escalated_at IS NULL
+       AND ($2::text IS NULL OR reconcile_owner = $2)
+    RETURNING *
+), event AS (
+    INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
+    SELECT operation_id, 'escalated', 'dispatched', 'dispatched', coalesce($2, 'admin'),
+           $4::jsonb || jsonb_build_object('reason', $3)
+    FROM escalated
+), notification AS (
+    INSERT INTO escalation_notifications (operation_id) SELECT operation_id FROM escalated
+)
+SELECT e.*, now() AS read_at FROM escalated e;
+
+-- name: resolve_operation
+-- A human verdict settles a dispatched operation: confirmed (with the provider's object id)
+-- or failed (no effect). Never while an attempt is in flight.
+WITH resolved AS (
+    UPDATE operations
+       SET status = $2, last_outcome = $2, settled_reason = 'human_verdict',
+           provider_object_id = coalesce($3, provider_object_id), resolution_note = $4,
+           settled_at = now(), reconcile_owner = NULL, reconcile_lease_until = NULL,
+           updated_at = now()
+     WHERE operation_id = $1 AND status = 'dispatched'
+       AND (lease_until IS NULL OR lease_until <= now())
+    RETURNING *
+), event AS (
+    INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
+    SELECT operation_id, 'resolved', 'dispatched', $2, $5,
+           jsonb_build_object('verdict', $2, 'object_id', $3, 'note', $4)
+    FROM resolved
+)
+SELECT r.*, now() AS read_at FROM resolved r;
+
+-- name: claim_notifications
+-- Escalation notifications due for delivery, leased so one replica sends each at a time.
+WITH due AS (
+    SELECT notification_id FROM escalation_notifications
+     WHERE delivered_at IS NULL AND next_attempt_at <= now()
+       AND (lease_until IS NULL OR lease_until <= now())
+     ORDER BY notification_id LIMIT $1 FOR UPDATE SKIP LOCKED
+)
+UPDATE escalation_notifications n
+   SET lease_until = now() + make_interval(secs => $2), attempts = attempts + 1
+  FROM due WHERE n.notification_id = due.notification_id
+RETURNING n.notification_id, n.operation_id, n.attempts;
+
+-- name: notification_delivered
+UPDATE escalation_notifications SET delivered_at = now(), lease_until = NULL, last_error = NULL
+ WHERE notification_id = $1;
+
+-- name: notification_failed
+-- Retry later with backoff ($2 seconds); never blocks a request.
+UPDATE escalation_notifications
+   SET lease_until = NULL, next_attempt_at = now() + make_interval(secs => $2), last_error = $3
+ WHERE notification_id = $1;
+
 -- name: operation_events
 -- One operation's transitions, oldest first.
 SELECT event_id, at, event, from_status, to_status, actor, detail
@@ -107,3 +251,88 @@ SELECT event_id, at, event, from_status, to_status, actor, detail
 -- name: ping
 -- Readiness: the database answers.
 SELECT 1;
+
+-- ===================================================================================== audit
+-- The tamper-evident audit log (migration 0003, docs/audit.md, proxy/auditlog/). Chaining is
+-- done by the audit_log trigger; these queries only append, checkpoint and read.
+
+-- name: audit_append_batch
+-- Records of one stream ($1, kind $2), in order: a JSON array of record objects ($3). One
+-- statement per batch; the trigger chains each row.
+INSERT INTO audit_log (stream, seq, kind, operation_id, record, prev_hash, hash)
+SELECT $1, 0, $2, r.value ->> 'operation_id', r.value, '\x', '\x'
+  FROM jsonb_array_elements($3::jsonb) WITH ORDINALITY AS r (value, position)
+ ORDER BY r.position;
+
+-- name: audit_set_instance_policy
+-- The policy set this instance ($1) now decides with ($2): transition records name it.
+INSERT INTO audit_instances (instance_id, policy_version) VALUES ($1, $2)
+ON CONFLICT (instance_id) DO UPDATE SET policy_version = $2, loaded_at = now();
+
+-- name: audit_checkpoint_lock
+-- Checkpoint writers (one per replica, rarely) take turns; request traffic never takes it.
+SELECT pg_advisory_xact_lock(7308604897068083316);
+
+-- name: audit_take_changed_heads
+-- The heads that moved since the last checkpoint, marked as checkpointed in the same statement.
+WITH changed AS (
+    UPDATE audit_heads SET checkpointed_seq = seq
+     WHERE seq > checkpointed_seq
+    RETURNING stream, seq, hash
+)
+SELECT stream, seq, hash FROM changed ORDER BY stream;
+
+-- name: audit_last_checkpoint
+SELECT checkpoint_id, mac FROM audit_checkpoints ORDER BY checkpoint_id DESC LIMIT 1;
+
+-- name: audit_insert_checkpoint
+INSERT INTO audit_checkpoints (at, writer, heads, prev_mac, mac)
+VALUES ($1, $2, $3::jsonb, $4, $5)
+RETURNING checkpoint_id;
+
+-- name: audit_checkpoints
+-- Every checkpoint, oldest first (the verifier re-derives the MAC chain).
+SELECT checkpoint_id, at, writer, heads::text AS heads, prev_mac, mac
+  FROM audit_checkpoints ORDER BY checkpoint_id;
+
+-- name: audit_records_between
+-- Records recorded in [$1, $2), with the stored hash of each one's predecessor in its stream
+-- (NULL when the predecessor is missing), earliest first.
+SELECT a.stream, a.seq, a.at, a.kind, a.operation_id, a.record::text AS record, a.prev_hash,
+       a.hash, p.hash AS predecessor_hash
+  FROM audit_log a
+  LEFT JOIN audit_log p ON p.stream = a.stream AND p.seq = a.seq - 1
+ WHERE a.at >= $1 AND a.at < $2
+ ORDER BY a.at, a.stream, a.seq;
+
+-- name: audit_records_at
+-- The records named by checkpoint claims: [[stream, seq], ...] ($1).
+SELECT c.value ->> 0 AS stream, (c.value ->> 1)::bigint AS seq, a.hash
+  FROM jsonb_array_elements($1::jsonb) AS c (value)
+  LEFT JOIN audit_log a ON a.stream = c.value ->> 0 AND a.seq = (c.value ->> 1)::bigint;
+
+-- name: audit_heads_mismatched
+-- Streams whose head does not match their last record (a tail deleted or appended around the
+-- trigger).
+SELECT h.stream, h.seq AS head_seq, l.seq AS last_seq
+  FROM audit_heads h
+  LEFT JOIN LATERAL (SELECT max(seq) AS seq FROM audit_log a WHERE a.stream = h.stream) l ON true
+  LEFT JOIN audit_log last ON last.stream = h.stream AND last.seq = l.seq
+ WHERE l.seq IS DISTINCT FROM h.seq OR last.hash IS DISTINCT FROM h.hash;
+
+-- name: audit_operation_records
+-- One operation's audit records (its transitions and the agent requests that named it).
+SELECT stream, seq, at, kind, operation_id, record::text AS record, prev_hash, hash
+  FROM audit_log WHERE operation_id = $1 ORDER BY at, stream, seq;
+
+-- name: metrics_operations
+-- Scrape-time gauges: unsettled operations by status (the partial index), those dispatched
+-- longer than $1 seconds, and open escalations.
+SELECT
+    count(*) FILTER (WHERE status = 'created') AS created,
+    count(*) FILTER (WHERE status = 'dispatched') AS dispatched,
+    count(*) FILTER (WHERE status = 'dispatched'
+                       AND dispatched_at < now() - make_interval(secs => $1)) AS dispatched_old,
+    count(*) FILTER (WHERE status = 'dispatched' AND escalated_at IS NOT NULL) AS escalated
+  FROM operations WHERE status IN ('created', 'dispatched');
+-- =============================================================================== end audit

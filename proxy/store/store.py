@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from proxy.errors import IdempotencyKeyInUse, StoreUnavailable
+from proxy.errors import AlreadySuperseded, IdempotencyKeyInUse, StoreUnavailable
 from proxy.operation import Operation, Status
 from proxy.store.queries import QUERIES
 
@@ -51,6 +51,7 @@ class NewOperation:
     approval_ref: str
     approved_by: str
     expires_at: datetime
+    supersedes: str | None = None
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,11 @@ class Store:
         max_size: int = 10,
         acquire_timeout: float = 5.0,
         statement_timeout_ms: int = 5000,
+        instance_id: str | None = None,
     ) -> Store:
+        # opgate.instance_id: read by the audit trigger (migration 0003) so that each
+        # transition's audit record names the instance and the policy set that wrote it.
+        settings = {"application_name": "opgate", "opgate.instance_id": instance_id or ""}
         try:
             pool = await asyncpg.create_pool(
                 dsn,
@@ -92,7 +97,7 @@ class Store:
                 reset=_reset_connection,
                 timeout=acquire_timeout,
                 command_timeout=statement_timeout_ms / 1000,
-                server_settings={"application_name": "opgate"},
+                server_settings=settings,
             )
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"cannot open the database pool: {exc}") from exc
@@ -100,6 +105,14 @@ class Store:
 
     async def close(self) -> None:
         await self._pool.close()
+
+    async def run(self, call: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        """``call`` on a pooled connection, errors translated (the audit writer uses it)."""
+        return await self._run(call)
+
+    def pool_usage(self) -> tuple[int, int, int]:
+        """(open, idle, maximum) connections: the pool saturation metrics."""
+        return self._pool.get_size(), self._pool.get_idle_size(), self._pool.get_max_size()
 
     async def _run(self, call: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         try:
@@ -123,7 +136,9 @@ class Store:
         try:
             return await self._create(new, actor)
         except asyncpg.exceptions.UniqueViolationError as exc:
-            raise IdempotencyKeyInUse(new.idempotency_key) from exc
+            if exc.constraint_name == "operations_provider_key_unique":
+                raise IdempotencyKeyInUse(new.idempotency_key) from exc
+            raise AlreadySuperseded(str(new.supersedes)) from exc
 
     async def _create(self, new: NewOperation, actor: str) -> Operation | None:
         return await self._one(
@@ -144,6 +159,7 @@ class Store:
             new.approved_by,
             new.expires_at,
             actor,
+            new.supersedes,
         )
 
     async def claim(
@@ -177,6 +193,90 @@ class Store:
     ) -> Operation | None:
         return await self._one(
             "release_unknown", operation_id, attempt, outcome, provider_status, actor
+        )
+
+    async def many(self, query: str, *args: Any) -> list[Operation]:
+        records = await self._run(lambda conn: conn.fetch(QUERIES[query], *args))
+        return [operation_from_record(r) for r in records]
+
+    async def list_operations(
+        self,
+        tenant: str | None,
+        statuses: list[str],
+        agent_id: str | None = None,
+        limit: int = 100,
+    ) -> list[Operation]:
+        return await self.many("list_operations", tenant, statuses, agent_id, limit)
+
+    async def claim_reconcile_one(
+        self, operation_id: str, owner: str, lease_seconds: float
+    ) -> Operation | None:
+        return await self._one("claim_reconcile_one", operation_id, owner, lease_seconds)
+
+    async def claim_reconcile_batch(
+        self, owner: str, lease_seconds: float, limit: int
+    ) -> list[Operation]:
+        return await self.many("claim_reconcile_batch", owner, lease_seconds, limit)
+
+    async def settle_reconciled(
+        self,
+        operation_id: str,
+        owner: str,
+        status: Status,
+        reason: str,
+        answer: ProviderAnswer | None,
+        evidence: dict[str, Any],
+    ) -> Operation | None:
+        return await self._one(
+            "settle_reconciled",
+            operation_id,
+            owner,
+            status.value,
+            reason,
+            answer.object_id if answer else None,
+            answer.status if answer else None,
+            answer.content_type if answer else None,
+            answer.body if answer else None,
+            json.dumps(evidence),
+        )
+
+    async def reconcile_inconclusive(
+        self, operation_id: str, owner: str, retry_in_seconds: float, evidence: dict[str, Any]
+    ) -> Operation | None:
+        return await self._one(
+            "reconcile_inconclusive", operation_id, owner, retry_in_seconds, json.dumps(evidence)
+        )
+
+    async def escalate(
+        self, operation_id: str, owner: str | None, reason: str, evidence: dict[str, Any]
+    ) -> Operation | None:
+        return await self._one(
+            "escalate_operation", operation_id, owner, reason, json.dumps(evidence)
+        )
+
+    async def resolve(
+        self, operation_id: str, status: Status, object_id: str | None, note: str, actor: str
+    ) -> Operation | None:
+        return await self._one(
+            "resolve_operation", operation_id, status.value, object_id, note, actor
+        )
+
+    async def claim_notifications(self, limit: int, lease_seconds: float) -> list[dict[str, Any]]:
+        records = await self._run(
+            lambda conn: conn.fetch(QUERIES["claim_notifications"], limit, lease_seconds)
+        )
+        return [dict(r) for r in records]
+
+    async def notification_delivered(self, notification_id: int) -> None:
+        await self._run(
+            lambda conn: conn.execute(QUERIES["notification_delivered"], notification_id)
+        )
+
+    async def notification_failed(self, notification_id: int, retry_in: float, error: str) -> None:
+        await self._run(
+            lambda conn: conn.execute(
+                QUERIES["notification_failed"], notification_id, retry_in, error[:500]
+            )
         )
 
     async def revoke(self, operation_id: str, reason: str, actor: str) -> Operation | None:
@@ -227,5 +327,14 @@ def operation_from_record(record: asyncpg.Record) -> Operation:
         settled_at=record["settled_at"],
         created_at=record["created_at"],
         updated_at=record["updated_at"],
+        attempt_ended_at=record["attempt_ended_at"],
+        settled_reason=record["settled_reason"],
+        supersedes=record["supersedes"],
+        reconcile_attempts=record["reconcile_attempts"],
+        reconcile_lease_until=record["reconcile_lease_until"],
+        next_reconcile_at=record["next_reconcile_at"],
+        escalated_at=record["escalated_at"],
+        escalation_reason=record["escalation_reason"],
+        resolution_note=record["resolution_note"],
         read_at=record["read_at"],
     )

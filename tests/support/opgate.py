@@ -32,8 +32,20 @@ PROVIDER_SECRET = "sk_test_provider_secret_never_logged"
 SHIPPED_POLICIES = Path(__file__).resolve().parents[2] / "policies"
 
 
-def fault_policy(*, deduplicates: bool, body: str = "form", total_timeout: float = 2.0) -> str:
-    """A provider policy for the fault provider; ``body`` is form or json."""
+def fault_policy(
+    *, deduplicates: bool, body: str = "form", total_timeout: float = 2.0,
+    grace_seconds: float | None = None, max_attempts: int = 2,
+) -> str:
+    """A provider policy for the fault provider; ``body`` is form or json. With
+    ``grace_seconds``, refunds are reconciled by listing the charge's refunds (form only)."""
+    reconcile = "" if grace_seconds is None else (
+        "\n            reconcile:"
+        "\n              lookups: [{path: /v1/refunds, query: {charge: '{charge}'},"
+        " absence_is_conclusive: true}]"
+        f"\n              grace_seconds: {grace_seconds}"
+        f"\n              max_attempts: {max_attempts}"
+        "\n              retry_seconds: 0.05"
+    )
     injection = (
         "{kind: form_field, field: 'metadata[operation_id]'}"
         if body == "form"
@@ -59,7 +71,7 @@ def fault_policy(*, deduplicates: bool, body: str = "form", total_timeout: float
             amount: {field("amount")}
             currency: {field("currency")}
             params: [{field("charge")}]
-            free: {free}
+            free: {free}{reconcile}
           - name: refund.cancel
             method: POST
             path: /v1/refunds/{{refund}}/cancel
@@ -78,6 +90,8 @@ def make_settings(database_url: str, policy_dir: Path, **overrides: Any) -> Sett
         "database_url": database_url,
         "policy_dir": policy_dir,
         "agent_listen": "127.0.0.1:0",
+        # off unless a test turns it on (it creates a CA in its data directory)
+        "forward_listen": None,
         "ops_listen": "127.0.0.1:0",
         "admin_token_sha256": token_digest(ADMIN_TOKEN),
         "agents": [
@@ -87,6 +101,8 @@ def make_settings(database_url: str, policy_dir: Path, **overrides: Any) -> Sett
         ],
         "pool_max_size": 10,
         "pool_acquire_timeout_seconds": 2.0,
+        # The background reconciler stays out of the way unless a test asks for it.
+        "background_interval_seconds": 3600.0,
         **overrides,
     }
     return Settings(**values)

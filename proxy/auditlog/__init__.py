@@ -1,0 +1,1 @@
+"""The tamper-evident audit log: chaining, checkpoints, verification, export (docs/audit.md)."""

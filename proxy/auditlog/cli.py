@@ -1,0 +1,217 @@
+"""``opgate audit verify | show | export``: the audit log for security review and SIEMs.
+
+    opgate audit verify [--since T] [--until T]     exit 0: intact; 1: names the first break
+    opgate audit show OPERATION_ID                  one operation's timeline, as a table
+    opgate audit export --since T --until T [-o F]  JSON Lines (redacted), for a SIEM
+
+Times are ISO 8601 (``2026-05-01T12:00:00Z``); a time without a zone is read as UTC. The
+database is ``--database-url`` (or ``OPGATE_DATABASE_URL``); the checkpoint key is the same
+secret opgate signs with (``OPGATE_SECRET_AUDIT_KEY`` or ``<secrets_dir>/audit_key``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+import asyncpg
+
+from proxy.auditlog import records
+from proxy.auditlog.chain import StoredRecord
+from proxy.auditlog.redact import Redactor
+from proxy.auditlog.verify import verify
+from proxy.credentials import CredentialSource
+
+_BEGINNING = datetime(1970, 1, 1, tzinfo=UTC)
+_END = datetime(9999, 1, 1, tzinfo=UTC)
+_SHOWN_PROBLEMS = 50
+
+
+def add_audit_commands(commands: Any) -> None:
+    audit = commands.add_parser("audit", help="verify, show and export the audit log")
+    audit_commands = audit.add_subparsers()
+
+    check = audit_commands.add_parser("verify", help="check the hash chains and checkpoints")
+    _flags(check)
+    check.add_argument("--since", type=_time, help="records recorded at or after (default: all)")
+    check.add_argument("--until", type=_time, help="records recorded before (default: all)")
+    check.set_defaults(handler=_run(_verify))
+
+    show = audit_commands.add_parser("show", help="one operation's timeline")
+    _flags(show)
+    show.add_argument("operation_id")
+    show.set_defaults(handler=_run(_show))
+
+    export = audit_commands.add_parser("export", help="write records as JSON Lines")
+    _flags(export)
+    export.add_argument("--since", type=_time, required=True)
+    export.add_argument("--until", type=_time, required=True)
+    export.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
+    export.set_defaults(handler=_run(_export))
+
+
+def _flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--database-url", help="PostgreSQL primary (default: OPGATE_DATABASE_URL)")
+    parser.add_argument("--secrets-dir", type=Path, help="where audit_key is (if not in env)")
+
+
+def _time(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from exc
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+Command = Callable[[asyncpg.Connection, argparse.Namespace, Any], Coroutine[Any, Any, int]]
+
+
+def _run(command: Command) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        from proxy.settings import load_settings
+
+        settings = load_settings(
+            {"database_url": args.database_url, "secrets_dir": args.secrets_dir}
+        )
+        if not settings.database_url:
+            print("opgate audit: give --database-url or OPGATE_DATABASE_URL", file=sys.stderr)
+            return 2
+
+        async def run() -> int:
+            conn = await asyncpg.connect(settings.database_url)
+            try:
+                return await command(conn, args, settings)
+            finally:
+                await conn.close()
+
+        try:
+            return asyncio.run(run())
+        except (OSError, asyncpg.PostgresError) as exc:
+            print(f"opgate audit: database error: {exc}", file=sys.stderr)
+            return 2
+
+    return handler
+
+
+def _key(settings: Any) -> bytes | None:
+    secret = CredentialSource(settings.secrets_dir).secret("audit_key")
+    return secret.encode("utf-8") if secret else None
+
+
+async def _verify(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+    whole = args.since is None and args.until is None
+    since, until = args.since or _BEGINNING, args.until or _END
+    report = await verify(conn, since, until, key=_key(settings), whole_log=whole)
+    signed = (
+        "signatures verified"
+        if report.checkpoints_authenticated
+        else "signatures NOT verified (no audit key)"
+    )
+    last = report.last_checkpoint
+    summary = f"{report.records} records, {report.checkpoints} checkpoints ({signed})" + (
+        f"; last checkpoint {last.checkpoint_id} mac {last.mac.hex()}" if last else ""
+    )
+    first = report.first_break()
+    if first is None:
+        print(f"ok: {summary}")
+        return 0
+    print(f"BROKEN: first broken record: {first.describe()}")
+    print(f"{len(report.breaks)} problems in {summary}:")
+    for problem in report.breaks[:_SHOWN_PROBLEMS]:
+        print(f"  {problem.describe()}")
+    return 1
+
+
+def timeline_rows(stored: list[StoredRecord], redactor: Redactor) -> list[list[str]]:
+    """One row per record: time, kind, event, status change, who, details."""
+    rows = []
+    for record in stored:
+        fields = redactor.mapping(record.fields())
+        if record.kind == "request":
+            event = str(fields.get("decision")) + (
+                f" {fields['reason']}" if fields.get("reason") else ""
+            )
+            who = fields.get("agent_id") or "-"
+            details = {
+                k: fields.get(k)
+                for k in ("request_id", "attempt", "provider_status", "response_status")
+                if fields.get(k) is not None
+            }
+        else:
+            event = str(fields.get("event"))
+            who = fields.get("actor") or "-"
+            details = fields.get("detail") or {}
+        before, after = fields.get("status_before"), fields.get("status_after")
+        change = f"{before or '-'} -> {after or '-'}" if before or after else ""
+        rows.append(
+            [
+                record.at.astimezone(UTC).isoformat(timespec="milliseconds"),
+                record.kind,
+                event,
+                change,
+                str(who),
+                json.dumps(details, separators=(",", ":"), sort_keys=True, default=str),
+            ]
+        )
+    return rows
+
+
+def render_table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, ["-" * w for w in widths], *rows]
+    ]
+    return "\n".join(lines)
+
+
+async def _show(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+    stored = await records.operation_records(conn, args.operation_id)
+    if not stored:
+        print(f"no audit records for {args.operation_id}", file=sys.stderr)
+        return 1
+    redactor = Redactor(settings.audit_redact_fields, secrets=_secrets(settings))
+    header = ["time (UTC)", "kind", "event", "status", "by", "details"]
+    print(f"operation {args.operation_id}: {len(stored)} audit records")
+    print(render_table(header, timeline_rows(stored, redactor)))
+    return 0
+
+
+def export_line(record: StoredRecord, redactor: Redactor) -> str:
+    """One JSON Lines entry: the record's own fields, plus where it sits in its chain."""
+    line = {
+        **redactor.mapping(record.fields()),
+        "recorded_at": record.at.isoformat(),
+        "audit_kind": record.kind,
+        "audit_stream": record.stream,
+        "audit_seq": record.seq,
+        "audit_hash": record.hash.hex(),
+        "audit_prev_hash": record.prev_hash.hex(),
+    }
+    return json.dumps(line, separators=(",", ":"), default=str)
+
+
+async def _export(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+    redactor = Redactor(settings.audit_redact_fields, secrets=_secrets(settings))
+    out: TextIO = args.output.open("w", encoding="utf-8") if args.output else sys.stdout
+    count = 0
+    try:
+        async for record, _ in records.records_between(conn, args.since, args.until):
+            out.write(export_line(record, redactor) + "\n")
+            count += 1
+    finally:
+        if args.output:
+            out.close()
+    print(f"exported {count} records", file=sys.stderr)
+    return 0
+
+
+def _secrets(settings: Any) -> list[str]:
+    key = _key(settings)
+    return [key.decode("utf-8")] if key else []

@@ -1,0 +1,91 @@
+"""Redaction for every sink that leaves opgate: log lines, span attributes, audit rows, exports.
+
+Two rules, applied to any nested structure of dicts, lists and strings:
+- a value under a sensitive key (built in: credentials, tokens, cookies; plus the configured
+  ``audit_redact_fields``) is replaced by ``[REDACTED]``;
+- a known secret value (each provider credential opgate is configured with, the audit key) is
+  cut out of any string it appears in, whatever the key.
+Records are built from named facts, never from headers or bodies, so this is the second line of
+defence, not the first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+REDACTED = "[REDACTED]"
+# Compared lowercased, with '-' read as '_'.
+BUILTIN_SENSITIVE_KEYS = frozenset(
+    {
+        "authorization",
+        "proxy_authorization",
+        "cookie",
+        "set_cookie",
+        "token",
+        "agent_token",
+        "admin_token",
+        "password",
+        "secret",
+        "api_key",
+        "credential",
+        "credentials",
+        "audit_key",
+    }
+)
+_MIN_SECRET_LENGTH = 6  # shorter "secrets" would redact ordinary words
+
+
+def _normal(key: str) -> str:
+    return key.lower().replace("-", "_")
+
+
+class Redactor:
+    def __init__(self, fields: Iterable[str] = (), secrets: Iterable[str] = ()) -> None:
+        self._keys = BUILTIN_SENSITIVE_KEYS | {_normal(f) for f in fields}
+        self._secrets = tuple(
+            sorted({s for s in secrets if len(s) >= _MIN_SECRET_LENGTH}, key=len, reverse=True)
+        )
+
+    def with_secrets(self, secrets: Iterable[str]) -> Redactor:
+        redactor = Redactor(secrets=(*self._secrets, *secrets))
+        redactor._keys = self._keys
+        return redactor
+
+    def is_sensitive(self, key: str) -> bool:
+        return _normal(key) in self._keys
+
+    def text(self, value: str) -> str:
+        for secret in self._secrets:
+            if secret in value:
+                value = value.replace(secret, REDACTED)
+        return value
+
+    def value(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, Mapping):
+            return self.mapping(value)
+        if isinstance(value, list | tuple):
+            return [self.value(v) for v in value]
+        return value
+
+    def mapping(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            key: REDACTED if self.is_sensitive(str(key)) else self.value(value)
+            for key, value in data.items()
+        }
+
+
+# The process's redactor for log lines: structlog's configuration is process-wide too.
+_log_redactor = Redactor()
+
+
+def set_log_redactor(redactor: Redactor) -> None:
+    global _log_redactor
+    _log_redactor = redactor
+
+
+def redact_log_line(_logger: object, _method: str, event_dict: Any) -> Any:
+    """structlog processor: the log line as it will be rendered, redacted."""
+    return _log_redactor.mapping(event_dict)

@@ -1,0 +1,89 @@
+"""The background work of an opgate process: reconciling dispatched operations whose attempt
+is over, and delivering escalation notifications. Neither ever blocks an agent's request.
+
+Every replica runs both loops; the database hands each row to one of them at a time
+(``FOR UPDATE SKIP LOCKED`` plus a lease), so scaling out needs no coordination.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+import aiohttp
+import structlog
+
+from proxy.errors import StoreUnavailable
+from proxy.gateway import Gateway
+from proxy.reconcile import RECONCILE_LEASE_SECONDS, reconcile_claimed
+
+_log = structlog.get_logger("opgate.background")
+_NOTIFY_LEASE_SECONDS = 30.0
+_MAX_BACKOFF_SECONDS = 300.0
+
+
+async def reconcile_pass(gw: Gateway, batch: int) -> int:
+    """Reconcile one batch of due operations; returns how many were tried."""
+    owner = f"{gw.settings.instance_id}:loop"
+    claimed = await gw.store.claim_reconcile_batch(owner, RECONCILE_LEASE_SECONDS, batch)
+    for op in claimed:
+        try:
+            await reconcile_claimed(gw, op, owner)
+        except StoreUnavailable:
+            raise
+        except Exception:  # one bad row must not stop the loop; its lease lapses and it returns
+            _log.exception("reconcile_failed", operation_id=op.operation_id)
+    return len(claimed)
+
+
+async def notify_pass(gw: Gateway, http: aiohttp.ClientSession, url: str) -> int:
+    """Deliver due escalation notifications (at least once; receivers dedupe on the id)."""
+    due = await gw.store.claim_notifications(20, _NOTIFY_LEASE_SECONDS)
+    for notification in due:
+        op = await gw.store.load(notification["operation_id"])
+        if op is None:
+            continue
+        payload: dict[str, Any] = {
+            "notification_id": notification["notification_id"],
+            "event": "operation_escalated",
+            "operation": op.to_public(),
+            "events": await gw.store.events(op.operation_id),
+        }
+        try:
+            async with http.post(
+                url,
+                data=json.dumps(payload, default=str),
+                headers={
+                    "Content-Type": "application/json",
+                    "X-Opgate-Notification-Id": str(notification["notification_id"]),
+                },
+                timeout=aiohttp.ClientTimeout(total=10),
+            ) as response:
+                if 200 <= response.status < 300:
+                    await gw.store.notification_delivered(notification["notification_id"])
+                    _log.info("escalation_notified", operation_id=op.operation_id)
+                    continue
+                error = f"webhook answered {response.status}"
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        backoff = min(_MAX_BACKOFF_SECONDS, 2.0 ** notification["attempts"])
+        await gw.store.notification_failed(notification["notification_id"], backoff, error)
+        _log.warning("escalation_notify_failed", operation_id=op.operation_id, error=error)
+    return len(due)
+
+
+async def run_background(gw: Gateway, stop: asyncio.Event) -> None:
+    """Both loops until ``stop`` is set; a database outage only delays them."""
+    settings = gw.settings
+    async with aiohttp.ClientSession(trust_env=False) as http:
+        while not stop.is_set():
+            try:
+                await reconcile_pass(gw, settings.reconcile_batch_size)
+                if settings.escalation_webhook_url:
+                    await notify_pass(gw, http, settings.escalation_webhook_url)
+            except StoreUnavailable as exc:
+                _log.warning("background_store_unavailable", error=str(exc))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), settings.background_interval_seconds)

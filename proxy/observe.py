@@ -1,0 +1,252 @@
+"""What one opgate process tells the outside: the audit log in PostgreSQL, traces, metrics and
+redacted log lines. Built once per process by ``server.running`` and kept on the ``Gateway``.
+
+The pipeline knows none of this: ``audit.emit`` hands each canonical record to the observer the
+``observe_agent_request`` middleware installed for that request, which sets the server span's
+attributes, counts it, and queues it for the audit log.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import asyncpg
+from aiohttp import web
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
+
+from proxy.audit import AUDIT_SCHEMA_VERSION, REQUEST_OBSERVER
+from proxy.auditlog import records
+from proxy.auditlog.redact import Redactor, set_log_redactor
+from proxy.auditlog.writer import Checkpointer, RequestRecordWriter
+from proxy.credentials import CredentialSource
+from proxy.errors import StoreUnavailable
+from proxy.gateway import GATEWAY
+from proxy.metrics import CONTENT_TYPE, Counter, Histogram, exposition, gauge
+from proxy.policy.set import PolicySet
+from proxy.settings import Settings
+from proxy.store.queries import QUERIES
+from proxy.store.store import Store
+from proxy.telemetry import Telemetry, tracer_provider_from_environment
+
+# The secret's NAME (OPGATE_SECRET_AUDIT_KEY or <secrets_dir>/audit_key), not its value.
+AUDIT_KEY_SECRET = "audit_key"  # noqa: S105
+_UPSTREAM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+# Span attribute for each audit field that goes on the server span.
+_SPAN_FIELDS = (
+    "request_id",
+    "agent_id",
+    "tenant",
+    "provider",
+    "rule",
+    "policy_version",
+    "operation_id",
+    "decision",
+    "reason",
+    "status_before",
+    "status_after",
+    "attempt",
+    "provider_status",
+)
+
+
+def audit_key(credentials: CredentialSource) -> bytes | None:
+    secret = credentials.secret(AUDIT_KEY_SECRET)
+    return secret.encode("utf-8") if secret else None
+
+
+def configured_secrets(policy: PolicySet, credentials: CredentialSource) -> list[str]:
+    """Every secret value this process holds: cut out of anything it writes anywhere."""
+    names = {p.credential.secret for p in policy.providers if p.credential is not None}
+    values = [credentials.secret(name) for name in sorted(names | {AUDIT_KEY_SECRET})]
+    return [v for v in values if v]
+
+
+class Observability:
+    def __init__(self, settings: Settings, policy: PolicySet, credentials: CredentialSource):
+        self.settings = settings
+        self.policy_version = policy.version
+        self.redactor = Redactor(
+            settings.audit_redact_fields, secrets=configured_secrets(policy, credentials)
+        )
+        set_log_redactor(self.redactor)
+        self.telemetry = Telemetry(tracer_provider_from_environment())
+        self.key = audit_key(credentials)
+        self._policy = policy
+        self._store: Store | None = None
+        self.writer: RequestRecordWriter | None = None
+        self.checkpointer: Checkpointer | None = None
+        self.requests = Counter(
+            "opgate_requests_total",
+            "Agent requests by decision and reason.",
+            ("decision", "reason"),
+        )
+        self.upstream_seconds = Histogram(
+            "opgate_upstream_seconds",
+            "Provider call latency until the answer's headers, by upstream origin and outcome.",
+            _UPSTREAM_BUCKETS,
+            ("upstream", "outcome"),
+        )
+
+    def client_trace_configs(self) -> list[aiohttp.TraceConfig]:
+        return self.telemetry.client_trace_configs(self._observe_upstream)
+
+    def _observe_upstream(self, origin: str, outcome: str, seconds: float) -> None:
+        self.upstream_seconds.observe(seconds, origin, outcome)
+
+    async def start(self, store: Store) -> None:
+        """Start the audit writers and record this process's policy load."""
+        self._store = store
+        self.writer = RequestRecordWriter(store, records.request_stream(self.settings.instance_id))
+        self.writer.start()
+        await self.record_policy_event("policy_loaded", self._policy, now_deciding=True)
+        if self.key is not None:
+            self.checkpointer = Checkpointer(
+                store, self.key, self.settings.instance_id, self.settings.audit_checkpoint_seconds
+            )
+            self.checkpointer.start()
+
+    async def record_policy_event(
+        self,
+        event: str,
+        policy: PolicySet | None,
+        *,
+        now_deciding: bool,
+        version: str | None = None,
+        **fields: Any,
+    ) -> None:
+        """A policy (re)load record (``policy_loaded``, ``policy_reloaded`` or
+        ``policy_reload_refused``); synchronous with the event, so a reload is on record
+        before the new set decides anything."""
+        assert self._store is not None, "start() first"
+        record = {
+            "schema_version": AUDIT_SCHEMA_VERSION,
+            "time": datetime.now(UTC).isoformat(),
+            "event": event,
+            "policy_version": policy.version if policy else version,
+            "actor": self.settings.instance_id,
+            "providers": sorted(p.provider for p in policy.providers) if policy else None,
+            "rules": sum(len(p.rules) for p in policy.providers) if policy else None,
+            **self.redactor.mapping(fields),
+        }
+        instance = self.settings.instance_id
+        await self._store.run(
+            lambda conn: records.record_policy_event(
+                conn, instance, record, now_deciding=now_deciding
+            )
+        )
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            await self.writer.close()
+        if self.checkpointer is not None:
+            await self.checkpointer.close()
+        self.telemetry.shutdown()
+
+    def observe_request(self, fields: dict[str, Any]) -> None:
+        """One canonical request record: span attributes, counters, the audit log."""
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    f"opgate.{name}": self.redactor.value(fields[name])
+                    for name in _SPAN_FIELDS
+                    if fields.get(name) is not None
+                }
+            )
+        self.requests.inc(str(fields.get("decision")), str(fields.get("reason") or ""))
+        if self.writer is not None:
+            self.writer.submit(self.redactor.mapping(fields))
+
+    async def metrics_text(self) -> str:
+        blocks = [self.requests.render(), self.upstream_seconds.render()]
+        if self.writer is not None:
+            blocks.append(
+                gauge(
+                    "opgate_audit_records_pending",
+                    "Request records queued for the audit log.",
+                    [((), self.writer.pending)],
+                )
+            )
+            dropped = Counter(
+                "opgate_audit_records_dropped_total",
+                "Request records that never reached the audit log (they are in the log stream).",
+            )
+            dropped.inc(amount=self.writer.dropped)
+            blocks.append(dropped.render())
+        if self._store is not None:
+            size, idle, maximum = self._store.pool_usage()
+            blocks.append(
+                gauge(
+                    "opgate_db_pool_connections",
+                    "Database pool connections by state; in_use near max means saturation.",
+                    [(("in_use",), size - idle), (("idle",), idle), (("max",), maximum)],
+                    ("state",),
+                )
+            )
+            blocks.extend(await self._operation_gauges(self._store))
+        return exposition(blocks)
+
+    async def _operation_gauges(self, store: Store) -> list[list[str]]:
+        age = self.settings.metrics_dispatched_after_seconds
+        try:
+            row = await store.run(lambda conn: conn.fetchrow(QUERIES["metrics_operations"], age))
+        except (StoreUnavailable, asyncpg.PostgresError):
+            return [
+                gauge("opgate_store_up", "Whether the database answered the scrape.", [((), 0)])
+            ]
+        return [
+            gauge("opgate_store_up", "Whether the database answered the scrape.", [((), 1)]),
+            gauge(
+                "opgate_operations",
+                "Unsettled operations by status.",
+                [(("created",), row["created"]), (("dispatched",), row["dispatched"])],
+                ("status",),
+            ),
+            gauge(
+                "opgate_operations_dispatched_too_long",
+                f"Operations dispatched more than {age:g} seconds ago and still unsettled.",
+                [((), row["dispatched_old"])],
+            ),
+            gauge(
+                "opgate_escalations_open",
+                "Dispatched operations escalated to a human and awaiting a verdict.",
+                [((), row["escalated"])],
+            ),
+        ]
+
+
+@web.middleware
+async def observe_agent_request(request: web.Request, handler: Any) -> web.StreamResponse:
+    """The SERVER span of an agent request, continuing the agent's W3C trace if it sent one."""
+    observability = request.app[GATEWAY].observability
+    if observability is None:
+        response: web.StreamResponse = await handler(request)
+        return response
+    telemetry = observability.telemetry
+    with telemetry.tracer.start_as_current_span(
+        "opgate.agent_request",
+        context=telemetry.agent_context(request.headers),
+        kind=SpanKind.SERVER,
+        attributes={"http.request.method": request.method, "url.path": request.path},
+    ) as span:
+        token = REQUEST_OBSERVER.set(observability.observe_request)
+        try:
+            response = await handler(request)
+            span.set_attribute("http.response.status_code", response.status)
+            return response
+        finally:
+            REQUEST_OBSERVER.reset(token)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    observability = request.app[GATEWAY].observability
+    text = await observability.metrics_text() if observability else ""
+    return web.Response(body=text.encode("utf-8"), headers={"Content-Type": CONTENT_TYPE})
+
+
+def add_metrics_route(app: web.Application) -> None:
+    app.router.add_get("/metrics", metrics)
+

@@ -1,0 +1,236 @@
+"""``opgate ops ...``: the operations API from a terminal. Readable tables by default,
+``--json`` for scripts. Talks HTTP only (stdlib), so it runs wherever the API is reachable.
+
+    OPGATE_OPS_URL    the operations listener (default http://127.0.0.1:8081)
+    OPGATE_ADMIN_TOKEN  the admin token (never the digest)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from typing import Any
+
+
+def add_ops_commands(commands: Any) -> None:
+    ops = commands.add_parser("ops", help="create, inspect, reconcile and resolve operations")
+    ops.add_argument("--url", default=os.environ.get("OPGATE_OPS_URL", "http://127.0.0.1:8081"))
+    ops.add_argument("--token", default=os.environ.get("OPGATE_ADMIN_TOKEN"))
+    ops.add_argument("--json", action="store_true", help="print the API's JSON")
+    sub = ops.add_subparsers(required=True)
+
+    create = sub.add_parser("create", help="approve an operation")
+    for name in ("tenant", "provider", "action", "approval-ref", "approved-by"):
+        create.add_argument(f"--{name}", required=True)
+    create.add_argument("--amount", type=int)
+    create.add_argument("--currency")
+    create.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
+    create.add_argument("--path-param", action="append", default=[], metavar="NAME=VALUE")
+    create.add_argument("--ttl", type=int, default=3600, help="seconds the approval stands")
+    create.add_argument("--agent")
+    create.add_argument("--idempotency-key")
+    create.add_argument("--operation-id")
+    create.add_argument("--supersedes")
+    create.set_defaults(ops=_create)
+
+    show = sub.add_parser("show", help="one operation, with its next action and events")
+    show.add_argument("operation_id")
+    show.set_defaults(ops=_show)
+
+    listing = sub.add_parser("list", help="operations (unsettled by default)")
+    listing.add_argument("--status", default="unsettled")
+    listing.add_argument("--tenant")
+    listing.set_defaults(ops=_list)
+
+    revoke = sub.add_parser("revoke", help="withdraw an approval")
+    revoke.add_argument("operation_id")
+    revoke.add_argument("--reason", required=True)
+    revoke.set_defaults(ops=_revoke)
+
+    reconcile = sub.add_parser("reconcile", help="ask the provider now")
+    reconcile.add_argument("operation_id")
+    reconcile.set_defaults(ops=_reconcile)
+
+    escalations = sub.add_parser("escalations", help="operations waiting for a human")
+    escalations.set_defaults(ops=_escalations)
+
+    resolve = sub.add_parser("resolve", help="settle an escalated operation by human verdict")
+    resolve.add_argument("operation_id")
+    resolve.add_argument("--verdict", choices=["confirmed", "failed"], required=True)
+    resolve.add_argument("--object-id", help="the provider's object (for confirmed)")
+    resolve.add_argument("--note", required=True)
+    resolve.add_argument("--by", required=True, help="who decided")
+    resolve.set_defaults(ops=_resolve)
+
+    ops.set_defaults(handler=run_ops)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, body: Any) -> None:
+        super().__init__(f"{status}: {body}")
+        self.status, self.body = status, body
+
+
+def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
+    if not args.token:
+        raise SystemExit("opgate ops: set OPGATE_ADMIN_TOKEN or --token")
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(  # noqa: S310  (the operator's own configured URL)
+        args.url.rstrip("/") + path,
+        data=data,
+        method=method,
+        headers={"Authorization": f"Bearer {args.token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310
+            return json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            payload = json.loads(raw)
+        except ValueError:
+            payload = raw.decode(errors="replace")
+        raise ApiError(exc.code, payload) from exc
+
+
+def _pairs(values: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"opgate ops: expected NAME=VALUE, got {item!r}")
+        out[name] = value
+    return out
+
+
+def _create(args: argparse.Namespace) -> Any:
+    body = {
+        "tenant": args.tenant,
+        "provider": args.provider,
+        "action": args.action,
+        "amount": args.amount,
+        "currency": args.currency,
+        "params": _pairs(args.param),
+        "path_params": _pairs(args.path_param),
+        "approval_ref": args.approval_ref,
+        "approved_by": args.approved_by,
+        "ttl_seconds": args.ttl,
+        "agent_id": args.agent,
+        "idempotency_key": args.idempotency_key,
+        "operation_id": args.operation_id,
+        "supersedes": args.supersedes,
+    }
+    return _call(args, "POST", "/v1/operations", {k: v for k, v in body.items() if v is not None})
+
+
+def _show(args: argparse.Namespace) -> Any:
+    return _call(args, "GET", f"/v1/operations/{args.operation_id}")
+
+
+def _list(args: argparse.Namespace) -> Any:
+    query = f"?status={args.status}" + (f"&tenant={args.tenant}" if args.tenant else "")
+    return _call(args, "GET", f"/v1/operations{query}")
+
+
+def _revoke(args: argparse.Namespace) -> Any:
+    return _call(
+        args, "POST", f"/v1/operations/{args.operation_id}/revoke", {"reason": args.reason}
+    )
+
+
+def _reconcile(args: argparse.Namespace) -> Any:
+    return _call(args, "POST", f"/v1/operations/{args.operation_id}/reconcile", {})
+
+
+def _escalations(args: argparse.Namespace) -> Any:
+    return _call(args, "GET", "/v1/escalations")
+
+
+def _resolve(args: argparse.Namespace) -> Any:
+    body = {
+        "verdict": args.verdict,
+        "object_id": args.object_id,
+        "note": args.note,
+        "decided_by": args.by,
+    }
+    return _call(args, "POST", f"/v1/operations/{args.operation_id}/resolve", body)
+
+
+def run_ops(args: argparse.Namespace) -> int:
+    try:
+        result = args.ops(args)
+    except ApiError as exc:
+        detail = exc.body.get("detail") if isinstance(exc.body, dict) else exc.body
+        code = exc.body.get("code") if isinstance(exc.body, dict) else exc.status
+        print(f"opgate ops: {code}: {detail}", file=sys.stderr)
+        return 1
+    except urllib.error.URLError as exc:
+        print(f"opgate ops: cannot reach {args.url}: {exc.reason}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(render(result))
+    return 0
+
+
+COLUMNS = (
+    "operation_id",
+    "tenant",
+    "action",
+    "amount",
+    "currency",
+    "status",
+    "next_action",
+    "attempts",
+    "updated_at",
+)
+
+
+def _row(item: dict[str, Any]) -> dict[str, Any]:
+    op = item.get("operation", item)
+    return {**op, "next_action": item.get("next_action", "")}
+
+
+def render(result: Any) -> str:
+    """A readable table for lists, a key/value block for one operation."""
+    if isinstance(result, dict) and ("operations" in result or "escalations" in result):
+        items: list[dict[str, Any]] = result.get("operations") or result.get("escalations") or []
+        rows = [_row(i) for i in items]
+        return _table(rows, COLUMNS) if rows else "(none)"
+    if isinstance(result, dict):
+        op = result.get("operation", result)
+        lines = [
+            f"{k:>16}  {_cell(op.get(k))}" for k in COLUMNS[:-2] if k in op or k == "next_action"
+        ]
+        if "next_action" in result:
+            lines.append(
+                f"{'next_action':>16}  {result['next_action']}: {result.get('reason', '')}"
+            )
+        lines.append(f"{'idempotency_key':>16}  {op.get('idempotency_key')}")
+        if op.get("escalation"):
+            lines.append(
+                f"{'escalated':>16}  {op['escalation']['since']}: {op['escalation']['reason']}"
+            )
+        if op.get("provider_response"):
+            response = op["provider_response"]
+            lines.append(f"{'provider':>16}  {response['status']} {response['object_id'] or ''}")
+        for event in result.get("events", op.get("events", [])) or []:
+            lines.append(f"{'event':>16}  {event['at']}  {event['event']}  {event['actor']}")
+        return "\n".join(lines)
+    return json.dumps(result, indent=2)
+
+
+def _cell(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def _table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
+    widths = {c: max(len(c), *(len(_cell(r.get(c))) for r in rows)) for c in columns}
+    head = "  ".join(c.upper().ljust(widths[c]) for c in columns)
+    body = ["  ".join(_cell(r.get(c)).ljust(widths[c]) for c in columns) for r in rows]
+    return "\n".join([head, *body])

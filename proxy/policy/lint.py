@@ -1,0 +1,359 @@
+"""``opgate policy check``: every problem of a policy directory, with its place and a fix. Pure.
+
+Beyond what loading refuses (YAML, schema, unknown keys, duplicate names and prefixes), it finds
+what loads but cannot be meant:
+
+- a rule that can never match, because an earlier rule of the same method matches every path
+  it does (pairwise: a rule covered only by several earlier rules together is not reported);
+- two providers sending to the same upstream (scheme, host and base path) whose rules overlap:
+  one endpoint reachable through two policies is governed by the weaker one;
+- a rule comparing the field opgate injects the operation id into (or a parent or child of it),
+  or a form-field injection on a JSON rule (and the reverse): the injection cannot work;
+- a credential secret that is not configured: a warning, unless the check is told where the
+  deployment's secrets are (``--secrets-dir``), when it is an error.
+
+Errors make ``opgate policy check`` exit non-zero, and a reload or a start refuse the set.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import types
+import typing
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel
+
+from proxy.policy.load import PolicyProblem, cross_file_problems, parse_policy_text
+from proxy.policy.model import BodyKind, FormFieldInjection, Provider, Rule
+from proxy.policy.paths import PathPattern, Segment
+
+SCHEMA_HINT = "see the policy JSON Schema (`opgate policy schema`)"
+
+
+class Severity(StrEnum):
+    ERROR = "error"
+    WARNING = "warning"
+
+
+@dataclass(frozen=True)
+class Finding:
+    file: str
+    line: int
+    column: int
+    message: str
+    hint: str | None = None
+    severity: Severity = Severity.ERROR
+
+    def __str__(self) -> str:
+        level = "warning: " if self.severity is Severity.WARNING else ""
+        fix = f"; fix: {self.hint}" if self.hint else ""
+        return f"{self.file}:{self.line}:{self.column}: {level}{self.message}{fix}"
+
+    def as_problem(self) -> PolicyProblem:
+        return PolicyProblem(self.file, self.line, self.column, self.message)
+
+
+@dataclass(frozen=True)
+class SecretsCheck:
+    """Whether a named secret is configured, and whether a missing one is an error."""
+
+    configured: Callable[[str], bool]
+    required: bool
+
+
+def lint_policy_texts(
+    texts: list[tuple[Path, str]], secrets: SecretsCheck | None = None
+) -> list[Finding]:
+    """Every finding for the files ``texts`` (path, content), in file order."""
+    findings: list[Finding] = []
+    parsed: list[tuple[Provider, Path, yaml.Node]] = []
+    for path, text in texts:
+        provider, problems = parse_policy_text(text, str(path))
+        findings.extend(_from_problem(p) for p in problems)
+        if provider is not None:
+            node = yaml.compose(text, Loader=yaml.SafeLoader)
+            assert node is not None  # it parsed into a provider
+            parsed.append((provider, path, node))
+    findings.extend(
+        Finding(
+            p.file,
+            p.line,
+            p.column,
+            p.message,
+            "each provider name and route prefix belongs to one file: rename or merge them",
+        )
+        for p in cross_file_problems([(provider, path) for provider, path, _ in parsed])
+    )
+    for provider, path, node in parsed:
+        findings.extend(_shadowed_rules(provider, str(path), node))
+        findings.extend(_injection_collisions(provider, str(path), node))
+        if secrets is not None:
+            findings.extend(_unconfigured_secret(provider, str(path), node, secrets))
+    findings.extend(_overlaps_across_files(parsed))
+    return findings
+
+
+def errors(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.severity is Severity.ERROR]
+
+
+# --- path patterns ------------------------------------------------------------------------------
+
+
+def pattern_covers(wide: PathPattern, narrow: PathPattern) -> bool:
+    """Whether every path ``narrow`` matches is matched by ``wide`` too."""
+    w, n = wide.segments, narrow.segments
+    if w and w[-1].rest:
+        fixed = len(w) - 1
+        # narrow's paths must have at least len(w) segments, the first `fixed` covered one-to-one
+        if _min_length(n) < len(w):
+            return False
+        return all(_segment_covers(w[i], n[i]) for i in range(fixed))
+    if n and n[-1].rest:
+        return False  # narrow matches arbitrarily long paths, wide a fixed number of segments
+    return len(w) == len(n) and all(_segment_covers(a, b) for a, b in zip(w, n, strict=True))
+
+
+def patterns_overlap(a: PathPattern, b: PathPattern) -> bool:
+    """Whether some path matches both."""
+    sa, sb = a.segments, b.segments
+    a_rest, b_rest = bool(sa and sa[-1].rest), bool(sb and sb[-1].rest)
+    fixed_a, fixed_b = len(sa) - a_rest, len(sb) - b_rest
+    if not a_rest and not b_rest and len(sa) != len(sb):
+        return False
+    if a_rest and not b_rest and len(sb) < len(sa):
+        return False
+    if b_rest and not a_rest and len(sa) < len(sb):
+        return False
+    for i in range(min(fixed_a, fixed_b)):
+        x, y = sa[i], sb[i]
+        if x.literal is not None and y.literal is not None and x.literal != y.literal:
+            return False
+    return True
+
+
+def _min_length(segments: tuple[Segment, ...]) -> int:
+    return len(segments)  # a {rest...} segment takes at least one path segment
+
+
+def _segment_covers(wide: Segment, narrow: Segment) -> bool:
+    if narrow.rest:
+        return False
+    if wide.param is not None:
+        return True
+    return narrow.literal is not None and narrow.literal == wide.literal
+
+
+# --- the findings -------------------------------------------------------------------------------
+
+
+def _shadowed_rules(provider: Provider, file: str, root: yaml.Node) -> Iterator[Finding]:
+    for j, later in enumerate(provider.rules):
+        for i, earlier in enumerate(provider.rules[:j]):
+            if earlier.method == later.method and pattern_covers(earlier.path, later.path):
+                line = _mark(_node(root, ("rules", i)))[0]
+                yield _at(
+                    file,
+                    _node(root, ("rules", j, "path")),
+                    f"rule {later.name!r} can never match: rule {earlier.name!r} (line {line}) "
+                    f"matches every {later.method} {later.path.text} request first",
+                    f"move {later.name!r} above {earlier.name!r}, or narrow the path of "
+                    f"{earlier.name!r}",
+                )
+                break
+
+
+def _injection_collisions(provider: Provider, file: str, root: yaml.Node) -> Iterator[Finding]:
+    injection = provider.metadata_injection
+    if injection is None:
+        return
+    form_injection = isinstance(injection, FormFieldInjection)
+    for j, rule in enumerate(provider.rules):
+        field = provider.metadata_field(rule)
+        if field is None or rule.body is BodyKind.NONE:
+            continue
+        if form_injection != (rule.body is BodyKind.FORM):
+            kind = "form_field" if form_injection else "json_pointer"
+            yield _at(
+                file,
+                _node(root, ("rules", j, "body")) or _node(root, ("rules", j)),
+                f"rule {rule.name!r} takes a {rule.body.value} body but metadata_injection "
+                f"is a {kind}: opgate could not inject the operation id",
+                "set `inject_metadata: false` on the rule, or use the injection kind of its body",
+            )
+            continue
+        for where, named in _compared_fields(rule):
+            if _same_or_nested(field, named, form=form_injection):
+                key = where[0]
+                yield _at(
+                    file,
+                    _node(root, ("rules", j, *where)),
+                    f"rule {rule.name!r} compares {named!r} ({key}), but opgate sets {field!r} "
+                    "to the operation id",
+                    f"remove {named!r} from {key}, or set `inject_metadata: false` on the rule",
+                )
+
+
+def _compared_fields(rule: Rule) -> Iterator[tuple[tuple[str, int] | tuple[str], str]]:
+    """Each field the rule compares with the approval, and where it is written."""
+    if rule.amount:
+        yield ("amount",), rule.amount
+    if rule.currency:
+        yield ("currency",), rule.currency
+    for index, name in enumerate(rule.params):
+        yield ("params", index), name
+
+
+def _same_or_nested(a: str, b: str, *, form: bool) -> bool:
+    if a == b:
+        return True
+    child = "[" if form else "/"
+    return a.startswith(b + child) or b.startswith(a + child)
+
+
+def _unconfigured_secret(
+    provider: Provider, file: str, root: yaml.Node, secrets: SecretsCheck
+) -> Iterator[Finding]:
+    credential = provider.credential
+    if credential is None or secrets.configured(credential.secret):
+        return
+    yield _at(
+        file,
+        _node(root, ("credential", "secret")),
+        f"secret {credential.secret!r} of provider {provider.provider!r} is not configured",
+        f"set OPGATE_SECRET_{credential.secret.upper()} or write <secrets_dir>/"
+        f"{credential.secret}; until then its requests are refused (credential_unavailable)",
+        Severity.ERROR if secrets.required else Severity.WARNING,
+    )
+
+
+def _overlaps_across_files(parsed: list[tuple[Provider, Path, yaml.Node]]) -> Iterator[Finding]:
+    for b, (later, later_path, later_root) in enumerate(parsed):
+        for earlier, earlier_path, earlier_root in parsed[:b]:
+            if _upstream_key(earlier.upstream) != _upstream_key(later.upstream):
+                continue
+            for j, rule in enumerate(later.rules):
+                other_index = next(
+                    (
+                        i
+                        for i, other in enumerate(earlier.rules)
+                        if other.method == rule.method and patterns_overlap(other.path, rule.path)
+                    ),
+                    None,
+                )
+                if other_index is None:
+                    continue
+                other = earlier.rules[other_index]
+                line = _mark(_node(earlier_root, ("rules", other_index)))[0]
+                yield _at(
+                    str(later_path),
+                    _node(later_root, ("rules", j, "path")),
+                    f"rule {rule.name!r} overlaps rule {other.name!r} of provider "
+                    f"{earlier.provider!r} ({earlier_path}:{line}): {rule.method} requests to "
+                    f"{later.upstream} can go through either policy",
+                    "give each upstream endpoint one rule in one provider file",
+                )
+
+
+def _upstream_key(upstream: str) -> tuple[str, str, str]:
+    parts = urlsplit(upstream)
+    default_port = {"http": 80, "https": 443}[parts.scheme]
+    host = f"{(parts.hostname or '').lower()}:{parts.port or default_port}"
+    return parts.scheme, host, parts.path.rstrip("/")
+
+
+# --- places and hints ---------------------------------------------------------------------------
+
+
+def _node(root: yaml.Node, path: tuple[str | int, ...]) -> yaml.Node | None:
+    node: yaml.Node | None = root
+    for part in path:
+        if isinstance(node, yaml.MappingNode) and isinstance(part, str):
+            node = next((v for k, v in node.value if k.value == part), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            node = node.value[part] if part < len(node.value) else None
+        else:
+            return None
+    return node
+
+
+def _mark(node: yaml.Node | None) -> tuple[int, int]:
+    if node is None:
+        return 1, 1
+    return node.start_mark.line + 1, node.start_mark.column + 1
+
+
+def _at(
+    file: str,
+    node: yaml.Node | None,
+    message: str,
+    hint: str,
+    severity: Severity = Severity.ERROR,
+) -> Finding:
+    line, column = _mark(node)
+    return Finding(file, line, column, message, hint, severity)
+
+
+_UNKNOWN_KEY = re.compile(r"^(?P<loc>[^:]*): Extra inputs are not permitted$")
+
+
+def _from_problem(problem: PolicyProblem) -> Finding:
+    return Finding(
+        problem.file, problem.line, problem.column, problem.message, _hint(problem.message)
+    )
+
+
+def _hint(message: str) -> str:
+    unknown = _UNKNOWN_KEY.match(message)
+    if unknown:
+        *parent, key = unknown.group("loc").split(".")
+        allowed = sorted(_fields_at(Provider, parent))
+        close = difflib.get_close_matches(key, allowed, n=1)
+        if close:
+            return f"did you mean {close[0]!r}? (allowed here: {', '.join(allowed)})"
+        return f"remove it (allowed here: {', '.join(allowed)})"
+    if message.startswith("duplicate key"):
+        return "YAML would keep only the last one: remove the other"
+    if message.startswith("YAML does not parse"):
+        return "check the indentation and quoting at this place"
+    if "must require an operation" in message:
+        return "remove `operation: none`: only GET and HEAD may go without an operation"
+    if "is used twice" in message:
+        return "rule names are the operations' `action`: give each rule its own"
+    if message.endswith("the file is empty") or "no *.yaml policy files" in message:
+        return "a policy file holds one provider: version, provider, route_prefix, upstream, rules"
+    return SCHEMA_HINT
+
+
+def _fields_at(model: type[BaseModel], loc: list[str]) -> set[str]:
+    """The keys the model at a pydantic error location accepts (a union: all its members')."""
+    models = [model]
+    for part in loc:
+        if part.isdigit():
+            continue  # a list index: the element type was taken with the field
+        found: list[type[BaseModel]] = []
+        for current in models:
+            field = current.model_fields.get(part)
+            if field is not None:
+                found.extend(_models_in(field.annotation))
+        if not found:
+            return set().union(*(m.model_fields for m in models))
+        models = found
+    return set().union(*(m.model_fields for m in models))
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    args = typing.get_args(annotation)
+    if isinstance(annotation, types.UnionType) or args:
+        return [m for arg in args for m in _models_in(arg)]
+    return []

@@ -1,0 +1,129 @@
+"""The recovery read for agents, on the agent listener: ``/_opgate/v1/operations[/{id}]``.
+
+Read-only for the agent and scoped to its tenant (and to itself, for operations bound to one
+agent). The answer is the authoritative row, read from the primary, and ``next_action`` from
+``proxy.recovery.next_action``. When that says ``reconcile``, the read first asks the provider
+itself (one bounded try), so an agent that simply follows the protocol gets a settled answer
+as soon as the provider can give one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from proxy.errors import StoreUnavailable
+from proxy.gateway import GATEWAY, Gateway
+from proxy.identity import AmbiguousCredentials, presented_agent_token
+from proxy.operation import Operation
+from proxy.policy.model import BodyKind, Provider, Rule
+from proxy.problem import problem_response
+from proxy.reasons import Reason
+from proxy.reconcile import reconcile_now
+from proxy.recovery import NextAction, next_action
+
+RECOVERY_PREFIX = "/_opgate/v1/operations"
+
+
+def _agent(gw: Gateway, request: web.Request) -> Any:
+    try:
+        token = presented_agent_token(request.headers, "Authorization")
+    except AmbiguousCredentials:
+        return None
+    return gw.agents.lookup(token) if token else None
+
+
+def _in_scope(op: Operation, agent: Any) -> bool:
+    return op.tenant == agent.tenant and (op.agent_id is None or op.agent_id == agent.agent_id)
+
+
+def recovery_view(gw: Gateway, op: Operation) -> dict[str, Any]:
+    provider = gw.policy.provider_named(op.provider)
+    deduplicates = bool(provider and provider.idempotency.provider_deduplicates)
+    advice = next_action(op, provider_deduplicates=deduplicates)
+    view: dict[str, Any] = {
+        "operation": op.to_public(),
+        "next_action": advice.action.value,
+        "reason": advice.reason,
+        "retry_after_seconds": advice.retry_after_seconds,
+    }
+    if advice.action in (NextAction.SEND, NextAction.RETRY) and provider is not None:
+        rule = provider.rule_named(op.action)
+        if rule is not None:
+            view["request"] = approved_request(provider, rule, op)
+    return view
+
+
+def approved_request(provider: Provider, rule: Rule, op: Operation) -> dict[str, Any]:
+    """The exact request the approval allows, for an agent to send as it is: "re-send the
+    identical request" must not depend on what the agent remembers."""
+    fields: dict[str, Any] = dict(op.params)
+    if rule.amount is not None and op.amount is not None:
+        fields[rule.amount] = op.amount if rule.body is BodyKind.JSON else str(op.amount)
+    if rule.currency is not None and op.currency is not None:
+        fields[rule.currency] = op.currency
+    request: dict[str, Any] = {
+        "method": op.method,
+        "path": provider.route_prefix + op.path,
+        "headers": {
+            "X-Operation-Id": op.operation_id,
+            provider.idempotency.header: op.idempotency_key,
+        },
+    }
+    if rule.body is BodyKind.FORM:
+        request["form"] = fields
+    elif rule.body is BodyKind.JSON:
+        document: dict[str, Any] = {}
+        for pointer, value in fields.items():
+            node = document
+            *parents, leaf = [
+                p.replace("~1", "/").replace("~0", "~") for p in pointer.split("/")[1:]
+            ]
+            for name in parents:
+                node = node.setdefault(name, {})
+            node[leaf] = value
+        request["json"] = document
+    return request
+
+
+async def read_operation(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    agent = _agent(gw, request)
+    if agent is None:
+        return problem_response(Reason.AGENT_UNAUTHENTICATED, "no valid agent token")
+    operation_id = request.match_info["operation_id"]
+    try:
+        op = await gw.store.load(operation_id)
+        if op is None or not _in_scope(op, agent):
+            # the same answer for "absent" and "not yours": no probing other tenants' ids
+            return problem_response(Reason.OPERATION_UNKNOWN, f"no operation {operation_id}")
+        view = recovery_view(gw, op)
+        if view["next_action"] == NextAction.RECONCILE:
+            op = await reconcile_now(gw, operation_id) or op
+            view = recovery_view(gw, op)
+    except StoreUnavailable as exc:
+        return problem_response(Reason.STORE_UNAVAILABLE, str(exc))
+    response = web.json_response(view)
+    if view["retry_after_seconds"]:
+        response.headers["Retry-After"] = str(view["retry_after_seconds"])
+    return response
+
+
+async def list_unsettled(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    agent = _agent(gw, request)
+    if agent is None:
+        return problem_response(Reason.AGENT_UNAUTHENTICATED, "no valid agent token")
+    try:
+        ops = await gw.store.list_operations(
+            agent.tenant, ["created", "dispatched"], agent.agent_id, 200
+        )
+    except StoreUnavailable as exc:
+        return problem_response(Reason.STORE_UNAVAILABLE, str(exc))
+    return web.json_response({"operations": [recovery_view(gw, op) for op in ops]})
+
+
+def add_recovery_routes(app: web.Application) -> None:
+    app.router.add_get(RECOVERY_PREFIX, list_unsettled)
+    app.router.add_get(RECOVERY_PREFIX + "/{operation_id}", read_operation)

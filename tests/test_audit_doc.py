@@ -1,0 +1,47 @@
+"""docs/audit.md is the audit schema's contract: it must list every code and every field."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+from proxy.audit import AuditRecord, Decision
+from proxy.operation import LastOutcome
+from proxy.reasons import Reason
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "audit.md"
+
+
+def documented_request_fields() -> set[str]:
+    """The field names of the `request` table in docs/audit.md (a row may name several)."""
+    text = DOCS.read_text()
+    section = text.split("### `request`", 1)[1].split("###", 1)[0]
+    fields: set[str] = set()
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            first_cell = line.split("|")[1]
+            fields.update(re.findall(r"`([a-z_0-9]+)`", first_cell))
+    return fields
+
+
+def test_every_reason_code_is_in_the_audit_doc() -> None:
+    """A code added to proxy/reasons.py without a row in docs/audit.md fails here."""
+    text = DOCS.read_text()
+    assert [r.value for r in Reason if f"| `{r.value}` |" not in text] == []
+
+
+def test_every_decision_and_unknown_outcome_is_in_the_audit_doc() -> None:
+    """The decision values and the unknown outcomes a `reason` can hold are documented."""
+    text = DOCS.read_text()
+    decisions = [v for k, v in vars(Decision).items() if k.isupper()]
+    outcomes = [
+        o.value for o in LastOutcome if o not in (LastOutcome.CONFIRMED, LastOutcome.FAILED)
+    ]
+    assert [v for v in [*decisions, *outcomes] if f"`{v}`" not in text] == []
+
+
+def test_every_request_record_field_is_in_the_audit_doc() -> None:
+    """The canonical record's fields are exactly the documented ones."""
+    fields = {f.name for f in dataclasses.fields(AuditRecord)} - {"started_monotonic"}
+    assert documented_request_fields() == fields

@@ -1,0 +1,168 @@
+"""Canonical request records: every rejection and every outcome path leaves exactly one, with
+exactly the documented fields, in the log line and (the same fields) in the audit table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from structlog.testing import capture_logs
+
+from proxy.reasons import Reason
+from tests.support.fault_provider import FaultMode, FaultProvider
+from tests.support.opgate import Opgate, StartOpgate, fault_policy
+from tests.test_audit_doc import documented_request_fields
+from tests.test_pipeline import GOOD_BODY, REFUND, REJECTIONS, op_header
+
+CAPTURE_KEYS = {"event", "log_level"}  # added by structlog's capture
+
+
+async def _one_record(gate: Opgate, database_url: str, send: Any) -> dict[str, Any]:
+    """Run ``send()``; the single request record it produced, checked against the docs and
+    against its copy in PostgreSQL."""
+    with capture_logs() as logs:
+        await send()
+    records = [entry for entry in logs if entry["event"] == "request"]
+    assert len(records) == 1, records
+    [record] = records
+    assert set(record) - CAPTURE_KEYS == documented_request_fields()
+    observability = gate.running.gateway.observability
+    assert observability is not None
+    assert observability.writer is not None
+    await observability.writer.flush()
+    conn = await asyncpg.connect(database_url)
+    try:
+        stored = await conn.fetch(
+            "SELECT record::text FROM audit_log WHERE kind = 'request'"
+            " AND record ->> 'request_id' = $1",
+            record["request_id"],
+        )
+    finally:
+        await conn.close()
+    assert len(stored) == 1
+    assert set(json.loads(stored[0][0])) == documented_request_fields()
+    return record
+
+
+@pytest.mark.parametrize(
+    ("scenario", "approval", "request_overrides", "status", "code"),
+    REJECTIONS,
+    ids=[r[0] for r in REJECTIONS],
+)
+async def test_each_rejection_leaves_one_documented_record(
+    fault_gate: Opgate,
+    database_url: str,
+    scenario: str,
+    approval: dict[str, Any],
+    request_overrides: dict[str, Any],
+    status: int,
+    code: str,
+) -> None:
+    """A refused request: one record, decision deny, its code as reason."""
+    op = await fault_gate.approve(**approval)
+    overrides = dict(request_overrides)
+    headers = {} if overrides.pop("no_op", False) else op_header(op)
+    headers.update(overrides.pop("headers", {}))
+    path = overrides.pop("path", REFUND)
+    data = overrides.pop("data", GOOD_BODY)
+
+    async def send() -> None:
+        got, _, _ = await fault_gate.send(path, data=data, headers=headers, **overrides)
+        assert got == status
+
+    record = await _one_record(fault_gate, database_url, send)
+    assert (record["decision"], record["reason"]) == ("deny", code)
+
+
+# scenario, provider behaviour, expected (decision, reason, status_after)
+OUTCOMES = [
+    ("confirmed", FaultMode.OK, ("allow", None, "confirmed")),
+    ("failed at the provider", FaultMode.FAIL, ("allow", None, "failed")),
+    ("5xx: unknown", FaultMode.ERROR_AFTER_COMMIT, ("error", "unknown:status", "dispatched")),
+    ("dropped: unknown", FaultMode.DROP_AFTER_COMMIT, ("error", "unknown:dropped", "dispatched")),
+]
+
+
+@pytest.mark.parametrize(("scenario", "mode", "expected"), OUTCOMES, ids=[o[0] for o in OUTCOMES])
+async def test_each_outcome_leaves_one_documented_record(
+    fault_gate: Opgate,
+    fault_provider: FaultProvider,
+    database_url: str,
+    scenario: str,
+    mode: FaultMode,
+    expected: tuple[str, str | None, str],
+) -> None:
+    """A forwarded request: one record, with the outcome and the status transition."""
+    op = await fault_gate.approve()
+    fault_provider.mode = mode
+
+    async def send() -> None:
+        await fault_gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))
+
+    record = await _one_record(fault_gate, database_url, send)
+    assert (record["decision"], record["reason"], record["status_after"]) == expected
+    assert record["status_before"] == "created"
+    assert record["operation_id"] == op["operation_id"]
+
+
+async def test_replays_and_state_refusals_leave_one_documented_record(
+    start_opgate: StartOpgate,
+    policy_dir: Path,
+    fault_provider: FaultProvider,
+    database_url: str,
+) -> None:
+    """Replay of a confirmed operation, operation_failed, reconcile_required,
+    approval_revoked, approval_expired and upstream_unavailable: one record each."""
+    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False))
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+
+        async def sending(op: dict[str, Any]) -> Any:
+            async def send() -> None:
+                await gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))
+
+            return send
+
+        seen: dict[str, dict[str, Any]] = {}
+        confirmed, failed, unknown = (
+            await gate.approve(),
+            await gate.approve(),
+            await gate.approve(),
+        )
+        await gate.send(REFUND, data=GOOD_BODY, headers=op_header(confirmed))
+        seen["replay"] = await _one_record(gate, database_url, await sending(confirmed))
+        fault_provider.mode = FaultMode.FAIL
+        await gate.send(REFUND, data=GOOD_BODY, headers=op_header(failed))
+        fault_provider.mode = FaultMode.ERROR_AFTER_COMMIT
+        await gate.send(REFUND, data=GOOD_BODY, headers=op_header(unknown))
+        fault_provider.mode = FaultMode.OK
+        seen[Reason.OPERATION_FAILED] = await _one_record(gate, database_url, await sending(failed))
+        seen[Reason.RECONCILE_REQUIRED] = await _one_record(
+            gate, database_url, await sending(unknown)
+        )
+        revoked, expired = await gate.approve(), await gate.approve()
+        async with gate.http.post(
+            f"{gate.ops_url}/v1/operations/{revoked['operation_id']}/revoke",
+            json={"reason": "withdrawn"},
+            headers={"Authorization": "Bearer opg_test_admin_token_abcdefabcdef"},
+        ) as response:
+            assert response.status == 200
+        conn = await asyncpg.connect(database_url)
+        try:
+            await conn.execute(
+                "UPDATE operations SET expires_at = now() - interval '1 s' WHERE operation_id = $1",
+                expired["operation_id"],
+            )
+        finally:
+            await conn.close()
+        seen[Reason.APPROVAL_REVOKED] = await _one_record(
+            gate, database_url, await sending(revoked)
+        )
+        seen[Reason.APPROVAL_EXPIRED] = await _one_record(
+            gate, database_url, await sending(expired)
+        )
+    assert seen.pop("replay")["decision"] == "replay"
+    for code, record in seen.items():
+        assert (record["decision"], record["reason"]) == ("deny", code)

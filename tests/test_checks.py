@@ -1,0 +1,794 @@
+"""The pure decision core (proxy/checks.py): every reason, and the order the checks run in."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+import proxy.checks
+from proxy.bodies import ParsedBody
+from proxy.checks import Agent, RequestFacts, decide, decide_by_state
+from proxy.decision import ClaimKind, Decision, Deny, Forward, Replay
+from proxy.operation import LastOutcome, Operation, Status
+from proxy.policy.load import parse_policy_text
+from proxy.policy.model import BodyKind, Provider
+from proxy.reasons import Reason
+
+POLICY = """
+version: 1
+provider: pay
+route_prefix: /pay
+upstream: https://pay.example
+idempotency:
+  provider_deduplicates: {dedup}
+metadata_injection:
+  kind: form_field
+  field: metadata[operation_id]
+rules:
+  - name: refund.create
+    method: POST
+    path: /v1/refunds
+    amount: amount
+    currency: currency
+    params: [charge, reverse]
+    free: [reason, "metadata[*]"]
+  - name: charge.cancel
+    method: POST
+    path: /v1/charges/{{charge}}/cancel
+    inject_metadata: false
+  - name: read
+    method: GET
+    path: /v1/{{rest...}}
+    operation: none
+    body: none
+"""
+
+JSON_POLICY = """
+version: 1
+provider: jpay
+route_prefix: /jpay
+upstream: https://jpay.example
+metadata_injection:
+  kind: json_pointer
+  pointer: /metadata/operation_id
+rules:
+  - name: transfer.create
+    method: POST
+    path: /v1/transfers
+    body: json
+    amount: /amount
+    currency: /currency
+    params: [/destination, /instant, /count]
+    free: ["/description"]
+"""
+
+
+def load_provider(text: str) -> Provider:
+    provider, problems = parse_policy_text(text, "inline.yaml")
+    assert problems == []
+    assert provider is not None
+    return provider
+
+
+PAY = load_provider(POLICY.format(dedup="false"))
+PAY_DEDUP = load_provider(POLICY.format(dedup="true"))
+JPAY = load_provider(JSON_POLICY)
+
+NOW = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
+AGENT = Agent(agent_id="agent-1", tenant="acme")
+
+
+def make_operation(**overrides: Any) -> Operation:
+    """A created, unexpired refund of 500 usd on ch_1, read at NOW; overrides replace fields.
+
+    Columns the checks never read (recovery bookkeeping) default to None, so the builder
+    survives new columns; a misspelt override still fails, as Operation() rejects it."""
+    fields: dict[str, Any] = {field.name: None for field in dataclasses.fields(Operation)}
+    fields |= {
+        "operation_id": "op_1",
+        "tenant": "acme",
+        "agent_id": "agent-1",
+        "provider": "pay",
+        "action": "refund.create",
+        "method": "POST",
+        "path": "/v1/refunds",
+        "path_params": {},
+        "amount": 500,
+        "currency": "usd",
+        "params": {"charge": "ch_1"},
+        "idempotency_key": "opk_1",
+        "approval_ref": "ticket-1",
+        "approved_by": "alice",
+        "expires_at": NOW + timedelta(hours=1),
+        "status": Status.CREATED,
+        "revoked_at": None,
+        "revoked_reason": None,
+        "attempts": 0,
+        "dispatched_at": None,
+        "lease_owner": None,
+        "lease_until": None,
+        "last_outcome": None,
+        "provider_status": None,
+        "provider_object_id": None,
+        "response_content_type": None,
+        "response_body": None,
+        "settled_at": None,
+        "created_at": NOW - timedelta(minutes=5),
+        "updated_at": NOW - timedelta(minutes=5),
+        "read_at": NOW,
+    }
+    fields.update(overrides)
+    return Operation(**fields)
+
+
+def make_facts(
+    form: dict[str, str] | None = None,
+    *,
+    provider: Provider = PAY,
+    rule: str = "refund.create",
+    method: str = "POST",
+    path: str = "/v1/refunds",
+    path_params: dict[str, str] | None = None,
+    json: dict[str, Any] | None = None,
+    agent: Agent = AGENT,
+    named_operation_id: str | None = "op_1",
+    idempotency_key: str | None = None,
+) -> RequestFacts:
+    """The request matching make_operation(), with a form (or JSON) body as given."""
+    matched = provider.rule_named(rule)
+    assert matched is not None
+    if json is not None:
+        body = ParsedBody(BodyKind.JSON, json=json)
+    elif matched.body is BodyKind.NONE:
+        body = ParsedBody(BodyKind.NONE)
+    else:
+        sent = {"amount": "500", "currency": "usd", "charge": "ch_1"} if form is None else form
+        body = ParsedBody(BodyKind.FORM, form=tuple(sent.items()))
+    return RequestFacts(
+        agent=agent,
+        provider=provider,
+        rule=matched,
+        method=method,
+        path=path,
+        path_params=path_params or {},
+        body=body,
+        named_operation_id=named_operation_id,
+        idempotency_key=idempotency_key,
+        injected_field=provider.metadata_field(matched),
+    )
+
+
+def reason_of(decision: Decision) -> Reason | None:
+    return decision.reason if isinstance(decision, Deny) else None
+
+
+def test_identical_request_for_a_created_operation_is_a_first_forward() -> None:
+    """A request that equals its created, unexpired approval is forwarded as the first attempt."""
+    assert decide(make_facts(), make_operation(), operation_lookup_failed=False) == Forward(
+        ClaimKind.FIRST
+    )
+
+
+def test_read_rule_needs_no_operation() -> None:
+    """A rule with `operation: none` forwards without any operation row."""
+    facts = make_facts(rule="read", method="GET", path="/v1/charges/ch_1", named_operation_id=None)
+    assert decide(facts, None, operation_lookup_failed=False) == Forward(ClaimKind.NONE)
+
+
+def test_missing_operation_is_required() -> None:
+    """A mutating request naming no operation is denied OPERATION_REQUIRED."""
+    decision = decide(make_facts(named_operation_id=None), None, operation_lookup_failed=False)
+    assert reason_of(decision) is Reason.OPERATION_REQUIRED
+
+
+def test_named_but_unknown_operation() -> None:
+    """A request naming an operation that does not exist is denied OPERATION_UNKNOWN."""
+    decision = decide(make_facts(named_operation_id="op_x"), None, operation_lookup_failed=True)
+    assert reason_of(decision) is Reason.OPERATION_UNKNOWN
+    assert isinstance(decision, Deny)
+    assert "op_x" in decision.detail
+
+
+OK_FORM = {"amount": "500", "currency": "usd", "charge": "ch_1"}
+
+# (scenario, facts, operation, expected reason)
+PAYLOAD_CASES: list[tuple[str, RequestFacts, Operation, Reason]] = [
+    ("other tenant", make_facts(), make_operation(tenant="other"), Reason.OPERATION_SCOPE_MISMATCH),
+    (
+        "other agent",
+        make_facts(agent=Agent("agent-2", "acme")),
+        make_operation(),
+        Reason.OPERATION_SCOPE_MISMATCH,
+    ),
+    ("other provider", make_facts(), make_operation(provider="jpay"), Reason.TARGET_MISMATCH),
+    ("other action", make_facts(), make_operation(action="charge.cancel"), Reason.TARGET_MISMATCH),
+    ("other method", make_facts(method="PUT"), make_operation(), Reason.TARGET_MISMATCH),
+    ("other path", make_facts(), make_operation(path="/v1/refunds/x"), Reason.TARGET_MISMATCH),
+    (
+        "other idempotency key",
+        make_facts(idempotency_key="mine"),
+        make_operation(),
+        Reason.IDEMPOTENCY_KEY_MISMATCH,
+    ),
+    (
+        "different amount",
+        make_facts({**OK_FORM, "amount": "600"}),
+        make_operation(),
+        Reason.AMOUNT_MISMATCH,
+    ),
+    (
+        "amount absent but approved",
+        make_facts({"currency": "usd", "charge": "ch_1"}),
+        make_operation(),
+        Reason.AMOUNT_MISMATCH,
+    ),
+    (
+        "amount sent but approval has none",
+        make_facts({**OK_FORM, "amount": "500"}),
+        make_operation(amount=None),
+        Reason.AMOUNT_MISMATCH,
+    ),
+    (
+        "non-numeric amount sent, approval has none",
+        make_facts({**OK_FORM, "amount": "abc"}),
+        make_operation(amount=None),
+        Reason.AMOUNT_MISMATCH,
+    ),
+    (
+        "different currency",
+        make_facts({**OK_FORM, "currency": "eur"}),
+        make_operation(),
+        Reason.CURRENCY_MISMATCH,
+    ),
+    (
+        "currency absent but approved",
+        make_facts({"amount": "500", "charge": "ch_1"}),
+        make_operation(),
+        Reason.CURRENCY_MISMATCH,
+    ),
+    (
+        "currency sent but approval has none",
+        make_facts(OK_FORM),
+        make_operation(currency=None),
+        Reason.CURRENCY_MISMATCH,
+    ),
+    (
+        "different param",
+        make_facts({**OK_FORM, "charge": "ch_2"}),
+        make_operation(),
+        Reason.PARAMETER_MISMATCH,
+    ),
+    (
+        "approved param missing",
+        make_facts({"amount": "500", "currency": "usd"}),
+        make_operation(),
+        Reason.PARAMETER_MISMATCH,
+    ),
+    (
+        "unapproved rule param sent",
+        make_facts({**OK_FORM, "reverse": "true"}),
+        make_operation(),
+        Reason.PARAMETER_MISMATCH,
+    ),
+    (
+        "field neither approved nor free",
+        make_facts({**OK_FORM, "destination": "acct_evil"}),
+        make_operation(),
+        Reason.PARAMETER_UNEXPECTED,
+    ),
+    (
+        "injected field set to another operation",
+        make_facts({**OK_FORM, "metadata[operation_id]": "op_2"}),
+        make_operation(),
+        Reason.INJECTION_CONFLICT,
+    ),
+    (
+        "injected field on a rule without injection is unexpected",
+        make_facts(
+            {"metadata[operation_id]": "op_1"},
+            rule="charge.cancel",
+            path="/v1/charges/ch_1/cancel",
+        ),
+        make_operation(
+            action="charge.cancel",
+            path="/v1/charges/ch_1/cancel",
+            amount=None,
+            currency=None,
+            params={},
+        ),
+        Reason.PARAMETER_UNEXPECTED,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("facts", "op", "reason"), [pytest.param(*case[1:], id=case[0]) for case in PAYLOAD_CASES]
+)
+def test_payload_differences_are_denied(facts: RequestFacts, op: Operation, reason: Reason) -> None:
+    """Each difference between request and approval is denied with its own reason."""
+    assert reason_of(decide(facts, op, operation_lookup_failed=False)) is reason
+
+
+ACCEPTED_FORMS: list[tuple[str, dict[str, str], Operation]] = [
+    ("exact", OK_FORM, make_operation()),
+    ("currency in another case", {**OK_FORM, "currency": "USD"}, make_operation()),
+    ("zero amount", {**OK_FORM, "amount": "0"}, make_operation(amount=0)),
+    (
+        "full refund: no amount anywhere",
+        {"currency": "usd", "charge": "ch_1"},
+        make_operation(amount=None),
+    ),
+    ("free fields", {**OK_FORM, "reason": "dup", "metadata[note]": "x"}, make_operation()),
+    (
+        "injected field already right",
+        {**OK_FORM, "metadata[operation_id]": "op_1"},
+        make_operation(),
+    ),
+    ("unapproved rule param absent", OK_FORM, make_operation(params={"charge": "ch_1"})),
+]
+
+
+@pytest.mark.parametrize(
+    ("form", "op"), [pytest.param(*case[1:], id=case[0]) for case in ACCEPTED_FORMS]
+)
+def test_equivalent_requests_are_forwarded(form: dict[str, str], op: Operation) -> None:
+    """Requests that say exactly what was approved are forwarded."""
+    assert decide(make_facts(form), op, operation_lookup_failed=False) == Forward(ClaimKind.FIRST)
+
+
+@pytest.mark.parametrize(
+    ("field", "allowed"),
+    [
+        pytest.param("metadata[note]", True, id="bracket key under metadata[*]"),
+        pytest.param("metadata[a][b]", True, id="nested bracket key"),
+        pytest.param("metadata[]", True, id="empty bracket"),
+        pytest.param("metadata*", False, id="brackets are literal, not a character class"),
+        pytest.param("metadatax", False, id="no brackets"),
+        pytest.param("xmetadata[a]", False, id="whole field must match"),
+        pytest.param("reasons", False, id="exact free name is not a prefix"),
+    ],
+)
+def test_free_field_patterns(field: str, allowed: bool) -> None:
+    """`free` patterns treat only '*' as a wildcard and must match the whole field name."""
+    facts = make_facts({**OK_FORM, field: "x"})
+    decision = decide(facts, make_operation(), operation_lookup_failed=False)
+    assert reason_of(decision) is (None if allowed else Reason.PARAMETER_UNEXPECTED)
+
+
+def test_same_idempotency_key_passes() -> None:
+    """An agent may send the approved idempotency key itself."""
+    decision = decide(
+        make_facts(idempotency_key="opk_1"), make_operation(), operation_lookup_failed=False
+    )
+    assert decision == Forward(ClaimKind.FIRST)
+
+
+def test_agentless_operation_is_open_to_the_whole_tenant() -> None:
+    """An operation approved without an agent_id may be sent by any agent of its tenant."""
+    facts = make_facts(agent=Agent("agent-9", "acme"))
+    assert decide(facts, make_operation(agent_id=None), operation_lookup_failed=False) == Forward(
+        ClaimKind.FIRST
+    )
+
+
+@pytest.mark.parametrize(
+    ("sent", "approved"),
+    [
+        pytest.param("0100", 100, id="leading zero"),
+        pytest.param("+5", 5, id="plus sign"),
+        pytest.param("1e3", 1000, id="exponent"),
+        pytest.param(" 5", 5, id="leading space"),
+        pytest.param("5 ", 5, id="trailing space"),
+        pytest.param("5.0", 5, id="decimal point"),
+        pytest.param("-5", -5, id="negative"),
+        pytest.param("00", 0, id="double zero"),
+        pytest.param("\u0665", 5, id="arabic-indic digit"),
+        pytest.param("\u00b2", 2, id="superscript two"),
+        pytest.param("", 0, id="empty"),
+    ],
+)
+def test_non_canonical_form_amounts_are_mismatches(sent: str, approved: int) -> None:
+    """A form amount only matches when written as plain canonical ASCII decimal digits."""
+    facts = make_facts({**OK_FORM, "amount": sent})
+    decision = decide(facts, make_operation(amount=approved), operation_lookup_failed=False)
+    assert reason_of(decision) is Reason.AMOUNT_MISMATCH
+
+
+# --- JSON bodies ---------------------------------------------------------------------------------
+
+
+def json_operation(**overrides: Any) -> Operation:
+    base = {
+        "provider": "jpay",
+        "action": "transfer.create",
+        "path": "/v1/transfers",
+        "amount": 700,
+        "currency": "eur",
+        "params": {"/destination": "acct_1", "/instant": True, "/count": 1},
+    }
+    return make_operation(**{**base, **overrides})
+
+
+def json_facts(document: dict[str, Any]) -> RequestFacts:
+    return make_facts(provider=JPAY, rule="transfer.create", path="/v1/transfers", json=document)
+
+
+OK_JSON: dict[str, Any] = {
+    "amount": 700,
+    "currency": "eur",
+    "destination": "acct_1",
+    "instant": True,
+    "count": 1,
+}
+
+JSON_CASES: list[tuple[str, dict[str, Any], Reason | None]] = [
+    ("exact", OK_JSON, None),
+    ("injected pointer already right", {**OK_JSON, "metadata": {"operation_id": "op_1"}}, None),
+    ("free pointer", {**OK_JSON, "description": "d"}, None),
+    ("amount as string", {**OK_JSON, "amount": "700"}, Reason.AMOUNT_MISMATCH),
+    ("amount as float", {**OK_JSON, "amount": 700.0}, Reason.AMOUNT_MISMATCH),
+    ("bool param sent as 1", {**OK_JSON, "instant": 1}, Reason.PARAMETER_MISMATCH),
+    ("int param sent as true", {**OK_JSON, "count": True}, Reason.PARAMETER_MISMATCH),
+    ("int param sent as 1.0", {**OK_JSON, "count": 1.0}, Reason.PARAMETER_MISMATCH),
+    ("string param sent as object", {**OK_JSON, "destination": {}}, Reason.PARAMETER_MISMATCH),
+    (
+        "injected pointer conflicts",
+        {**OK_JSON, "metadata": {"operation_id": "op_2"}},
+        Reason.INJECTION_CONFLICT,
+    ),
+    ("unexpected nested field", {**OK_JSON, "metadata": {"x": "y"}}, Reason.PARAMETER_UNEXPECTED),
+    ("unexpected empty object", {**OK_JSON, "extra": {}}, Reason.PARAMETER_UNEXPECTED),
+]
+
+
+@pytest.mark.parametrize(
+    ("document", "reason"), [pytest.param(*case[1:], id=case[0]) for case in JSON_CASES]
+)
+def test_json_bodies_compare_types_strictly(
+    document: dict[str, Any], reason: Reason | None
+) -> None:
+    """JSON leaves match only with the same type: true is not 1, 1.0 is not 1, "700" is not 700."""
+    decision = decide(json_facts(document), json_operation(), operation_lookup_failed=False)
+    if reason is None:
+        assert decision == Forward(ClaimKind.FIRST)
+    else:
+        assert reason_of(decision) is reason
+
+
+def test_json_bool_amount_is_not_one() -> None:
+    """A JSON `true` amount does not match an approved amount of 1."""
+    decision = decide(
+        json_facts({**OK_JSON, "amount": True}),
+        json_operation(amount=1),
+        operation_lookup_failed=False,
+    )
+    assert reason_of(decision) is Reason.AMOUNT_MISMATCH
+
+
+# --- order ---------------------------------------------------------------------------------------
+
+
+def confirmed(**overrides: Any) -> Operation:
+    return make_operation(
+        status=Status.CONFIRMED, attempts=1, provider_status=200, settled_at=NOW, **overrides
+    )
+
+
+ORDER_CASES: list[tuple[str, RequestFacts, Operation, Reason | None]] = [
+    (
+        "confirmed re-send with another amount is a mismatch, not a replay",
+        make_facts({**OK_FORM, "amount": "600"}),
+        confirmed(),
+        Reason.AMOUNT_MISMATCH,
+    ),
+    (
+        "scope before target",
+        make_facts(method="PUT"),
+        make_operation(tenant="other"),
+        Reason.OPERATION_SCOPE_MISMATCH,
+    ),
+    (
+        "target before amount",
+        make_facts({**OK_FORM, "amount": "1"}, method="PUT"),
+        make_operation(),
+        Reason.TARGET_MISMATCH,
+    ),
+    (
+        "idempotency key before amount",
+        make_facts({**OK_FORM, "amount": "1"}, idempotency_key="k"),
+        make_operation(),
+        Reason.IDEMPOTENCY_KEY_MISMATCH,
+    ),
+    (
+        "amount before currency",
+        make_facts({**OK_FORM, "amount": "1", "currency": "eur"}),
+        make_operation(),
+        Reason.AMOUNT_MISMATCH,
+    ),
+    (
+        "currency before params",
+        make_facts({**OK_FORM, "currency": "eur", "charge": "ch_2"}),
+        make_operation(),
+        Reason.CURRENCY_MISMATCH,
+    ),
+    (
+        "params before injection",
+        make_facts({**OK_FORM, "charge": "ch_2", "metadata[operation_id]": "op_2"}),
+        make_operation(),
+        Reason.PARAMETER_MISMATCH,
+    ),
+    (
+        "injection before unexpected fields",
+        make_facts({**OK_FORM, "metadata[operation_id]": "op_2", "zzz": "1"}),
+        make_operation(),
+        Reason.INJECTION_CONFLICT,
+    ),
+    (
+        "payload before revocation",
+        make_facts({**OK_FORM, "amount": "1"}),
+        make_operation(revoked_at=NOW),
+        Reason.AMOUNT_MISMATCH,
+    ),
+    (
+        "payload before expiry",
+        make_facts({**OK_FORM, "amount": "1"}),
+        make_operation(expires_at=NOW - timedelta(days=1)),
+        Reason.AMOUNT_MISMATCH,
+    ),
+    (
+        "payload before in-flight",
+        make_facts({**OK_FORM, "amount": "1"}),
+        make_operation(status=Status.DISPATCHED, lease_until=NOW + timedelta(seconds=5)),
+        Reason.AMOUNT_MISMATCH,
+    ),
+    (
+        "payload before failed",
+        make_facts({**OK_FORM, "amount": "1"}),
+        make_operation(status=Status.FAILED),
+        Reason.AMOUNT_MISMATCH,
+    ),
+    (
+        "revoked and confirmed replays",
+        make_facts(),
+        confirmed(revoked_at=NOW - timedelta(minutes=1), revoked_reason="oops"),
+        None,
+    ),
+    (
+        "expired and confirmed replays",
+        make_facts(),
+        confirmed(expires_at=NOW - timedelta(days=1)),
+        None,
+    ),
+    (
+        "failed wins over revoked",
+        make_facts(),
+        make_operation(status=Status.FAILED, revoked_at=NOW),
+        Reason.OPERATION_FAILED,
+    ),
+    (
+        "revoked wins over expired",
+        make_facts(),
+        make_operation(revoked_at=NOW, expires_at=NOW - timedelta(days=1)),
+        Reason.APPROVAL_REVOKED,
+    ),
+    (
+        "expired wins over in-flight",
+        make_facts(),
+        make_operation(
+            status=Status.DISPATCHED,
+            expires_at=NOW - timedelta(seconds=1),
+            lease_until=NOW + timedelta(seconds=5),
+        ),
+        Reason.APPROVAL_EXPIRED,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("facts", "op", "reason"), [pytest.param(*case[1:], id=case[0]) for case in ORDER_CASES]
+)
+def test_check_order(facts: RequestFacts, op: Operation, reason: Reason | None) -> None:
+    """Identity before content, content before state: the first failing check names the reason."""
+    decision = decide(facts, op, operation_lookup_failed=False)
+    if reason is None:
+        assert decision == Replay()
+    else:
+        assert reason_of(decision) is reason
+
+
+# --- state ---------------------------------------------------------------------------------------
+
+
+def test_confirmed_replays() -> None:
+    """An identical request for a confirmed operation is answered from the stored response."""
+    assert decide(make_facts(), confirmed(), operation_lookup_failed=False) == Replay()
+
+
+def test_failed_is_denied() -> None:
+    """An identical request for a failed operation is denied OPERATION_FAILED."""
+    decision = decide(
+        make_facts(), make_operation(status=Status.FAILED), operation_lookup_failed=False
+    )
+    assert reason_of(decision) is Reason.OPERATION_FAILED
+
+
+def test_revoked_detail_is_the_revocation_reason() -> None:
+    """A revoked approval is denied with the operator's reason as the detail."""
+    op = make_operation(revoked_at=NOW, revoked_reason="customer withdrew")
+    assert decide(make_facts(), op, operation_lookup_failed=False) == Deny(
+        Reason.APPROVAL_REVOKED, "customer withdrew"
+    )
+
+
+@pytest.mark.parametrize(
+    ("expires_in", "reason"),
+    [
+        pytest.param(timedelta(seconds=-1), Reason.APPROVAL_EXPIRED, id="a second ago"),
+        pytest.param(timedelta(0), Reason.APPROVAL_EXPIRED, id="exactly at read_at"),
+        pytest.param(timedelta(seconds=1), None, id="a second ahead"),
+    ],
+)
+def test_expiry_uses_the_database_read_time(expires_in: timedelta, reason: Reason | None) -> None:
+    """Expiry compares expires_at with the row's read_at, not this process's wall clock."""
+    # read_at far in the past and far in the future, so the wall clock would decide otherwise
+    for read_at in (datetime(2001, 1, 1, tzinfo=UTC), datetime(2099, 1, 1, tzinfo=UTC)):
+        op = make_operation(read_at=read_at, expires_at=read_at + expires_in)
+        decision = decide(make_facts(), op, operation_lookup_failed=False)
+        if reason is None:
+            assert decision == Forward(ClaimKind.FIRST)
+        else:
+            assert reason_of(decision) is reason
+
+
+def dispatched(**overrides: Any) -> Operation:
+    return make_operation(status=Status.DISPATCHED, attempts=1, dispatched_at=NOW, **overrides)
+
+
+@pytest.mark.parametrize(
+    ("lease_left", "retry_after"),
+    [
+        pytest.param(timedelta(seconds=10), 10, id="whole seconds"),
+        pytest.param(timedelta(seconds=2, milliseconds=1), 3, id="rounded up"),
+        pytest.param(timedelta(milliseconds=1), 1, id="at least one"),
+        pytest.param(timedelta(microseconds=1), 1, id="a microsecond"),
+    ],
+)
+def test_in_flight_retry_after(lease_left: timedelta, retry_after: int) -> None:
+    """A live lease is a 409 whose Retry-After is ceil(lease_until - read_at), at least 1."""
+    read_at = datetime(2001, 1, 1, tzinfo=UTC)  # the wall clock must not matter
+    op = dispatched(
+        read_at=read_at,
+        expires_at=read_at + timedelta(hours=1),
+        lease_owner="replica-a",
+        lease_until=read_at + lease_left,
+    )
+    decision = decide(make_facts(), op, operation_lookup_failed=False)
+    assert isinstance(decision, Deny)
+    assert decision.reason is Reason.OPERATION_IN_FLIGHT
+    assert decision.retry_after_seconds == retry_after
+
+
+# (scenario, provider, lease_until relative to read_at, last_outcome, expected)
+RESEND_CASES: list[tuple[str, Provider, timedelta | None, str | None, Decision | Reason]] = [
+    ("not sent, no dedup", PAY, None, LastOutcome.NOT_SENT, Forward(ClaimKind.RESEND)),
+    ("not sent, lease expired", PAY, timedelta(seconds=-1), "not_sent", Forward(ClaimKind.RESEND)),
+    (
+        "lease ends exactly at read_at",
+        PAY,
+        timedelta(0),
+        LastOutcome.NOT_SENT,
+        Forward(ClaimKind.RESEND),
+    ),
+    ("timeout, dedup", PAY_DEDUP, None, LastOutcome.UNKNOWN_TIMEOUT, Forward(ClaimKind.RESEND)),
+    ("no outcome recorded, dedup", PAY_DEDUP, None, None, Forward(ClaimKind.RESEND)),
+    (
+        "timeout, no dedup",
+        PAY,
+        None,
+        LastOutcome.UNKNOWN_TIMEOUT,
+        Reason.RECONCILE_REQUIRED,
+    ),
+    ("dropped, no dedup", PAY, None, LastOutcome.UNKNOWN_DROPPED, Reason.RECONCILE_REQUIRED),
+    ("5xx, no dedup", PAY, None, LastOutcome.UNKNOWN_STATUS, Reason.RECONCILE_REQUIRED),
+    ("truncated, no dedup", PAY, None, LastOutcome.UNKNOWN_TRUNCATED, Reason.RECONCILE_REQUIRED),
+    ("no outcome recorded, no dedup", PAY, None, None, Reason.RECONCILE_REQUIRED),
+    (
+        "live lease even if not sent",
+        PAY,
+        timedelta(seconds=3),
+        LastOutcome.NOT_SENT,
+        Reason.OPERATION_IN_FLIGHT,
+    ),
+    (
+        "live lease even with dedup",
+        PAY_DEDUP,
+        timedelta(seconds=3),
+        LastOutcome.UNKNOWN_TIMEOUT,
+        Reason.OPERATION_IN_FLIGHT,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("provider", "lease_left", "last_outcome", "expected"),
+    [pytest.param(*case[1:], id=case[0]) for case in RESEND_CASES],
+)
+def test_dispatched_without_live_lease(
+    provider: Provider,
+    lease_left: timedelta | None,
+    last_outcome: str | None,
+    expected: Decision | Reason,
+) -> None:
+    """Resend only without a live lease and when not sent or the provider deduplicates."""
+    op = dispatched(
+        lease_until=None if lease_left is None else NOW + lease_left, last_outcome=last_outcome
+    )
+    decision = decide(make_facts(provider=provider), op, operation_lookup_failed=False)
+    if isinstance(expected, Reason):
+        assert reason_of(decision) is expected
+    else:
+        assert decision == expected
+    assert decide_by_state(provider, op) == decision
+
+
+def test_escalated_operation_is_denied() -> None:
+    """A dispatched operation escalated to a human is not re-sent, even if re-sending is safe."""
+    op = dispatched(
+        escalated_at=NOW, escalation_reason="reconcile gave up", last_outcome=LastOutcome.NOT_SENT
+    )
+    assert decide(make_facts(provider=PAY_DEDUP), op, operation_lookup_failed=False) == Deny(
+        Reason.OPERATION_ESCALATED, "reconcile gave up"
+    )
+
+
+def test_confirmed_escalated_operation_replays() -> None:
+    """Settled state wins over escalation: a confirmed operation replays."""
+    assert decide(make_facts(), confirmed(escalated_at=NOW), operation_lookup_failed=False) == (
+        Replay()
+    )
+
+
+def test_live_reconciliation_is_in_flight() -> None:
+    """While opgate reconciles the operation, a re-send is a 409 until the reconcile lease ends."""
+    op = dispatched(
+        last_outcome=LastOutcome.NOT_SENT, reconcile_lease_until=NOW + timedelta(seconds=4.5)
+    )
+    decision = decide(make_facts(provider=PAY_DEDUP), op, operation_lookup_failed=False)
+    assert isinstance(decision, Deny)
+    assert decision.reason is Reason.OPERATION_IN_FLIGHT
+    assert decision.retry_after_seconds == 5
+    ended = replace(op, reconcile_lease_until=NOW)
+    assert decide_by_state(PAY_DEDUP, ended) == Forward(ClaimKind.RESEND)
+
+
+def test_reconcile_detail_names_the_outcome_and_provider() -> None:
+    """RECONCILE_REQUIRED says how the last attempt ended and that the provider won't dedup."""
+    op = dispatched(last_outcome=LastOutcome.UNKNOWN_TIMEOUT)
+    decision = decide_by_state(PAY, op)
+    assert isinstance(decision, Deny)
+    assert "unknown:timeout" in decision.detail
+    assert "pay" in decision.detail
+
+
+def test_every_reason_checks_can_give_is_covered() -> None:
+    """The reasons this module tests are exactly those decide() can produce."""
+    covered = (
+        {case[3] for case in PAYLOAD_CASES}
+        | {case[3] for case in ORDER_CASES if case[3] is not None}
+        | {case[4] for case in RESEND_CASES if isinstance(case[4], Reason)}
+        | {
+            Reason.OPERATION_REQUIRED,
+            Reason.OPERATION_UNKNOWN,
+            Reason.APPROVAL_EXPIRED,
+            Reason.OPERATION_IN_FLIGHT,
+            Reason.OPERATION_ESCALATED,
+        }
+    )
+    source = inspect.getsource(proxy.checks)
+    produced = {reason for reason in Reason if f"Reason.{reason.name}" in source}
+    assert produced == covered

@@ -1,0 +1,80 @@
+"""`POST /v1/explain` (proxy/explain_api.py): the operations API explains a request against
+the live policy and the operation read from the database, changing nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.support.fault_provider import FaultProvider
+from tests.support.opgate import Opgate, admin_headers
+
+
+async def explain(gate: Opgate, body: dict[str, Any], token: bool = True) -> tuple[int, Any]:
+    async with gate.http.post(
+        f"{gate.ops_url}/v1/explain", json=body, headers=admin_headers() if token else {}
+    ) as response:
+        return response.status, await response.json(content_type=None)
+
+
+async def test_explains_every_check_against_the_stored_operation(
+    fault_gate: Opgate, fault_provider: FaultProvider
+) -> None:
+    """A re-planned refund: the matched rule, each check in order (amount fails), the decision;
+    nothing is claimed or sent."""
+    op = await fault_gate.approve()
+    status, body = await explain(
+        fault_gate,
+        {
+            "method": "POST",
+            "path": "/fault/v1/refunds",
+            "headers": {"Content-Type": "application/x-www-form-urlencoded"},
+            "body": "amount=900&currency=usd&charge=ch_1",
+            "operation_id": op["operation_id"],
+        },
+    )
+    assert status == 200, body
+    assert (body["provider"], body["rule"], body["mode"]) == ("fault", "refund.create", "enforce")
+    assert body["policy_version"] == fault_gate.running.gateway.policy.version
+    assert [(c["check"], c["result"]) for c in body["checks"]] == [
+        ("scope", "pass"),
+        ("target", "pass"),
+        ("idempotency_key", "pass"),
+        ("amount", "fail"),
+        ("currency", "pass"),
+        ("params", "pass"),
+        ("injected_field", "pass"),
+        ("no_unexpected_fields", "pass"),
+    ]
+    assert (body["decision"], body["reason"], body["status"]) == ("deny", "amount_mismatch", 422)
+    assert fault_provider.requests == []
+    assert (await fault_gate.operation(op["operation_id"]))["status"] == "created"
+
+
+async def test_an_exact_request_is_explained_as_a_first_claim(fault_gate: Opgate) -> None:
+    """Named by its idempotency key only, the operation is found as the pipeline finds it."""
+    op = await fault_gate.approve(agent_id="agent-a")
+    status, body = await explain(
+        fault_gate,
+        {
+            "method": "POST",
+            "path": "/fault/v1/refunds",
+            "headers": {
+                "Content-Type": "application/x-www-form-urlencoded",
+                "Idempotency-Key": op["idempotency_key"],
+            },
+            "body": "amount=500&currency=usd&charge=ch_1",
+            "agent": {"id": "agent-a", "tenant": "t1"},
+        },
+    )
+    assert status == 200, body
+    assert body["operation_id"] == op["operation_id"]
+    assert (body["decision"], body["claim"], body["would_deny"]) == ("allow", "first", None)
+    assert body["state"]["claim"] == "first"
+
+
+async def test_explain_needs_the_admin_token_and_a_valid_request(fault_gate: Opgate) -> None:
+    """Without the admin token: 401; with a malformed request: 400 invalid_request."""
+    status, _ = await explain(fault_gate, {"method": "GET", "path": "/x"}, token=False)
+    assert status == 401
+    status, body = await explain(fault_gate, {"method": "GET", "path": "no-slash", "x": 1})
+    assert (status, body["code"]) == (400, "invalid_request")

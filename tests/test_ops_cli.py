@@ -1,0 +1,118 @@
+"""``opgate ops``: the operations API from a terminal, run as an operator runs it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+from tests.support.fault_provider import FaultMode, FaultProvider
+from tests.support.killable_opgate import REPO
+from tests.support.opgate import ADMIN_TOKEN, Opgate
+
+
+async def ops(gate: Opgate, *args: str, token: str = ADMIN_TOKEN) -> tuple[int, str, str]:
+    env = {**os.environ, "OPGATE_OPS_URL": gate.ops_url, "OPGATE_ADMIN_TOKEN": token}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "proxy",
+        "ops",
+        *args,
+        cwd=REPO,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def ops_json(gate: Opgate, *args: str) -> Any:
+    code, out, err = await ops(gate, "--json", *args)
+    assert code == 0, err
+    return json.loads(out)
+
+
+async def test_create_show_list_and_revoke(fault_gate: Opgate) -> None:
+    """An operator approves, inspects, lists and revokes an operation from the command line."""
+    created = await ops_json(
+        fault_gate,
+        "create",
+        "--tenant",
+        "t1",
+        "--provider",
+        "fault",
+        "--action",
+        "refund.create",
+        "--amount",
+        "700",
+        "--currency",
+        "usd",
+        "--param",
+        "charge=ch_9",
+        "--approval-ref",
+        "T-1",
+        "--approved-by",
+        "alice",
+    )
+    operation_id = created["operation_id"]
+    assert (created["amount"], created["params"]) == (700, {"charge": "ch_9"})
+    code, table, _ = await ops(fault_gate, "list")
+    assert code == 0
+    header, *rows = table.splitlines()
+    assert header.split()[:3] == ["OPERATION_ID", "TENANT", "ACTION"]
+    assert any(row.startswith(operation_id) and " send " in f" {row} " for row in rows)
+    code, shown, _ = await ops(fault_gate, "show", operation_id)
+    assert code == 0
+    assert "next_action" in shown
+    assert "created" in shown
+    revoked = await ops_json(fault_gate, "revoke", operation_id, "--reason", "customer asked")
+    assert revoked["approval"]["revoked_reason"] == "customer asked"
+
+
+async def test_reconcile_and_resolve_from_the_command_line(
+    fault_gate: Opgate, fault_provider: FaultProvider
+) -> None:
+    """An unknown outcome with no lookup declared escalates on `reconcile`, shows up in
+    `escalations`, and `resolve` settles it with the human's verdict."""
+    op = await fault_gate.approve()
+    fault_provider.mode = FaultMode.ERROR_AFTER_COMMIT
+    status, _, _ = await fault_gate.send(
+        "/fault/v1/refunds",
+        data="amount=500&currency=usd&charge=ch_1",
+        headers={"X-Operation-Id": op["operation_id"]},
+    )
+    assert status == 502
+    view = await ops_json(fault_gate, "reconcile", op["operation_id"])
+    assert view["next_action"] == "escalated"
+    code, table, _ = await ops(fault_gate, "escalations")
+    assert code == 0
+    assert op["operation_id"] in table
+    resolved = await ops_json(
+        fault_gate,
+        "resolve",
+        op["operation_id"],
+        "--verdict",
+        "confirmed",
+        "--object-id",
+        fault_provider.effects[0].id,
+        "--note",
+        "found in dashboard",
+        "--by",
+        "bob",
+    )
+    assert resolved["operation"]["status"] == "confirmed"
+    assert resolved["operation"]["resolution_note"] == "found in dashboard"
+
+
+async def test_errors_are_one_readable_line(fault_gate: Opgate) -> None:
+    """A refused call exits 1 with the API's code and sentence; a wrong token is refused."""
+    code, _, err = await ops(fault_gate, "show", "op_nope")
+    assert (code, err.strip()) == (1, "opgate ops: operation_unknown: no such operation")
+    code, _, err = await ops(fault_gate, "list", token="opg_wrong")
+    assert code == 1
+    assert "admin_unauthenticated" in err

@@ -1,0 +1,321 @@
+"""Reconciliation with the provider, the source of truth about effects: lookups interpreted
+(pure), and the whole loop against the fault provider and a real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+import pytest_asyncio
+from aiohttp import web
+
+from proxy.policy.model import ReconcileLookup
+from proxy.reconcile import Absent, Found, Inconclusive, interpret_lookup, render_lookup
+from tests.support.fault_provider import FaultMode, FaultProvider
+from tests.support.opgate import Opgate, StartOpgate, admin_headers, fault_policy
+from tests.test_recovery import operation
+
+LIST = ReconcileLookup(path="/v1/refunds", query={"charge": "{charge}"}, absence_is_conclusive=True)
+GOOD_BODY = "amount=500&currency=usd&charge=ch_1"
+
+
+def listing(*items: dict[str, Any], has_more: bool = False) -> bytes:
+    return json.dumps({"object": "list", "data": list(items), "has_more": has_more}).encode()
+
+
+INTERPRETATIONS: list[tuple[str, ReconcileLookup, int, bytes, object]] = [
+    (
+        "found by metadata",
+        LIST,
+        200,
+        listing(
+            {"id": "re_1", "metadata": {}}, {"id": "re_2", "metadata": {"operation_id": "op_1"}}
+        ),
+        Found({"id": "re_2", "metadata": {"operation_id": "op_1"}}),
+    ),
+    (
+        "complete list without it",
+        LIST,
+        200,
+        listing({"id": "re_1", "metadata": {}}),
+        Absent(conclusive=True),
+    ),
+    ("incomplete list without it", LIST, 200, listing(has_more=True), Absent(conclusive=False)),
+    (
+        "absence not declared conclusive",
+        ReconcileLookup(path="/v1/refunds"),
+        200,
+        listing(),
+        Absent(conclusive=False),
+    ),
+    ("provider error", LIST, 500, b"{}", Inconclusive("the lookup answered 500")),
+    ("not JSON", LIST, 200, b"<html>", Inconclusive("the lookup answer is not JSON")),
+    (
+        "single object found",
+        ReconcileLookup(path="/v1/x/{id}", items=None, absence_is_conclusive=True),
+        200,
+        json.dumps({"id": "x", "metadata": {"operation_id": "op_1"}}).encode(),
+        Found({"id": "x", "metadata": {"operation_id": "op_1"}}),
+    ),
+    (
+        "single object 404",
+        ReconcileLookup(path="/v1/x/{id}", items=None, absence_is_conclusive=True),
+        404,
+        b"{}",
+        Absent(conclusive=True),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("scenario", "lookup", "status", "body", "result"),
+    INTERPRETATIONS,
+    ids=[i[0] for i in INTERPRETATIONS],
+)
+def test_interpret_lookup(
+    scenario: str, lookup: ReconcileLookup, status: int, body: bytes, result: object
+) -> None:
+    """What a lookup answer proves about the operation's effect."""
+    assert interpret_lookup(lookup, status, body, "op_1") == result
+
+
+def test_render_lookup_uses_approved_values_and_skips_what_the_operation_lacks() -> None:
+    """Lookups are built from the approved row only; one naming a missing value is skipped."""
+    op = operation(params={"charge": "ch_1&x=y"})
+    assert render_lookup(LIST, op) == "/v1/refunds?charge=ch_1%26x%3Dy"
+    assert (
+        render_lookup(ReconcileLookup(path="/v1/refunds", query={"pi": "{payment_intent}"}), op)
+        is None
+    )
+
+
+def op_header(op: dict[str, Any]) -> dict[str, str]:
+    return {"X-Operation-Id": op["operation_id"]}
+
+
+async def recovery(gate: Opgate, operation_id: str) -> dict[str, Any]:
+    status, _, body = await gate.send(
+        f"/_opgate/v1/operations/{operation_id}", method="GET", data=None, content_type=None
+    )
+    assert status == 200, body
+    payload: dict[str, Any] = json.loads(body)
+    return payload
+
+
+async def eventually(check: Callable[[], Awaitable[Any]], seconds: float = 20.0) -> Any:
+    """Poll a condition with a bound (background work finishes on its own schedule)."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while True:
+        result = await check()
+        if result:
+            return result
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.05)  # polling interval of a bounded wait, not a synchronisation
+
+
+async def test_unknown_outcome_with_an_effect_reconciles_to_confirmed(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
+) -> None:
+    """The connection dropped after the provider acted: the agent's recovery read asks the
+    provider, finds the effect by its operation id, and is told to proceed."""
+    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False, grace_seconds=30))
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        op = await gate.approve()
+        fault_provider.mode = FaultMode.DROP_AFTER_COMMIT
+        status, _, _ = await gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))
+        assert status == 502
+        fault_provider.mode = FaultMode.OK
+        view = await recovery(gate, op["operation_id"])
+    assert view["next_action"] == "proceed"
+    assert view["operation"]["status"] == "confirmed"
+    assert view["operation"]["settled_reason"] == "reconciled"
+    assert view["operation"]["provider_response"]["object_id"] == fault_provider.effects[0].id
+    lookups = [r for r in fault_provider.requests if r.method == "GET"]
+    assert [r.query_string for r in lookups] == ["charge=ch_1"]
+    assert lookups[0].headers["Authorization"].startswith("Bearer sk_test_provider")
+    assert len(fault_provider.effects) == 1
+
+
+async def test_unknown_outcome_without_an_effect_settles_as_no_effect_after_the_grace(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
+) -> None:
+    """The attempt timed out and nothing happened: absence becomes conclusive only once the
+    grace period has passed, then the row is failed/no_effect and a new approval is needed."""
+    (policy_dir / "fault.yaml").write_text(
+        fault_policy(deduplicates=False, total_timeout=0.3, grace_seconds=0.5)
+    )
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        op = await gate.approve()
+        fault_provider.mode = FaultMode.STALL
+        status, _, _ = await gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))
+        assert status == 504
+        fault_provider.release()
+        fault_provider.mode = FaultMode.OK
+        first = await recovery(gate, op["operation_id"])
+        assert first["next_action"] in ("reconcile", "wait")
+        assert first["operation"]["status"] == "dispatched"
+
+        async def settled() -> dict[str, Any] | None:
+            view = await recovery(gate, op["operation_id"])
+            return (
+                view
+                if view["next_action"] != "wait" and view["operation"]["status"] != "dispatched"
+                else None
+            )
+
+        final = await eventually(settled)
+    assert final["next_action"] == "new_approval_required"
+    assert (final["operation"]["status"], final["operation"]["settled_reason"]) == (
+        "failed",
+        "no_effect",
+    )
+    assert fault_provider.effects == []
+
+
+@dataclass
+class Webhook:
+    url: str
+    received: list[dict[str, Any]] = field(default_factory=list)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def webhook() -> AsyncIterator[Webhook]:
+    hook = Webhook("")
+
+    async def receive(request: web.Request) -> web.Response:
+        hook.received.append(await request.json())
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/escalations", receive)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    hook.url = f"http://127.0.0.1:{port}/escalations"
+    try:
+        yield hook
+    finally:
+        await runner.cleanup()
+
+
+async def test_failing_lookups_escalate_once_and_a_human_verdict_settles(
+    start_opgate: StartOpgate,
+    policy_dir: Path,
+    fault_provider: FaultProvider,
+    webhook: Webhook,
+    database_url: str,
+) -> None:
+    """A provider whose lookups keep failing: the background loop escalates the operation,
+    the webhook hears of it once, and a human's verdict confirms it."""
+    (policy_dir / "fault.yaml").write_text(
+        fault_policy(deduplicates=False, grace_seconds=0, max_attempts=2)
+    )
+    async with start_opgate(
+        upstream_overrides={"fault": fault_provider.url},
+        background_interval_seconds=0.05,
+        escalation_webhook_url=webhook.url,
+    ) as gate:
+        op = await gate.approve()
+        fault_provider.mode = FaultMode.ERROR_AFTER_COMMIT  # the POST and every lookup: 500
+        status, _, _ = await gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))
+        assert status == 502
+
+        async def notified() -> bool:
+            return len(webhook.received) >= 1
+
+        await eventually(notified)
+        view = await recovery(gate, op["operation_id"])
+        assert view["next_action"] == "escalated"
+        assert "inconclusive 2 times" in view["reason"]
+        async with gate.http.get(f"{gate.ops_url}/v1/escalations", headers=admin_headers()) as r:
+            escalations = (await r.json())["escalations"]
+        assert [e["operation"]["operation_id"] for e in escalations] == [op["operation_id"]]
+        status, _, body = await gate.send(
+            "/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op)
+        )
+        assert (status, json.loads(body)["code"]) == (409, "operation_escalated")
+        async with gate.http.post(
+            f"{gate.ops_url}/v1/operations/{op['operation_id']}/resolve",
+            json={
+                "verdict": "confirmed",
+                "object_id": fault_provider.effects[0].id,
+                "note": "seen in the provider dashboard",
+                "decided_by": "bob",
+            },
+            headers=admin_headers(),
+        ) as response:
+            assert response.status == 200, await response.text()
+            resolved = await response.json()
+    assert resolved["next_action"] == "proceed"
+    assert resolved["operation"]["settled_reason"] == "human_verdict"
+    assert [n["operation"]["operation_id"] for n in webhook.received] == [op["operation_id"]]
+    assert webhook.received[0]["event"] == "operation_escalated"
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch("SELECT attempts, delivered_at FROM escalation_notifications")
+        events = await conn.fetch(
+            "SELECT event FROM operation_events WHERE operation_id = $1 ORDER BY event_id",
+            op["operation_id"],
+        )
+    finally:
+        await conn.close()
+    assert [(r["attempts"], r["delivered_at"] is not None) for r in rows] == [(1, True)]
+    assert [e["event"] for e in events] == [
+        "created",
+        "claimed",
+        "unknown",
+        "reconcile_inconclusive",
+        "escalated",
+        "resolved",
+    ]
+    assert len(fault_provider.effects) == 1
+
+
+async def test_two_replicas_never_reconcile_the_same_operation_twice(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
+) -> None:
+    """Two opgate replicas' background loops race over 20 unknown operations: each operation
+    is looked up at the provider exactly once and confirmed."""
+    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False, grace_seconds=30))
+    overrides = {"fault": fault_provider.url}
+    async with start_opgate(upstream_overrides=overrides) as sender:
+        ops = [await sender.approve(params={"charge": f"ch_{i}"}) for i in range(20)]
+        fault_provider.mode = FaultMode.DROP_AFTER_COMMIT
+        for i, op in enumerate(ops):
+            body = f"amount=500&currency=usd&charge=ch_{i}"
+            status, _, _ = await sender.send("/fault/v1/refunds", data=body, headers=op_header(op))
+            assert status == 502
+        fault_provider.mode = FaultMode.OK
+        async with (
+            start_opgate(
+                upstream_overrides=overrides,
+                background_interval_seconds=0.01,
+                instance_id="replica-a",
+            ),
+            start_opgate(
+                upstream_overrides=overrides,
+                background_interval_seconds=0.01,
+                instance_id="replica-b",
+            ),
+        ):
+
+            async def all_confirmed() -> bool:
+                rows = [await sender.operation(op["operation_id"]) for op in ops]
+                return all(row["status"] == "confirmed" for row in rows)
+
+            await eventually(all_confirmed)
+        rows = [await sender.operation(op["operation_id"]) for op in ops]
+    lookups = [r.query_string for r in fault_provider.requests if r.method == "GET"]
+    assert sorted(lookups) == sorted(f"charge=ch_{i}" for i in range(20))
+    actors = {e["actor"] for row in rows for e in row["events"] if e["event"] == "reconciled"}
+    assert actors <= {"replica-a:loop", "replica-b:loop"}
+    assert len(fault_provider.effects) == 20

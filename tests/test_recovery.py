@@ -1,0 +1,141 @@
+"""``next_action``: the recovery protocol as one pure function, over every combination of
+status, lease, outcome, approval state and provider capability."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from datetime import UTC, datetime, timedelta
+from itertools import product
+from typing import Any
+
+import pytest
+
+from proxy.operation import LastOutcome, Operation, Status
+from proxy.recovery import NextAction, next_action
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def operation(**overrides: Any) -> Operation:
+    values: dict[str, Any] = {f.name: None for f in fields(Operation)}
+    values.update(
+        operation_id="op_1",
+        tenant="t1",
+        provider="fault",
+        action="refund.create",
+        method="POST",
+        path="/v1/refunds",
+        path_params={},
+        params={},
+        idempotency_key="k",
+        approval_ref="r",
+        approved_by="a",
+        expires_at=NOW + timedelta(minutes=5),
+        status=Status.CREATED,
+        attempts=0,
+        reconcile_attempts=0,
+        created_at=NOW,
+        updated_at=NOW,
+        read_at=NOW,
+    )
+    values.update(overrides)
+    return Operation(**values)
+
+
+LIVE = NOW + timedelta(seconds=7)
+PAST = NOW - timedelta(seconds=1)
+
+STATUSES = [Status.CREATED, Status.DISPATCHED, Status.CONFIRMED, Status.FAILED]
+LEASES = {"no lease": None, "live lease": LIVE, "expired lease": PAST}
+OUTCOMES = {
+    "in progress": None,
+    "not sent": LastOutcome.NOT_SENT,
+    "timeout": LastOutcome.UNKNOWN_TIMEOUT,
+    "5xx": LastOutcome.UNKNOWN_STATUS,
+}
+APPROVALS = {
+    "approval stands": {},
+    "revoked": {"revoked_at": PAST, "revoked_reason": "no"},
+    "expired": {"expires_at": PAST},
+}
+ESCALATION = {"not escalated": {}, "escalated": {"escalated_at": PAST, "escalation_reason": "x"}}
+RECONCILING = {"not reconciling": None, "reconciling": LIVE}
+DEDUPE = {"deduplicates": True, "does not deduplicate": False}
+
+
+def expected(
+    status: Status,
+    lease: datetime | None,
+    outcome: LastOutcome | None,
+    approval: str,
+    escalated: bool,
+    reconciling: bool,
+    dedupe: bool,
+) -> NextAction:
+    """The protocol, written as the issue states it (independently of the implementation)."""
+    stands = approval == "approval stands"
+    if status is Status.CONFIRMED:
+        return NextAction.PROCEED
+    if status is Status.FAILED:
+        return NextAction.NEW_APPROVAL_REQUIRED
+    if escalated:
+        return NextAction.ESCALATED
+    if status is Status.CREATED:
+        return NextAction.SEND if stands else NextAction.NEW_APPROVAL_REQUIRED
+    if lease == LIVE or reconciling:
+        return NextAction.WAIT
+    if stands and (outcome is LastOutcome.NOT_SENT or dedupe):
+        return NextAction.RETRY
+    return NextAction.RECONCILE
+
+
+CASES = list(product(STATUSES, LEASES, OUTCOMES, APPROVALS, ESCALATION, RECONCILING, DEDUPE))
+
+
+@pytest.mark.parametrize(
+    ("status", "lease", "outcome", "approval", "escalation", "reconciling", "dedupe"),
+    CASES,
+    ids=["/".join(str(part) for part in case) for case in CASES],
+)
+def test_next_action_follows_the_protocol(
+    status: Status,
+    lease: str,
+    outcome: str,
+    approval: str,
+    escalation: str,
+    reconciling: str,
+    dedupe: str,
+) -> None:
+    """Every state maps to exactly the action the protocol prescribes, with a reason."""
+    op = operation(
+        status=status,
+        lease_until=LEASES[lease],
+        last_outcome=OUTCOMES[outcome],
+        reconcile_lease_until=RECONCILING[reconciling],
+        **APPROVALS[approval],
+        **ESCALATION[escalation],
+    )
+    advice = next_action(op, provider_deduplicates=DEDUPE[dedupe])
+    assert advice.action is expected(
+        status,
+        LEASES[lease],
+        OUTCOMES[outcome],
+        approval,
+        escalation == "escalated",
+        reconciling == "reconciling",
+        DEDUPE[dedupe],
+    )
+    assert advice.reason
+    if advice.action is NextAction.WAIT:
+        assert advice.retry_after_seconds == 7
+    else:
+        assert advice.retry_after_seconds is None
+
+
+def test_a_revoked_unknown_operation_is_reconciled_never_resent() -> None:
+    """Revocation never un-sends: a revoked operation with an unknown outcome is reconciled,
+    even at a provider that would deduplicate a re-send."""
+    op = operation(
+        status=Status.DISPATCHED, last_outcome=LastOutcome.UNKNOWN_TIMEOUT, revoked_at=PAST
+    )
+    assert next_action(op, provider_deduplicates=True).action is NextAction.RECONCILE

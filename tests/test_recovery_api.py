@@ -1,0 +1,70 @@
+"""The recovery read on the agent listener: the authoritative row and the next action,
+scoped to the agent's tenant."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tests.support.fault_provider import FaultProvider
+from tests.support.opgate import OTHER_TENANT_TOKEN, SECOND_AGENT_TOKEN, Opgate
+
+
+async def read(gate: Opgate, path: str, token: str | None = None) -> tuple[int, Any]:
+    kwargs: dict[str, Any] = {} if token is None else {"token": token}
+    status, _, body = await gate.send(path, method="GET", data=None, content_type=None, **kwargs)
+    return status, json.loads(body)
+
+
+async def test_a_new_operation_says_send_with_the_exact_request(
+    fault_gate: Opgate, fault_provider: FaultProvider
+) -> None:
+    """Before anything was sent the answer is `send`, with the request the approval allows;
+    sending exactly that completes the operation."""
+    op = await fault_gate.approve()
+    status, view = await read(fault_gate, f"/_opgate/v1/operations/{op['operation_id']}")
+    assert (status, view["next_action"]) == (200, "send")
+    request = view["request"]
+    assert request["path"] == "/fault/v1/refunds"
+    assert request["form"] == {"amount": "500", "currency": "usd", "charge": "ch_1"}
+    assert request["headers"]["Idempotency-Key"] == op["idempotency_key"]
+    body = "&".join(f"{k}={v}" for k, v in request["form"].items())
+    status, _, _ = await fault_gate.send(request["path"], data=body, headers=request["headers"])
+    assert status == 200
+    status, view = await read(fault_gate, f"/_opgate/v1/operations/{op['operation_id']}")
+    assert view["next_action"] == "proceed"
+    assert view["operation"]["provider_response"]["object_id"] == fault_provider.effects[0].id
+    assert "request" not in view
+
+
+async def test_other_tenants_and_other_agents_see_nothing(fault_gate: Opgate) -> None:
+    """Another tenant's agent, or another agent for an agent-bound operation, gets the same
+    404 as for an id that does not exist; no token is 401."""
+    shared, bound = await fault_gate.approve(), await fault_gate.approve(agent_id="agent-a")
+    for path, token in (
+        (f"/_opgate/v1/operations/{shared['operation_id']}", OTHER_TENANT_TOKEN),
+        (f"/_opgate/v1/operations/{bound['operation_id']}", SECOND_AGENT_TOKEN),
+        ("/_opgate/v1/operations/op_does_not_exist", None),
+    ):
+        status, problem = await read(fault_gate, path, token)
+        assert (status, problem["code"]) == (404, "operation_unknown")
+    status, _, body = await fault_gate.send(
+        f"/_opgate/v1/operations/{shared['operation_id']}",
+        method="GET",
+        data=None,
+        content_type=None,
+        token=None,
+    )
+    assert (status, json.loads(body)["code"]) == (401, "agent_unauthenticated")
+
+
+async def test_list_shows_the_agents_unsettled_operations(fault_gate: Opgate) -> None:
+    """An agent lists its tenant's unsettled operations (not other tenants', not settled)."""
+    mine = await fault_gate.approve()
+    await fault_gate.approve(tenant="t2")
+    status, listing = await read(fault_gate, "/_opgate/v1/operations")
+    assert status == 200
+    ids = [item["operation"]["operation_id"] for item in listing["operations"]]
+    assert ids == [mine["operation_id"]]
+    status, others = await read(fault_gate, "/_opgate/v1/operations", OTHER_TENANT_TOKEN)
+    assert [i["operation"]["tenant"] for i in others["operations"]] == ["t2"]
