@@ -83,9 +83,7 @@ def policy_files(directory: Path) -> list[Path]:
     if not directory.is_dir():
         return []
     return sorted(
-        p
-        for p in directory.glob("*.yaml")
-        if p.is_file() and not p.name.endswith(TESTS_SUFFIX)
+        p for p in directory.glob("*.yaml") if p.is_file() and not p.name.endswith(TESTS_SUFFIX)
     )
 
 

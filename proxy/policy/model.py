@@ -282,9 +282,21 @@ class Provider(Strict):
         one would let an agent's value through (e.g. its own token, where no credential is
         configured to replace it)."""
         reserved = {
-            "host", "content-length", "transfer-encoding", "connection", "keep-alive", "te",
-            "trailer", "upgrade", "expect", "proxy-authorization", "proxy-connection",
-            "authorization", "cookie", "x-operation-id", self.idempotency.header.lower(),
+            "host",
+            "content-length",
+            "transfer-encoding",
+            "connection",
+            "keep-alive",
+            "te",
+            "trailer",
+            "upgrade",
+            "expect",
+            "proxy-authorization",
+            "proxy-connection",
+            "authorization",
+            "cookie",
+            "x-operation-id",
+            self.idempotency.header.lower(),
         }
         if self.credential is not None:
             reserved.add(self.credential.header.lower())

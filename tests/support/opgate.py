@@ -33,18 +33,26 @@ SHIPPED_POLICIES = Path(__file__).resolve().parents[2] / "policies"
 
 
 def fault_policy(
-    *, deduplicates: bool, body: str = "form", total_timeout: float = 2.0,
-    grace_seconds: float | None = None, max_attempts: int = 2,
+    *,
+    deduplicates: bool,
+    body: str = "form",
+    total_timeout: float = 2.0,
+    grace_seconds: float | None = None,
+    max_attempts: int = 2,
 ) -> str:
     """A provider policy for the fault provider; ``body`` is form or json. With
     ``grace_seconds``, refunds are reconciled by listing the charge's refunds (form only)."""
-    reconcile = "" if grace_seconds is None else (
-        "\n            reconcile:"
-        "\n              lookups: [{path: /v1/refunds, query: {charge: '{charge}'},"
-        " absence_is_conclusive: true}]"
-        f"\n              grace_seconds: {grace_seconds}"
-        f"\n              max_attempts: {max_attempts}"
-        "\n              retry_seconds: 0.05"
+    reconcile = (
+        ""
+        if grace_seconds is None
+        else (
+            "\n            reconcile:"
+            "\n              lookups: [{path: /v1/refunds, query: {charge: '{charge}'},"
+            " absence_is_conclusive: true}]"
+            f"\n              grace_seconds: {grace_seconds}"
+            f"\n              max_attempts: {max_attempts}"
+            "\n              retry_seconds: 0.05"
+        )
     )
     injection = (
         "{kind: form_field, field: 'metadata[operation_id]'}"
