@@ -34,6 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the agent listener and the operations API")
     _setting_flags(serve)
     serve.add_argument("--dev", action="store_true", help="generate local trial tokens")
+    serve.add_argument(
+        "--workers", type=int, help="worker processes sharing the ports (default: one per core)"
+    )
     serve.set_defaults(handler=_serve)
 
     migrate = commands.add_parser("migrate", help="apply the database schema and exit")
@@ -90,9 +93,11 @@ def _settings(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> 
 def _serve(args: argparse.Namespace) -> int:
     from proxy.devmode import DEV_AGENT_ID, dev_credentials, dev_overrides
     from proxy.policy.load import PolicyLoadError
+    from proxy.policy.reload import load_validated_policy
     from proxy.server import serve
+    from proxy.workers import effective_workers, run_supervisor
 
-    settings = _settings(args)
+    settings = _settings(args, {"workers": args.workers})
     configure_logging(settings.log_level)
     if args.dev:
         creds = dev_credentials(settings.data_dir)
@@ -105,7 +110,13 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     try:
-        asyncio.run(serve(settings))
+        workers = effective_workers(settings)
+        if workers == 1:
+            asyncio.run(serve(settings))
+        else:
+            # Validate the policy once up front: workers that cannot start would only respawn.
+            load_validated_policy(settings.policy_dir)
+            return run_supervisor(settings, workers)
     except PolicyLoadError as exc:
         print(f"opgate: the policy set is invalid:\n{exc}", file=sys.stderr)
         return 2

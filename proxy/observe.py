@@ -249,4 +249,3 @@ async def metrics(request: web.Request) -> web.Response:
 
 def add_metrics_route(app: web.Application) -> None:
     app.router.add_get("/metrics", metrics)
-

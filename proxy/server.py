@@ -93,8 +93,12 @@ def ops_app(gateway: Gateway) -> web.Application:
 
 
 @contextlib.asynccontextmanager
-async def running(settings: Settings) -> AsyncIterator[Running]:
-    """opgate serving on both listeners until the block exits."""
+async def running(
+    settings: Settings, sockets: dict[str, socket.socket] | None = None
+) -> AsyncIterator[Running]:
+    """opgate serving on its listeners until the block exits. ``sockets`` are listening sockets
+    bound by a parent process (``--workers``), by listener name: agent, ops, forward."""
+    inherited = dict(sockets or {})
     policy = load_validated_policy(settings.policy_dir)  # the same validation as a reload
     async with database_dsn(settings) as dsn:
         await migrate(dsn)
@@ -105,6 +109,7 @@ async def running(settings: Settings) -> AsyncIterator[Running]:
             acquire_timeout=settings.pool_acquire_timeout_seconds,
             statement_timeout_ms=settings.statement_timeout_ms,
             instance_id=settings.instance_id,
+            statement_cache_size=settings.database_statement_cache_size,
         )
         credentials = CredentialSource(settings.secrets_dir)
         observability = Observability(settings, policy, credentials)
@@ -121,14 +126,20 @@ async def running(settings: Settings) -> AsyncIterator[Running]:
         runners: list[web.AppRunner] = []
         try:
             await observability.start(store)  # audit writers; the policy load on record
-            agent_url = await _start(runners, agent_app(gateway), settings.agent_listen, settings)
-            ops_url = await _start(runners, ops_app(gateway), settings.ops_listen, settings)
+            agent_url = await _start(
+                runners, agent_app(gateway), settings.agent_listen, settings, inherited.get("agent")
+            )
+            ops_url = await _start(
+                runners, ops_app(gateway), settings.ops_listen, settings, inherited.get("ops")
+            )
             forward_url, forward_listener = None, None
             if settings.forward_listen:  # forward-proxy mode (issue 4): proxy/forward/
                 forward_listen = settings.forward_listen
 
                 async def start_forward(app: web.Application) -> tuple[str, web.AppRunner]:
-                    url = await _start(runners, app, forward_listen, settings)
+                    url = await _start(
+                        runners, app, forward_listen, settings, inherited.get("forward")
+                    )
                     return url, runners[-1]
 
                 gateway.forward_client = new_forward_client(gateway, settings)
@@ -155,8 +166,10 @@ async def running(settings: Settings) -> AsyncIterator[Running]:
                 stop_background.set()
                 await background
         finally:
-            for runner in reversed(runners):
-                await runner.cleanup()
+            # Stop accepting everywhere at once, then let in-flight requests finish up to the
+            # drain deadline. A request cut off there leaves its row dispatched (unknown), never
+            # failed: the forward-and-record stage only ever settles from a provider answer.
+            await asyncio.gather(*(runner.cleanup() for runner in reversed(runners)))
             if gateway.forward_client is not None:
                 await gateway.forward_client.close()
             await observability.close()
@@ -165,18 +178,23 @@ async def running(settings: Settings) -> AsyncIterator[Running]:
 
 
 async def _start(
-    runners: list[web.AppRunner], app: web.Application, listen: str, settings: Settings
+    runners: list[web.AppRunner],
+    app: web.Application,
+    listen: str,
+    settings: Settings,
+    sock: socket.socket | None = None,
 ) -> str:
     runner = web.AppRunner(
         app,
         auto_decompress=False,  # bodies are validated as sent, never un-gzipped behind our back
         keepalive_timeout=settings.keepalive_timeout_seconds,
+        shutdown_timeout=settings.drain_seconds,
         access_log=None,  # the audit record is the access log
     )
     await runner.setup()
     runners.append(runner)
-    host, port = split_host_port(listen)
-    sock = bind_socket(host, port)
+    if sock is None:
+        sock = bind_socket(*split_host_port(listen))
     await web.SockSite(runner, sock).start()
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
@@ -202,7 +220,7 @@ async def _relay_hangups(hangup: asyncio.Event, run: Running) -> None:
             run.reloader.request_reload()
 
 
-async def serve(settings: Settings) -> None:
+async def serve(settings: Settings, sockets: dict[str, socket.socket] | None = None) -> None:
     """Run until SIGINT or SIGTERM; SIGHUP reloads the policy set."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -212,10 +230,11 @@ async def serve(settings: Settings) -> None:
     # must queue a reload, not kill the process (SIGHUP's default action).
     hangup = asyncio.Event()
     loop.add_signal_handler(signal.SIGHUP, hangup.set)
-    async with running(settings) as run:
+    async with running(settings, sockets) as run:
         relay = asyncio.create_task(_relay_hangups(hangup, run))
         try:
             await stop.wait()
         finally:
             relay.cancel()
+            _log.info("opgate_draining", drain_seconds=settings.drain_seconds)
     _log.info("opgate_stopped")

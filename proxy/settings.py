@@ -62,6 +62,14 @@ class Settings(BaseSettings):
     # A generous bound on client connections held idle between requests.
     keepalive_timeout_seconds: Annotated[float, Field(gt=0)] = 75.0
     log_level: str = "info"
+    # Worker processes sharing the listening sockets (None: one per core). Each has its own
+    # pool: the database sees workers x pool_max_size connections.
+    workers: Annotated[int, Field(ge=1, le=256)] | None = None
+    # On SIGTERM: stop accepting, let in-flight requests finish for this long, then exit.
+    # Longer than the longest provider timeout (Stripe: 30 s), so a drain cuts nothing short.
+    drain_seconds: Annotated[float, Field(ge=0, le=3600)] = 35.0
+    # asyncpg's prepared-statement cache; 0 for PgBouncer in transaction pooling mode.
+    database_statement_cache_size: Annotated[int, Field(ge=0)] = 100
     # Policy hot reload: how often the policy files are checked for a change (0: SIGHUP only).
     policy_reload_interval_seconds: Annotated[float, Field(ge=0)] = 2.0
     # --- audit trail and observability (issue 5, docs/audit.md) ---

@@ -38,6 +38,7 @@ import pytest
 import yaml
 
 from proxy.policy.reload import validated_policy
+from proxy.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -47,8 +48,8 @@ DOCKERFILE = DEPLOY / "container" / "Dockerfile"
 UNIT = DEPLOY / "systemd" / "opgate.service"
 
 # opgate's default drain deadline on SIGTERM (in-flight requests finish up to it). Every stop
-# timeout in deploy/ must exceed it, or SIGKILL cuts the drain short.
-DRAIN_DEADLINE_SECONDS = 30
+# timeout in deploy/ must exceed the deadline configured there, or SIGKILL cuts the drain short.
+DEFAULT_DRAIN_SECONDS: float = Settings.model_fields["drain_seconds"].default
 AGENT_PORT, FORWARD_PORT, OPS_PORT = 8080, 3128, 8081
 # Oldest and newest Kubernetes versions the manifests are validated against.
 KUBERNETES_VERSIONS = ("1.27.0", kubernetes_validate.latest_version())
@@ -96,6 +97,18 @@ def deployment() -> dict[str, Any]:
 
 def container(pod_spec: dict[str, Any], name: str) -> dict[str, Any]:
     return next(c for c in pod_spec["containers"] if c["name"] == name)
+
+
+def drain_seconds(environment: dict[str, str]) -> float:
+    """The drain deadline a deployment configures (OPGATE_DRAIN_SECONDS), else the default."""
+    return float(environment.get("OPGATE_DRAIN_SECONDS", DEFAULT_DRAIN_SECONDS))
+
+
+def longest_provider_timeout() -> float:
+    """The longest ``timeouts.total_seconds`` among the policies deployed (the ConfigMap)."""
+    config_map = one(applied_manifests(), "ConfigMap", "opgate-policies")
+    policies = [yaml.safe_load(text) for text in config_map["data"].values()]
+    return max(float(p["timeouts"]["total_seconds"]) for p in policies)
 
 
 def tool(name: str) -> str:
@@ -172,7 +185,9 @@ def test_compose_opgate_is_locked_down_and_drains_before_it_is_killed() -> None:
     assert "../policies:/etc/opgate/policies:ro" in opgate["volumes"]
     grace = opgate["stop_grace_period"]
     assert grace.endswith("s")
-    assert int(grace.removesuffix("s")) > DRAIN_DEADLINE_SECONDS
+    drain = drain_seconds(opgate["environment"])
+    assert drain > longest_provider_timeout()
+    assert int(grace.removesuffix("s")) > drain
     published = [p for s in services.values() for p in s.get("ports", [])]
     assert published
     assert all(p.startswith("127.0.0.1:") for p in published)
@@ -310,11 +325,14 @@ def test_deployment_probes_point_at_the_ops_listener() -> None:
 
 
 def test_deployment_grace_period_outlasts_prestop_and_the_drain() -> None:
-    """SIGKILL comes only after the preStop pause and a full drain deadline have passed."""
+    """SIGKILL comes only after preStop and a drain long enough for the slowest provider."""
     pod = deployment()["spec"]["template"]["spec"]
-    pre_stop = container(pod, "opgate")["lifecycle"]["preStop"]["exec"]["command"]
+    main = container(pod, "opgate")
+    pre_stop = main["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep"
-    assert pod["terminationGracePeriodSeconds"] > int(pre_stop[1]) + DRAIN_DEADLINE_SECONDS
+    drain = drain_seconds({e["name"]: e["value"] for e in main["env"] if "value" in e})
+    assert drain > longest_provider_timeout()
+    assert pod["terminationGracePeriodSeconds"] > int(pre_stop[1]) + drain
 
 
 def test_deployment_mounts_policies_credentials_and_a_shared_ca() -> None:
@@ -422,12 +440,13 @@ class Endpoint:
     protocol: str = "TCP"
     namespace: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
-    ip: str = "10.96.0.1"
+    ip: str = "10.96.0.1"  # used only when namespace is None (outside the cluster)
 
 
 def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
     assert set(selector) <= {"matchLabels"}, "matchExpressions not modelled"
-    return selector.get("matchLabels", {}).items() <= labels.items()
+    wanted: dict[str, str] = selector.get("matchLabels", {})
+    return wanted.items() <= labels.items()
 
 
 def peer_matches(peer: dict[str, Any], source_namespace: str, dest: Endpoint) -> bool:
@@ -771,7 +790,10 @@ def test_systemd_unit_is_hardened_reloads_on_sighup_and_drains_on_sigterm() -> N
     assert service["ExecStart"].endswith("opgate serve")
     assert service["ExecReload"] == "/bin/kill -HUP $MAINPID"
     assert service["KillSignal"] == "SIGTERM"
-    assert int(service["TimeoutStopSec"]) > DRAIN_DEADLINE_SECONDS
+    environment = dict(v.split("=", 1) for v in unit["Service"]["Environment"])
+    drain = drain_seconds(environment)
+    assert drain > longest_provider_timeout()
+    assert int(service["TimeoutStopSec"]) > drain
     assert service["DynamicUser"] == "yes" or service.get("User") not in (None, "root")
     for key, value in {
         "NoNewPrivileges": "yes",

@@ -150,6 +150,46 @@ async def test_a_set_with_lint_errors_is_refused_and_a_repeat_is_not_reloaded(
         assert gate.running.gateway.policy.version == load_policy_dir_version(POLICY_A, policy_dir)
 
 
+async def test_reloads_and_refusals_are_audit_records_and_name_the_deciding_set(
+    start_opgate: StartOpgate, policy_dir: Path, database_url: str
+) -> None:
+    """A reload and a refused reload each leave a record in the PostgreSQL audit log, and the
+    instance's current policy version (what transition records name) follows the reload."""
+    import asyncpg
+
+    (policy_dir / "fault.yaml").write_text(POLICY_A)
+    async with start_opgate(policy_reload_interval_seconds=0) as gate:
+        reloader = gate.running.reloader
+        assert reloader is not None
+        (policy_dir / "fault.yaml").write_text(POLICY_B)
+        assert (await reloader.reload("test")).reloaded
+        (policy_dir / "fault.yaml").write_text(POLICY_C)
+        assert not (await reloader.reload("test")).reloaded
+        instance = gate.running.gateway.settings.instance_id
+    conn = await asyncpg.connect(database_url)
+    try:
+        events = [
+            json.loads(r["record"])
+            for r in await conn.fetch(
+                "SELECT record FROM audit_log WHERE stream = 'policy' ORDER BY seq"
+            )
+        ]
+        deciding = await conn.fetchval(
+            "SELECT policy_version FROM audit_instances WHERE instance_id = $1", instance
+        )
+    finally:
+        await conn.close()
+    version_b = load_policy_dir_version(POLICY_B, policy_dir)
+    assert [e["event"] for e in events] == [
+        "policy_loaded",
+        "policy_reloaded",
+        "policy_reload_refused",
+    ]
+    assert events[1]["policy_version"] == version_b
+    assert events[2]["errors"]
+    assert deciding == version_b
+
+
 def load_policy_dir_version(text: str, policy_dir: Path) -> str:
     return policy_version([(policy_dir / "fault.yaml", text)])
 
@@ -169,6 +209,7 @@ async def test_sighup_reloads_a_running_opgate_serve(database_url: str, tmp_path
         "OPGATE_OPS_LISTEN": f"127.0.0.1:{ops_port}",
         "OPGATE_ADMIN_TOKEN_SHA256": token_digest(ADMIN_TOKEN),
         "OPGATE_POLICY_RELOAD_INTERVAL_SECONDS": "0",
+        "OPGATE_WORKERS": "1",
     }
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "proxy", "serve", cwd=REPO, env=env,

@@ -56,6 +56,7 @@ from proxy.forward.targets import (
 )
 from proxy.gateway import GATEWAY, Gateway
 from proxy.identity import credential_from
+from proxy.observe import observe_agent_request
 from proxy.pipeline import handle_agent_request
 from proxy.problem import problem_response
 from proxy.reasons import Reason
@@ -109,7 +110,9 @@ def new_forward_client(gateway: Gateway, settings: Settings) -> aiohttp.ClientSe
 
 
 def forward_app(listener: ForwardListener) -> web.Application:
-    app = web.Application(client_max_size=0, middlewares=[forward_front])
+    # observe first: CONNECTs and every request inside a tunnel get a span, and their audit
+    # records reach the PostgreSQL audit log like the agent listener's
+    app = web.Application(client_max_size=0, middlewares=[observe_agent_request, forward_front])
     app[GATEWAY] = listener.gateway
     app[FORWARD_LISTENER] = listener
     app.on_shutdown.append(_close_tunnels)

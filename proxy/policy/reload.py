@@ -14,7 +14,9 @@ finished one.
 
 Log events (structlog, logger ``opgate.policy``): ``policy_reloaded`` (old and new version,
 trigger) and ``policy_reload_refused`` (candidate version, trigger, errors).
-TODO(issue 5): also write both to the PostgreSQL audit table once it exists.
+Both are also audit records in PostgreSQL (``policy`` stream). A reload is on record before
+the new set decides anything: if the record cannot be written, the swap does not happen and
+the next poll (or SIGHUP) tries again.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import structlog
 
+from proxy.errors import StoreUnavailable
 from proxy.gateway import Gateway
 from proxy.policy.lint import errors, lint_policy_texts
 from proxy.policy.load import (
@@ -78,7 +81,7 @@ class PolicyReloader:
             try:
                 texts = await asyncio.to_thread(read_policy_texts, self._directory)
             except OSError as exc:
-                return self._refuse(trigger, None, [f"{self._directory}: {exc}"])
+                return await self._refuse(trigger, None, [f"{self._directory}: {exc}"])
             version = policy_version(texts)
             self._seen_version = version
             current = self._gateway.policy
@@ -87,7 +90,21 @@ class PolicyReloader:
             try:
                 policy = validated_policy(texts, str(self._directory))
             except PolicyLoadError as exc:
-                return self._refuse(trigger, version, [str(p) for p in exc.problems])
+                return await self._refuse(trigger, version, [str(p) for p in exc.problems])
+            observability = self._gateway.observability
+            if observability is not None:
+                try:
+                    await observability.record_policy_event(
+                        "policy_reloaded",
+                        policy,
+                        now_deciding=True,
+                        trigger=trigger,
+                        old_policy_version=current.version,
+                    )
+                except StoreUnavailable as exc:
+                    self._seen_version = None  # try again on the next poll
+                    _log.error("policy_reload_deferred", trigger=trigger, error=str(exc))
+                    return ReloadOutcome(trigger, version, False, [f"audit: {exc}"])
             self._gateway.policy = policy  # the swap: one assignment, the set is complete
             _log.info(
                 "policy_reloaded",
@@ -116,9 +133,22 @@ class PolicyReloader:
             if policy_version(texts) != self._seen_version:
                 await self.reload("file_change")
 
-    def _refuse(self, trigger: str, version: str | None, problems: list[str]) -> ReloadOutcome:
+    async def _refuse(
+        self, trigger: str, version: str | None, problems: list[str]
+    ) -> ReloadOutcome:
         outcome = ReloadOutcome(trigger, version, False, problems)
         self.refused.append(outcome)
+        observability = self._gateway.observability
+        if observability is not None:
+            with contextlib.suppress(StoreUnavailable):  # the log line below still has it
+                await observability.record_policy_event(
+                    "policy_reload_refused",
+                    None,
+                    now_deciding=False,
+                    version=version,
+                    trigger=trigger,
+                    errors=problems,
+                )
         _log.error(
             "policy_reload_refused",
             trigger=trigger,

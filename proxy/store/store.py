@@ -85,6 +85,7 @@ class Store:
         acquire_timeout: float = 5.0,
         statement_timeout_ms: int = 5000,
         instance_id: str | None = None,
+        statement_cache_size: int = 100,
     ) -> Store:
         # opgate.instance_id: read by the audit trigger (migration 0003) so that each
         # transition's audit record names the instance and the policy set that wrote it.
@@ -98,6 +99,9 @@ class Store:
                 timeout=acquire_timeout,
                 command_timeout=statement_timeout_ms / 1000,
                 server_settings=settings,
+                # 0 behind PgBouncer's transaction pooling, where a named prepared statement
+                # may live on another server connection than the next query's
+                statement_cache_size=statement_cache_size,
             )
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"cannot open the database pool: {exc}") from exc

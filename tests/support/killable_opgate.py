@@ -50,6 +50,7 @@ async def spawn_opgate(env: dict[str, str], log_path: Path) -> KillableOpgate:
     full_env["OPGATE_AGENT_LISTEN"] = f"127.0.0.1:{agent_port}"
     full_env["OPGATE_OPS_LISTEN"] = f"127.0.0.1:{ops_port}"
     full_env.setdefault("OPGATE_FORWARD_LISTEN", "")
+    full_env.setdefault("OPGATE_WORKERS", "1")
     with log_path.open("ab") as log:
         process = await asyncio.create_subprocess_exec(
             sys.executable,

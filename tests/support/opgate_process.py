@@ -48,6 +48,7 @@ async def opgate_process(environment: dict[str, str]) -> AsyncIterator[OpgatePro
         "OPGATE_AGENT_LISTEN": "127.0.0.1:0",
         "OPGATE_OPS_LISTEN": "127.0.0.1:0",
         "OPGATE_FORWARD_LISTEN": "",
+        "OPGATE_WORKERS": "1",
         **environment,
     }
     process = await asyncio.create_subprocess_exec(
