@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import secrets
+from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -103,8 +104,8 @@ async def _process(
             claimed = await _claim(gw, target, op, decision)
         except StoreUnavailable as exc:
             return _store_unavailable(record, exc)
-        if not isinstance(claimed, Operation):
-            return _answer_claim_conflict(record, claimed, op)
+        if isinstance(claimed, ClaimConflict):
+            return _answer_claim_conflict(record, claimed)
         op = claimed
         record.status_after, record.attempt = op.status.value, op.attempts
 
@@ -198,9 +199,17 @@ def _prepare(
     )
 
 
+@dataclass(frozen=True)
+class ClaimConflict:
+    """The claim found the row changed: what it is now, and what that means for this request."""
+
+    outcome: Deny | Replay
+    current: Operation
+
+
 async def _claim(
     gw: Gateway, target: Target, op: Operation, decision: Forward
-) -> Operation | Deny | Replay:
+) -> Operation | ClaimConflict:
     """The conditional UPDATE; on zero rows, re-read the row and say why."""
     timeouts = target.provider.timeouts
     claimed = await gw.store.claim(
@@ -211,22 +220,20 @@ async def _claim(
     )
     if claimed is not None:
         return claimed
-    current = await gw.store.load(op.operation_id)
-    if current is None:  # operations are never deleted; treat as a conflict all the same
-        return Deny(Reason.OPERATION_IN_FLIGHT, "the operation changed while it was claimed", 1)
+    # Operations are never deleted, so the row is there; fall back on the old one regardless.
+    current = await gw.store.load(op.operation_id) or op
     explained = decide_by_state(target.provider, current)
     if isinstance(explained, Forward):
         # It was claimable a moment ago and is again: another attempt won and already ended.
-        return Deny(Reason.OPERATION_IN_FLIGHT, "another attempt claimed it first", 1)
-    return explained
+        explained = Deny(Reason.OPERATION_IN_FLIGHT, "another attempt claimed it first", 1)
+    return ClaimConflict(explained, current)
 
 
-def _answer_claim_conflict(
-    record: AuditRecord, outcome: Deny | Replay, op: Operation
-) -> web.StreamResponse:
-    if isinstance(outcome, Replay):
-        return _replay(record, op)
-    return _reject(record, outcome, op)
+def _answer_claim_conflict(record: AuditRecord, conflict: ClaimConflict) -> web.StreamResponse:
+    """Answer from the row as it is now: a replay must carry the answer that won the race."""
+    if isinstance(conflict.outcome, Replay):
+        return _replay(record, conflict.current)
+    return _reject(record, conflict.outcome, conflict.current)
 
 
 def _reject(record: AuditRecord, deny: Deny, op: Operation | None = None) -> web.Response:

@@ -503,8 +503,11 @@ async def test_racing_identical_requests_reach_the_provider_once(
         *(fault_gate.send(REFUND, data=GOOD_BODY, headers=op_header(op)) for _ in range(50))
     )
     assert len(fault_provider.requests) == 1
-    forwarded = [h for s, h, _ in results if s == 200 and "Idempotent-Replayed" not in h]
+    forwarded = [(h, b) for s, h, b in results if s == 200 and "Idempotent-Replayed" not in h]
     assert len(forwarded) == 1
+    replays = [b for s, h, b in results if s == 200 and "Idempotent-Replayed" in h]
+    # a replay decided in the middle of the race still carries the answer that won it
+    assert all(body == forwarded[0][1] for body in replays)
     for status, _, body in results:
         assert status in (200, 409)
         if status == 409:
