@@ -181,6 +181,9 @@ class FaultProvider:
     def __init__(self) -> None:
         self.url = ""
         self.deduplicate = False
+        # Provider latency between committing an effect and answering: the window in which a
+        # crash of the caller leaves the outcome unknown (the chaos test kills into it).
+        self.answer_delay_seconds = 0.0
         self.requests: list[ReceivedRequest] = []
         self.effects: list[Effect] = []
         self.in_flight = asyncio.Event()
@@ -258,6 +261,8 @@ class FaultProvider:
                 answer.headers["Idempotent-Replayed"] = "true"
 
         assert mode in _COMMITTING
+        if self.answer_delay_seconds and received.method in _UNSAFE_METHODS:
+            await asyncio.sleep(self.answer_delay_seconds)  # simulated latency, not a sync
         if mode is FaultMode.ERROR_AFTER_COMMIT:
             return _error(500, "api_error", "internal", "Committed, then failed to answer.")
         if mode is FaultMode.DROP_AFTER_COMMIT:
