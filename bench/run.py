@@ -875,6 +875,8 @@ def run(config: Config) -> dict[str, Any]:
                 [{"id": AGENT_ID, "tenant": TENANT, "token_sha256": sha256(agent_token)}]
             ),
             "OPGATE_SECRET_BENCH_KEY": "sk_bench_" + secrets.token_hex(8),
+            # one process, like the baseline: the workers dimension is measured separately
+            "OPGATE_WORKERS": "1",
         }
         opgate = start_service(
             stack, "opgate", [config.python, "-m", "proxy", "serve"], env=env, logs=RESULTS_DIR

@@ -96,6 +96,7 @@ async def test_serve_dev_starts_on_the_embedded_database_and_stops_cleanly(
     data_dir = open_data_dir
     agent_port, ops_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")}
+    env["OPGATE_FORWARD_LISTEN"] = f"127.0.0.1:{free_port()}"  # never the default 3128
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

@@ -135,16 +135,19 @@ async def test_sigterm_drains_in_flight_requests(
     gate = await spawn_opgate(
         {**env, "OPGATE_WORKERS": "1", "OPGATE_DRAIN_SECONDS": "20"}, tmp_path / "opgate.log"
     )
-    async with aiohttp.ClientSession(trust_env=False) as http:
-        op = await approve(http, gate)
-        fault_provider.mode = FaultMode.STALL_AFTER_COMMIT
-        in_flight = asyncio.create_task(refund(gate, op))
-        await fault_provider.in_flight.wait()
-        gate.process.send_signal(signal.SIGTERM)
-        await wait_refused(gate.agent_url)  # no longer accepting
-        fault_provider.release()
-        assert await in_flight == (200, "confirmed")
-        code = await asyncio.wait_for(gate.process.wait(), 30)
+    try:
+        async with aiohttp.ClientSession(trust_env=False) as http:
+            op = await approve(http, gate)
+            fault_provider.mode = FaultMode.STALL_AFTER_COMMIT
+            in_flight = asyncio.create_task(refund(gate, op))
+            await fault_provider.in_flight.wait()
+            gate.process.send_signal(signal.SIGTERM)
+            await wait_refused(gate.agent_url)  # no longer accepting
+            fault_provider.release()
+            assert await in_flight == (200, "confirmed")
+            code = await asyncio.wait_for(gate.process.wait(), 30)
+    finally:
+        await gate.kill()  # nothing left behind if an assertion failed
     assert code == 0
     assert len(fault_provider.effects) == 1
 
@@ -157,15 +160,18 @@ async def test_a_request_cut_off_at_the_drain_deadline_stays_dispatched(
     gate = await spawn_opgate(
         {**env, "OPGATE_WORKERS": "1", "OPGATE_DRAIN_SECONDS": "0.5"}, tmp_path / "opgate.log"
     )
-    async with aiohttp.ClientSession(trust_env=False) as http:
-        op = await approve(http, gate)
-        fault_provider.mode = FaultMode.STALL_AFTER_COMMIT
-        in_flight = asyncio.create_task(refund(gate, op))
-        await fault_provider.in_flight.wait()
-        gate.process.send_signal(signal.SIGTERM)
-        await asyncio.wait_for(gate.process.wait(), 30)
-        with pytest.raises(aiohttp.ClientError):
-            await in_flight
+    try:
+        async with aiohttp.ClientSession(trust_env=False) as http:
+            op = await approve(http, gate)
+            fault_provider.mode = FaultMode.STALL_AFTER_COMMIT
+            in_flight = asyncio.create_task(refund(gate, op))
+            await fault_provider.in_flight.wait()
+            gate.process.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(gate.process.wait(), 30)
+            with pytest.raises(aiohttp.ClientError):
+                await in_flight
+    finally:
+        await gate.kill()
     fault_provider.release()
     import asyncpg
 

@@ -37,9 +37,14 @@ class KillableOpgate:
         await self.process.wait()
 
     async def stop(self) -> int:
+        """SIGTERM and wait; a process that does not stop in time is killed (and reported)."""
         if self.process.returncode is None:
             self.process.send_signal(signal.SIGTERM)
-        return await asyncio.wait_for(self.process.wait(), 30)
+        try:
+            return await asyncio.wait_for(self.process.wait(), 30)
+        except TimeoutError:
+            await self.kill()
+            raise AssertionError("opgate did not stop within 30 s of SIGTERM") from None
 
 
 async def spawn_opgate(env: dict[str, str], log_path: Path) -> KillableOpgate:
