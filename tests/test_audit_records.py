@@ -166,3 +166,86 @@ async def test_replays_and_state_refusals_leave_one_documented_record(
     assert seen.pop("replay")["decision"] == "replay"
     for code, record in seen.items():
         assert (record["decision"], record["reason"]) == ("deny", code)
+
+
+async def test_the_remaining_agent_listener_paths_leave_one_documented_record(
+    start_opgate: StartOpgate,
+    policy_dir: Path,
+    fault_provider: FaultProvider,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ambiguous_request, path_not_canonical, operation_in_flight, operation_escalated,
+    credential_unavailable, upstream_unavailable (nothing sent) and unknown:timeout: one record
+    each, with the documented fields; with the other tests here and the forward-proxy tests
+    (which cover the five forward-mode codes), every code an agent request can end with."""
+    from multidict import CIMultiDict
+    from yarl import URL
+
+    from proxy.credentials import CredentialSource
+
+    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False, total_timeout=0.3))
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        seen: dict[str, dict[str, Any]] = {}
+        op = await gate.approve()
+        token = {"Authorization": "Bearer opg_test_agent_a_token_0123456789"}
+
+        async def twice_named() -> None:
+            headers = CIMultiDict(
+                [*token.items(), ("X-Operation-Id", "a"), ("X-Operation-Id", "b")]
+            )
+            async with gate.http.post(f"{gate.agent_url}{REFUND}", headers=headers) as response:
+                assert response.status == 400
+
+        seen[Reason.AMBIGUOUS_REQUEST] = await _one_record(gate, database_url, twice_named)
+
+        async def dotted() -> None:
+            url = URL(f"{gate.agent_url}/fault/v1/../v1/refunds", encoded=True)
+            async with gate.http.post(url, headers=token) as response:
+                assert response.status == 400
+
+        seen[Reason.PATH_NOT_CANONICAL] = await _one_record(gate, database_url, dotted)
+
+        async def send(which: dict[str, Any]) -> None:
+            await gate.send(REFUND, data=GOOD_BODY, headers=op_header(which))
+
+        fault_provider.mode = FaultMode.STALL_AFTER_COMMIT
+        import asyncio
+
+        first = asyncio.create_task(send(op))
+        await fault_provider.in_flight.wait()
+        seen[Reason.OPERATION_IN_FLIGHT] = await _one_record(gate, database_url, lambda: send(op))
+        await first  # the stalled attempt times out: unknown
+        fault_provider.release()
+
+        timed_out = await gate.approve()
+        fault_provider.mode = FaultMode.STALL_AFTER_COMMIT
+        seen["unknown:timeout"] = await _one_record(gate, database_url, lambda: send(timed_out))
+        fault_provider.release()
+        fault_provider.mode = FaultMode.OK
+
+        async with gate.http.post(
+            f"{gate.ops_url}/v1/operations/{op['operation_id']}/reconcile",
+            headers={"Authorization": "Bearer opg_test_admin_token_abcdefabcdef"},
+        ) as response:  # no lookup declared: escalated
+            assert (await response.json())["next_action"] == "escalated"
+        seen[Reason.OPERATION_ESCALATED] = await _one_record(gate, database_url, lambda: send(op))
+
+        fresh = await gate.approve()
+        gate.running.gateway.credentials = CredentialSource(None, environ={})
+        seen[Reason.CREDENTIAL_UNAVAILABLE] = await _one_record(
+            gate, database_url, lambda: send(fresh)
+        )
+        gate.running.gateway.credentials = CredentialSource(
+            None, environ={"OPGATE_SECRET_FAULT_KEY": "sk_test_x"}
+        )
+        gate.running.gateway.settings.upstream_overrides["fault"] = "http://127.0.0.1:9"
+        seen[Reason.UPSTREAM_UNAVAILABLE] = await _one_record(
+            gate, database_url, lambda: send(fresh)
+        )
+    timed = seen.pop("unknown:timeout")
+    assert (timed["decision"], timed["reason"]) == ("error", "unknown:timeout")
+    assert seen.pop(Reason.UPSTREAM_UNAVAILABLE)["reason"] == "not_sent"
+    for code, record in seen.items():
+        assert record["reason"] == code, (code, record)
+        assert record["decision"] in ("deny", "error")
