@@ -9,7 +9,7 @@ import pytest
 
 from tests.support.fault_provider import FaultMode, FaultProvider
 from tests.support.opgate import StartOpgate, fault_policy, problem
-from tests.support.pgbouncer import available, pgbouncer_in_front_of
+from tests.support.pgbouncer import available, pgbouncer_in_front_of, reaches_over_tcp
 
 pytestmark = pytest.mark.skipif(
     not available(),
@@ -26,6 +26,8 @@ async def test_the_pipeline_works_through_pgbouncer_transaction_pooling(
 ) -> None:
     """Through PgBouncer (statement cache off): migrations, approvals, a race of 30 identical
     requests (one forwarded), an unknown outcome, replay and reconciliation all hold."""
+    if not reaches_over_tcp(database_url):
+        pytest.skip("PgBouncer needs a PostgreSQL over TCP (set OPGATE_TEST_DATABASE_URL)")
     (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False, grace_seconds=30))
     async with (
         pgbouncer_in_front_of(database_url) as bounced,

@@ -23,6 +23,13 @@ def available() -> bool:
     return Path(PGBOUNCER).exists()
 
 
+def reaches_over_tcp(dsn: str) -> bool:
+    """PgBouncer runs as ``postgres``; the embedded server's socket belongs to another user, so
+    the test needs a PostgreSQL reached over TCP (CI's, or OPGATE_TEST_DATABASE_URL)."""
+    host = _upstream(dsn)[0]
+    return not host.startswith("/")
+
+
 def _upstream(dsn: str) -> tuple[str, int, str, str]:
     parts = urlsplit(dsn)
     query = dict(parse_qsl(parts.query))
@@ -84,7 +91,7 @@ async def _wait_accepting(dsn: str, process: subprocess.Popen[bytes], workdir: P
             )
             raise AssertionError(f"pgbouncer exited {process.returncode}: {log[-1500:]}")
         try:
-            conn = await asyncpg.connect(dsn, statement_cache_size=0)
+            conn = await asyncpg.connect(dsn, statement_cache_size=0, timeout=2)
         except (OSError, asyncpg.PostgresError):
             await asyncio.sleep(0.05)  # polling a starting daemon, bounded
             continue
