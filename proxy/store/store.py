@@ -296,7 +296,10 @@ class Store:
         ]
 
     async def ping(self) -> None:
-        await self._run(lambda conn: conn.fetchval(QUERIES["ping"]))
+        """Raises StoreUnavailable unless the database answers as a primary."""
+        in_recovery = await self._run(lambda conn: conn.fetchval(QUERIES["ping"]))
+        if in_recovery:
+            raise StoreUnavailable("the database is a standby; opgate reads only from the primary")
 
 
 def operation_from_record(record: asyncpg.Record) -> Operation:
