@@ -1,6 +1,6 @@
 """opgate's throughput benchmark: every row measured side by side, in one run, on one machine.
 
-    python bench/run.py [--duration 10] [--connections 16] [--profile]
+    python bench/run.py [--duration 10] [--connections 16] [--profile] [--workers-counts 1,2,4]
 
 Rows (all on loopback, the same wrk script and settings for every HTTP row):
 
@@ -13,6 +13,8 @@ Rows (all on loopback, the same wrk script and settings for every HTTP row):
 - opgate (c) rejection: a wrong amount against an existing operation (422 amount_mismatch).
 - pgbench claim+settle: the two transition statements opgate runs for (b), taken verbatim from
   proxy/store/queries.sql, on fresh rows: the database's own limit.
+- the workers dimension: (b) again against `opgate serve` with OPGATE_WORKERS=1, 2, N... (one
+  at a time, each started and stopped separately), as ratios to baseline POST and to pgbench.
 
 Why it is built this way:
 
@@ -53,7 +55,7 @@ import urllib.parse
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -76,6 +78,7 @@ READ_PATH = "/v1/refunds/re_bench_0"
 REJECT_OPERATION_ID = 1
 RANGE_SIZE = 10_000_000
 RANGES = {"warmup": 10_000_000, "measure": 20_000_000, "profile": 30_000_000, "pgbench": 40_000_000}
+WORKERS_RANGES_START = 50_000_000  # then one RANGE_SIZE per workers count
 # A generous upper bound on claim+settle pairs per second, used to size pgbench's fresh rows.
 PGBENCH_MAX_TPS = 8_000
 
@@ -139,6 +142,8 @@ class Config:
     profile: bool
     profile_seconds: int
     keep_database: bool
+    workers_counts: tuple[int, ...]  # the workers dimension; () skips it
+    workers_duration: int
 
 
 @dataclass
@@ -357,13 +362,33 @@ def process_cpu_seconds(pid: int) -> float | None:
 
 
 def process_user_system_seconds(pid: int) -> tuple[float, float] | None:
-    """(user, system) CPU seconds: system is the kernel's share (socket syscalls, loopback TCP)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text.rsplit(")", 1)[1].split()
-    return int(fields[11]) / _CLOCK_TICKS, int(fields[12]) / _CLOCK_TICKS
+    """(user, system) CPU seconds of ``pid`` and its live descendants (``opgate serve`` with
+    several workers is a supervisor and its forked workers): system is the kernel's share
+    (socket syscalls, loopback TCP)."""
+    user = system = 0.0
+    for member in process_family(pid):
+        try:
+            text = Path(f"/proc/{member}/stat").read_text()
+        except OSError:
+            if member == pid:
+                return None
+            continue
+        fields = text.rsplit(")", 1)[1].split()
+        user += int(fields[11]) / _CLOCK_TICKS
+        system += int(fields[12]) / _CLOCK_TICKS
+    return user, system
+
+
+def process_family(pid: int) -> list[int]:
+    """``pid`` and its descendants, from /proc/<pid>/task/<tid>/children."""
+    family, pending = [], [pid]
+    while pending:
+        member = pending.pop()
+        family.append(member)
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{member}/task").iterdir():
+                pending.extend(int(c) for c in (task / "children").read_text().split())
+    return family
 
 
 def all_processes_cpu_seconds() -> dict[int, tuple[str, float]]:
@@ -441,7 +466,9 @@ def cpu_use(before: CpuSnapshot, after: CpuSnapshot, requests: int) -> CpuUse:
     def delta(a: float | None, b: float | None) -> float | None:
         return None if a is None or b is None else round((b - a) * per, 4)
 
-    skip = {p for p in (after.proxy_pid, after.provider_pid) if p}
+    skip = {p for p in (after.provider_pid,) if p}
+    if after.proxy_pid:
+        skip.update(process_family(after.proxy_pid))
     postgres = 0.0
     others: dict[str, float] = {}
     for pid, (comm, cpu) in after.processes.items():
@@ -960,9 +987,77 @@ def run(config: Config) -> dict[str, Any]:
             raise BenchError(f"opgate exited during the run:\n{opgate.stderr_tail()}")
         opgate_stderr = opgate.stderr_tail()
 
+        # The workers dimension: (b) again with 1, 2, N... worker processes, each a separately
+        # started `opgate serve` (the single-process one above is stopped first, so only one
+        # opgate runs at a time), on the same database, with the same pgbench row as the limit.
+        stop_process(opgate.process)
+        ceiling = max(ceiling, rows["pgbench"].rps)
+        for index, count in enumerate(config.workers_counts):
+            workers_row = measure_workers(
+                config, stack, db_url, env, count, index, ceiling, agent_token, provider_pid
+            )
+            rows[workers_row.key] = workers_row
+            print_progress(workers_row)
+
     result = report(config, rows, profile, time.monotonic() - started, opgate_stderr)
     result["background_load_before"] = background
     return result
+
+
+def measure_workers(
+    config: Config,
+    stack: contextlib.ExitStack,
+    db_url: str,
+    env: dict[str, str],
+    workers: int,
+    index: int,
+    ceiling: float,
+    agent_token: str,
+    provider_pid: int,
+) -> Row:
+    """Row (b) against ``opgate serve`` with OPGATE_WORKERS=``workers`` (fresh listeners, the
+    same database and provider), stopped again before returning. Its CPU column is the
+    supervisor's and its workers' together."""
+    agent_port, ops_port = free_port(), free_port()
+    worker_env = env | {
+        "OPGATE_AGENT_LISTEN": f"127.0.0.1:{agent_port}",
+        "OPGATE_OPS_LISTEN": f"127.0.0.1:{ops_port}",
+        "OPGATE_WORKERS": str(workers),
+    }
+    service = start_service(
+        stack, f"opgate-w{workers}", [config.python, "-m", "proxy", "serve"],
+        env=worker_env, logs=RESULTS_DIR,
+    )  # fmt: skip
+    try:
+        wait_ready(service, f"http://127.0.0.1:{ops_port}/readyz", timeout=60)
+        target = WrkTarget(
+            f"opgate_operation_w{workers}", f"opgate (b) {workers} worker{'s' * (workers > 1)}",
+            "POST", f"http://127.0.0.1:{agent_port}/bench/v1/refunds", REFUND_BODY,
+            token=agent_token, proxy_pid=service.process.pid, provider_pid=provider_pid,
+        )  # fmt: skip
+        seconds = config.workers_duration
+        warm_per = math.ceil(ceiling * config.warmup * 2 / config.threads) + 200
+        measure_per = math.ceil(ceiling * seconds * 1.5 / config.threads) + 500
+        base = WORKERS_RANGES_START + index * RANGE_SIZE
+        if (warm_per + measure_per) * config.threads >= RANGE_SIZE:
+            raise BenchError(f"{target.label}: too many operations for the id range")
+        warm_ids = (base, warm_per)
+        measure_ids = (base + warm_per * config.threads, measure_per)
+        insert_operations(db_url, base, (warm_per + measure_per) * config.threads)
+        precheck(target, operation_id=str(base + warm_per - 1))
+        run_wrk(config, target, config.warmup, warm_ids)
+        psql(db_url, "CHECKPOINT")  # as before row (b): no row pays for another's dirty pages
+        row = measure(replace(config, duration=seconds), target, measure_ids)
+        counts = status_counts(db_url, measure_ids[0], measure_per * config.threads)
+        row.extra |= {"workers": workers, "rows_by_status": counts}
+        if counts.get("confirmed", 0) < row.statuses.get("200", 0):
+            row.valid = False
+            row.problems.append(f"only {counts.get('confirmed', 0)} rows confirmed")
+        if service.process.poll() is not None:
+            raise BenchError(f"{service.name} exited during the run:\n{service.stderr_tail()}")
+        return row
+    finally:
+        stop_process(service.process)
 
 
 def background_load(seconds: float = 1.0) -> dict[str, Any]:
@@ -1045,6 +1140,18 @@ def report(
                 "c_rejection": added("opgate_reject", "baseline_post"),
             },
             "b_operation_vs_pgbench": ratio("opgate_operation", "pgbench"),
+            "workers": {
+                str(row.extra["workers"]): {
+                    "rps": row.rps,
+                    "vs_baseline_post": ratio(row.key, "baseline_post"),
+                    "vs_pgbench": ratio(row.key, "pgbench"),
+                    "vs_one_worker": ratio(row.key, "opgate_operation_w1")
+                    if "opgate_operation_w1" in rows
+                    else None,
+                }
+                for row in rows.values()
+                if "workers" in row.extra
+            },
         },
         "target": {
             "goal": "opgate (b) >= 50% of the baseline POST throughput, same run",
@@ -1107,6 +1214,14 @@ def print_table(result: dict[str, Any]) -> None:
             f"+{lat['p50_ms']:.2f} ms p50, +{lat['p99_ms']:.2f} ms p99"
         )
     print(f"opgate (b) / pgbench claim+settle: {ratios['b_operation_vs_pgbench']:.2f}x")
+    for workers, figures in ratios["workers"].items():
+        scaling = figures["vs_one_worker"]
+        print(
+            f"opgate (b) with {workers} worker(s): {figures['rps']:.0f} req/s = "
+            f"{figures['vs_baseline_post']:.2f}x baseline POST, "
+            f"{figures['vs_pgbench']:.2f}x pgbench"
+            + (f", {scaling:.2f}x one worker" if scaling is not None else "")
+        )
     target = result["target"]
     print(
         f"target (b) >= 0.50x baseline: {target['share']:.2f}x -> "
@@ -1162,7 +1277,20 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     )
     parser.add_argument("--profile-seconds", type=int, default=8)
     parser.add_argument("--keep-database", action="store_true")
+    parser.add_argument(
+        "--workers-counts",
+        default=",".join(str(n) for n in default_workers_counts()),
+        help="opgate worker processes for the workers dimension of (b), comma-separated "
+        "(default: 1, 2, the usable cores N and, up to 4 cores, 2N to show oversubscription; "
+        "'none' skips it)",
+    )
+    parser.add_argument(
+        "--workers-duration", type=int, default=5, help="seconds per workers-dimension row"
+    )
     args = parser.parse_args(argv)
+    counts: tuple[int, ...] = ()
+    if args.workers_counts != "none":
+        counts = tuple(sorted({int(n) for n in args.workers_counts.split(",") if n.strip()}))
     return Config(
         duration=args.duration,
         connections=args.connections,
@@ -1174,7 +1302,17 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         profile=args.profile,
         profile_seconds=args.profile_seconds,
         keep_database=args.keep_database,
+        workers_counts=counts,
+        workers_duration=args.workers_duration,
     )
+
+
+def default_workers_counts() -> list[int]:
+    cores = len(os.sched_getaffinity(0)) or 1
+    counts = {1, 2, cores}
+    if cores <= 4:
+        counts.add(2 * cores)
+    return sorted(counts)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -65,7 +65,9 @@ class AuditRecord:
     latency_ms: float | None = None
 
     def fields(self) -> dict[str, object]:
-        data = asdict(self)
+        # Every field is a scalar: a shallow copy is what asdict's recursive copy would give,
+        # at a fraction of its cost (this runs once per request).
+        data = dict(vars(self))
         data.pop("started_monotonic")
         data["latency_ms"] = round((time.monotonic() - self.started_monotonic) * 1000, 3)
         return data

@@ -6,6 +6,11 @@ exporter: ``console``, or ``otlp`` (HTTP/protobuf, configured by the standard
 ``OTEL_EXPORTER_OTLP_*`` variables; needs the ``opgate[otlp]`` extra). Each opgate instance has
 its own ``TracerProvider``; nothing is set globally, so in-process instances (tests) stay apart.
 
+While nothing exports, spans are not recorded unless the agent's own traceparent says its trace
+is sampled (``_RecordWhileExporting``): a non-recording span still has valid ids (for the log
+lines and the provider's ``traceparent``) but none of a recorded span's cost, which is most of
+what tracing costs per request. Attaching a processor (an exporter) turns recording on.
+
 Only W3C ``traceparent``/``tracestate`` are read from the agent: baggage is not, so an agent
 cannot smuggle headers to the provider through the instrumentation's propagation.
 """
@@ -15,22 +20,33 @@ from __future__ import annotations
 import os
 import time
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
 import yarl
 from opentelemetry import context as otel_context
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 from opentelemetry.instrumentation.aiohttp_client import create_trace_config
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+    _get_from_env_or_default,
+)
+from opentelemetry.trace import Link, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace.span import TraceState
+from opentelemetry.util.types import Attributes
 
 from proxy.errors import ConfigurationError
 
 TRACER_NAME = "opgate"
+_StartHook = Callable[[Any, types.SimpleNamespace, Any], Awaitable[object]]
 _AGENT_PROPAGATOR = TraceContextTextMapPropagator()
 
 
@@ -53,16 +69,51 @@ def _exporter(name: str, environ: Mapping[str, str]) -> SpanExporter:
     raise ConfigurationError(f"OTEL_TRACES_EXPORTER: unknown exporter {name!r}")
 
 
+class _RecordWhileExporting(Sampler):
+    """``OTEL_TRACES_SAMPLER``'s sampler (default: parent-based, always on) once a span
+    processor is attached; until then, parent-based always-off: a span is recorded only to carry
+    an agent's *sampled* flag on to the provider, every other span is a cheap non-recording one
+    (still with valid trace and span ids)."""
+
+    def __init__(self, configured: Sampler) -> None:
+        self.exporting = False  # set when a span processor is attached
+        self._configured = configured
+        self._idle = ParentBased(ALWAYS_OFF)
+
+    def should_sample(
+        self,
+        parent_context: otel_context.Context | None,
+        trace_id: int,
+        name: str,
+        kind: SpanKind | None = None,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        trace_state: TraceState | None = None,
+    ) -> SamplingResult:
+        sampler = self._configured if self.exporting else self._idle
+        return sampler.should_sample(
+            parent_context, trace_id, name, kind, attributes, links, trace_state
+        )
+
+    def get_description(self) -> str:
+        return f"RecordWhileExporting{{{self._configured.get_description()}}}"
+
+
 def tracer_provider_from_environment(environ: Mapping[str, str] | None = None) -> TracerProvider:
     """A provider with the exporters ``OTEL_TRACES_EXPORTER`` names (none by default).
-    Sampling follows ``OTEL_TRACES_SAMPLER`` (default: parent-based, always on)."""
+    Sampling follows ``OTEL_TRACES_SAMPLER`` (default: parent-based, always on) while something
+    exports (see ``_RecordWhileExporting``)."""
     env = os.environ if environ is None else environ
     service = env.get("OTEL_SERVICE_NAME") or "opgate"
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    # The SDK's own reading of OTEL_TRACES_SAMPLER (what TracerProvider does when given none);
+    # private, so pinned by tests/test_telemetry.py and test_observe.py exercising both modes.
+    sampler = _RecordWhileExporting(_get_from_env_or_default())
+    provider = TracerProvider(resource=Resource.create({"service.name": service}), sampler=sampler)
     names = [n.strip() for n in env.get("OTEL_TRACES_EXPORTER", "none").split(",") if n.strip()]
     for name in names:
         if name != "none":
             provider.add_span_processor(BatchSpanProcessor(_exporter(name, env)))
+            sampler.exporting = True
     return provider
 
 
@@ -76,9 +127,16 @@ class Telemetry:
         self.provider = provider
         self.tracer = provider.get_tracer(TRACER_NAME)
 
+    @property
+    def exporting(self) -> bool:
+        sampler = self.provider.sampler
+        return not isinstance(sampler, _RecordWhileExporting) or sampler.exporting
+
     def add_span_processor(self, processor: SpanProcessor) -> None:
-        """Tests attach an in-memory exporter here."""
+        """Tests attach an in-memory exporter here; spans are recorded from then on."""
         self.provider.add_span_processor(processor)
+        if isinstance(self.provider.sampler, _RecordWhileExporting):
+            self.provider.sampler.exporting = True
 
     def client_trace_configs(
         self, on_upstream_done: Callable[[str, str, float], None]
@@ -88,7 +146,25 @@ class Telemetry:
         instrumentation = create_trace_config(
             url_filter=_without_query, request_hook=_tag_operation, tracer_provider=self.provider
         )
+        # Its end and exception hooks do nothing for a request whose start hook made no span.
+        instrumentation.on_request_start[:] = [
+            self._client_span_while_exporting(hook) for hook in instrumentation.on_request_start
+        ]
         return [instrumentation, _latency_trace_config(on_upstream_done)]
+
+    def _client_span_while_exporting(self, hook: _StartHook) -> _StartHook:
+        """While nothing exports, a CLIENT span would be dropped anyway: instead of the
+        instrumentation's per-call work (URL parsing, attributes, a span, its metrics), the
+        provider gets the current (server) span's context, so the agent's trace and its sampled
+        flag still reach the provider."""
+
+        async def start(session: Any, ctx: types.SimpleNamespace, params: Any) -> None:
+            if self.exporting:
+                await hook(session, ctx, params)
+            else:
+                propagate.inject(params.headers)
+
+        return start
 
     def agent_context(self, headers: Mapping[str, str]) -> otel_context.Context:
         """The agent's trace context from its traceparent/tracestate, if it sent a valid one."""

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import UTC, datetime
 
 import asyncpg
+import pytest
 
+from proxy.auditlog.chain import GENESIS, record_hash
 from proxy.store.migrate import load_migrations, migrate
 from tests.support.postgres import dsn_for_database
 
@@ -37,3 +40,32 @@ def test_migrations_are_numbered_without_gaps() -> None:
     """The shipped migrations are 1..n."""
     numbers = [m.number for m in load_migrations()]
     assert numbers == list(range(1, len(numbers) + 1))
+
+
+@pytest.mark.parametrize(
+    ("operation_id", "record"),
+    [
+        (None, "{}"),
+        ("", '{"a": ""}'),
+        ("op-\u00e9\u20ac", '{"note": "caf\u00e9 \u20ac \U0001f600"}'),
+    ],
+    ids=["null field", "empty field", "multi-byte UTF-8"],
+)
+async def test_the_plpgsql_record_hash_is_the_verifiers(
+    database_url: str, operation_id: str | None, record: str
+) -> None:
+    """Migration 0004's hash function encodes NULL, empty and multi-byte fields exactly as
+    proxy/auditlog/chain.py does, so chains written before and after it verify alike."""
+    at = datetime(2026, 11, 29, 9, 30, 1, 123456, tzinfo=UTC)
+    conn = await asyncpg.connect(database_url)
+    try:
+        stored = await conn.fetchval("SELECT $1::jsonb::text", record)
+        sql_hash = await conn.fetchval(
+            "SELECT opgate_audit_hash($1, $2, $3, $4, $5, $6, $7::jsonb)",
+            GENESIS, "s\u00e9", 7, at, "transition", operation_id, record,
+        )  # fmt: skip
+    finally:
+        await conn.close()
+    assert bytes(sql_hash) == record_hash(
+        GENESIS, "s\u00e9", 7, at, "transition", operation_id, stored
+    )

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import socket
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import structlog
 from aiohttp import web
 
 from proxy.errors import ConfigurationError
+from proxy.logs import log_processors
 from proxy.telemetry import Telemetry, tracer_provider_from_environment
+from tests.support.fault_provider import FaultProvider
+from tests.support.opgate import StartOpgate, fault_policy
 
 
 def test_no_exporter_by_default() -> None:
@@ -70,3 +78,58 @@ async def test_otlp_exporter_sends_spans_to_the_configured_endpoint(
     [(content_type, body)] = received
     assert content_type == "application/x-protobuf"
     assert b"opgate.agent_request" in body
+
+
+@pytest.fixture
+def log_buffer() -> Iterator[io.StringIO]:
+    """opgate's real log processor chain, rendering into a buffer instead of stdout."""
+    saved = structlog.get_config()
+    buffer = io.StringIO()
+    structlog.configure(
+        processors=log_processors(),
+        logger_factory=structlog.PrintLoggerFactory(buffer),
+        cache_logger_on_first_use=False,
+    )
+    try:
+        yield buffer
+    finally:
+        structlog.configure(**saved)
+
+
+@pytest.mark.parametrize("sampled", ["01", "00"], ids=["agent samples", "agent does not sample"])
+async def test_without_an_exporter_the_agents_trace_still_reaches_the_provider(
+    start_opgate: StartOpgate,
+    policy_dir: Path,
+    fault_provider: FaultProvider,
+    log_buffer: io.StringIO,
+    sampled: str,
+) -> None:
+    """With nothing exporting (spans are not recorded), the provider still gets a traceparent
+    in the agent's trace with the agent's sampled flag, and the request's log line carries the
+    trace id and a span id."""
+    trace_id, span_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False))
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        observability = gate.running.gateway.observability
+        assert observability is not None
+        assert not observability.telemetry.exporting
+        op = await gate.approve()
+        status, _, _ = await gate.send(
+            "/fault/v1/refunds",
+            data="amount=500&currency=usd&charge=ch_1",
+            headers={
+                "X-Operation-Id": op["operation_id"],
+                "traceparent": f"00-{trace_id}-{span_id}-{sampled}",
+            },
+        )
+    assert status == 200
+    [received] = fault_provider.requests
+    version, sent_trace_id, parent_id, flags = received.headers["traceparent"].split("-")
+    assert (version, sent_trace_id, flags) == ("00", trace_id, sampled)
+    assert parent_id != span_id  # opgate's own span, a child of the agent's
+    [line] = [
+        json.loads(text)
+        for text in log_buffer.getvalue().splitlines()
+        if json.loads(text).get("event") == "request"
+    ]
+    assert (line["trace_id"], line["span_id"]) == (trace_id, parent_id)
