@@ -23,10 +23,9 @@ import aiohttp
 import asyncpg
 import pytest
 
-from proxy.identity import token_digest
 from tests.support.fault_provider import FaultMode, FaultProvider
 from tests.support.killable_opgate import REPO, KillableOpgate, spawn_opgate
-from tests.support.opgate import ADMIN_TOKEN, AGENT_TOKEN, PROVIDER_SECRET, fault_policy
+from tests.support.opgate import ADMIN_TOKEN, AGENT_TOKEN, fault_policy, process_env
 
 OPERATIONS = 120
 REPLICAS = 3
@@ -162,21 +161,16 @@ def chaos_env(database_url: str, tmp_path: Path, fault_provider: FaultProvider) 
     (policies / "fault.yaml").write_text(
         fault_policy(deduplicates=False, total_timeout=2, grace_seconds=0.5, max_attempts=4)
     )
-    return {
-        "OPGATE_DATABASE_URL": database_url,
-        "OPGATE_POLICY_DIR": str(policies),
-        "OPGATE_ADMIN_TOKEN_SHA256": token_digest(ADMIN_TOKEN),
-        "OPGATE_AGENTS": json.dumps(
-            [{"id": "agent-a", "tenant": "t1", "token_sha256": token_digest(AGENT_TOKEN)}]
-        ),
-        "OPGATE_SECRET_FAULT_KEY": PROVIDER_SECRET,
-        "OPGATE_UPSTREAM_OVERRIDES": json.dumps({"fault": fault_provider.url}),
-        "OPGATE_LEASE_MARGIN_SECONDS": "0.3",
-        "OPGATE_BACKGROUND_INTERVAL_SECONDS": "0.2",
-        "OPGATE_DRAIN_SECONDS": "1",
-        "OPGATE_SECRET_AUDIT_KEY": "chaos-audit-key-not-a-real-secret",
-        "OPGATE_AUDIT_CHECKPOINT_SECONDS": "0.5",
-    }
+    return process_env(
+        database_url,
+        policies,
+        {"fault": fault_provider.url},
+        OPGATE_LEASE_MARGIN_SECONDS="0.3",
+        OPGATE_BACKGROUND_INTERVAL_SECONDS="0.2",
+        OPGATE_DRAIN_SECONDS="1",
+        OPGATE_SECRET_AUDIT_KEY="chaos-audit-key-not-a-real-secret",
+        OPGATE_AUDIT_CHECKPOINT_SECONDS="0.5",
+    )
 
 
 async def test_chaos_loses_nothing_and_duplicates_nothing(

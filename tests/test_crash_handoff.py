@@ -24,10 +24,9 @@ import requests
 import stripe
 from aiohttp import web
 
-from proxy.identity import token_digest
 from tests.support.killable_opgate import REPO, KillableOpgate, spawn_opgate
 from tests.support.localstripe_server import create_charge, list_refunds
-from tests.support.opgate import ADMIN_TOKEN, AGENT_TOKEN, PROVIDER_SECRET, SHIPPED_POLICIES
+from tests.support.opgate import ADMIN_TOKEN, AGENT_TOKEN, SHIPPED_POLICIES, process_env
 
 
 @dataclass
@@ -103,18 +102,13 @@ def crash_policy_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def opgate_env(database_url: str, crash_policy_dir: Path, relay: HoldingRelay) -> dict[str, str]:
-    return {
-        "OPGATE_DATABASE_URL": database_url,
-        "OPGATE_POLICY_DIR": str(crash_policy_dir),
-        "OPGATE_ADMIN_TOKEN_SHA256": token_digest(ADMIN_TOKEN),
-        "OPGATE_AGENTS": json.dumps(
-            [{"id": "agent-a", "tenant": "t1", "token_sha256": token_digest(AGENT_TOKEN)}]
-        ),
-        "OPGATE_SECRET_STRIPE_API_KEY": PROVIDER_SECRET,
-        "OPGATE_UPSTREAM_OVERRIDES": json.dumps({"stripe": relay.url}),
-        "OPGATE_LEASE_MARGIN_SECONDS": "0.5",
-        "OPGATE_BACKGROUND_INTERVAL_SECONDS": "3600",
-    }
+    return process_env(
+        database_url,
+        crash_policy_dir,
+        {"stripe": relay.url},
+        OPGATE_LEASE_MARGIN_SECONDS="0.5",
+        OPGATE_BACKGROUND_INTERVAL_SECONDS="3600",
+    )
 
 
 async def approve(ops_url: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -13,10 +13,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.identity import token_digest
 from tests.support.fault_provider import FaultMode, FaultProvider
 from tests.support.killable_opgate import KillableOpgate, spawn_opgate
-from tests.support.opgate import ADMIN_TOKEN, AGENT_TOKEN, PROVIDER_SECRET, fault_policy
+from tests.support.opgate import ADMIN_TOKEN, AGENT_TOKEN, fault_policy, process_env
 
 GOOD_BODY = "amount=500&currency=usd&charge=ch_1"
 
@@ -26,17 +25,12 @@ def env(database_url: str, tmp_path: Path, fault_provider: FaultProvider) -> dic
     policies = tmp_path / "policies"
     policies.mkdir()
     (policies / "fault.yaml").write_text(fault_policy(deduplicates=False, total_timeout=30))
-    return {
-        "OPGATE_DATABASE_URL": database_url,
-        "OPGATE_POLICY_DIR": str(policies),
-        "OPGATE_ADMIN_TOKEN_SHA256": token_digest(ADMIN_TOKEN),
-        "OPGATE_AGENTS": json.dumps(
-            [{"id": "agent-a", "tenant": "t1", "token_sha256": token_digest(AGENT_TOKEN)}]
-        ),
-        "OPGATE_SECRET_FAULT_KEY": PROVIDER_SECRET,
-        "OPGATE_UPSTREAM_OVERRIDES": json.dumps({"fault": fault_provider.url}),
-        "OPGATE_BACKGROUND_INTERVAL_SECONDS": "3600",
-    }
+    return process_env(
+        database_url,
+        policies,
+        {"fault": fault_provider.url},
+        OPGATE_BACKGROUND_INTERVAL_SECONDS="3600",
+    )
 
 
 async def approve(http: aiohttp.ClientSession, gate: KillableOpgate) -> dict[str, Any]:

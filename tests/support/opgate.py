@@ -183,6 +183,25 @@ class Opgate:
             return response.status, dict(response.headers), await response.read()
 
 
+def process_env(
+    database_url: str, policy_dir: Path, upstream_overrides: dict[str, str], **extra: str
+) -> dict[str, str]:
+    """OPGATE_* settings for an opgate *process* (``python -m proxy serve``): the suite's agent
+    ``agent-a``, admin token and provider secrets, plus ``extra`` (OPGATE_... = value)."""
+    return {
+        "OPGATE_DATABASE_URL": database_url,
+        "OPGATE_POLICY_DIR": str(policy_dir),
+        "OPGATE_ADMIN_TOKEN_SHA256": token_digest(ADMIN_TOKEN),
+        "OPGATE_AGENTS": json.dumps(
+            [{"id": "agent-a", "tenant": "t1", "token_sha256": token_digest(AGENT_TOKEN)}]
+        ),
+        "OPGATE_SECRET_FAULT_KEY": PROVIDER_SECRET,
+        "OPGATE_SECRET_STRIPE_API_KEY": PROVIDER_SECRET,
+        "OPGATE_UPSTREAM_OVERRIDES": json.dumps(upstream_overrides),
+        **extra,
+    }
+
+
 def admin_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
