@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from multidict import CIMultiDictProxy
 
 from proxy.bodies import BodyRejected, ParsedBody, parse_body
@@ -23,6 +23,7 @@ from proxy.forward.context import (
     forwarded_agent,
     forwarded_route,
 )
+from proxy.gateway import GATEWAY
 from proxy.headers import duplicated_header
 from proxy.identity import AgentDirectory, AmbiguousCredentials, presented_agent_token
 from proxy.operation import Operation
@@ -203,3 +204,20 @@ async def load_operation(store: Store, target: Target) -> Operation | None:
         return await store.load(reference.operation_id)
     assert reference.idempotency_key is not None
     return await store.load_by_key(reference.provider, reference.idempotency_key)
+
+
+async def expect_continue(request: web.Request) -> None:
+    """``Expect: 100-continue``: invite the body only if the headers alone pass (route, agent,
+    rule, declared length, encoding). Otherwise send no 100: the handler then answers with the
+    rejection (and its audit record) before any body has been sent (RFC 9110 10.1.1)."""
+    if request.version != HttpVersion11:
+        return
+    expect = request.headers.get("Expect", "").strip().lower()
+    if expect != "100-continue":
+        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+    gateway = request.app[GATEWAY]
+    target = identify(gateway.policy, gateway.agents, request)
+    if isinstance(target, Deny) or refuse_before_reading(target, request.content_length):
+        return
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0  # the 100 is not part of the response aiohttp counts

@@ -27,6 +27,7 @@ from proxy.forward.listener import (
 )
 from proxy.gateway import GATEWAY, Gateway
 from proxy.identity import AgentDirectory
+from proxy.intake import expect_continue
 from proxy.observe import Observability, add_metrics_route, observe_agent_request
 from proxy.ops_api import add_routes, require_admin, store_errors
 from proxy.pipeline import handle_agent_request
@@ -79,7 +80,7 @@ def agent_app(gateway: Gateway) -> web.Application:
     add_recovery_routes(app)  # /_opgate/...: opgate's own, never a provider's route prefix
     # Every other method and path reaches the pipeline; routing is the policy's job, deny by
     # default.
-    app.router.add_route("*", "/{tail:.*}", handle_agent_request)
+    app.router.add_route("*", "/{tail:.*}", handle_agent_request, expect_handler=expect_continue)
     return app
 
 
