@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 from urllib.parse import quote
 
@@ -47,7 +48,12 @@ class ParsedBody:
     json: dict[str, Any] | None = None
 
     def fields(self) -> dict[str, JsonLeaf]:
-        """Every leaf, addressed the way rules name fields."""
+        """Every leaf, addressed the way rules name fields (computed once: every payload check
+        asks for it)."""
+        return self._fields
+
+    @cached_property
+    def _fields(self) -> dict[str, JsonLeaf]:
         if self.kind is BodyKind.FORM:
             return dict(self.form)
         if self.kind is BodyKind.JSON and self.json:  # an empty object has no leaves

@@ -146,10 +146,8 @@ async def list_operations(request: web.Request) -> web.Response:
         return admin_problem(
             400, "invalid_request", f"status must be one of {sorted(_STATUS_FILTERS)}"
         )
-    limit = min(
-        int(request.query.get("limit", "100")) if request.query.get("limit", "").isdigit() else 100,
-        1000,
-    )
+    given = request.query.get("limit", "")
+    limit = min(int(given), 1000) if given.isdigit() else 100
     ops = await gateway.store.list_operations(
         request.query.get("tenant"), _STATUS_FILTERS[wanted], None, limit
     )

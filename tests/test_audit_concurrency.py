@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from collections import Counter
 from pathlib import Path
@@ -11,14 +10,13 @@ from pathlib import Path
 import aiohttp
 import asyncpg
 
-from proxy.identity import token_digest
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import (
-    ADMIN_TOKEN,
     AGENT_TOKEN,
-    PROVIDER_SECRET,
+    REFUND_APPROVAL,
     admin_headers,
     fault_policy,
+    process_env,
 )
 from tests.support.opgate_process import OpgateProcess, opgate_process
 
@@ -27,37 +25,23 @@ OPERATIONS = 200
 
 
 def _environment(database_url: str, policy_dir: Path, upstream: str, name: str) -> dict[str, str]:
-    return {
-        "OPGATE_DATABASE_URL": database_url,
-        "OPGATE_POLICY_DIR": str(policy_dir),
-        "OPGATE_INSTANCE_ID": name,
-        "OPGATE_ADMIN_TOKEN_SHA256": token_digest(ADMIN_TOKEN),
-        "OPGATE_AGENTS": json.dumps(
-            [{"id": "agent-a", "tenant": "t1", "token_sha256": token_digest(AGENT_TOKEN)}]
-        ),
-        "OPGATE_UPSTREAM_OVERRIDES": json.dumps({"fault": upstream}),
-        "OPGATE_SECRET_FAULT_KEY": PROVIDER_SECRET,
-        "OPGATE_SECRET_AUDIT_KEY": AUDIT_KEY,
-        "OPGATE_AUDIT_CHECKPOINT_SECONDS": "0.2",  # checkpoints race the traffic
-        "OPGATE_BACKGROUND_INTERVAL_SECONDS": "3600",
-        "OPGATE_POLICY_RELOAD_INTERVAL_SECONDS": "0",
-        "OPGATE_POOL_MAX_SIZE": "10",
-    }
+    return process_env(
+        database_url,
+        policy_dir,
+        {"fault": upstream},
+        OPGATE_INSTANCE_ID=name,
+        OPGATE_SECRET_AUDIT_KEY=AUDIT_KEY,
+        OPGATE_AUDIT_CHECKPOINT_SECONDS="0.2",  # checkpoints race the traffic
+        OPGATE_BACKGROUND_INTERVAL_SECONDS="3600",
+        OPGATE_POLICY_RELOAD_INTERVAL_SECONDS="0",
+        OPGATE_POOL_MAX_SIZE="10",
+    )
 
 
 async def _approve(http: aiohttp.ClientSession, gate: OpgateProcess) -> str:
-    body = {
-        "tenant": "t1",
-        "provider": "fault",
-        "action": "refund.create",
-        "amount": 500,
-        "currency": "usd",
-        "params": {"charge": "ch_1"},
-        "approval_ref": "ticket-1",
-        "approved_by": "alice@example.com",
-        "ttl_seconds": 600,
-    }
-    async with http.post(f"{gate.ops_url}/v1/operations", json=body, headers=admin_headers()) as r:
+    async with http.post(
+        f"{gate.ops_url}/v1/operations", json=REFUND_APPROVAL, headers=admin_headers()
+    ) as r:
         assert r.status == 201
         operation_id: str = (await r.json())["operation_id"]
         return operation_id

@@ -15,7 +15,13 @@ import pytest
 
 from tests.support.fault_provider import FaultMode, FaultProvider
 from tests.support.killable_opgate import KillableOpgate, spawn_opgate
-from tests.support.opgate import ADMIN_TOKEN, AGENT_TOKEN, fault_policy, process_env
+from tests.support.opgate import (
+    ADMIN_TOKEN,
+    AGENT_TOKEN,
+    REFUND_APPROVAL,
+    fault_policy,
+    process_env,
+)
 
 GOOD_BODY = "amount=500&currency=usd&charge=ch_1"
 
@@ -37,17 +43,7 @@ async def approve(http: aiohttp.ClientSession, gate: KillableOpgate) -> dict[str
     async with http.post(
         f"{gate.ops_url}/v1/operations",
         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-        json={
-            "tenant": "t1",
-            "provider": "fault",
-            "action": "refund.create",
-            "amount": 500,
-            "currency": "usd",
-            "params": {"charge": "ch_1"},
-            "approval_ref": "r",
-            "approved_by": "a",
-            "ttl_seconds": 600,
-        },
+        json=REFUND_APPROVAL,
     ) as response:
         assert response.status == 201
         payload: dict[str, Any] = await response.json()

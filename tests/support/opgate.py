@@ -30,6 +30,18 @@ OTHER_TENANT_TOKEN = "opg_test_agent_b_token_9876543210"
 ADMIN_TOKEN = "opg_test_admin_token_abcdefabcdef"
 PROVIDER_SECRET = "sk_test_provider_secret_never_logged"
 SHIPPED_POLICIES = Path(__file__).resolve().parents[2] / "policies"
+# The suite's default approval: a fault-provider refund of 5.00 of charge ch_1.
+REFUND_APPROVAL: dict[str, Any] = {
+    "tenant": "t1",
+    "provider": "fault",
+    "action": "refund.create",
+    "amount": 500,
+    "currency": "usd",
+    "params": {"charge": "ch_1"},
+    "approval_ref": "ticket-1",
+    "approved_by": "alice@example.com",
+    "ttl_seconds": 600,
+}
 
 
 def fault_policy(
@@ -133,18 +145,7 @@ class Opgate:
 
     async def approve(self, **fields: Any) -> dict[str, Any]:
         """Create an operation through the operations API (defaults: a fault-provider refund)."""
-        body = {
-            "tenant": "t1",
-            "provider": "fault",
-            "action": "refund.create",
-            "amount": 500,
-            "currency": "usd",
-            "params": {"charge": "ch_1"},
-            "approval_ref": "ticket-1",
-            "approved_by": "alice@example.com",
-            "ttl_seconds": 600,
-            **fields,
-        }
+        body = {**REFUND_APPROVAL, **fields}
         async with self.http.post(
             f"{self.ops_url}/v1/operations", json=body, headers=admin_headers()
         ) as response:
