@@ -10,10 +10,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from proxy.auditlog.cli import add_audit_commands
-from proxy.logs import configure_logging
-from proxy.ops_cli import add_ops_commands
-from proxy.policy.commands import add_policy_commands
+from proxy.authoring.commands import add_policy_commands
+from proxy.observe.auditlog.cli import add_audit_commands
+from proxy.observe.logs import configure_logging
+from proxy.operations.cli import add_ops_commands
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,11 +54,13 @@ def _parser() -> argparse.ArgumentParser:
     ca_init.set_defaults(handler=_ca_init)
 
     add_ops_commands(commands)
-    add_audit_commands(commands)  # audit verify, show, export: proxy/auditlog/cli.py
+    add_audit_commands(commands)  # audit verify, show, export: proxy/observe/auditlog/cli.py
 
     policy = commands.add_parser("policy", help="policy tools")
     policy_commands = policy.add_subparsers()
-    add_policy_commands(policy_commands)  # check, schema, test, explain: proxy/policy/commands.py
+    add_policy_commands(
+        policy_commands
+    )  # check, schema, test, explain: proxy/authoring/commands.py
     return parser
 
 
@@ -124,13 +126,13 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    from proxy.server import database_dsn
+    from proxy.store.embedded import database_dsn
     from proxy.store.migrate import migrate
 
     settings = _settings(args)
 
     async def run() -> list[int]:
-        async with database_dsn(settings) as dsn:
+        async with database_dsn(settings.database_url, settings.data_dir) as dsn:
             return await migrate(dsn)
 
     applied = asyncio.run(run())
@@ -151,7 +153,7 @@ def _ca_init(args: argparse.Namespace) -> int:
 
 
 def _token(args: argparse.Namespace) -> int:
-    from proxy.identity import new_token, token_digest
+    from proxy.gate.identity import new_token, token_digest
 
     token = new_token()
     print(f"token:        {token}")

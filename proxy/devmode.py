@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from proxy.identity import new_token, token_digest
+from proxy.gate.identity import new_token, token_digest
 
 DEV_AGENT_ID = "demo-agent"
 DEV_TENANT = "demo"

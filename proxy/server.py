@@ -16,27 +16,32 @@ from dataclasses import dataclass
 import structlog
 from aiohttp import web
 
-from proxy.background import run_background
-from proxy.checks import Agent
-from proxy.credentials import CredentialSource
-from proxy.explain_api import add_explain_routes
+from proxy.authoring.explain_api import add_explain_routes
 from proxy.forward.listener import (
     ForwardListener,
     new_forward_client,
     start_forward_listener,
 )
-from proxy.gateway import GATEWAY, Gateway
-from proxy.identity import AgentDirectory
-from proxy.intake import expect_continue
-from proxy.observe import Observability, add_metrics_route, observe_agent_request
-from proxy.ops_api import add_routes, require_admin, store_errors
-from proxy.pipeline import handle_agent_request
+from proxy.gate.checks import Agent
+from proxy.gate.credentials import CredentialSource
+from proxy.gate.gateway import Gateway, serve_with
+from proxy.gate.identity import AgentDirectory
+from proxy.gate.intake import expect_continue
+from proxy.gate.pipeline import handle_agent_request
+from proxy.gate.upstream import new_client_session
+from proxy.observe.observer import (
+    Observability,
+    add_metrics_route,
+    observe_agent_request,
+)
+from proxy.operations.api import add_routes, require_admin, store_errors
 from proxy.policy.reload import PolicyReloader, load_validated_policy, reloading
-from proxy.recovery_api import add_recovery_routes
+from proxy.recovery.api import add_recovery_routes
+from proxy.recovery.background import run_background
 from proxy.settings import Settings, split_host_port
+from proxy.store.embedded import database_dsn
 from proxy.store.migrate import migrate
 from proxy.store.store import Store
-from proxy.upstream import new_client_session
 
 _log = structlog.get_logger("opgate.server")
 
@@ -57,26 +62,9 @@ def agent_directory(settings: Settings) -> AgentDirectory:
     )
 
 
-@contextlib.asynccontextmanager
-async def database_dsn(settings: Settings) -> AsyncIterator[str]:
-    """The primary's URL, or an embedded PostgreSQL in the data directory when none is given."""
-    if settings.database_url:
-        yield settings.database_url
-        return
-    from proxy.store.embedded import start_embedded  # the embedded server is optional at runtime
-
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    embedded = await asyncio.to_thread(start_embedded, settings.data_dir)
-    _log.info("embedded_postgres_started", data_dir=str(settings.data_dir))
-    try:
-        yield embedded.dsn
-    finally:
-        await asyncio.to_thread(embedded.stop)
-
-
 def agent_app(gateway: Gateway) -> web.Application:
     app = web.Application(client_max_size=0, middlewares=[observe_agent_request])
-    app[GATEWAY] = gateway
+    serve_with(app, gateway)
     add_recovery_routes(app)  # /_opgate/...: opgate's own, never a provider's route prefix
     # Every other method and path reaches the pipeline; routing is the policy's job, deny by
     # default.
@@ -86,7 +74,7 @@ def agent_app(gateway: Gateway) -> web.Application:
 
 def ops_app(gateway: Gateway) -> web.Application:
     app = web.Application(middlewares=[require_admin, store_errors])
-    app[GATEWAY] = gateway
+    serve_with(app, gateway)
     add_routes(app)
     add_metrics_route(app)  # GET /metrics (Prometheus text; no token: docs/audit.md)
     add_explain_routes(app)  # POST /v1/explain (policy authoring)
@@ -101,7 +89,7 @@ async def running(
     bound by a parent process (``--workers``), by listener name: agent, ops, forward."""
     inherited = dict(sockets or {})
     policy = load_validated_policy(settings.policy_dir)  # the same validation as a reload
-    async with database_dsn(settings) as dsn:
+    async with database_dsn(settings.database_url, settings.data_dir) as dsn:
         await migrate(dsn)
         store = await Store.open(
             dsn,
@@ -134,7 +122,7 @@ async def running(
                 runners, ops_app(gateway), settings.ops_listen, settings, inherited.get("ops")
             )
             forward_url, forward_listener = None, None
-            if settings.forward_listen:  # forward-proxy mode (issue 4): proxy/forward/
+            if settings.forward_listen:  # forward-proxy mode: proxy/forward/
                 forward_listen = settings.forward_listen
 
                 async def start_forward(app: web.Application) -> tuple[str, web.AppRunner]:

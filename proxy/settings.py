@@ -2,7 +2,7 @@
 
 Validated at start-up with errors that name the setting; opgate refuses to start on any.
 Secrets are never settings values: tokens are given by their SHA-256, and provider credentials
-are read from ``OPGATE_SECRET_<NAME>`` or ``<secrets_dir>/<name>`` (see credentials.py).
+are read from ``OPGATE_SECRET_<NAME>`` or ``<secrets_dir>/<name>`` by ``Secrets``.
 """
 
 from __future__ import annotations
@@ -72,14 +72,14 @@ class Settings(BaseSettings):
     database_statement_cache_size: Annotated[int, Field(ge=0)] = 100
     # Policy hot reload: how often the policy files are checked for a change (0: SIGHUP only).
     policy_reload_interval_seconds: Annotated[float, Field(ge=0)] = 2.0
-    # --- audit trail and observability (issue 5, docs/audit.md) ---
+    # --- audit trail and observability (docs/audit.md) ---
     # Field names whose values are redacted from logs, spans, audit rows and exports.
     audit_redact_fields: list[str] = Field(default_factory=list)
     # How often the chain heads are signed (needs OPGATE_SECRET_AUDIT_KEY or secrets_dir).
     audit_checkpoint_seconds: Annotated[float, Field(gt=0)] = 60.0
     # /metrics counts operations dispatched longer than this and still unsettled.
     metrics_dispatched_after_seconds: Annotated[float, Field(gt=0)] = 300.0
-    # --- forward-proxy mode (issue 4) ---
+    # --- forward-proxy mode ---
     # The listener agents reach through HTTP_PROXY/HTTPS_PROXY; empty (null) disables it.
     forward_listen: str | None = "127.0.0.1:3128"
     # opgate's interception CA (created on first start if absent); default <data_dir>/ca.
@@ -137,3 +137,23 @@ def load_settings(overrides: dict[str, Any] | None = None) -> Settings:
 def split_host_port(value: str) -> tuple[str, int]:
     host, _, port = value.rpartition(":")
     return host.strip("[]"), int(port)
+
+
+class Secrets:
+    """Named secrets: ``OPGATE_SECRET_STRIPE_API_KEY`` or ``<secrets_dir>/stripe_api_key`` for
+    ``stripe_api_key``. Read per use (cheap: a dict lookup or a small file), so a rotated secret
+    file takes effect without a restart."""
+
+    def __init__(self, secrets_dir: Path | None, environ: dict[str, str] | None = None) -> None:
+        self._secrets_dir = secrets_dir
+        self._environ = environ if environ is not None else dict(os.environ)
+
+    def secret(self, name: str) -> str | None:
+        value = self._environ.get(f"OPGATE_SECRET_{name.upper()}")
+        if value:
+            return value
+        if self._secrets_dir is not None:
+            path = self._secrets_dir / name
+            if path.is_file():
+                return path.read_text("utf-8").strip() or None
+        return None

@@ -86,6 +86,9 @@ def worker_pids(log: Path) -> list[int]:
     return []
 
 
+BATCHES_UNTIL_BOTH_CLAIM = 20
+
+
 async def test_workers_share_the_ports_and_a_dead_worker_is_replaced(
     env: dict[str, str], tmp_path: Path, fault_provider: FaultProvider
 ) -> None:
@@ -96,13 +99,25 @@ async def test_workers_share_the_ports_and_a_dead_worker_is_replaced(
     fresh_connections = aiohttp.TCPConnector(force_close=True)  # a dead worker's keep-alive
     try:
         async with aiohttp.ClientSession(trust_env=False, connector=fresh_connections) as http:
-            ops = [await approve(http, gate) for _ in range(60)]
-            results = await asyncio.gather(*(refund(gate, op) for op in ops))
-            assert {status for status, _ in results} == {200}
-            rows = [await row(http, gate.ops_url, op["operation_id"]) for op in ops]
-            claimers = {
-                event["actor"] for r in rows for event in r["events"] if event["event"] == "claimed"
-            }
+            # The kernel does not promise to spread a given number of connections over two
+            # accepting processes: send concurrent batches until both workers have claimed
+            # one, bounded by a count.
+            claimers: set[str] = set()
+            sent = 0
+            for _ in range(BATCHES_UNTIL_BOTH_CLAIM):
+                ops = [await approve(http, gate) for _ in range(20)]
+                results = await asyncio.gather(*(refund(gate, op) for op in ops))
+                assert {status for status, _ in results} == {200}
+                sent += len(ops)
+                rows = [await row(http, gate.ops_url, op["operation_id"]) for op in ops]
+                claimers |= {
+                    event["actor"]
+                    for r in rows
+                    for event in r["events"]
+                    if event["event"] == "claimed"
+                }
+                if len(claimers) == 2:
+                    break
             assert len(claimers) == 2, claimers  # both workers claimed operations
             first, second = await asyncio.to_thread(worker_pids, log)
             os.kill(first, signal.SIGKILL)
@@ -113,7 +128,7 @@ async def test_workers_share_the_ports_and_a_dead_worker_is_replaced(
     finally:
         code = await gate.stop()
     assert code == 0
-    assert len(fault_provider.effects) == 70
+    assert len(fault_provider.effects) == sent + 10
     assert second > 0
 
 

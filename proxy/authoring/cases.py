@@ -2,8 +2,9 @@
 
 A case is a request as an agent sends it, the operation row the store holds (if any), and the
 decision expected in the audit record's words (``allow``/``deny``/``replay``, the reason code,
-``would_deny`` in shadow mode). Cases run through ``proxy.explain``, i.e. the pipeline's own
-intake and checks: a case that passes here is decided the same way by a running opgate.
+``would_deny`` in shadow mode). Cases run through ``proxy.authoring.explain``, i.e. the
+pipeline's own intake and checks: a case that passes here is decided the same way by a running
+opgate.
 
 Pure but for ``load_cases`` (reads files).
 """
@@ -20,13 +21,13 @@ from urllib.parse import urlencode
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from proxy.checks import Agent
-from proxy.decision import ClaimKind
-from proxy.explain import Explanation, SampleRequest, explain
-from proxy.operation import LastOutcome, Operation, Status
+from proxy.authoring.explain import Explanation, SampleRequest, explain
+from proxy.gate.checks import Agent
+from proxy.gate.decision import ClaimKind
+from proxy.gate.reasons import Reason
 from proxy.policy.load import TESTS_SUFFIX, PolicyProblem, parse_yaml_model
 from proxy.policy.set import PolicySet
-from proxy.reasons import Reason
+from proxy.store.operation import LastOutcome, Operation, Status
 
 # Every case is read at this instant (the database's clock in production): expiry and leases
 # are written relative to it, so cases do not age.

@@ -77,7 +77,7 @@ def render_schema() -> str:
 
 
 def policy_check(args: argparse.Namespace) -> int:
-    from proxy.credentials import CredentialSource
+    from proxy.gate.credentials import CredentialSource
     from proxy.policy.lint import SecretsCheck, Severity, lint_policy_texts
     from proxy.policy.load import build_policy_set, read_policy_texts
 
@@ -115,8 +115,8 @@ def policy_schema(args: argparse.Namespace) -> int:
 
 
 def policy_test(args: argparse.Namespace) -> int:
-    from proxy.explain import render_text
-    from proxy.policy.cases import case_files, load_cases, render_table, run_cases
+    from proxy.authoring.cases import case_files, load_cases, render_table, run_cases
+    from proxy.authoring.explain import render_text
     from proxy.policy.load import PolicyLoadError
     from proxy.policy.reload import load_validated_policy
 
@@ -150,9 +150,9 @@ def policy_test(args: argparse.Namespace) -> int:
 def policy_explain(args: argparse.Namespace) -> int:
     from urllib.parse import urlencode
 
-    from proxy.checks import Agent
-    from proxy.explain import EXPLAIN_AGENT, SampleRequest, explain, render_text
-    from proxy.policy.cases import CaseOperation
+    from proxy.authoring.cases import CaseOperation
+    from proxy.authoring.explain import EXPLAIN_AGENT, SampleRequest, explain, render_text
+    from proxy.gate.checks import Agent
     from proxy.policy.load import PolicyLoadError, load_policy_dir, parse_yaml_model
 
     try:
@@ -217,13 +217,13 @@ def policy_explain(args: argparse.Namespace) -> int:
 async def _explain_from_database(
     args: argparse.Namespace, policy: Any, sample: Any, agent: Any
 ) -> Any:
-    from proxy.explain_api import explain_with_store
-    from proxy.server import database_dsn
+    from proxy.authoring.explain_api import explain_with_store
     from proxy.settings import load_settings
+    from proxy.store.embedded import database_dsn
     from proxy.store.store import Store
 
     settings = load_settings({"database_url": args.database_url})
-    async with database_dsn(settings) as dsn:
+    async with database_dsn(settings.database_url, settings.data_dir) as dsn:
         store = await Store.open(dsn, min_size=1, max_size=1)
         try:
             return await explain_with_store(policy, store, sample, args.operation_id, agent)

@@ -1,9 +1,9 @@
 """Why opgate would decide a request the way it does: the matched rule, every check, the verdict.
 
 Pure. A request written down (``SampleRequest``) goes through the functions the pipeline runs on
-a live one (``proxy.intake``: identify, body, facts, operation reference; ``proxy.checks``:
-``evaluate``), so an explanation cannot drift from what the proxy does. Used by
-``opgate policy explain``, ``opgate policy test`` and ``POST /v1/explain``.
+a live one (``proxy.gate.intake``: identify, body, facts, operation reference;
+``proxy.gate.checks``: ``evaluate``), so an explanation cannot drift from what the proxy does.
+Used by ``opgate policy explain``, ``opgate policy test`` and ``POST /v1/explain``.
 
 What it does not cover: the steps after the decision that need the outside world (the provider
 credential, the claim's race with another replica, the provider's answer).
@@ -18,12 +18,11 @@ from typing import Any
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.audit import Decision as AuditDecision
-from proxy.bodies import ParsedBody
-from proxy.checks import Agent, Verdict, evaluate
-from proxy.decision import ClaimKind, Decision, Deny, Forward, Replay
-from proxy.identity import AgentDirectory, token_digest
-from proxy.intake import (
+from proxy.gate.bodies import ParsedBody
+from proxy.gate.checks import Agent, Verdict, evaluate
+from proxy.gate.decision import ClaimKind, Decision, Deny, Forward, Replay
+from proxy.gate.identity import AgentDirectory, token_digest
+from proxy.gate.intake import (
     Target,
     identify_request,
     operation_reference,
@@ -31,9 +30,10 @@ from proxy.intake import (
     refuse_before_reading,
     request_facts,
 )
-from proxy.operation import Operation
+from proxy.gate.reasons import REASONS
+from proxy.observe.audit import Decision as AuditDecision
 from proxy.policy.set import PolicySet
-from proxy.reasons import REASONS
+from proxy.store.operation import Operation
 
 EXPLAIN_AGENT = Agent(agent_id="explain", tenant="explain")
 

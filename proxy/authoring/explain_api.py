@@ -14,12 +14,12 @@ from typing import Annotated
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from proxy.checks import Agent
-from proxy.explain import EXPLAIN_AGENT, Explanation, SampleRequest, admit, conclude
-from proxy.gateway import GATEWAY
-from proxy.intake import load_operation
+from proxy.authoring.explain import EXPLAIN_AGENT, Explanation, SampleRequest, admit, conclude
+from proxy.gate.checks import Agent
+from proxy.gate.gateway import GATEWAY
+from proxy.gate.intake import load_operation
+from proxy.gate.problem import admin_problem
 from proxy.policy.set import PolicySet
-from proxy.problem import admin_problem
 from proxy.store.store import Store
 
 

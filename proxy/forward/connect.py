@@ -22,7 +22,7 @@ import ssl
 
 from aiohttp import web
 
-from proxy.audit import AuditRecord
+from proxy.observe.audit import AuditRecord
 
 TUNNEL_ESTABLISHED = "Connection established"
 

@@ -30,12 +30,8 @@ from aiohttp.resolver import ThreadedResolver
 from aiohttp.typedefs import Handler
 from yarl import URL
 
-from proxy.audit import AuditRecord, Decision, emit
-from proxy.checks import Agent
-from proxy.decision import Deny
 from proxy.forward import connect
 from proxy.forward.ca import CertificateAuthority, requested_server_name
-from proxy.forward.context import CURRENT_TUNNEL, FORWARDED, ForwardedRequest, Tunnel
 from proxy.forward.destinations import (
     AddressClass,
     CheckedResolver,
@@ -45,7 +41,6 @@ from proxy.forward.destinations import (
 )
 from proxy.forward.targets import (
     Inspect,
-    Origin,
     PassThrough,
     allowed_classes,
     allowed_classes_for_host,
@@ -54,12 +49,16 @@ from proxy.forward.targets import (
     host_header_agrees,
     upstream_base_path,
 )
-from proxy.gateway import GATEWAY, Gateway
-from proxy.identity import credential_from
-from proxy.observe import observe_agent_request
-from proxy.pipeline import handle_agent_request
-from proxy.problem import problem_response
-from proxy.reasons import Reason
+from proxy.gate.checks import Agent
+from proxy.gate.decision import Deny
+from proxy.gate.forwarded import CURRENT_TUNNEL, FORWARDED, ForwardedRequest, Origin, Tunnel
+from proxy.gate.gateway import Gateway, serve_with
+from proxy.gate.identity import credential_from
+from proxy.gate.pipeline import handle_agent_request
+from proxy.gate.problem import problem_response
+from proxy.gate.reasons import Reason
+from proxy.observe.audit import AuditRecord, Decision, emit
+from proxy.observe.observer import observe_agent_request
 from proxy.settings import Settings
 
 PROXY_CHALLENGES = ('Basic realm="opgate"', 'Bearer realm="opgate"')
@@ -113,7 +112,7 @@ def forward_app(listener: ForwardListener) -> web.Application:
     # observe first: CONNECTs and every request inside a tunnel get a span, and their audit
     # records reach the PostgreSQL audit log like the agent listener's
     app = web.Application(client_max_size=0, middlewares=[observe_agent_request, forward_front])
-    app[GATEWAY] = listener.gateway
+    serve_with(app, listener.gateway)
     app[FORWARD_LISTENER] = listener
     app.on_shutdown.append(_close_tunnels)
     app.router.add_route("*", "/{tail:.*}", handle_agent_request)

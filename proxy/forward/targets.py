@@ -15,39 +15,12 @@ from dataclasses import dataclass
 
 from yarl import URL
 
-from proxy.decision import Deny
 from proxy.forward.destinations import AddressClass
+from proxy.gate.decision import Deny
+from proxy.gate.forwarded import DEFAULT_PORTS, Origin
+from proxy.gate.reasons import Reason
 from proxy.policy.model import Provider
 from proxy.policy.set import PolicySet
-from proxy.reasons import Reason
-
-DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
-@dataclass(frozen=True)
-class Origin:
-    scheme: str
-    host: str  # lower case; an IPv6 literal without brackets
-    port: int
-
-    @classmethod
-    def of(cls, url: str) -> Origin | None:
-        try:
-            parsed = URL(url, encoded=True)
-        except ValueError:
-            return None
-        scheme, host, port = parsed.scheme.lower(), parsed.raw_host, parsed.explicit_port
-        if scheme not in DEFAULT_PORTS or not host or parsed.raw_user or parsed.raw_password:
-            return None
-        return cls(scheme, host.lower(), port if port is not None else DEFAULT_PORTS[scheme])
-
-    @property
-    def authority(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
-
-    def __str__(self) -> str:
-        return f"{self.scheme}://{self.authority}"
 
 
 def upstream_of(provider: Provider, overrides: Mapping[str, str]) -> str:

@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from proxy.bodies import JsonLeaf, ParsedBody
-from proxy.decision import ClaimKind, Decision, Deny, Forward, Replay
-from proxy.operation import LastOutcome, Operation, Status
+from proxy.gate.bodies import JsonLeaf, ParsedBody
+from proxy.gate.decision import ClaimKind, Decision, Deny, Forward, Replay
+from proxy.gate.reasons import Reason
 from proxy.policy.model import BodyKind, Mode, OperationRequirement, Provider, Rule
-from proxy.reasons import Reason
+from proxy.store.operation import LastOutcome, Operation, Status
 
 
 @dataclass(frozen=True)

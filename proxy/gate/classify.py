@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from proxy.operation import LastOutcome, Status
 from proxy.policy.model import Classification
+from proxy.store.operation import LastOutcome, Status
 
 
 @dataclass(frozen=True)

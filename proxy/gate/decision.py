@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from proxy.reasons import Reason
+from proxy.gate.reasons import Reason
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""What the forward listener hands to the pipeline about a request it has let through."""
+"""What the forward listener hands to the pipeline about a request it has let through: the
+request path reads this, and never imports the listener (proxy/forward/)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,41 @@ from dataclasses import dataclass
 
 from aiohttp import web
 from multidict import CIMultiDictProxy
+from yarl import URL
 
-from proxy.checks import Agent
-from proxy.decision import Deny
-from proxy.forward.targets import Origin
-from proxy.identity import AgentDirectory, credential_from
+from proxy.gate.checks import Agent
+from proxy.gate.decision import Deny
+from proxy.gate.identity import AgentDirectory, credential_from
+from proxy.gate.reasons import Reason
 from proxy.policy.set import PolicySet, RouteMatch
-from proxy.reasons import Reason
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+@dataclass(frozen=True)
+class Origin:
+    scheme: str
+    host: str  # lower case; an IPv6 literal without brackets
+    port: int
+
+    @classmethod
+    def of(cls, url: str) -> Origin | None:
+        try:
+            parsed = URL(url, encoded=True)
+        except ValueError:
+            return None
+        scheme, host, port = parsed.scheme.lower(), parsed.raw_host, parsed.explicit_port
+        if scheme not in DEFAULT_PORTS or not host or parsed.raw_user or parsed.raw_password:
+            return None
+        return cls(scheme, host.lower(), port if port is not None else DEFAULT_PORTS[scheme])
+
+    @property
+    def authority(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.authority}"
 
 
 @dataclass(frozen=True)

@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
 
-from proxy.credentials import CredentialSource
 from proxy.errors import ConfigurationError
-from proxy.identity import AgentDirectory
+from proxy.gate.credentials import CredentialSource
+from proxy.gate.identity import AgentDirectory
+from proxy.observe.observer import OBSERVABILITY, Observability
 from proxy.policy.set import PolicySet
 from proxy.settings import Settings
 from proxy.store.store import Store
-
-if TYPE_CHECKING:  # observe.py imports this module
-    from proxy.observe import Observability
 
 
 @dataclass
@@ -29,7 +26,7 @@ class Gateway:
     credentials: CredentialSource
     # Forward-proxy mode: egress whose resolver refuses unsafe addresses (proxy/forward/).
     forward_client: aiohttp.ClientSession | None = None
-    # Audit log writers, tracing and metrics (proxy/observe.py); None only in bare unit setups.
+    # Audit log writers, tracing and metrics (proxy/observe/); None only in bare unit setups.
     observability: Observability | None = None
 
     def egress_client(self, forwarded: bool) -> aiohttp.ClientSession:
@@ -44,3 +41,11 @@ class Gateway:
 
 
 GATEWAY = web.AppKey("gateway", Gateway)
+
+
+def serve_with(app: web.Application, gateway: Gateway) -> None:
+    """Put the process's resources on a listener's app: the gateway, and the observability
+    that the observer's middleware and ``/metrics`` read."""
+    app[GATEWAY] = gateway
+    if gateway.observability is not None:
+        app[OBSERVABILITY] = gateway.observability

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from multidict import CIMultiDictProxy
 
-from proxy.checks import Agent
+from proxy.gate.checks import Agent
 
 TOKEN_PREFIX = "opg_"  # noqa: S105  (a prefix that makes leaked tokens greppable, not a secret)
 

@@ -14,23 +14,23 @@ from dataclasses import dataclass
 from aiohttp import HttpVersion11, web
 from multidict import CIMultiDictProxy
 
-from proxy.bodies import BodyRejected, ParsedBody, parse_body
-from proxy.checks import Agent, RequestFacts
-from proxy.decision import Deny
-from proxy.forward.context import (
+from proxy.gate.bodies import BodyRejected, ParsedBody, parse_body
+from proxy.gate.checks import Agent, RequestFacts
+from proxy.gate.decision import Deny
+from proxy.gate.forwarded import (
     FORWARDED,
     ForwardedRequest,
     forwarded_agent,
     forwarded_route,
 )
-from proxy.gateway import GATEWAY
-from proxy.headers import duplicated_header
-from proxy.identity import AgentDirectory, AmbiguousCredentials, presented_agent_token
-from proxy.operation import Operation
+from proxy.gate.gateway import GATEWAY
+from proxy.gate.headers import duplicated_header
+from proxy.gate.identity import AgentDirectory, AmbiguousCredentials, presented_agent_token
+from proxy.gate.reasons import Reason
 from proxy.policy.model import BodyKind, OperationRequirement, Provider, Rule
 from proxy.policy.paths import is_canonical_path
 from proxy.policy.set import PolicySet, match_rule
-from proxy.reasons import Reason
+from proxy.store.operation import Operation
 from proxy.store.store import Store
 
 
@@ -45,7 +45,7 @@ class Target:
     named_operation_id: str | None
     idempotency_key: str | None
     headers: CIMultiDictProxy[str]
-    # Forward-proxy mode (issue 4): leaves through the client that checks resolved addresses.
+    # Forward-proxy mode: leaves through the client that checks resolved addresses.
     forwarded: bool = False
 
 

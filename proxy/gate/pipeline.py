@@ -16,12 +16,6 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from proxy import upstream
-from proxy.audit import AuditRecord, Decision, emit
-from proxy.bodies import BodyRejected, ParsedBody, inject
-from proxy.checks import decide, decide_by_state
-from proxy.classify import Settled, Unknown, classify_answer
-from proxy.decision import ClaimKind, Deny, Forward, Replay
 from proxy.errors import (
     StoreUnavailable,
     UpstreamError,
@@ -29,16 +23,22 @@ from proxy.errors import (
     UpstreamTimeout,
     UpstreamTruncated,
 )
-from proxy.forward.context import FORWARDED
-from proxy.gateway import GATEWAY, Gateway
-from proxy.headers import outbound_headers, response_headers
-from proxy.intake import Target, identify, load_operation, read_body, request_facts
-from proxy.operation import LastOutcome, Operation
+from proxy.gate import upstream
+from proxy.gate.bodies import BodyRejected, ParsedBody, inject
+from proxy.gate.checks import decide, decide_by_state
+from proxy.gate.classify import Settled, Unknown, classify_answer
+from proxy.gate.decision import ClaimKind, Deny, Forward, Replay
+from proxy.gate.forwarded import FORWARDED
+from proxy.gate.gateway import GATEWAY, Gateway
+from proxy.gate.headers import outbound_headers, response_headers
+from proxy.gate.intake import Target, identify, load_operation, read_body, request_facts
+from proxy.gate.problem import problem_response
+from proxy.gate.reasons import Reason
+from proxy.gate.upstream import OutboundRequest, UpstreamResponse
+from proxy.observe.audit import AuditRecord, Decision, emit
 from proxy.policy.set import PolicySet
-from proxy.problem import problem_response
-from proxy.reasons import Reason
+from proxy.store.operation import LastOutcome, Operation
 from proxy.store.store import ProviderAnswer
-from proxy.upstream import OutboundRequest, UpstreamResponse
 
 
 async def handle_agent_request(request: web.Request) -> web.StreamResponse:

@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.reasons import REASONS, Reason
+from proxy.gate.reasons import REASONS, Reason
 
 PROBLEM_TYPE_BASE = "https://opgate.dev/problems/"
 

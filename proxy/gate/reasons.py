@@ -18,7 +18,7 @@ class Reason(StrEnum):
     AGENT_UNAUTHENTICATED = "agent_unauthenticated"
     AMBIGUOUS_REQUEST = "ambiguous_request"
     PATH_NOT_CANONICAL = "path_not_canonical"
-    # forward-proxy mode (issue 4)
+    # forward-proxy mode
     PROXY_AUTH_REQUIRED = "proxy_auth_required"
     PROXY_REQUEST_INVALID = "proxy_request_invalid"
     HOST_NOT_ALLOWED = "host_not_allowed"
@@ -87,7 +87,7 @@ REASONS: dict[Reason, ReasonInfo] = {
         "The path is not in canonical form",
         "Send the plain path: no percent-escapes, dot segments or empty segments.",
     ),
-    # forward-proxy mode (issue 4)
+    # forward-proxy mode
     Reason.PROXY_AUTH_REQUIRED: ReasonInfo(
         407,
         "The proxy needs the agent's token",

@@ -37,7 +37,7 @@ def new_client_session(
     trace_configs: list[aiohttp.TraceConfig] | None = None,
 ) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(
-        trace_configs=trace_configs,  # tracing and latency metrics (proxy/telemetry.py)
+        trace_configs=trace_configs,  # tracing and latency metrics (proxy/observe/telemetry.py)
         auto_decompress=False,
         # The agent's environment (HTTP_PROXY...) must not route opgate's own egress.
         trust_env=False,

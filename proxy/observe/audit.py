@@ -73,7 +73,8 @@ class AuditRecord:
         return data
 
 
-# Set per request by proxy/observe.py's middleware: span attributes, metrics, the audit table.
+# Set per request by the observer's middleware (observer.py): span attributes, metrics, the
+# audit table.
 REQUEST_OBSERVER: ContextVar[Callable[[dict[str, Any]], None] | None] = ContextVar(
     "opgate_request_observer", default=None
 )

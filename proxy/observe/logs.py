@@ -8,8 +8,8 @@ from typing import Any
 
 import structlog
 
-from proxy.auditlog.redact import redact_log_line
-from proxy.telemetry import add_trace_ids
+from proxy.observe.auditlog.redact import redact_log_line
+from proxy.observe.telemetry import add_trace_ids
 
 
 def log_processors() -> list[Any]:
@@ -19,7 +19,7 @@ def log_processors() -> list[Any]:
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True, key="logged_at"),
         structlog.processors.format_exc_info,
-        add_trace_ids,  # trace_id, span_id of the current span (proxy/telemetry.py)
+        add_trace_ids,  # trace_id, span_id of the current span (proxy/observe/telemetry.py)
         redact_log_line,  # last before rendering: nothing secret is written
         structlog.processors.JSONRenderer(),
     ]

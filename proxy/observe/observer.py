@@ -17,19 +17,17 @@ from aiohttp import web
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from proxy.audit import AUDIT_SCHEMA_VERSION, REQUEST_OBSERVER
-from proxy.auditlog import records
-from proxy.auditlog.redact import Redactor, set_log_redactor
-from proxy.auditlog.writer import Checkpointer, RequestRecordWriter
-from proxy.credentials import CredentialSource
 from proxy.errors import StoreUnavailable
-from proxy.gateway import GATEWAY
-from proxy.metrics import CONTENT_TYPE, Counter, Histogram, exposition, gauge
+from proxy.observe.audit import AUDIT_SCHEMA_VERSION, REQUEST_OBSERVER
+from proxy.observe.auditlog import records
+from proxy.observe.auditlog.redact import Redactor, set_log_redactor
+from proxy.observe.auditlog.writer import Checkpointer, RequestRecordWriter
+from proxy.observe.metrics import CONTENT_TYPE, Counter, Histogram, exposition, gauge
+from proxy.observe.telemetry import Telemetry, tracer_provider_from_environment
 from proxy.policy.set import PolicySet
-from proxy.settings import Settings
+from proxy.settings import Secrets, Settings
 from proxy.store.queries import QUERIES
 from proxy.store.store import Store
-from proxy.telemetry import Telemetry, tracer_provider_from_environment
 
 # The secret's NAME (OPGATE_SECRET_AUDIT_KEY or <secrets_dir>/audit_key), not its value.
 AUDIT_KEY_SECRET = "audit_key"  # noqa: S105
@@ -52,12 +50,12 @@ _SPAN_FIELDS = (
 )
 
 
-def audit_key(credentials: CredentialSource) -> bytes | None:
+def audit_key(credentials: Secrets) -> bytes | None:
     secret = credentials.secret(AUDIT_KEY_SECRET)
     return secret.encode("utf-8") if secret else None
 
 
-def configured_secrets(policy: PolicySet, credentials: CredentialSource) -> list[str]:
+def configured_secrets(policy: PolicySet, credentials: Secrets) -> list[str]:
     """Every secret value this process holds: cut out of anything it writes anywhere."""
     names = {p.credential.secret for p in policy.providers if p.credential is not None}
     values = [credentials.secret(name) for name in sorted(names | {AUDIT_KEY_SECRET})]
@@ -65,7 +63,7 @@ def configured_secrets(policy: PolicySet, credentials: CredentialSource) -> list
 
 
 class Observability:
-    def __init__(self, settings: Settings, policy: PolicySet, credentials: CredentialSource):
+    def __init__(self, settings: Settings, policy: PolicySet, credentials: Secrets):
         self.settings = settings
         self.policy_version = policy.version
         self.redactor = Redactor(
@@ -218,10 +216,14 @@ class Observability:
         ]
 
 
+# The process's observability on each listener's app, set by the server (absent in bare setups).
+OBSERVABILITY = web.AppKey("observability", Observability)
+
+
 @web.middleware
 async def observe_agent_request(request: web.Request, handler: Any) -> web.StreamResponse:
     """The SERVER span of an agent request, continuing the agent's W3C trace if it sent one."""
-    observability = request.app[GATEWAY].observability
+    observability = request.app.get(OBSERVABILITY)
     if observability is None:
         response: web.StreamResponse = await handler(request)
         return response
@@ -242,7 +244,7 @@ async def observe_agent_request(request: web.Request, handler: Any) -> web.Strea
 
 
 async def metrics(request: web.Request) -> web.Response:
-    observability = request.app[GATEWAY].observability
+    observability = request.app.get(OBSERVABILITY)
     text = await observability.metrics_text() if observability else ""
     return web.Response(body=text.encode("utf-8"), headers={"Content-Type": CONTENT_TYPE})
 

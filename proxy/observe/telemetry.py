@@ -106,7 +106,8 @@ def tracer_provider_from_environment(environ: Mapping[str, str] | None = None) -
     env = os.environ if environ is None else environ
     service = env.get("OTEL_SERVICE_NAME") or "opgate"
     # The SDK's own reading of OTEL_TRACES_SAMPLER (what TracerProvider does when given none);
-    # private, so pinned by tests/test_telemetry.py and test_observe.py exercising both modes.
+    # private, so pinned by tests/observe/test_telemetry.py and test_observer.py exercising both
+    # modes.
     sampler = _RecordWhileExporting(_get_from_env_or_default())
     provider = TracerProvider(resource=Resource.create({"service.name": service}), sampler=sampler)
     names = [n.strip() for n in env.get("OTEL_TRACES_EXPORTER", "none").split(",") if n.strip()]

@@ -15,19 +15,19 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from proxy.approvals import (
+from proxy.errors import AlreadySuperseded, IdempotencyKeyInUse, StoreUnavailable
+from proxy.gate.gateway import GATEWAY
+from proxy.gate.identity import admin_token_matches, credential_from
+from proxy.gate.problem import admin_problem
+from proxy.operations.approvals import (
     OperationRequest,
     plan_operation,
     same_approval,
     supersession_problem,
 )
-from proxy.errors import AlreadySuperseded, IdempotencyKeyInUse, StoreUnavailable
-from proxy.gateway import GATEWAY
-from proxy.identity import admin_token_matches, credential_from
-from proxy.operation import Status
-from proxy.problem import admin_problem
-from proxy.reconcile import reconcile_now
-from proxy.recovery_api import recovery_view
+from proxy.recovery.api import recovery_view
+from proxy.recovery.reconcile import reconcile_now
+from proxy.store.operation import Status
 
 _log = structlog.get_logger("opgate.ops")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -14,9 +14,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, model_validator
 
-from proxy.operation import Operation, Status
 from proxy.policy.model import BodyKind, OperationRequirement
 from proxy.policy.set import PolicySet
+from proxy.store.operation import Operation, Status
 from proxy.store.store import NewOperation
 
 _ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"

@@ -213,7 +213,7 @@ class Rule(Strict):
         return self
 
 
-# --- forward-proxy mode (issue 4) ---
+# --- forward-proxy mode ---
 class PassThroughHost(Strict):
     """A host forward mode tunnels without inspection (audited with host and byte counts)."""
 
@@ -262,7 +262,7 @@ class Provider(Strict):
     classify: Classification = Field(default_factory=Classification)
     mode: Mode = Mode.ENFORCE  # report: shadow mode for every rule that does not say otherwise
     rules: Annotated[list[Rule], Field(min_length=1)]
-    forward_proxy: ForwardProxy = Field(default_factory=ForwardProxy)  # forward mode (issue 4)
+    forward_proxy: ForwardProxy = Field(default_factory=ForwardProxy)  # forward mode
 
     # A field validator, not a model one: the error then points at `rules:` (not at line 1)
     # and is reported alongside errors in other fields.

@@ -1,9 +1,10 @@
 """Hot reload of the policy set: on SIGHUP and when the files change, never half-way.
 
 A candidate set is read once (each file's text), loaded and linted completely; only a set
-without a single error replaces ``Gateway.policy``, in one assignment. Requests in flight keep
-the set they captured when they started (``pipeline.handle_agent_request``). A refused set
-changes nothing: the old one keeps serving, and the refusal is logged with every error.
+without a single error replaces the holder's ``policy`` (the process's ``Gateway``), in one
+assignment. Requests in flight keep the set they captured when they started
+(``pipeline.handle_agent_request``). A refused set changes nothing: the old one keeps serving,
+and the refusal is logged with every error.
 
 Change detection polls a digest of the policy files' contents every
 ``policy_reload_interval_seconds`` (0: only SIGHUP). Polling, not inotify (watchfiles): it
@@ -26,11 +27,11 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import structlog
 
 from proxy.errors import StoreUnavailable
-from proxy.gateway import Gateway
 from proxy.policy.lint import errors, lint_policy_texts
 from proxy.policy.load import (
     PolicyLoadError,
@@ -57,6 +58,27 @@ def validated_policy(texts: list[tuple[Path, str]], directory: str) -> PolicySet
     return policy
 
 
+class PolicyEventRecorder(Protocol):
+    async def record_policy_event(
+        self,
+        event: str,
+        policy: PolicySet | None,
+        *,
+        now_deciding: bool,
+        version: str | None = None,
+        **fields: Any,
+    ) -> None: ...
+
+
+class PolicyHolder(Protocol):
+    """What a reload swaps the set in (the process's ``Gateway``), and where it records it."""
+
+    policy: PolicySet
+
+    @property
+    def observability(self) -> PolicyEventRecorder | None: ...
+
+
 @dataclass
 class ReloadOutcome:
     trigger: str
@@ -68,7 +90,7 @@ class ReloadOutcome:
 class PolicyReloader:
     """Swaps ``gateway.policy`` for a new valid set; one reload at a time."""
 
-    def __init__(self, gateway: Gateway, directory: Path) -> None:
+    def __init__(self, gateway: PolicyHolder, directory: Path) -> None:
         self._gateway = gateway
         self._directory = directory
         self._lock = asyncio.Lock()
@@ -164,7 +186,7 @@ _background: set[asyncio.Task[ReloadOutcome]] = set()
 
 @contextlib.asynccontextmanager
 async def reloading(
-    gateway: Gateway, directory: Path, interval_seconds: float
+    gateway: PolicyHolder, directory: Path, interval_seconds: float
 ) -> AsyncIterator[PolicyReloader]:
     """A reloader for the block, polling the files unless ``interval_seconds`` is 0."""
     reloader = PolicyReloader(gateway, directory)

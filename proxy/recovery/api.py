@@ -14,14 +14,14 @@ from typing import Any
 from aiohttp import web
 
 from proxy.errors import StoreUnavailable
-from proxy.gateway import GATEWAY, Gateway
-from proxy.identity import AmbiguousCredentials, presented_agent_token
-from proxy.operation import Operation
+from proxy.gate.gateway import GATEWAY, Gateway
+from proxy.gate.identity import AmbiguousCredentials, presented_agent_token
+from proxy.gate.problem import problem_response
+from proxy.gate.reasons import Reason
 from proxy.policy.model import BodyKind, Provider, Rule
-from proxy.problem import problem_response
-from proxy.reasons import Reason
-from proxy.reconcile import reconcile_now
-from proxy.recovery import NextAction, next_action
+from proxy.recovery.next_action import NextAction, next_action
+from proxy.recovery.reconcile import reconcile_now
+from proxy.store.operation import Operation
 
 RECOVERY_PREFIX = "/_opgate/v1/operations"
 

@@ -16,8 +16,8 @@ import aiohttp
 import structlog
 
 from proxy.errors import StoreUnavailable
-from proxy.gateway import Gateway
-from proxy.reconcile import RECONCILE_LEASE_SECONDS, reconcile_claimed
+from proxy.gate.gateway import Gateway
+from proxy.recovery.reconcile import RECONCILE_LEASE_SECONDS, reconcile_claimed
 
 _log = structlog.get_logger("opgate.background")
 _NOTIFY_LEASE_SECONDS = 30.0

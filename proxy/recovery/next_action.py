@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from proxy.operation import LastOutcome, Operation, Status
+from proxy.store.operation import LastOutcome, Operation, Status
 
 
 class NextAction(StrEnum):

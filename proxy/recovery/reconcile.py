@@ -26,12 +26,12 @@ from urllib.parse import quote, urlencode
 import structlog
 from multidict import CIMultiDict
 
-from proxy import upstream
-from proxy.classify import object_id_from
 from proxy.errors import UpstreamError
-from proxy.gateway import Gateway
-from proxy.operation import LastOutcome, Operation, Status
+from proxy.gate import upstream
+from proxy.gate.classify import object_id_from
+from proxy.gate.gateway import Gateway
 from proxy.policy.model import ReconcileLookup
+from proxy.store.operation import LastOutcome, Operation, Status
 from proxy.store.store import ProviderAnswer
 
 _log = structlog.get_logger("opgate.reconcile")

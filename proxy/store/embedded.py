@@ -33,7 +33,9 @@ the same server, and the first ``stop()`` stops it.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import contextlib
 import json
 import logging
 import os
@@ -41,6 +43,7 @@ import stat
 import tempfile
 import time
 import warnings
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,3 +170,18 @@ def _wait_until_exited(pid: int) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"embedded PostgreSQL (pid {pid}) did not exit")
         time.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def database_dsn(database_url: str | None, data_dir: Path) -> AsyncIterator[str]:
+    """The primary's URL, or an embedded PostgreSQL in ``data_dir`` when none is given."""
+    if database_url:
+        yield database_url
+        return
+    await asyncio.to_thread(data_dir.mkdir, parents=True, exist_ok=True)
+    embedded = await asyncio.to_thread(start_embedded, data_dir)
+    _log.info("embedded PostgreSQL started in %s", data_dir)
+    try:
+        yield embedded.dsn
+    finally:
+        await asyncio.to_thread(embedded.stop)

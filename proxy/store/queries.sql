@@ -254,7 +254,7 @@ SELECT event_id, at, event, from_status, to_status, actor, detail
 SELECT pg_is_in_recovery() AS in_recovery;
 
 -- ===================================================================================== audit
--- The tamper-evident audit log (migration 0003, docs/audit.md, proxy/auditlog/). Chaining is
+-- The tamper-evident audit log (migration 0003, docs/audit.md, proxy/observe/auditlog/). Chaining is
 -- done by the audit_log trigger; these queries only append, checkpoint and read.
 
 -- name: audit_append_batch

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from proxy.errors import AlreadySuperseded, IdempotencyKeyInUse, StoreUnavailable
-from proxy.operation import Operation, Status
+from proxy.store.operation import Operation, Status
 from proxy.store.queries import QUERIES
 
 T = TypeVar("T")

@@ -1,4 +1,4 @@
-"""`opgate policy check|schema|test|explain` (proxy/policy/commands.py), run as a user runs
+"""`opgate policy check|schema|test|explain` (proxy/authoring/commands.py), run as a user runs
 them: in a subprocess, against the shipped policies and copies of them."""
 
 from __future__ import annotations
@@ -7,13 +7,14 @@ import json
 import shutil
 from pathlib import Path
 
-from proxy.policy.cases import case_files, load_cases, run_cases
-from proxy.policy.commands import render_schema
+from proxy.authoring.cases import case_files, load_cases, run_cases
+from proxy.authoring.commands import render_schema
 from proxy.policy.load import load_policy_dir
 from tests.support.opgate import SHIPPED_POLICIES
+from tests.support.paths import FIXTURES
 from tests.test_cli import run_cli
 
-CORPUS = Path(__file__).resolve().parent / "fixtures" / "policies"
+CORPUS = FIXTURES / "policies"
 
 
 def test_the_shipped_schema_file_is_up_to_date() -> None:

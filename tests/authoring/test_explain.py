@@ -1,18 +1,18 @@
-"""The explanation core (proxy/explain.py) and checks.evaluate: every check's result, one
+"""The explanation core (proxy/authoring/explain.py) and checks.evaluate: every check's result, one
 source of truth with decide, and report mode's relaxations, without sockets."""
 
 from __future__ import annotations
 
 import pytest
 
-from proxy.checks import decide, evaluate
-from proxy.decision import Deny, Forward
-from proxy.policy.cases import CaseOperation
+from proxy.authoring.cases import CaseOperation
+from proxy.gate.checks import decide, evaluate
+from proxy.gate.decision import Deny, Forward
+from proxy.gate.reasons import Reason
 from proxy.policy.load import load_policy_dir
 from proxy.policy.model import Mode
-from proxy.reasons import Reason
+from tests.gate.test_checks import PAY, make_facts, make_operation
 from tests.support.opgate import SHIPPED_POLICIES
-from tests.test_checks import PAY, make_facts, make_operation
 
 POLICY = load_policy_dir(SHIPPED_POLICIES)
 

@@ -1,5 +1,5 @@
-"""`POST /v1/explain` (proxy/explain_api.py): the operations API explains a request against
-the live policy and the operation read from the database, changing nothing."""
+"""`POST /v1/explain` (proxy/authoring/explain_api.py): the operations API explains a request
+against the live policy and the operation read from the database, changing nothing."""
 
 from __future__ import annotations
 

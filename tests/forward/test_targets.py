@@ -7,20 +7,20 @@ import textwrap
 import pytest
 import yaml
 
-from proxy.decision import Deny
 from proxy.forward.listener import _connect_authority
 from proxy.forward.targets import (
     Inspect,
-    Origin,
     PassThrough,
     decide_absolute,
     decide_connect,
     host_header_agrees,
     upstream_base_path,
 )
+from proxy.gate.decision import Deny
+from proxy.gate.forwarded import Origin
+from proxy.gate.reasons import Reason
 from proxy.policy.model import Provider
 from proxy.policy.set import PolicySet
-from proxy.reasons import Reason
 
 
 def provider(name: str, upstream: str, extra: str = "") -> Provider:

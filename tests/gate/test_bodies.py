@@ -1,4 +1,5 @@
-"""Strict body parsing, canonical serialisation, field lookup and injection (proxy/bodies.py)."""
+"""Strict body parsing, canonical serialisation, field lookup and injection
+(proxy/gate/bodies.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.bodies import BodyRejected, ParsedBody, inject, parse_body, parse_form, parse_json_object
+from proxy.gate.bodies import (
+    BodyRejected,
+    ParsedBody,
+    inject,
+    parse_body,
+    parse_form,
+    parse_json_object,
+)
 from proxy.policy.model import BodyKind
 
 FORM = BodyKind.FORM

@@ -1,4 +1,4 @@
-"""The pure decision core (proxy/checks.py): every reason, and the order the checks run in."""
+"""The pure decision core (proxy/gate/checks.py): every reason, and the order the checks run in."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-import proxy.checks
-from proxy.bodies import ParsedBody
-from proxy.checks import Agent, RequestFacts, decide, decide_by_state
-from proxy.decision import ClaimKind, Decision, Deny, Forward, Replay
-from proxy.operation import LastOutcome, Operation, Status
+import proxy.gate.checks
+from proxy.gate.bodies import ParsedBody
+from proxy.gate.checks import Agent, RequestFacts, decide, decide_by_state
+from proxy.gate.decision import ClaimKind, Decision, Deny, Forward, Replay
+from proxy.gate.reasons import Reason
 from proxy.policy.load import parse_policy_text
 from proxy.policy.model import BodyKind, Provider
-from proxy.reasons import Reason
+from proxy.store.operation import LastOutcome, Operation, Status
 
 POLICY = """
 version: 1
@@ -789,6 +789,6 @@ def test_every_reason_checks_can_give_is_covered() -> None:
             Reason.OPERATION_ESCALATED,
         }
     )
-    source = inspect.getsource(proxy.checks)
+    source = inspect.getsource(proxy.gate.checks)
     produced = {reason for reason in Reason if f"Reason.{reason.name}" in source}
     assert produced == covered

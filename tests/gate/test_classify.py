@@ -1,12 +1,12 @@
-"""How a provider's answer settles an operation (proxy/classify.py)."""
+"""How a provider's answer settles an operation (proxy/gate/classify.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from proxy.classify import Settled, Unknown, classify_answer, object_id_from
-from proxy.operation import LastOutcome, Status
+from proxy.gate.classify import Settled, Unknown, classify_answer, object_id_from
 from proxy.policy.model import Classification
+from proxy.store.operation import LastOutcome, Status
 
 STRIPE_LIKE = Classification(confirmed=["2xx"], failed=[400, 402, 404], object_id="/id")
 

@@ -1,11 +1,11 @@
-"""Which headers cross opgate, in each direction (proxy/headers.py)."""
+"""Which headers cross opgate, in each direction (proxy/gate/headers.py)."""
 
 from __future__ import annotations
 
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.headers import duplicated_header, outbound_headers, response_headers
+from proxy.gate.headers import duplicated_header, outbound_headers, response_headers
 
 ALLOWED = ["Accept", "User-Agent", "Stripe-Version", "Keep-Alive", "Proxy-Authorization", "TE"]
 

@@ -1,4 +1,4 @@
-"""Who is calling: agent and admin tokens (proxy/identity.py)."""
+"""Who is calling: agent and admin tokens (proxy/gate/identity.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import base64
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.checks import Agent
-from proxy.identity import (
+from proxy.gate.checks import Agent
+from proxy.gate.identity import (
     TOKEN_PREFIX,
     AgentDirectory,
     AmbiguousCredentials,

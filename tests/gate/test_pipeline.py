@@ -564,7 +564,7 @@ async def test_missing_provider_credential_sends_nothing(
     """Without a configured provider credential opgate answers 503 and forwards nothing."""
     monkeypatch.delenv("OPGATE_SECRET_FAULT_KEY")
     op = await fault_gate.approve()
-    from proxy.credentials import CredentialSource
+    from proxy.gate.credentials import CredentialSource
 
     fault_gate.running.gateway.credentials = CredentialSource(None)
     status, _, body = await fault_gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))

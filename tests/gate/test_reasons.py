@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from proxy.reasons import REASONS, Reason
-
-README = Path(__file__).resolve().parents[1] / "README.md"
+from proxy.gate.reasons import REASONS, Reason
+from tests.support.paths import README
 
 
 def test_every_reason_has_a_status_title_and_next_action() -> None:

@@ -1,4 +1,4 @@
-"""Shadow mode (`mode: report`, proxy/checks.py RELAXED_IN_REPORT_MODE) through the real
+"""Shadow mode (`mode: report`, proxy/gate/checks.py RELAXED_IN_REPORT_MODE) through the real
 pipeline: payload differences are forwarded and audited as would_deny; identity and the state
 machine (claims, outcomes, in-flight, replay) are enforced exactly as in enforce mode."""
 

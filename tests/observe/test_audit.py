@@ -11,11 +11,11 @@ import asyncpg
 import pytest
 from structlog.testing import capture_logs
 
-from proxy.reasons import Reason
+from proxy.gate.reasons import Reason
+from tests.gate.test_pipeline import GOOD_BODY, REFUND, REJECTIONS, op_header
+from tests.observe.test_audit_doc import documented_request_fields
 from tests.support.fault_provider import FaultMode, FaultProvider
 from tests.support.opgate import Opgate, StartOpgate, fault_policy
-from tests.test_audit_doc import documented_request_fields
-from tests.test_pipeline import GOOD_BODY, REFUND, REJECTIONS, op_header
 
 CAPTURE_KEYS = {"event", "log_level"}  # added by structlog's capture
 
@@ -182,7 +182,7 @@ async def test_the_remaining_agent_listener_paths_leave_one_documented_record(
     from multidict import CIMultiDict
     from yarl import URL
 
-    from proxy.credentials import CredentialSource
+    from proxy.gate.credentials import CredentialSource
 
     (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False, total_timeout=0.3))
     async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from pathlib import Path
 
-from proxy.audit import AuditRecord, Decision
-from proxy.operation import LastOutcome
-from proxy.reasons import Reason
+from proxy.gate.reasons import Reason
+from proxy.observe.audit import AuditRecord, Decision
+from proxy.store.operation import LastOutcome
+from tests.support.paths import AUDIT_DOC
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "audit.md"
+DOCS = AUDIT_DOC
 
 
 def documented_request_fields() -> set[str]:
@@ -26,7 +26,7 @@ def documented_request_fields() -> set[str]:
 
 
 def test_every_reason_code_is_in_the_audit_doc() -> None:
-    """A code added to proxy/reasons.py without a row in docs/audit.md fails here."""
+    """A code added to proxy/gate/reasons.py without a row in docs/audit.md fails here."""
     text = DOCS.read_text()
     assert [r.value for r in Reason if f"| `{r.value}` |" not in text] == []
 

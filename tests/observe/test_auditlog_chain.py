@@ -1,5 +1,6 @@
-"""The tamper-evident audit log (migration 0003, proxy/auditlog/): real traffic through opgate
-writes the chains; direct SQL tampers with them; ``verify`` must find each change and name it."""
+"""The tamper-evident audit log (migration 0003, proxy/observe/auditlog/): real traffic through
+opgate writes the chains; direct SQL tampers with them; ``verify`` must find each change and
+name it."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
-from proxy.auditlog import records
-from proxy.auditlog.chain import GENESIS, record_hash
-from proxy.auditlog.verify import VerifyReport, verify
+from proxy.observe.auditlog import records
+from proxy.observe.auditlog.chain import GENESIS, record_hash
+from proxy.observe.auditlog.verify import VerifyReport, verify
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import StartOpgate, fault_policy
 

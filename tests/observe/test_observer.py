@@ -21,7 +21,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from proxy.logs import log_processors
+from proxy.observe.logs import log_processors
+from tests.observe.test_auditlog_chain import run_cli
 from tests.support.fault_provider import FaultMode, FaultProvider
 from tests.support.localstripe_server import create_charge, list_refunds
 from tests.support.opgate import (
@@ -32,13 +33,13 @@ from tests.support.opgate import (
     StartOpgate,
     fault_policy,
 )
-from tests.test_auditlog_chain import run_cli
+from tests.support.paths import AUDIT_DOC
 
 AUDIT_KEY = "observe-audit-key-planted-0123456789"
 AGENT_TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 AGENT_SPAN_ID = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{AGENT_TRACE_ID}-{AGENT_SPAN_ID}-01"
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "audit.md"
+DOCS = AUDIT_DOC
 
 
 @dataclass

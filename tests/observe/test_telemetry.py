@@ -14,8 +14,8 @@ import structlog
 from aiohttp import web
 
 from proxy.errors import ConfigurationError
-from proxy.logs import log_processors
-from proxy.telemetry import Telemetry, tracer_provider_from_environment
+from proxy.observe.logs import log_processors
+from proxy.observe.telemetry import Telemetry, tracer_provider_from_environment
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import StartOpgate, fault_policy
 

@@ -1,22 +1,22 @@
-"""Turning an approval into an operation row (proxy/approvals.py)."""
+"""Turning an approval into an operation row (proxy/operations/approvals.py)."""
 
 from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from proxy.approvals import OperationRequest, plan_operation, same_approval
+from proxy.operations.approvals import OperationRequest, plan_operation, same_approval
 from proxy.policy.load import load_policy_dir, parse_policy_text
 from proxy.policy.set import PolicySet
 from proxy.store.store import NewOperation
+from tests.support.paths import POLICIES
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
-STRIPE = load_policy_dir(Path(__file__).resolve().parent.parent / "policies")
+STRIPE = load_policy_dir(POLICIES)
 
 JSON_POLICY = """
 version: 1

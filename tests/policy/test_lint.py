@@ -17,8 +17,9 @@ from proxy.policy.lint import (
 from proxy.policy.model import Rule
 from proxy.policy.paths import PathPattern
 from tests.support.opgate import SHIPPED_POLICIES
+from tests.support.paths import FIXTURES
 
-CORPUS = Path(__file__).resolve().parent / "fixtures" / "policies"
+CORPUS = FIXTURES / "policies"
 NO_SECRETS = SecretsCheck(lambda name: False, required=False)
 RULE_KEYS = ", ".join(sorted(Rule.model_fields))
 

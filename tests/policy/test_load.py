@@ -10,8 +10,7 @@ import pytest
 from proxy.policy.load import PolicyLoadError, load_policy_dir, parse_policy_text
 from proxy.policy.model import BodyKind, Classification, OperationRequirement
 from proxy.policy.set import match_rule
-
-POLICIES = Path(__file__).resolve().parent.parent / "policies"
+from tests.support.paths import POLICIES
 
 HEAD = """\
 version: 1

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 from structlog.testing import capture_logs
 
-from proxy.identity import token_digest
+from proxy.gate.identity import token_digest
 from proxy.policy.load import load_policy_dir, policy_version
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import ADMIN_TOKEN, StartOpgate, admin_headers, fault_policy, problem

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from proxy.operation import LastOutcome, Operation, Status
-from proxy.recovery import NextAction, next_action
+from proxy.recovery.next_action import NextAction, next_action
+from proxy.store.operation import LastOutcome, Operation, Status
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 

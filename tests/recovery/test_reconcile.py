@@ -16,10 +16,10 @@ import pytest_asyncio
 from aiohttp import web
 
 from proxy.policy.model import ReconcileLookup
-from proxy.reconcile import Absent, Found, Inconclusive, interpret_lookup, render_lookup
+from proxy.recovery.reconcile import Absent, Found, Inconclusive, interpret_lookup, render_lookup
+from tests.recovery.test_next_action import operation
 from tests.support.fault_provider import FaultMode, FaultProvider
 from tests.support.opgate import Opgate, StartOpgate, admin_headers, fault_policy
-from tests.test_recovery import operation
 
 LIST = ReconcileLookup(path="/v1/refunds", query={"charge": "{charge}"}, absence_is_conclusive=True)
 GOOD_BODY = "amount=500&currency=usd&charge=ch_1"

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import asyncpg
 import pytest
 
-from proxy.auditlog.chain import GENESIS, record_hash
+from proxy.observe.auditlog.chain import GENESIS, record_hash
 from proxy.store.migrate import load_migrations, migrate
 from tests.support.postgres import dsn_for_database
 
@@ -55,7 +55,7 @@ async def test_the_plpgsql_record_hash_is_the_verifiers(
     database_url: str, operation_id: str | None, record: str
 ) -> None:
     """Migration 0004's hash function encodes NULL, empty and multi-byte fields exactly as
-    proxy/auditlog/chain.py does, so chains written before and after it verify alike."""
+    proxy/observe/auditlog/chain.py does, so chains written before and after it verify alike."""
     at = datetime(2026, 11, 29, 9, 30, 1, 123456, tzinfo=UTC)
     conn = await asyncpg.connect(database_url)
     try:

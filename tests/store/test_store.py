@@ -12,7 +12,7 @@ import pytest
 import pytest_asyncio
 
 from proxy.errors import IdempotencyKeyInUse
-from proxy.operation import Status
+from proxy.store.operation import Status
 from proxy.store.store import NewOperation, ProviderAnswer, Store
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import aiohttp
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO
 
 
 def free_port() -> int:

@@ -20,16 +20,17 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from proxy.identity import token_digest
+from proxy.gate.identity import token_digest
 from proxy.server import Running, running
 from proxy.settings import Settings
+from tests.support.paths import POLICIES
 
 AGENT_TOKEN = "opg_test_agent_a_token_0123456789"
 SECOND_AGENT_TOKEN = "opg_test_agent_c_token_0123456789"
 OTHER_TENANT_TOKEN = "opg_test_agent_b_token_9876543210"
 ADMIN_TOKEN = "opg_test_admin_token_abcdefabcdef"
 PROVIDER_SECRET = "sk_test_provider_secret_never_logged"
-SHIPPED_POLICIES = Path(__file__).resolve().parents[2] / "policies"
+SHIPPED_POLICIES = POLICIES
 # The suite's default approval: a fault-provider refund of 5.00 of charge ch_1.
 REFUND_APPROVAL: dict[str, Any] = {
     "tenant": "t1",

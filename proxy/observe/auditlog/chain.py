@@ -2,8 +2,9 @@
 
 The record hash is computed by PostgreSQL (``opgate_audit_hash``: migration 0003, the same
 encoding in PL/pgSQL since 0004) when a record is appended, and recomputed here, independently,
-when it is verified. The two encodings must stay identical; ``tests/test_auditlog_chain.py`` and
-``tests/test_migrate.py`` check them against each other.
+when it is verified. The two encodings must stay identical;
+``tests/observe/test_auditlog_chain.py`` and ``tests/store/test_migrate.py`` check them
+against each other.
 """
 
 from __future__ import annotations

@@ -22,11 +22,11 @@ from typing import Any, TextIO
 
 import asyncpg
 
-from proxy.auditlog import records
-from proxy.auditlog.chain import StoredRecord
-from proxy.auditlog.redact import Redactor
-from proxy.auditlog.verify import verify
-from proxy.credentials import CredentialSource
+from proxy.observe.auditlog import records
+from proxy.observe.auditlog.chain import StoredRecord
+from proxy.observe.auditlog.redact import Redactor
+from proxy.observe.auditlog.verify import verify
+from proxy.settings import Secrets, load_settings
 
 _BEGINNING = datetime(1970, 1, 1, tzinfo=UTC)
 _END = datetime(9999, 1, 1, tzinfo=UTC)
@@ -74,8 +74,6 @@ Command = Callable[[asyncpg.Connection, argparse.Namespace, Any], Coroutine[Any,
 
 def _run(command: Command) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
-        from proxy.settings import load_settings
-
         settings = load_settings(
             {"database_url": args.database_url, "secrets_dir": args.secrets_dir}
         )
@@ -100,7 +98,7 @@ def _run(command: Command) -> Callable[[argparse.Namespace], int]:
 
 
 def _key(settings: Any) -> bytes | None:
-    secret = CredentialSource(settings.secrets_dir).secret("audit_key")
+    secret = Secrets(settings.secrets_dir).secret("audit_key")
     return secret.encode("utf-8") if secret else None
 
 

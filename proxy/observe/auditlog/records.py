@@ -14,7 +14,7 @@ from typing import Any
 
 import asyncpg
 
-from proxy.auditlog.chain import (
+from proxy.observe.auditlog.chain import (
     GENESIS,
     Checkpoint,
     Head,

@@ -8,8 +8,8 @@ from datetime import datetime
 
 import asyncpg
 
-from proxy.auditlog import records
-from proxy.auditlog.chain import Break, Checkpoint, check_checkpoint_chain, check_record
+from proxy.observe.auditlog import records
+from proxy.observe.auditlog.chain import Break, Checkpoint, check_checkpoint_chain, check_record
 
 _CLAIMS_PER_QUERY = 5000
 _LATEST = datetime.max.replace(tzinfo=None)

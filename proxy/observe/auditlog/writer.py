@@ -16,8 +16,8 @@ from typing import Any
 import asyncpg
 import structlog
 
-from proxy.auditlog import records
 from proxy.errors import StoreUnavailable
+from proxy.observe.auditlog import records
 from proxy.store.store import Store
 
 _log = structlog.get_logger("opgate.audit_writer")

@@ -61,7 +61,7 @@ LANGUAGE sql IMMUTABLE AS $$
            END
 $$;
 
--- The record hash. proxy/auditlog/chain.py recomputes it independently: keep them in step.
+-- The record hash. proxy/observe/auditlog/chain.py recomputes it independently: keep them in step.
 CREATE FUNCTION opgate_audit_hash(
     prev bytea, stream text, seq bigint, at timestamptz, kind text, operation_id text,
     record jsonb

@@ -8,7 +8,7 @@
 -- ~970 pairs/s and ~1.9 ms of machine CPU per pair before, ~1,850-2,000 pairs/s and ~1.0 ms
 -- after. A PL/pgSQL function keeps its expressions' plans for the session.
 --
--- The encoding is unchanged, byte for byte (proxy/auditlog/chain.py recomputes it; existing
+-- The encoding is unchanged, byte for byte (proxy/observe/auditlog/chain.py recomputes it; existing
 -- chains stay verifiable): the tag, the previous hash, then each field as a 4-byte big-endian
 -- length and its UTF-8 bytes, or ffffffff for NULL. opgate_audit_field stays as it was, for
 -- anyone who calls it by hand.

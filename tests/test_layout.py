@@ -1,0 +1,239 @@
+"""The package layout is the architecture: imports point one way, no circles, and every path the
+documentation names is real."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from tests.support.paths import REPO
+
+PACKAGE = REPO / "proxy"
+
+# What each part of proxy/ may import, besides itself. A part is a subpackage, or one of the
+# root modules. The process modules (cli, server, workers, devmode, __main__) may import anything.
+PROCESS = {"cli", "server", "workers", "devmode", "__main__"}
+BASE = {"settings", "errors", "proxy"}  # "proxy": the root package's own (empty) __init__
+MAY_IMPORT: dict[str, set[str]] = {
+    "errors": {"proxy"},
+    "settings": {"proxy"},
+    "store": {"errors", "proxy"},
+    "policy": {"errors", "proxy"},
+    "observe": {"policy", "store"} | BASE,
+    "gate": {"observe", "policy", "store"} | BASE,
+    "forward": {"gate", "observe", "policy", "store"} | BASE,
+    "recovery": {"gate", "observe", "policy", "store"} | BASE,
+    "operations": {"recovery", "gate", "observe", "policy", "store"} | BASE,
+    "authoring": {"gate", "observe", "policy", "store"} | BASE,
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(path: Path, known: set[str]) -> Iterator[str]:
+    """Every proxy module ``path`` imports, at module level or inside a function."""
+    this = module_name(path)
+    package = this if path.name == "__init__.py" else this.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            # "from proxy.gate import upstream" imports the module proxy.gate.upstream
+            names = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names
+            ]
+        else:
+            continue
+        for name in names:
+            if name == "proxy" or name.startswith("proxy."):
+                while name not in known and "." in name:
+                    name = name.rpartition(".")[0]
+                yield name
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = [p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts]
+    known = {module_name(p) for p in files}
+    return {module_name(p): set(imported_modules(p, known)) - {module_name(p)} for p in files}
+
+
+def part_of(module: str) -> str:
+    """``proxy.gate.checks`` -> ``gate``; ``proxy.cli`` -> ``cli``; ``proxy`` -> ``proxy``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "proxy"
+
+
+def forbidden_imports(graph: Mapping[str, set[str]]) -> list[str]:
+    problems = []
+    for module, targets in sorted(graph.items()):
+        source = part_of(module)
+        if source in PROCESS:
+            continue
+        allowed = MAY_IMPORT.get(source)
+        for target in sorted(targets):
+            dest = part_of(target)
+            if dest == source:
+                continue
+            if allowed is None or dest not in allowed:
+                problems.append(f"{module} -> {target} ({source} may not import {dest})")
+    return problems
+
+
+def import_cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected set of modules larger than one (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def test_the_root_holds_only_the_process() -> None:
+    """`ls proxy/*.py` lists at most 8 modules: the rest lives in packages named for their role."""
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(root) <= 8, root
+
+
+def test_every_package_says_what_it_owns_and_what_it_may_import() -> None:
+    """Each subpackage's __init__ docstring names what it owns and its allowed imports."""
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text("utf-8")))
+        assert doc, f"{init}: no docstring"
+        assert len(doc.splitlines()) >= 3, f"{init}: a docstring of a few lines"
+        assert "May import" in doc, f"{init}: the docstring does not say what it may import"
+    for name in MAY_IMPORT:
+        if name not in BASE:
+            assert (PACKAGE / name / "__init__.py").is_file(), name
+
+
+def test_imports_point_one_way() -> None:
+    """No module imports a part of opgate that sits above it (e.g. gate -> recovery)."""
+    assert forbidden_imports(import_graph()) == []
+
+
+def test_no_import_circles() -> None:
+    """No set of modules imports itself round, even through imports inside functions."""
+    assert import_cycles(import_graph()) == []
+
+
+@pytest.mark.parametrize(
+    ("graph", "expected"),
+    [
+        pytest.param(
+            {"proxy.gate.pipeline": {"proxy.recovery.api"}, "proxy.recovery.api": set()},
+            ["gate may not import recovery"],
+            id="gate-to-recovery",
+        ),
+        pytest.param(
+            {"proxy.store.store": {"proxy.gate.checks"}, "proxy.gate.checks": set()},
+            ["store may not import gate"],
+            id="store-to-gate",
+        ),
+        pytest.param(
+            {"proxy.observe.observer": {"proxy.gate.gateway"}, "proxy.gate.gateway": set()},
+            ["observe may not import gate"],
+            id="observe-to-gate",
+        ),
+        pytest.param(
+            {"proxy.gate.pipeline": {"proxy.server"}, "proxy.server": set()},
+            ["gate may not import server"],
+            id="gate-to-the-process",
+        ),
+        pytest.param(
+            {"proxy.server": {"proxy.gate.pipeline"}, "proxy.gate.pipeline": {"proxy.store.store"}},
+            [],
+            id="downward-is-fine",
+        ),
+    ],
+)
+def test_the_direction_check_catches_an_upward_import(
+    graph: dict[str, set[str]], expected: list[str]
+) -> None:
+    """The checker itself: an upward import is reported, a downward one is not."""
+    found = forbidden_imports(graph)
+    assert len(found) == len(expected)
+    for problem, words in zip(found, expected, strict=True):
+        assert words in problem
+
+
+def test_the_circle_check_catches_a_circle() -> None:
+    """The checker itself: a circle of three modules is found, a chain is not."""
+    circle = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_cycles(circle) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+DOCUMENTS = ["README.md", "docs/*.md", "bench/README.md", "deploy/README.md"]
+WRITTEN_BY_RUNS = ("bench/results/",)  # output folders a run creates, not part of the tree
+NAMED_PATH = re.compile(r"(?<![\w/.-])((?:proxy|tests|policies|deploy|bench|docs)/[\w./-]*[\w/])")
+
+
+def named_paths() -> Iterator[tuple[str, str]]:
+    for pattern in DOCUMENTS:
+        for doc in sorted(REPO.glob(pattern)):
+            for match in NAMED_PATH.finditer(doc.read_text("utf-8")):
+                yield str(doc.relative_to(REPO)), match.group(1).rstrip(".")
+
+
+def test_every_path_the_documentation_names_is_real() -> None:
+    """Each proxy/, tests/, policies/, deploy/, bench/ or docs/ path in the docs exists."""
+    missing = [
+        f"{doc}: {path}"
+        for doc, path in named_paths()
+        if not (REPO / path).exists() and not path.startswith(WRITTEN_BY_RUNS)
+    ]
+    assert missing == []
+    assert any(path.startswith("proxy/gate/") for _, path in named_paths())
+
+
+WORK_ITEM = re.compile(r"\b(?:issue|task|ticket) #?\d+", re.IGNORECASE)
+
+
+def test_comments_say_what_the_code_is_not_which_work_item_added_it() -> None:
+    """No comment or docstring in proxy/ names a work item ("issue 4")."""
+    found = [
+        f"{path.relative_to(REPO)}:{n}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for n, line in enumerate(path.read_text("utf-8").splitlines(), 1)
+        if WORK_ITEM.search(line)
+    ]
+    assert found == []
