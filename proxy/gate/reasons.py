@@ -18,6 +18,9 @@ class Reason(StrEnum):
     AGENT_UNAUTHENTICATED = "agent_unauthenticated"
     AMBIGUOUS_REQUEST = "ambiguous_request"
     PATH_NOT_CANONICAL = "path_not_canonical"
+    REQUEST_MALFORMED = "request_malformed"
+    HEADER_INVALID = "header_invalid"
+    OPERATION_ID_INVALID = "operation_id_invalid"
     # forward-proxy mode
     PROXY_AUTH_REQUIRED = "proxy_auth_required"
     PROXY_REQUEST_INVALID = "proxy_request_invalid"
@@ -29,6 +32,7 @@ class Reason(StrEnum):
     BODY_INVALID = "body_invalid"
     CONTENT_TYPE_MISMATCH = "content_type_mismatch"
     QUERY_NOT_ALLOWED = "query_not_allowed"
+    BODY_TIMEOUT = "body_timeout"
     # the operation and its approval
     OPERATION_REQUIRED = "operation_required"
     OPERATION_UNKNOWN = "operation_unknown"
@@ -47,6 +51,8 @@ class Reason(StrEnum):
     OPERATION_FAILED = "operation_failed"
     RECONCILE_REQUIRED = "reconcile_required"
     OPERATION_ESCALATED = "operation_escalated"
+    # limits
+    AGENT_CONCURRENCY_EXCEEDED = "agent_concurrency_exceeded"
     # could not decide or could not forward
     STORE_UNAVAILABLE = "store_unavailable"
     CREDENTIAL_UNAVAILABLE = "credential_unavailable"
@@ -86,6 +92,21 @@ REASONS: dict[Reason, ReasonInfo] = {
         400,
         "The path is not in canonical form",
         "Send the plain path: no percent-escapes, dot segments or empty segments.",
+    ),
+    Reason.REQUEST_MALFORMED: ReasonInfo(
+        400,
+        "The request is not well-formed HTTP",
+        "Send one Content-Length or chunked framing, not both; no malformed request line.",
+    ),
+    Reason.HEADER_INVALID: ReasonInfo(
+        400,
+        "A header value is not valid text",
+        "Send header values as printable ASCII: no NUL, control characters or invalid UTF-8.",
+    ),
+    Reason.OPERATION_ID_INVALID: ReasonInfo(
+        400,
+        "The operation id is not valid",
+        "Use the operation id exactly as the approval returned it (printable ASCII).",
     ),
     # forward-proxy mode
     Reason.PROXY_AUTH_REQUIRED: ReasonInfo(
@@ -134,6 +155,11 @@ REASONS: dict[Reason, ReasonInfo] = {
         400,
         "A query string is not allowed on this call",
         "Put every parameter in the body, where opgate validates it.",
+    ),
+    Reason.BODY_TIMEOUT: ReasonInfo(
+        408,
+        "The request body did not arrive in time",
+        "Send the whole body promptly; opgate bounds how long it waits for it.",
     ),
     Reason.OPERATION_REQUIRED: ReasonInfo(
         400,
@@ -216,6 +242,12 @@ REASONS: dict[Reason, ReasonInfo] = {
         409,
         "The operation is escalated to a human",
         "Do not send; wait for the human verdict (ask the recovery endpoint).",
+    ),
+    Reason.AGENT_CONCURRENCY_EXCEEDED: ReasonInfo(
+        429,
+        "This agent has too many requests in flight",
+        "Nothing was sent. Wait for an answer to a request in flight, then try again after "
+        "Retry-After.",
     ),
     Reason.STORE_UNAVAILABLE: ReasonInfo(
         503,

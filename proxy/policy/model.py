@@ -72,6 +72,10 @@ class Idempotency(Strict):
     # True only if the provider returns the first answer for a repeated key instead of acting
     # twice: then an attempt whose outcome is unknown may be re-sent with the same key.
     provider_deduplicates: bool = False
+    # How long the provider keeps a key (Stripe: 24 h). An approval may not outlive it, and
+    # after it a re-send is treated as on a provider that does not deduplicate. None: the
+    # provider publishes no window, so deduplication is never relied on past the first send.
+    retention_seconds: Annotated[float, Field(gt=0)] | None = None
 
 
 class FormFieldInjection(Strict):
