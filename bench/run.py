@@ -95,6 +95,7 @@ credential:
 idempotency:
   header: Idempotency-Key
   provider_deduplicates: true
+  retention_seconds: 86400
 metadata_injection:
   kind: form_field
   field: metadata[operation_id]

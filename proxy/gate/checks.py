@@ -231,12 +231,28 @@ def decide_by_state(provider: Provider, op: Operation) -> Decision:
         assert op.reconcile_lease_until is not None
         wait = max(1, math.ceil((op.reconcile_lease_until - op.read_at).total_seconds()))
         return Deny(Reason.OPERATION_IN_FLIGHT, "opgate is reconciling it with the provider", wait)
-    if op.last_outcome == LastOutcome.NOT_SENT or provider.idempotency.provider_deduplicates:
+    if op.last_outcome == LastOutcome.NOT_SENT:
         return Forward(ClaimKind.RESEND)
+    rule = provider.rule_named(op.action)
+    if rule is not None and rule.reconcile is not None:
+        return Forward(ClaimKind.RESEND_AFTER_LOOKUP)
+    if op.key_deduplicated(provider.idempotency.dedup_window_seconds):
+        return Forward(ClaimKind.RESEND)
+    return reconcile_required(provider, op)
+
+
+def reconcile_required(provider: Provider, op: Operation, retry_after: int | None = None) -> Deny:
+    """A re-send could duplicate the effect: the outcome must be settled by the provider."""
+    window = provider.idempotency.dedup_window_seconds
+    why = (
+        f"{provider.provider} does not deduplicate on its idempotency key"
+        if window is None
+        else f"{provider.provider} no longer deduplicates this key ({window:g} s after creation)"
+    )
     return Deny(
         Reason.RECONCILE_REQUIRED,
-        f"the last attempt ended {op.last_outcome or 'without an answer'}; "
-        f"{provider.provider} does not deduplicate on its idempotency key",
+        f"the last attempt ended {op.last_outcome or 'without an answer'}; {why}",
+        retry_after,
     )
 
 

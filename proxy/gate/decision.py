@@ -28,7 +28,12 @@ class Replay:
 class ClaimKind(StrEnum):
     NONE = "none"  # a read the rule lets through without an operation
     FIRST = "first"  # created -> dispatched
-    RESEND = "resend"  # dispatched, last outcome unknown, the provider deduplicates on the key
+    # dispatched, nothing in flight: the last attempt never left, or the provider still
+    # deduplicates its key
+    RESEND = "resend"
+    # dispatched, outcome unknown, the rule declares lookups: ask the provider first
+    # (proxy/gate/resend.py); found -> replay, conclusively absent -> re-send, else only as RESEND
+    RESEND_AFTER_LOOKUP = "resend_after_lookup"
 
 
 @dataclass(frozen=True)

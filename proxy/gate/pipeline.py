@@ -34,6 +34,7 @@ from proxy.gate.headers import outbound_headers, response_headers
 from proxy.gate.intake import Target, identify, load_operation, read_body, request_facts
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
+from proxy.gate.resend import ask_before_resend
 from proxy.gate.upstream import OutboundRequest, UpstreamResponse
 from proxy.observe.audit import AuditRecord, Decision, emit
 from proxy.policy.set import PolicySet
@@ -210,16 +211,29 @@ class ClaimConflict:
 async def _claim(
     gw: Gateway, target: Target, op: Operation, decision: Forward
 ) -> Operation | ClaimConflict:
-    """The conditional UPDATE; on zero rows, re-read the row and say why."""
-    timeouts = target.provider.timeouts
+    """The conditional UPDATE (a re-send after an unknown outcome asks the provider first); on
+    zero rows, re-read the row and say why."""
+    provider = target.provider
+    lookup_owner = None
+    if decision.claim is ClaimKind.RESEND_AFTER_LOOKUP and target.rule.reconcile is not None:
+        asked = await ask_before_resend(gw, provider, target.rule.reconcile, op)
+        if isinstance(asked, Operation):  # the provider has the effect: settled, replayed
+            return ClaimConflict(Replay(), asked)
+        if isinstance(asked, Deny):
+            return ClaimConflict(asked, op)
+        lookup_owner = asked.lookup_owner
     claimed = await gw.store.claim(
         op.operation_id,
         owner=gw.settings.instance_id,
-        lease_seconds=timeouts.total_seconds + gw.settings.lease_margin_seconds,
-        allow_resend=decision.claim is ClaimKind.RESEND,
+        lease_seconds=provider.timeouts.total_seconds + gw.settings.lease_margin_seconds,
+        expected_attempts=op.attempts,
+        dedup_window_seconds=provider.idempotency.dedup_window_seconds,
+        after_lookup_by=lookup_owner,
     )
     if claimed is not None:
         return claimed
+    if lookup_owner is not None:
+        await gw.store.release_reconcile(op.operation_id, lookup_owner)
     # Operations are never deleted, so the row is there; fall back on the old one regardless.
     current = await gw.store.load(op.operation_id) or op
     explained = decide_by_state(target.provider, current)

@@ -77,6 +77,21 @@ class Idempotency(Strict):
     # provider publishes no window, so deduplication is never relied on past the first send.
     retention_seconds: Annotated[float, Field(gt=0)] | None = None
 
+    @model_validator(mode="after")
+    def _retention_declared(self) -> Idempotency:
+        if self.provider_deduplicates and self.retention_seconds is None:
+            raise ValueError(
+                "provider_deduplicates: true needs retention_seconds (how long the provider "
+                "keeps a key: a re-send after it is not deduplicated)"
+            )
+        return self
+
+    @property
+    def dedup_window_seconds(self) -> float | None:
+        """How long after an operation's creation a re-send with its key is deduplicated by
+        the provider; None: never relied on."""
+        return self.retention_seconds if self.provider_deduplicates else None
+
 
 class FormFieldInjection(Strict):
     kind: Literal["form_field"]
@@ -171,6 +186,9 @@ class Reconcile(Strict):
     grace_seconds: Annotated[float, Field(ge=0, le=86400)] = 30.0
     max_attempts: Annotated[int, Field(ge=1, le=100)] = 5
     retry_seconds: Annotated[float, Field(gt=0, le=86400)] = 10.0
+    # An escalated operation is still looked up, at this lower rate: an effect the provider
+    # shows settles it (the humans are told); absence leaves it with them.
+    escalated_retry_seconds: Annotated[float, Field(gt=0, le=86400)] = 300.0
 
 
 class Rule(Strict):

@@ -3,8 +3,9 @@
 Read-only for the agent and scoped to its tenant (and to itself, for operations bound to one
 agent). The answer is the authoritative row, read from the primary, and ``next_action`` from
 ``proxy.recovery.next_action``. When that says ``reconcile``, the read first asks the provider
-itself (one bounded try), so an agent that simply follows the protocol gets a settled answer
-as soon as the provider can give one.
+itself (one bounded try, at most one per the rule's ``retry_seconds`` whoever asks), so an
+agent that simply follows the protocol gets a settled answer as soon as the provider can give
+one, and an agent polling fast cannot multiply lookups or exhaust the tries into an escalation.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ def _in_scope(op: Operation, agent: Any) -> bool:
 
 def recovery_view(gw: Gateway, op: Operation) -> dict[str, Any]:
     provider = gw.policy.provider_named(op.provider)
-    deduplicates = bool(provider and provider.idempotency.provider_deduplicates)
-    advice = next_action(op, provider_deduplicates=deduplicates)
+    window = provider.idempotency.dedup_window_seconds if provider else None
+    advice = next_action(op, dedup_window_seconds=window)
     view: dict[str, Any] = {
         "operation": op.to_public(),
         "next_action": advice.action.value,

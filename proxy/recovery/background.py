@@ -17,24 +17,32 @@ import structlog
 
 from proxy.errors import StoreUnavailable
 from proxy.gate.gateway import Gateway
-from proxy.recovery.reconcile import RECONCILE_LEASE_SECONDS, reconcile_claimed
+from proxy.recovery.reconcile import longest_lease_seconds, reconcile_claimed, reconcile_owner
 
 _log = structlog.get_logger("opgate.background")
 _NOTIFY_LEASE_SECONDS = 30.0
 _MAX_BACKOFF_SECONDS = 300.0
+# What a notification tells the humans, by its kind (escalation_notifications.kind).
+_EVENTS = {
+    "escalated": "operation_escalated",
+    "settled_by_provider": "operation_settled_by_provider",
+}
 
 
 async def reconcile_pass(gw: Gateway, batch: int) -> int:
     """Reconcile one batch of due operations; returns how many were tried."""
-    owner = f"{gw.settings.instance_id}:loop"
-    claimed = await gw.store.claim_reconcile_batch(owner, RECONCILE_LEASE_SECONDS, batch)
-    for op in claimed:
-        try:
-            await reconcile_claimed(gw, op, owner)
-        except StoreUnavailable:
-            raise
-        except Exception:  # one bad row must not stop the loop; its lease lapses and it returns
-            _log.exception("reconcile_failed", operation_id=op.operation_id)
+    owner = reconcile_owner(gw, "loop")
+    lease = longest_lease_seconds(gw.policy, gw.settings.lease_margin_seconds)
+    claimed = await gw.store.claim_reconcile_batch(owner, lease, batch)
+    # All at once: the batch's lease covers one try of each row's lookups, not a queue of them.
+    results = await asyncio.gather(
+        *(reconcile_claimed(gw, op, owner) for op in claimed), return_exceptions=True
+    )
+    for op, result in zip(claimed, results, strict=True):
+        if isinstance(result, StoreUnavailable):
+            raise result
+        if isinstance(result, Exception):  # one bad row must not stop the loop; it returns
+            _log.error("reconcile_failed", operation_id=op.operation_id, exc_info=result)
     return len(claimed)
 
 
@@ -47,7 +55,7 @@ async def notify_pass(gw: Gateway, http: aiohttp.ClientSession, url: str) -> int
             continue
         payload: dict[str, Any] = {
             "notification_id": notification["notification_id"],
-            "event": "operation_escalated",
+            "event": _EVENTS[notification["kind"]],
             "operation": op.to_public(),
             "events": await gw.store.events(op.operation_id),
         }

@@ -5,10 +5,12 @@ row to what it may do next. The agent's memory and judgement are not inputs.
     send                   created, approval stands: nothing was sent yet; send exactly it
     wait                   an attempt (or a reconciliation) is in flight: ask again later
     retry                  unknown outcome, nothing in flight, approval stands, and either
-                           nothing was sent or the provider deduplicates on the key: re-send
-                           the identical request (opgate uses the same key)
+                           nothing was sent or the provider still deduplicates the key (within
+                           its retention): re-send the identical request (opgate uses the same
+                           key, and asks the provider first where the rule declares lookups)
     reconcile              unknown outcome and a re-send could duplicate (or the approval no
-                           longer stands): opgate must ask the provider first
+                           longer stands): opgate asks the provider, at the rule's pace;
+                           ask again after ``retry_after_seconds``
     new_approval_required  failed with no effect (or never sent and no longer approved):
                            a new attempt needs a new approved operation that supersedes this one
     escalated              a human must decide
@@ -41,7 +43,9 @@ class Advice:
     retry_after_seconds: int | None = None
 
 
-def next_action(op: Operation, *, provider_deduplicates: bool) -> Advice:
+def next_action(op: Operation, *, dedup_window_seconds: float | None) -> Advice:
+    """``dedup_window_seconds``: how long after creation the provider deduplicates a re-send
+    with the operation's key (None: it does not)."""
     if op.status is Status.CONFIRMED:
         return Advice(NextAction.PROCEED, f"confirmed ({op.settled_reason or 'provider_answer'})")
     if op.status is Status.FAILED:
@@ -75,15 +79,25 @@ def next_action(op: Operation, *, provider_deduplicates: bool) -> Advice:
     if op.approval_stands():
         if op.last_outcome == LastOutcome.NOT_SENT:
             return Advice(NextAction.RETRY, "the last attempt never reached the provider")
-        if provider_deduplicates:
+        if op.key_deduplicated(dedup_window_seconds):
             return Advice(
                 NextAction.RETRY,
                 "outcome unknown; the provider deduplicates on the key, so a re-send is safe",
             )
-        return Advice(NextAction.RECONCILE, "outcome unknown and the provider does not deduplicate")
+        why = (
+            "the provider does not deduplicate"
+            if dedup_window_seconds is None
+            else "the provider no longer keeps the key"
+        )
+        return Advice(
+            NextAction.RECONCILE,
+            f"outcome unknown and {why}",
+            _seconds_until(op, op.next_reconcile_at),
+        )
     return Advice(
         NextAction.RECONCILE,
         "outcome unknown and the approval no longer stands: it is reconciled, never re-sent",
+        _seconds_until(op, op.next_reconcile_at),
     )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -80,6 +80,14 @@ class Operation:
 
     def approval_stands(self) -> bool:
         return self.revoked_at is None and self.expires_at > self.read_at
+
+    def key_deduplicated(self, window_seconds: float | None) -> bool:
+        """Whether the provider still deduplicates a re-send with this operation's key: within
+        its retention (``window_seconds``, None if it does not deduplicate), counted from the
+        row's creation, before which the key was never sent."""
+        if window_seconds is None:
+            return False
+        return self.read_at < self.created_at + timedelta(seconds=window_seconds)
 
     def last_attempt_over_since(self) -> datetime | None:
         """When the last attempt can no longer land a new effect (None: it may still)."""

@@ -31,25 +31,41 @@ WITH created AS (
 SELECT c.*, now() AS read_at FROM created c;
 
 -- name: claim_operation
--- created -> dispatched, or a new attempt of a dispatched operation that has no live lease
--- ($4: the caller's policy allows a re-send). Takes the in-flight lease ($2 owner, $3 seconds)
--- so that a crashed replica's claim expires. Revoked or expired approvals never claim.
+-- created -> dispatched, or a new attempt of a dispatched operation. Takes the in-flight lease
+-- ($2 owner, $3 seconds) so that a crashed replica's claim expires. Revoked or expired
+-- approvals never claim.
+-- A re-send is decided here, on the row as it is now, not on the caller's earlier read: the
+-- attempt it follows ($4) must still be the last, no attempt or reconciliation may be live,
+-- and the last attempt must be known to have had no effect at the provider:
+--   it never left (not_sent), or
+--   the provider still deduplicates its key ($6: the retention in seconds, NULL if it does
+--   not deduplicate; counted from creation, before which the key was never sent), or
+--   the caller ($7) holds a live reconciliation lease under which the provider's complete
+--   list showed no effect (the lease is consumed: no other attempt could start meanwhile).
 WITH claimed AS (
     UPDATE operations
        SET status = 'dispatched', attempts = attempts + 1, dispatched_at = now(),
            lease_owner = $2, lease_until = now() + make_interval(secs => $3),
-           last_outcome = NULL, attempt_ended_at = NULL, updated_at = now()
+           last_outcome = NULL, attempt_ended_at = NULL, reconcile_owner = NULL,
+           reconcile_lease_until = NULL, next_reconcile_at = NULL, updated_at = now()
      WHERE operation_id = $1
        AND revoked_at IS NULL AND expires_at > now()
        AND (status = 'created'
-            OR ($4 AND status = 'dispatched' AND escalated_at IS NULL
+            OR (status = 'dispatched' AND attempts = $4 AND escalated_at IS NULL
                 AND (lease_until IS NULL OR lease_until <= now())
-                AND (reconcile_lease_until IS NULL OR reconcile_lease_until <= now())))
+                AND (((reconcile_lease_until IS NULL OR reconcile_lease_until <= now())
+                      AND (last_outcome = 'not_sent'
+                           OR ($6::float8 IS NOT NULL
+                               AND now() < created_at + make_interval(secs => $6))))
+                     OR (reconcile_owner = $7 AND reconcile_lease_until > now()))))
     RETURNING *
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
     SELECT operation_id, 'claimed', CASE WHEN attempts = 1 THEN 'created' ELSE 'dispatched' END,
-           'dispatched', $5, jsonb_build_object('attempt', attempts, 'lease_owner', $2)
+           'dispatched', $5,
+           jsonb_build_object('attempt', attempts, 'lease_owner', $2)
+             || CASE WHEN $7::text IS NULL THEN '{}'::jsonb
+                     ELSE jsonb_build_object('after_lookup', $7::text) END
     FROM claimed
 )
 SELECT c.*, now() AS read_at FROM claimed c;
@@ -114,7 +130,9 @@ SELECT o.*, now() AS read_at FROM operations o
 
 -- name: claim_reconcile_one
 -- Take the reconciliation lease of one dispatched operation whose attempt is over, so that no
--- two replicas (or a replica and a re-send) act on it at once.
+-- two replicas (or a replica and a re-send) act on it at once. Paced: not before
+-- next_reconcile_at, whoever asks (an agent polling, a re-send, an admin), so no caller can
+-- multiply lookups made with opgate's provider credential.
 WITH taken AS (
     UPDATE operations
        SET reconcile_owner = $2, reconcile_lease_until = now() + make_interval(secs => $3),
@@ -122,16 +140,18 @@ WITH taken AS (
      WHERE operation_id = $1 AND status = 'dispatched' AND escalated_at IS NULL
        AND (lease_until IS NULL OR lease_until <= now())
        AND (reconcile_lease_until IS NULL OR reconcile_lease_until <= now())
+       AND (next_reconcile_at IS NULL OR next_reconcile_at <= now())
     RETURNING *
 )
 SELECT t.*, now() AS read_at FROM taken t;
 
 -- name: claim_reconcile_batch
--- The background loop's pick: due, unleased, dispatched operations; SKIP LOCKED keeps replicas
--- from waiting on (or picking) each other's rows.
+-- The background loop's pick: due, unleased, dispatched operations, escalated ones included
+-- (they are looked up at their own, lower rate: an effect the provider shows settles them);
+-- SKIP LOCKED keeps replicas from waiting on (or picking) each other's rows.
 WITH due AS (
     SELECT operation_id FROM operations
-     WHERE status = 'dispatched' AND escalated_at IS NULL
+     WHERE status = 'dispatched'
        AND (lease_until IS NULL OR lease_until <= now())
        AND (reconcile_lease_until IS NULL OR reconcile_lease_until <= now())
        AND (next_reconcile_at IS NULL OR next_reconcile_at <= now())
@@ -148,8 +168,10 @@ WITH due AS (
 SELECT t.*, now() AS read_at FROM taken t;
 
 -- name: settle_reconciled
--- dispatched -> confirmed | failed from the provider's own record, by the holder ($2) of the
--- reconciliation lease, and only while no attempt is in flight.
+-- dispatched -> confirmed | failed from the provider's own record, by the holder ($2) of a
+-- reconciliation lease that is still live, while no attempt is in flight and none has started
+-- since the lookup began ($10: the attempts it saw). A lapsed lease or a newer attempt makes
+-- the lookup's answer stale: zero rows. Settling an escalated operation tells the humans.
 WITH settled AS (
     UPDATE operations
        SET status = $3, last_outcome = $3, settled_reason = $4, provider_object_id = $5,
@@ -157,22 +179,28 @@ WITH settled AS (
            settled_at = now(), reconcile_owner = NULL, reconcile_lease_until = NULL,
            updated_at = now()
      WHERE operation_id = $1 AND status = 'dispatched' AND reconcile_owner = $2
+       AND reconcile_lease_until > now() AND attempts = $10
        AND (lease_until IS NULL OR lease_until <= now())
     RETURNING *
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
     SELECT operation_id, 'reconciled', 'dispatched', $3, $2, $9::jsonb FROM settled
+), notification AS (
+    INSERT INTO escalation_notifications (operation_id, kind)
+    SELECT operation_id, 'settled_by_provider' FROM settled WHERE escalated_at IS NOT NULL
 )
 SELECT s.*, now() AS read_at FROM settled s;
 
 -- name: reconcile_inconclusive
--- The lookup settled nothing: count the try, release the lease, say when to look again.
+-- The lookup settled nothing: count the try, release the lease, say when to look again. Only
+-- by the lease's holder ($2), and only for the attempt it looked up ($5).
 WITH noted AS (
     UPDATE operations
        SET reconcile_attempts = reconcile_attempts + 1, reconcile_owner = NULL,
            reconcile_lease_until = NULL, next_reconcile_at = now() + make_interval(secs => $3),
            updated_at = now()
      WHERE operation_id = $1 AND reconcile_owner = $2 AND status = 'dispatched'
+       AND attempts = $5
     RETURNING *
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
@@ -183,12 +211,17 @@ SELECT n.*, now() AS read_at FROM noted n;
 
 -- name: escalate_operation
 -- A human must decide. Stays dispatched; the notification is queued in the same statement.
+-- By the holder ($2) of a live reconciliation lease for the attempt it looked up ($6), or by
+-- an admin ($2 NULL). The provider is still looked up, every $5 seconds: an effect it shows
+-- later settles the operation (absence never does; that stays with the human).
 WITH escalated AS (
     UPDATE operations
        SET escalated_at = now(), escalation_reason = $3, reconcile_owner = NULL,
-           reconcile_lease_until = NULL, updated_at = now()
+           reconcile_lease_until = NULL, next_reconcile_at = now() + make_interval(secs => $5),
+           updated_at = now()
      WHERE operation_id = $1 AND status = 'dispatched' AND escalated_at IS NULL
-       AND ($2::text IS NULL OR reconcile_owner = $2)
+       AND ($2::text IS NULL
+            OR (reconcile_owner = $2 AND reconcile_lease_until > now() AND attempts = $6))
     RETURNING *
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
@@ -220,6 +253,12 @@ WITH resolved AS (
 )
 SELECT r.*, now() AS read_at FROM resolved r;
 
+-- name: release_reconcile
+-- Give back a reconciliation lease that was taken but not used (a re-send that, after its
+-- lookup, could not claim): the next caller need not wait for it to lapse.
+UPDATE operations SET reconcile_owner = NULL, reconcile_lease_until = NULL, updated_at = now()
+ WHERE operation_id = $1 AND reconcile_owner = $2;
+
 -- name: claim_notifications
 -- Escalation notifications due for delivery, leased so one replica sends each at a time.
 WITH due AS (
@@ -231,7 +270,7 @@ WITH due AS (
 UPDATE escalation_notifications n
    SET lease_until = now() + make_interval(secs => $2), attempts = attempts + 1
   FROM due WHERE n.notification_id = due.notification_id
-RETURNING n.notification_id, n.operation_id, n.attempts;
+RETURNING n.notification_id, n.operation_id, n.attempts, n.kind;
 
 -- name: notification_delivered
 UPDATE escalation_notifications SET delivered_at = now(), lease_until = NULL, last_error = NULL

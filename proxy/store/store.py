@@ -167,10 +167,27 @@ class Store:
         )
 
     async def claim(
-        self, operation_id: str, *, owner: str, lease_seconds: float, allow_resend: bool
+        self,
+        operation_id: str,
+        *,
+        owner: str,
+        lease_seconds: float,
+        expected_attempts: int,
+        dedup_window_seconds: float | None = None,
+        after_lookup_by: str | None = None,
     ) -> Operation | None:
+        """A first attempt (the row is created) or a re-send of the attempt numbered
+        ``expected_attempts``; the statement itself decides whether a re-send may go
+        (queries.sql ``claim_operation``)."""
         return await self._one(
-            "claim_operation", operation_id, owner, lease_seconds, allow_resend, owner
+            "claim_operation",
+            operation_id,
+            owner,
+            lease_seconds,
+            expected_attempts,
+            owner,
+            dedup_window_seconds,
+            after_lookup_by,
         )
 
     async def settle(
@@ -230,6 +247,8 @@ class Store:
         reason: str,
         answer: ProviderAnswer | None,
         evidence: dict[str, Any],
+        *,
+        expected_attempts: int,
     ) -> Operation | None:
         return await self._one(
             "settle_reconciled",
@@ -242,20 +261,52 @@ class Store:
             answer.content_type if answer else None,
             answer.body if answer else None,
             json.dumps(evidence),
+            expected_attempts,
         )
 
     async def reconcile_inconclusive(
-        self, operation_id: str, owner: str, retry_in_seconds: float, evidence: dict[str, Any]
+        self,
+        operation_id: str,
+        owner: str,
+        retry_in_seconds: float,
+        evidence: dict[str, Any],
+        *,
+        expected_attempts: int,
     ) -> Operation | None:
         return await self._one(
-            "reconcile_inconclusive", operation_id, owner, retry_in_seconds, json.dumps(evidence)
+            "reconcile_inconclusive",
+            operation_id,
+            owner,
+            retry_in_seconds,
+            json.dumps(evidence),
+            expected_attempts,
+        )
+
+    async def release_reconcile(self, operation_id: str, owner: str) -> None:
+        await self._run(
+            lambda conn: conn.execute(QUERIES["release_reconcile"], operation_id, owner)
         )
 
     async def escalate(
-        self, operation_id: str, owner: str | None, reason: str, evidence: dict[str, Any]
+        self,
+        operation_id: str,
+        owner: str | None,
+        reason: str,
+        evidence: dict[str, Any],
+        *,
+        look_again_seconds: float,
+        expected_attempts: int | None = None,
     ) -> Operation | None:
+        """Escalate to a human: by the holder of a live reconciliation lease for the attempt
+        it looked up, or by an admin (``owner`` None)."""
         return await self._one(
-            "escalate_operation", operation_id, owner, reason, json.dumps(evidence)
+            "escalate_operation",
+            operation_id,
+            owner,
+            reason,
+            json.dumps(evidence),
+            look_again_seconds,
+            expected_attempts,
         )
 
     async def resolve(

@@ -76,7 +76,15 @@ def load_provider(text: str) -> Provider:
 
 
 PAY = load_provider(POLICY.format(dedup="false"))
-PAY_DEDUP = load_provider(POLICY.format(dedup="true"))
+PAY_DEDUP = load_provider(POLICY.format(dedup="true\n  retention_seconds: 86400"))
+# A provider that deduplicates, with lookups declared on its refunds.
+PAY_LOOKS_UP = load_provider(
+    POLICY.format(dedup="true\n  retention_seconds: 86400").replace(
+        "    path: /v1/refunds\n",
+        "    path: /v1/refunds\n    reconcile: {lookups: [{path: /v1/refunds}]}\n",
+        1,
+    )
+)
 JPAY = load_provider(JSON_POLICY)
 
 NOW = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -687,6 +695,20 @@ RESEND_CASES: list[tuple[str, Provider, timedelta | None, str | None, Decision |
     ("timeout, dedup", PAY_DEDUP, None, LastOutcome.UNKNOWN_TIMEOUT, Forward(ClaimKind.RESEND)),
     ("no outcome recorded, dedup", PAY_DEDUP, None, None, Forward(ClaimKind.RESEND)),
     (
+        "timeout, lookups declared: ask first",
+        PAY_LOOKS_UP,
+        None,
+        LastOutcome.UNKNOWN_TIMEOUT,
+        Forward(ClaimKind.RESEND_AFTER_LOOKUP),
+    ),
+    (
+        "not sent, lookups declared: nothing to ask",
+        PAY_LOOKS_UP,
+        None,
+        "not_sent",
+        Forward(ClaimKind.RESEND),
+    ),
+    (
         "timeout, no dedup",
         PAY,
         None,
@@ -764,6 +786,17 @@ def test_live_reconciliation_is_in_flight() -> None:
     assert decision.retry_after_seconds == 5
     ended = replace(op, reconcile_lease_until=NOW)
     assert decide_by_state(PAY_DEDUP, ended) == Forward(ClaimKind.RESEND)
+
+
+def test_past_the_key_retention_a_deduplicating_provider_is_not_relied_on() -> None:
+    """A day after creation Stripe may have pruned the key: a re-send is then refused."""
+    op = dispatched(
+        last_outcome=LastOutcome.UNKNOWN_TIMEOUT, created_at=NOW - timedelta(hours=24, seconds=1)
+    )
+    decision = decide_by_state(PAY_DEDUP, op)
+    assert isinstance(decision, Deny)
+    assert decision.reason is Reason.RECONCILE_REQUIRED
+    assert "no longer deduplicates" in decision.detail
 
 
 def test_reconcile_detail_names_the_outcome_and_provider() -> None:

@@ -60,7 +60,8 @@ APPROVALS = {
 }
 ESCALATION = {"not escalated": {}, "escalated": {"escalated_at": PAST, "escalation_reason": "x"}}
 RECONCILING = {"not reconciling": None, "reconciling": LIVE}
-DEDUPE = {"deduplicates": True, "does not deduplicate": False}
+# The provider's deduplication window: a day (Stripe), or none.
+DEDUPE: dict[str, float | None] = {"deduplicates": 86400.0, "does not deduplicate": None}
 
 
 def expected(
@@ -115,7 +116,7 @@ def test_next_action_follows_the_protocol(
         **APPROVALS[approval],
         **ESCALATION[escalation],
     )
-    advice = next_action(op, provider_deduplicates=DEDUPE[dedupe])
+    advice = next_action(op, dedup_window_seconds=DEDUPE[dedupe])
     assert advice.action is expected(
         status,
         LEASES[lease],
@@ -123,11 +124,13 @@ def test_next_action_follows_the_protocol(
         approval,
         escalation == "escalated",
         reconciling == "reconciling",
-        DEDUPE[dedupe],
+        DEDUPE[dedupe] is not None,
     )
     assert advice.reason
     if advice.action is NextAction.WAIT:
         assert advice.retry_after_seconds == 7
+    elif advice.action is NextAction.RECONCILE:
+        assert advice.retry_after_seconds == 1  # a try is due now: ask again right after it
     else:
         assert advice.retry_after_seconds is None
 
@@ -138,4 +141,25 @@ def test_a_revoked_unknown_operation_is_reconciled_never_resent() -> None:
     op = operation(
         status=Status.DISPATCHED, last_outcome=LastOutcome.UNKNOWN_TIMEOUT, revoked_at=PAST
     )
-    assert next_action(op, provider_deduplicates=True).action is NextAction.RECONCILE
+    assert next_action(op, dedup_window_seconds=86400).action is NextAction.RECONCILE
+
+
+def test_a_reconcile_answer_says_when_the_next_try_is_due() -> None:
+    """An agent told to reconcile learns when opgate will look again, and asks then."""
+    op = operation(
+        status=Status.DISPATCHED,
+        last_outcome=LastOutcome.UNKNOWN_TIMEOUT,
+        next_reconcile_at=NOW + timedelta(seconds=29.2),
+    )
+    advice = next_action(op, dedup_window_seconds=None)
+    assert (advice.action, advice.retry_after_seconds) == (NextAction.RECONCILE, 30)
+
+
+def test_past_the_key_retention_the_agent_is_told_to_reconcile_not_retry() -> None:
+    """A key the provider no longer keeps cannot make a re-send safe."""
+    op = operation(
+        status=Status.DISPATCHED,
+        last_outcome=LastOutcome.UNKNOWN_TIMEOUT,
+        created_at=NOW - timedelta(days=2),
+    )
+    assert next_action(op, dedup_window_seconds=86400).action is NextAction.RECONCILE

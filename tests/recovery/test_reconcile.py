@@ -15,8 +15,8 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
+from proxy.gate.lookup import Absent, Found, Inconclusive, interpret_lookup, render_lookup
 from proxy.policy.model import ReconcileLookup
-from proxy.recovery.reconcile import Absent, Found, Inconclusive, interpret_lookup, render_lookup
 from tests.recovery.test_next_action import operation
 from tests.support.fault_provider import FaultMode, FaultProvider
 from tests.support.opgate import Opgate, StartOpgate, admin_headers, fault_policy
@@ -317,5 +317,149 @@ async def test_two_replicas_never_reconcile_the_same_operation_twice(
     lookups = [r.query_string for r in fault_provider.requests if r.method == "GET"]
     assert sorted(lookups) == sorted(f"charge=ch_{i}" for i in range(20))
     actors = {e["actor"] for row in rows for e in row["events"] if e["event"] == "reconciled"}
-    assert actors <= {"replica-a:loop", "replica-b:loop"}
+    assert {actor.rsplit(":", 1)[0] for actor in actors} <= {"replica-a:loop", "replica-b:loop"}
     assert len(fault_provider.effects) == 20
+
+
+async def test_recovery_reads_are_paced_by_the_rule_and_do_not_escalate_by_accident(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
+) -> None:
+    """A replacement agent polls fast through a lookup outage: one lookup per retry_seconds,
+    whoever asks, so five quick reads cost one provider call, each `reconcile` answer says
+    when to ask again, and two allowed tries are not used up into an escalation."""
+    (policy_dir / "fault.yaml").write_text(
+        fault_policy(deduplicates=False, grace_seconds=0, max_attempts=2, retry_seconds=30)
+    )
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        op = await gate.approve()
+        fault_provider.mode = FaultMode.ERROR_AFTER_COMMIT  # the POST and every lookup: 500
+        status, _, _ = await gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))
+        assert status == 502
+        views = [await recovery(gate, op["operation_id"]) for _ in range(5)]
+    assert [v["next_action"] for v in views] == ["reconcile"] * 5
+    assert all(20 <= v["retry_after_seconds"] <= 30 for v in views), views
+    lookups = [r for r in fault_provider.requests if r.method == "GET"]
+    assert len(lookups) == 1
+    assert views[-1]["operation"]["escalation"] is None
+
+
+async def test_an_escalated_operation_is_still_looked_up_and_settles_when_the_effect_shows(
+    start_opgate: StartOpgate,
+    policy_dir: Path,
+    fault_provider: FaultProvider,
+    webhook: Webhook,
+) -> None:
+    """Lookups failed until a human was asked; later the provider answers and shows the
+    effect: the background loop, still looking at a low rate, settles it confirmed and the
+    humans are told."""
+    (policy_dir / "fault.yaml").write_text(
+        fault_policy(
+            deduplicates=False, grace_seconds=0, max_attempts=1, escalated_retry_seconds=0.05
+        )
+    )
+    async with start_opgate(
+        upstream_overrides={"fault": fault_provider.url},
+        background_interval_seconds=0.05,
+        escalation_webhook_url=webhook.url,
+    ) as gate:
+        op = await gate.approve()
+        fault_provider.mode = FaultMode.ERROR_AFTER_COMMIT
+        status, _, _ = await gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))
+        assert status == 502
+
+        async def escalated() -> bool:
+            return (await gate.operation(op["operation_id"]))["escalation"] is not None
+
+        await eventually(escalated)
+        fault_provider.mode = FaultMode.OK
+
+        async def confirmed() -> dict[str, Any] | None:
+            row = await gate.operation(op["operation_id"])
+            return row if row["status"] == "confirmed" else None
+
+        row = await eventually(confirmed)
+
+        async def told() -> bool:
+            return len(webhook.received) >= 2
+
+        await eventually(told)
+    assert row["settled_reason"] == "reconciled"
+    assert row["provider_response"]["object_id"] == fault_provider.effects[0].id
+    assert [n["event"] for n in webhook.received] == [
+        "operation_escalated",
+        "operation_settled_by_provider",
+    ]
+    assert len(fault_provider.effects) == 1
+
+
+async def test_an_escalated_operation_whose_effect_is_absent_stays_with_the_human(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
+) -> None:
+    """Absence, even conclusive, never settles an escalated operation: a human decides."""
+    (policy_dir / "fault.yaml").write_text(
+        fault_policy(
+            deduplicates=False, grace_seconds=0, max_attempts=1, escalated_retry_seconds=0.05
+        )
+    )
+    async with start_opgate(
+        upstream_overrides={"fault": fault_provider.url}, background_interval_seconds=0.05
+    ) as gate:
+        op = await gate.approve()
+        fault_provider.mode = FaultMode.STALL  # nothing committed; the timeout is 2 s
+        sent = asyncio.create_task(
+            gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))
+        )
+        await fault_provider.in_flight.wait()
+        fault_provider.mode = FaultMode.ERROR_AFTER_COMMIT  # lookups fail: escalate
+        status, _, _ = await sent
+        assert status == 504
+        fault_provider.release()
+
+        async def escalated() -> bool:
+            return (await gate.operation(op["operation_id"]))["escalation"] is not None
+
+        await eventually(escalated)
+        fault_provider.mode = FaultMode.OK  # lookups now answer: no refund exists
+
+        async def looked_up_again() -> bool:
+            gets = [r for r in fault_provider.requests if r.method == "GET"]
+            return len(gets) >= 3
+
+        await eventually(looked_up_again)
+        row = await gate.operation(op["operation_id"])
+    assert (row["status"], row["escalation"] is not None) == ("dispatched", True)
+    assert fault_provider.effects == []
+
+
+async def test_the_reconciliation_lease_outlasts_its_lookups(
+    start_opgate: StartOpgate,
+    policy_dir: Path,
+    fault_provider: FaultProvider,
+    database_url: str,
+) -> None:
+    """A lookup may take the provider's whole timeout (here 90 s): the reconciliation lease
+    taken for it must be longer, or it could lapse while the lookup is still out."""
+    (policy_dir / "fault.yaml").write_text(
+        fault_policy(deduplicates=False, total_timeout=90, grace_seconds=0)
+    )
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        op = await gate.approve()
+        fault_provider.mode = FaultMode.DROP_AFTER_COMMIT
+        status, _, _ = await gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))
+        assert status == 502
+        fault_provider.mode = FaultMode.STALL
+        read = asyncio.create_task(recovery(gate, op["operation_id"]))
+        await fault_provider.in_flight.wait()
+        conn = await asyncpg.connect(database_url)
+        try:
+            remaining = await conn.fetchval(
+                "SELECT extract(epoch FROM reconcile_lease_until - now()) FROM operations "
+                "WHERE operation_id = $1",
+                op["operation_id"],
+            )
+        finally:
+            await conn.close()
+        fault_provider.mode = FaultMode.OK
+        fault_provider.release()
+        await read
+    assert remaining > 90

@@ -50,7 +50,7 @@ async def test_concurrent_claims_have_exactly_one_winner(store: Store) -> None:
     await store.create(new_operation("op_race"), actor="test")
     results = await asyncio.gather(
         *(
-            store.claim("op_race", owner=f"r{i}", lease_seconds=30, allow_resend=True)
+            store.claim("op_race", owner=f"r{i}", lease_seconds=30, expected_attempts=0)
             for i in range(20)
         )
     )
@@ -65,7 +65,7 @@ async def test_settle_only_from_dispatched_and_never_twice(store: Store) -> None
     await store.create(new_operation("op_settle"), actor="test")
     answer = ProviderAnswer(200, "re_1", "application/json", b"{}")
     assert await store.settle("op_settle", Status.CONFIRMED, answer, "test") is None
-    await store.claim("op_settle", owner="a", lease_seconds=30, allow_resend=False)
+    await store.claim("op_settle", owner="a", lease_seconds=30, expected_attempts=0)
     settled = await store.settle("op_settle", Status.CONFIRMED, answer, "test")
     assert settled is not None
     assert settled.status is Status.CONFIRMED
@@ -77,16 +77,18 @@ async def test_settle_only_from_dispatched_and_never_twice(store: Store) -> None
 async def test_unknown_keeps_dispatched_and_only_the_lease_holder_releases(store: Store) -> None:
     """release_unknown leaves the row dispatched; a stale attempt number changes nothing."""
     await store.create(new_operation("op_unknown"), actor="test")
-    claimed = await store.claim("op_unknown", owner="a", lease_seconds=30, allow_resend=False)
+    claimed = await store.claim("op_unknown", owner="a", lease_seconds=30, expected_attempts=0)
     assert claimed is not None
     assert await store.release_unknown("op_unknown", 99, "unknown:timeout", None, "x") is None
     released = await store.release_unknown("op_unknown", 1, "unknown:timeout", None, "a")
     assert released is not None
     assert (released.status, released.last_outcome) == (Status.DISPATCHED, "unknown:timeout")
     assert not released.lease_is_live()
-    # a re-send is a policy decision: refused unless the caller allows it
-    assert await store.claim("op_unknown", owner="b", lease_seconds=30, allow_resend=False) is None
-    again = await store.claim("op_unknown", owner="b", lease_seconds=30, allow_resend=True)
+    # a re-send after an unknown outcome needs a provider that still deduplicates the key
+    assert await store.claim("op_unknown", owner="b", lease_seconds=30, expected_attempts=1) is None
+    again = await store.claim(
+        "op_unknown", owner="b", lease_seconds=30, expected_attempts=1, dedup_window_seconds=600
+    )
     assert again is not None
     assert again.attempts == 2
 
@@ -96,8 +98,13 @@ async def test_a_live_lease_blocks_a_resend_and_an_expired_one_does_not(
 ) -> None:
     """A crashed replica's claim expires: once its lease is past, a new attempt may claim."""
     await store.create(new_operation("op_lease"), actor="test")
-    await store.claim("op_lease", owner="crashed", lease_seconds=30, allow_resend=False)
-    assert await store.claim("op_lease", owner="b", lease_seconds=30, allow_resend=True) is None
+    await store.claim("op_lease", owner="crashed", lease_seconds=30, expected_attempts=0)
+    assert (
+        await store.claim(
+            "op_lease", owner="b", lease_seconds=30, expected_attempts=1, dedup_window_seconds=600
+        )
+        is None
+    )
     conn = await asyncpg.connect(database_url)
     try:
         await conn.execute(
@@ -106,14 +113,19 @@ async def test_a_live_lease_blocks_a_resend_and_an_expired_one_does_not(
         )
     finally:
         await conn.close()
-    assert await store.claim("op_lease", owner="b", lease_seconds=30, allow_resend=True) is not None
+    assert (
+        await store.claim(
+            "op_lease", owner="b", lease_seconds=30, expected_attempts=1, dedup_window_seconds=600
+        )
+        is not None
+    )
 
 
 async def test_revoked_or_expired_rows_cannot_be_claimed(store: Store, database_url: str) -> None:
     """The claim itself re-checks the approval, with the database's clock."""
     await store.create(new_operation("op_revoked"), actor="test")
     await store.revoke("op_revoked", "no", "admin")
-    assert await store.claim("op_revoked", owner="a", lease_seconds=5, allow_resend=False) is None
+    assert await store.claim("op_revoked", owner="a", lease_seconds=5, expected_attempts=0) is None
     await store.create(new_operation("op_expired"), actor="test")
     conn = await asyncpg.connect(database_url)
     try:
@@ -122,15 +134,17 @@ async def test_revoked_or_expired_rows_cannot_be_claimed(store: Store, database_
         )
     finally:
         await conn.close()
-    assert await store.claim("op_expired", owner="a", lease_seconds=5, allow_resend=False) is None
+    assert await store.claim("op_expired", owner="a", lease_seconds=5, expected_attempts=0) is None
 
 
 async def test_transitions_and_their_events_commit_together(store: Store) -> None:
     """Every transition writes its event row in the same statement."""
     await store.create(new_operation("op_events"), actor="admin")
-    await store.claim("op_events", owner="a", lease_seconds=30, allow_resend=False)
+    await store.claim("op_events", owner="a", lease_seconds=30, expected_attempts=0)
     await store.release_unknown("op_events", 1, "unknown:status", 500, "a")
-    await store.claim("op_events", owner="b", lease_seconds=30, allow_resend=True)
+    await store.claim(
+        "op_events", owner="b", lease_seconds=30, expected_attempts=1, dedup_window_seconds=600
+    )
     await store.settle("op_events", Status.CONFIRMED, ProviderAnswer(200, "re_9", None, b"{}"), "b")
     events = await store.events("op_events")
     assert [(e["event"], e["from_status"], e["to_status"]) for e in events] == [
@@ -149,3 +163,95 @@ async def test_a_provider_key_belongs_to_one_operation(store: Store) -> None:
     with pytest.raises(IdempotencyKeyInUse):
         await store.create(new_operation("op_k2", key="shared"), actor="admin")
     assert await store.load("op_k2") is None
+
+
+async def expire_reconcile_lease(database_url: str, operation_id: str) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(
+            "UPDATE operations SET reconcile_lease_until = now() - interval '1 s' "
+            "WHERE operation_id = $1",
+            operation_id,
+        )
+    finally:
+        await conn.close()
+
+
+async def test_a_resend_claim_itself_rechecks_why_the_last_attempt_ended(store: Store) -> None:
+    """A re-send decided on a stale read (it believed nothing was sent) cannot claim a row
+    whose last attempt ended unknown on a provider that does not deduplicate: the statement,
+    not the caller, holds the rule."""
+    await store.create(new_operation("op_stale"), actor="test")
+    first = await store.claim("op_stale", owner="a", lease_seconds=30, expected_attempts=0)
+    assert first is not None
+    await store.release_unknown("op_stale", 1, "unknown:timeout", None, "a")
+    stale = await store.claim("op_stale", owner="b", lease_seconds=30, expected_attempts=1)
+    assert stale is None
+    # within a deduplicating provider's retention of the key, the same re-send may go
+    dedup = await store.claim(
+        "op_stale", owner="b", lease_seconds=30, expected_attempts=1, dedup_window_seconds=600
+    )
+    assert dedup is not None
+    assert dedup.attempts == 2
+
+
+async def test_a_resend_claim_after_not_sent_needs_no_deduplication(store: Store) -> None:
+    """Nothing left on the last attempt: a re-send may claim whatever the provider does."""
+    await store.create(new_operation("op_not_sent"), actor="test")
+    await store.claim("op_not_sent", owner="a", lease_seconds=30, expected_attempts=0)
+    await store.release_unknown("op_not_sent", 1, "not_sent", None, "a")
+    again = await store.claim("op_not_sent", owner="b", lease_seconds=30, expected_attempts=1)
+    assert again is not None
+    assert again.attempts == 2
+
+
+async def test_a_stale_reconciliation_cannot_settle_after_a_newer_attempt(
+    store: Store, database_url: str
+) -> None:
+    """The reconciler's lease lapsed during a slow lookup; an agent's re-send claimed, went
+    out and ended unknown. The reconciler's late 'no effect' must not settle the row failed:
+    its lease is gone and an attempt started after its lookup began."""
+    await store.create(new_operation("op_slow_lookup"), actor="test")
+    await store.claim("op_slow_lookup", owner="a", lease_seconds=30, expected_attempts=0)
+    await store.release_unknown("op_slow_lookup", 1, "not_sent", None, "a")
+    taken = await store.claim_reconcile_one("op_slow_lookup", "reconciler", 30)
+    assert taken is not None
+    assert taken.attempts == 1
+    await expire_reconcile_lease(database_url, "op_slow_lookup")
+    resent = await store.claim("op_slow_lookup", owner="b", lease_seconds=30, expected_attempts=1)
+    assert resent is not None
+    await store.release_unknown("op_slow_lookup", 2, "unknown:timeout", None, "b")
+    settled = await store.settle_reconciled(
+        "op_slow_lookup",
+        "reconciler",
+        Status.FAILED,
+        "no_effect",
+        None,
+        {"lookups": []},
+        expected_attempts=taken.attempts,
+    )
+    assert settled is None
+    row = await store.load("op_slow_lookup")
+    assert row is not None
+    assert row.status is Status.DISPATCHED
+
+
+async def test_a_claim_waits_for_a_live_reconciliation(store: Store) -> None:
+    """While a reconciliation holds the row, no attempt starts: its answer would be stale."""
+    await store.create(new_operation("op_held"), actor="test")
+    await store.claim("op_held", owner="a", lease_seconds=30, expected_attempts=0)
+    await store.release_unknown("op_held", 1, "not_sent", None, "a")
+    assert await store.claim_reconcile_one("op_held", "reconciler", 30) is not None
+    assert await store.claim("op_held", owner="b", lease_seconds=30, expected_attempts=1) is None
+
+
+async def test_on_demand_lookups_are_paced_per_operation(store: Store) -> None:
+    """After an inconclusive try, no one may take the row for another lookup before the
+    rule's retry time: an agent polling fast cannot multiply calls to the provider."""
+    await store.create(new_operation("op_paced"), actor="test")
+    await store.claim("op_paced", owner="a", lease_seconds=30, expected_attempts=0)
+    await store.release_unknown("op_paced", 1, "unknown:timeout", None, "a")
+    taken = await store.claim_reconcile_one("op_paced", "one", 30)
+    assert taken is not None
+    await store.reconcile_inconclusive("op_paced", "one", 600, {"lookups": []}, expected_attempts=1)
+    assert await store.claim_reconcile_one("op_paced", "two", 30) is None

@@ -52,9 +52,13 @@ def fault_policy(
     total_timeout: float = 2.0,
     grace_seconds: float | None = None,
     max_attempts: int = 2,
+    retry_seconds: float = 0.05,
+    escalated_retry_seconds: float | None = None,
+    retention_seconds: float = 86400,
 ) -> str:
     """A provider policy for the fault provider; ``body`` is form or json. With
-    ``grace_seconds``, refunds are reconciled by listing the charge's refunds (form only)."""
+    ``grace_seconds``, refunds are reconciled by listing the charge's refunds (form only).
+    A deduplicating provider keeps its keys ``retention_seconds``."""
     reconcile = (
         ""
         if grace_seconds is None
@@ -64,9 +68,17 @@ def fault_policy(
             " absence_is_conclusive: true}]"
             f"\n              grace_seconds: {grace_seconds}"
             f"\n              max_attempts: {max_attempts}"
-            "\n              retry_seconds: 0.05"
+            f"\n              retry_seconds: {retry_seconds}"
+            + (
+                f"\n              escalated_retry_seconds: {escalated_retry_seconds}"
+                if escalated_retry_seconds is not None
+                else ""
+            )
         )
     )
+    dedup = str(deduplicates).lower()
+    if deduplicates:
+        dedup += f", retention_seconds: {retention_seconds:g}"
     injection = (
         "{kind: form_field, field: 'metadata[operation_id]'}"
         if body == "form"
@@ -80,7 +92,7 @@ def fault_policy(
         route_prefix: /fault
         upstream: http://127.0.0.1:9
         credential: {{header: Authorization, scheme: Bearer, secret: fault_key}}
-        idempotency: {{header: Idempotency-Key, provider_deduplicates: {str(deduplicates).lower()}}}
+        idempotency: {{header: Idempotency-Key, provider_deduplicates: {dedup}}}
         metadata_injection: {injection}
         timeouts: {{connect_seconds: 2, total_seconds: {total_timeout}}}
         classify: {{confirmed: [2xx], failed: [400, 402, 404], object_id: /id}}

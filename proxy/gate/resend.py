@@ -1,0 +1,112 @@
+"""Before a re-send of an attempt whose outcome is unknown, ask the provider.
+
+A re-send rests on the provider honouring the key, and a policy's ``provider_deduplicates``
+may be wrong, or the key past the provider's retention. Where the rule declares lookups,
+opgate asks first, under a reconciliation lease, so that no other attempt can start between
+the answer and the claim:
+
+    found                                    -> settled confirmed (``reconciled``): replayed
+    absent, conclusively, the grace passed   -> the re-send may go; the claim consumes the lease
+    anything else, or asked too recently     -> the re-send goes only while the provider still
+                                                deduplicates the key; else ``reconcile_required``
+
+The lookups are paced by the rule's ``retry_seconds`` whoever asks (``claim_reconcile_one``),
+so an agent retrying fast does not multiply calls made with opgate's provider credential.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from proxy.gate.checks import reconcile_required
+from proxy.gate.classify import object_id_from
+from proxy.gate.decision import Deny
+from proxy.gate.gateway import Gateway
+from proxy.gate.lookup import ask_provider, grace_remaining, lookup_lease_seconds
+from proxy.gate.reasons import Reason
+from proxy.policy.model import Provider, Reconcile
+from proxy.store.operation import Operation, Status
+from proxy.store.store import ProviderAnswer
+
+
+@dataclass(frozen=True)
+class Cleared:
+    """The re-send may be claimed. ``lookup_owner``: the reconciliation lease under which the
+    provider showed no effect (None: the claim must rest on the key or on ``not_sent``)."""
+
+    lookup_owner: str | None
+
+
+async def ask_before_resend(
+    gw: Gateway, provider: Provider, reconcile: Reconcile, op: Operation
+) -> Cleared | Operation | Deny:
+    """Cleared to claim; or the operation as the lookup settled it; or a refusal."""
+    window = provider.idempotency.dedup_window_seconds
+    owner = f"{gw.settings.instance_id}:resend:{secrets.token_hex(4)}"
+    lease = lookup_lease_seconds(provider, reconcile, gw.settings.lease_margin_seconds)
+    taken = await gw.store.claim_reconcile_one(op.operation_id, owner, lease)
+    if taken is None:
+        current = await gw.store.load(op.operation_id) or op
+        if not _only_paced(current, op):
+            return Cleared(None)  # it moved on: the claim fails and is explained from the row
+        if current.key_deduplicated(window):
+            return Cleared(None)
+        return reconcile_required(
+            provider, current, _seconds_until(current, current.next_reconcile_at)
+        )
+
+    asked = await ask_provider(gw, provider, reconcile, taken)
+    evidence: dict[str, Any] = {
+        "before": "resend",
+        "attempts": taken.attempts,
+        "last_outcome": taken.last_outcome,
+        "lookups": asked.evidence,
+    }
+    found = asked.found
+    if found is not None:
+        body = json.dumps(found.item, allow_nan=False).encode()
+        answer = ProviderAnswer(200, object_id_from("/id", body), "application/json", body)
+        settled = await gw.store.settle_reconciled(
+            op.operation_id,
+            owner,
+            Status.CONFIRMED,
+            "reconciled",
+            answer,
+            evidence,
+            expected_attempts=taken.attempts,
+        )
+        if settled is not None:
+            return settled
+        return Deny(Reason.OPERATION_IN_FLIGHT, "the operation changed during the lookup", 1)
+    wait = grace_remaining(taken, reconcile.grace_seconds)
+    if asked.all_absent_conclusively() and wait <= 0:
+        return Cleared(owner)
+    retry_in = wait if asked.all_absent_conclusively() else reconcile.retry_seconds
+    await gw.store.reconcile_inconclusive(
+        op.operation_id, owner, retry_in, evidence, expected_attempts=taken.attempts
+    )
+    if taken.key_deduplicated(window):
+        return Cleared(None)
+    return reconcile_required(provider, taken, max(1, math.ceil(retry_in)))
+
+
+def _only_paced(current: Operation, decided_on: Operation) -> bool:
+    """The row is as the decision saw it, and only the pacing kept the lookup from starting."""
+    return (
+        current.status is Status.DISPATCHED
+        and current.attempts == decided_on.attempts
+        and current.escalated_at is None
+        and not current.lease_is_live()
+        and not current.reconciliation_is_live()
+    )
+
+
+def _seconds_until(op: Operation, moment: datetime | None) -> int:
+    if moment is None:
+        return 1
+    return max(1, math.ceil((moment - op.read_at).total_seconds()))

@@ -1,0 +1,160 @@
+"""Before opgate re-sends an attempt whose outcome is unknown, it asks the provider: a found
+effect settles the operation and is replayed, conclusive absence lets the re-send go, and an
+inconclusive answer lets it go only while the provider still deduplicates on the key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import asyncpg
+
+from tests.gate.test_pipeline import GOOD_BODY, op_header
+from tests.support.fault_provider import FaultMode, FaultProvider
+from tests.support.opgate import StartOpgate, fault_policy
+
+
+def lookups(provider: FaultProvider) -> list[str]:
+    return [r.query_string for r in provider.requests if r.method == "GET"]
+
+
+async def test_a_found_effect_is_replayed_instead_of_re_sent(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
+) -> None:
+    """The policy says the provider deduplicates, but it does not: the first attempt committed
+    and answered 500; the agent's retry finds the effect by lookup and gets it replayed."""
+    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=True, grace_seconds=30))
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        op = await gate.approve()
+        fault_provider.mode = FaultMode.ERROR_AFTER_COMMIT
+        status, _, _ = await gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))
+        assert status == 502
+        fault_provider.mode = FaultMode.OK
+        status, headers, body = await gate.send(
+            "/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op)
+        )
+        row = await gate.operation(op["operation_id"])
+    assert status == 200, body
+    assert headers["Idempotent-Replayed"] == "true"
+    assert json.loads(body)["id"] == fault_provider.effects[0].id
+    assert len(fault_provider.effects) == 1
+    assert (row["status"], row["settled_reason"], row["attempts"]) == ("confirmed", "reconciled", 1)
+    assert lookups(fault_provider) == ["charge=ch_1"]
+
+
+async def test_conclusive_absence_lets_the_re_send_go_on_a_provider_that_does_not_deduplicate(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
+) -> None:
+    """The first attempt timed out with nothing committed; once the grace has passed the
+    provider's complete list shows no effect, so the identical request is sent once more."""
+    (policy_dir / "fault.yaml").write_text(
+        fault_policy(deduplicates=False, total_timeout=0.3, grace_seconds=0)
+    )
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        op = await gate.approve()
+        fault_provider.mode = FaultMode.STALL
+        status, _, _ = await gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))
+        assert status == 504
+        fault_provider.release()
+        fault_provider.mode = FaultMode.OK
+        status, _, body = await gate.send(
+            "/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op)
+        )
+        row = await gate.operation(op["operation_id"])
+    assert status == 200, body
+    assert len(fault_provider.effects) == 1
+    assert (row["status"], row["attempts"]) == ("confirmed", 2)
+    assert lookups(fault_provider) == ["charge=ch_1"]
+    assert [e["event"] for e in row["events"]] == [
+        "created",
+        "claimed",
+        "unknown",
+        "claimed",
+        "confirmed",
+    ]
+
+
+async def test_an_inconclusive_lookup_refuses_the_re_send_on_a_provider_that_does_not_deduplicate(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
+) -> None:
+    """The lookup itself fails: nothing is known, the provider does not deduplicate, so the
+    agent is told to wait for reconciliation, with when to ask again."""
+    (policy_dir / "fault.yaml").write_text(
+        fault_policy(deduplicates=False, grace_seconds=0, retry_seconds=30, max_attempts=5)
+    )
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        op = await gate.approve()
+        fault_provider.mode = FaultMode.ERROR_AFTER_COMMIT  # the POST and the lookup: 500
+        status, _, _ = await gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))
+        assert status == 502
+        status, headers, body = await gate.send(
+            "/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op)
+        )
+        again, _, _ = await gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))
+        row = await gate.operation(op["operation_id"])
+    assert (status, json.loads(body)["code"]) == (409, "reconcile_required")
+    assert 1 <= int(headers["Retry-After"]) <= 30
+    assert again == 409
+    assert len(fault_provider.effects) == 1
+    # one lookup: the second refusal is paced by the rule's retry_seconds, not asked again
+    assert lookups(fault_provider) == ["charge=ch_1"]
+    assert (row["status"], row["attempts"]) == ("dispatched", 1)
+
+
+async def test_an_inconclusive_lookup_lets_the_re_send_go_while_the_key_is_retained(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
+) -> None:
+    """The provider deduplicates and the key is within its retention: when the lookup cannot
+    tell, the re-send goes with the same key and the provider answers it once."""
+    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=True, grace_seconds=0))
+    fault_provider.deduplicate = True
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        op = await gate.approve()
+        fault_provider.mode = FaultMode.ERROR_AFTER_COMMIT
+        status, _, _ = await gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))
+        assert status == 502
+        fault_provider.script(FaultMode.ERROR_AFTER_COMMIT, FaultMode.OK)  # lookup fails, POST ok
+        status, headers, _ = await gate.send(
+            "/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op)
+        )
+        row = await gate.operation(op["operation_id"])
+    assert status == 200
+    assert headers.get("Idempotent-Replayed") == "true"  # the provider's own replay
+    assert len(fault_provider.effects) == 1
+    assert (row["status"], row["attempts"]) == ("confirmed", 2)
+
+
+async def test_past_the_key_retention_a_re_send_is_treated_as_without_deduplication(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider, database_url: str
+) -> None:
+    """The key's retention has passed since the operation was created (the policy shortened
+    it): without a lookup to ask, the re-send is refused, not trusted to the provider."""
+    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=True, retention_seconds=300))
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        op = await gate.approve()
+        fault_provider.mode = FaultMode.ERROR_AFTER_COMMIT
+        status, _, _ = await gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))
+        assert status == 502
+        conn = await asyncpg.connect(database_url)
+        try:  # the operation was created longer ago than the provider keeps keys
+            await conn.execute(
+                "UPDATE operations SET created_at = now() - interval '10 minutes' "
+                "WHERE operation_id = $1",
+                op["operation_id"],
+            )
+        finally:
+            await conn.close()
+        fault_provider.mode = FaultMode.OK
+        status, _, body = await gate.send(
+            "/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op)
+        )
+        view = await gate.send(
+            f"/_opgate/v1/operations/{op['operation_id']}",
+            method="GET",
+            data=None,
+            content_type=None,
+        )
+    assert (status, json.loads(body)["code"]) == (409, "reconcile_required")
+    assert "no longer deduplicates" in json.loads(body)["detail"]
+    assert json.loads(view[2])["next_action"] != "retry"
+    assert len(fault_provider.effects) == 1
