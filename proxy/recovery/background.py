@@ -17,6 +17,7 @@ import structlog
 
 from proxy.errors import StoreUnavailable
 from proxy.gate.gateway import Gateway
+from proxy.gate.upstream import new_client_session
 from proxy.recovery.reconcile import RECONCILE_LEASE_SECONDS, reconcile_claimed
 
 _log = structlog.get_logger("opgate.background")
@@ -77,7 +78,7 @@ async def notify_pass(gw: Gateway, http: aiohttp.ClientSession, url: str) -> int
 async def run_background(gw: Gateway, stop: asyncio.Event) -> None:
     """Both loops until ``stop`` is set; a database outage only delays them."""
     settings = gw.settings
-    async with aiohttp.ClientSession(trust_env=False) as http:
+    async with new_client_session() as http:
         while not stop.is_set():
             try:
                 await reconcile_pass(gw, settings.reconcile_batch_size)
