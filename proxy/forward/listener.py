@@ -57,6 +57,7 @@ from proxy.gate.identity import credential_from
 from proxy.gate.pipeline import handle_agent_request
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
+from proxy.gate.upstream import new_client_session
 from proxy.observe.audit import AuditRecord, Decision, emit
 from proxy.observe.observer import observe_agent_request
 from proxy.settings import Settings
@@ -98,13 +99,10 @@ def new_forward_client(gateway: Gateway, settings: Settings) -> aiohttp.ClientSe
         settings.forward_static_hosts,
         lambda host: allowed_classes_for_host(gateway.policy, settings.upstream_overrides, host),
     )
-    return aiohttp.ClientSession(
-        auto_decompress=False,
-        trust_env=False,
+    return new_client_session(
         connector=aiohttp.TCPConnector(
             limit=0, ssl=context, resolver=resolver, use_dns_cache=False
         ),
-        cookie_jar=aiohttp.DummyCookieJar(),
     )
 
 

@@ -2,6 +2,10 @@
 
 Sends exactly the bytes and headers it is given: no automatic headers, no decompression, no
 redirects, no retries (a retry is a new attempt, and only the pipeline may start one).
+
+Every HTTP client session opgate sends with (to providers in both modes, for reconciliation
+lookups, to the escalation webhook) is made by :func:`new_client_session`, so none can be made
+without aiohttp's own re-send turned off.
 """
 
 from __future__ import annotations
@@ -11,7 +15,13 @@ from dataclasses import dataclass
 import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.errors import UpstreamDropped, UpstreamNotSent, UpstreamTimeout, UpstreamTruncated
+from proxy.errors import (
+    ConfigurationError,
+    UpstreamDropped,
+    UpstreamNotSent,
+    UpstreamTimeout,
+    UpstreamTruncated,
+)
 
 
 @dataclass(frozen=True)
@@ -35,15 +45,34 @@ class UpstreamResponse:
 
 def new_client_session(
     trace_configs: list[aiohttp.TraceConfig] | None = None,
+    *,
+    connector: aiohttp.BaseConnector | None = None,
 ) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(
+    """An egress session that sends each request at most once. ``connector`` replaces the
+    default one (forward mode brings its own TLS context and checked resolver)."""
+    session = aiohttp.ClientSession(
         trace_configs=trace_configs,  # tracing and latency metrics (proxy/observe/telemetry.py)
         auto_decompress=False,
         # The agent's environment (HTTP_PROXY...) must not route opgate's own egress.
         trust_env=False,
-        connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60),
+        connector=connector or aiohttp.TCPConnector(limit=0, ttl_dns_cache=60),
         cookie_jar=aiohttp.DummyCookieJar(),
     )
+    # aiohttp re-sends a request of an idempotent method (GET, HEAD, OPTIONS, TRACE, PUT,
+    # DELETE; RFC 9112 section 9.3.1) once on a new connection when the pooled keep-alive
+    # connection it was written to breaks before an answer. The provider may have read it: that
+    # is a second send under one claim, and if the re-send's connect then fails, aiohttp raises
+    # a connect error, which would read as "nothing was sent". The session's private
+    # ``_retry_connection`` is the only switch aiohttp has (3.14); an aiohttp without it may
+    # re-send in some other way, so it is refused rather than trusted.
+    if not isinstance(getattr(session, "_retry_connection", None), bool):
+        session.detach()  # nothing was opened yet; marks the session closed without a warning
+        raise ConfigurationError(
+            f"aiohttp {aiohttp.__version__} has no ClientSession._retry_connection: opgate "
+            "cannot turn off its automatic re-send of PUT/DELETE and refuses to send with it"
+        )
+    session._retry_connection = False
+    return session
 
 
 async def send(session: aiohttp.ClientSession, outbound: OutboundRequest) -> UpstreamResponse:
@@ -63,7 +92,13 @@ async def send(session: aiohttp.ClientSession, outbound: OutboundRequest) -> Ups
             body = await _read_bounded(response, outbound.max_response_bytes)
             return UpstreamResponse(response.status, response.reason or "", response.headers, body)
     except aiohttp.ClientConnectorError as exc:
-        # Raised only while opening a new connection: the request never left.
+        # Raised only by the connector while it opens this request's connection (TCP, TLS,
+        # DNS), before a byte of the request is written. It is this request's first and only
+        # connection: the session never re-sends (new_client_session) and redirects are not
+        # followed. Everything raised once a connection was handed out (a reset or a close
+        # while writing or reading, a bad or cut answer) is one of the errors below: the
+        # request may have left, so the outcome is unknown. (A connect timeout is below too,
+        # as a timeout: on the safe side.)
         raise UpstreamNotSent(str(exc)) from exc
     except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
         raise UpstreamTimeout(f"no complete answer within {outbound.total_timeout}s") from exc

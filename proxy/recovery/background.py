@@ -17,6 +17,7 @@ import structlog
 
 from proxy.errors import StoreUnavailable
 from proxy.gate.gateway import Gateway
+from proxy.gate.upstream import new_client_session
 from proxy.recovery.reconcile import longest_lease_seconds, reconcile_claimed, reconcile_owner
 
 _log = structlog.get_logger("opgate.background")
@@ -68,6 +69,7 @@ async def notify_pass(gw: Gateway, http: aiohttp.ClientSession, url: str) -> int
                     "X-Opgate-Notification-Id": str(notification["notification_id"]),
                 },
                 timeout=aiohttp.ClientTimeout(total=10),
+                allow_redirects=False,  # a redirect would post the notice to another place
             ) as response:
                 if 200 <= response.status < 300:
                     await gw.store.notification_delivered(notification["notification_id"])
@@ -85,7 +87,7 @@ async def notify_pass(gw: Gateway, http: aiohttp.ClientSession, url: str) -> int
 async def run_background(gw: Gateway, stop: asyncio.Event) -> None:
     """Both loops until ``stop`` is set; a database outage only delays them."""
     settings = gw.settings
-    async with aiohttp.ClientSession(trust_env=False) as http:
+    async with new_client_session() as http:
         while not stop.is_set():
             try:
                 await reconcile_pass(gw, settings.reconcile_batch_size)

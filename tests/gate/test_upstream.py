@@ -1,0 +1,88 @@
+"""The egress client against real upstreams on loopback: one claim leaves at most once, and
+"nothing was sent" is said only when the request's connection never opened."""
+
+from __future__ import annotations
+
+import ast
+import socket
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from proxy.errors import ConfigurationError, UpstreamDropped, UpstreamNotSent
+from proxy.gate import upstream
+from proxy.gate.upstream import new_client_session
+from tests.support.closing_upstream import closing_upstream, outbound, send_twice_on_one_connection
+from tests.support.paths import REPO
+
+METHODS = ["PUT", "DELETE", "PATCH", "POST"]
+
+
+@pytest.mark.parametrize("stop_listening", [False, True], ids=["listening", "stops-listening"])
+@pytest.mark.parametrize("method", METHODS)
+async def test_a_request_read_then_dropped_is_sent_once_and_unknown(
+    method: str, stop_listening: bool
+) -> None:
+    """A request the upstream read before closing its pooled connection is never re-sent on
+    a new connection, and its outcome is unknown (dropped), never "not sent"."""
+    async with closing_upstream(stop_listening=stop_listening) as provider:
+        session = new_client_session()
+        try:
+            error = await send_twice_on_one_connection(session, method, provider.url)
+        finally:
+            await session.close()
+    targets = [r.target for r in provider.requests]
+    assert targets == ["/v1/items/first", "/v1/items/second"], "the dropped request was re-sent"
+    # the second request really travelled on the pooled connection the first one left
+    assert provider.requests[0].connection == provider.requests[1].connection
+    assert isinstance(error, UpstreamDropped), repr(error)
+    assert not isinstance(error, UpstreamNotSent)
+
+
+async def test_a_refused_connection_is_not_sent() -> None:
+    """A connection that never opened is the one case reported as "nothing was sent"."""
+    bound = socket.socket()
+    bound.bind(("127.0.0.1", 0))  # bound, never listening: the connect is refused
+    session = new_client_session()
+    try:
+        port = bound.getsockname()[1]
+        with pytest.raises(UpstreamNotSent):
+            await upstream.send(session, outbound("PUT", f"http://127.0.0.1:{port}/v1/items/x"))
+    finally:
+        await session.close()
+        bound.close()
+
+
+async def test_an_aiohttp_without_the_resend_switch_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """If aiohttp stops having the switch that turns its re-send off, making an egress
+    session fails loudly instead of quietly sending twice."""
+    original = aiohttp.ClientSession.__init__
+
+    def without_switch(self: aiohttp.ClientSession, *args: object, **kwargs: object) -> None:
+        original(self, *args, **kwargs)  # type: ignore[arg-type]
+        del self._retry_connection
+
+    monkeypatch.setattr(aiohttp.ClientSession, "__init__", without_switch)
+    with pytest.raises(ConfigurationError, match="re-send"):
+        new_client_session()
+
+
+def test_every_egress_session_is_made_by_new_client_session() -> None:
+    """No module of opgate builds an aiohttp ClientSession itself: each one comes from
+    new_client_session, which turns the hidden re-send off."""
+    makers: list[str] = []
+    for path in sorted((REPO / "proxy").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and _names_client_session(node.func):
+                makers.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert len(makers) == 1, makers
+    assert makers[0].startswith(str(Path("proxy/gate/upstream.py")))
+
+
+def _names_client_session(func: ast.expr) -> bool:
+    if isinstance(func, ast.Attribute):
+        return func.attr == "ClientSession"
+    return isinstance(func, ast.Name) and func.id == "ClientSession"
