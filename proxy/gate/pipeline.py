@@ -32,6 +32,7 @@ from proxy.gate.forwarded import FORWARDED
 from proxy.gate.gateway import GATEWAY, Gateway
 from proxy.gate.headers import outbound_headers, response_headers
 from proxy.gate.intake import Target, identify, load_operation, read_body, request_facts
+from proxy.gate.limits import Slot
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.gate.upstream import OutboundRequest, UpstreamResponse
@@ -71,9 +72,28 @@ async def _process(
         return _reject(record, target)
     record.agent_id, record.tenant = target.agent.agent_id, target.agent.tenant
     record.provider, record.rule = target.provider.provider, target.rule.name
-    body = await read_body(request, target)
+    # One agent's requests in flight are capped before its body is read or the database is
+    # touched, so that it cannot hold the pool (or a slow body's connection) against others.
+    slot = gw.in_flight.take(target.agent, gw.settings.max_requests_in_flight_per_agent)
+    if slot is None:
+        cap = gw.settings.max_requests_in_flight_per_agent
+        busy = Deny(Reason.AGENT_CONCURRENCY_EXCEEDED, f"{cap} requests already in flight", 1)
+        return _reject(record, busy)
+    try:
+        return await _process_admitted(gw, target, request, record, slot)
+    finally:
+        slot.release()  # a no-op while a forwarded request's outcome is still being recorded
+
+
+async def _process_admitted(
+    gw: Gateway, target: Target, request: web.Request, record: AuditRecord, slot: Slot
+) -> web.StreamResponse:
+    body = await read_body(request, target, gw.settings.body_read_timeout_seconds)
     if isinstance(body, Deny):
-        return _reject(record, body)
+        response = _reject(record, body)
+        if body.reason is Reason.BODY_TIMEOUT:
+            response.force_close()  # the rest of a late body is not waited for either
+        return response
     facts = request_facts(target, body)
 
     # 2. load the authoritative row from the primary
@@ -110,10 +130,11 @@ async def _process(
         record.status_after, record.attempt = op.status.value, op.attempts
 
     # 5-8. forward, classify, record; shielded so that an agent hanging up cannot stop the
-    # outcome of a request that has already left from being recorded
+    # outcome of a request that has already left from being recorded (nor free its slot)
     record.decision = Decision.ALLOW
     record.forwarded_body_sha256 = hashlib.sha256(outbound.body).hexdigest()
-    return await asyncio.shield(_forward_and_record(gw, target, outbound, op, record))
+    forwarding = _forward_and_record(gw, target, outbound, op, record)
+    return await asyncio.shield(slot.held_through(forwarding))
 
 
 async def _forward_and_record(
