@@ -25,7 +25,7 @@ from proxy.errors import (
 )
 from proxy.gate import upstream
 from proxy.gate.bodies import BodyRejected, ParsedBody, inject
-from proxy.gate.checks import decide, decide_by_state
+from proxy.gate.checks import concealed, decide, decide_by_state
 from proxy.gate.classify import Settled, Unknown, classify_answer
 from proxy.gate.decision import ClaimKind, Deny, Forward, Replay
 from proxy.gate.forwarded import FORWARDED
@@ -105,11 +105,13 @@ async def _process_admitted(
         record.operation_id, record.status_before = op.operation_id, op.status.value
 
     # 3. decide: ordered pure checks
-    decision = decide(facts, op, operation_lookup_failed=target.named_operation_id is not None)
+    lookup_failed = target.named_operation_id is not None
+    decision = decide(facts, op, operation_lookup_failed=lookup_failed)
     if not isinstance(decision, Deny) and decision.would_deny is not None:  # shadow mode
         record.would_deny = decision.would_deny.reason.value
     if isinstance(decision, Deny):
-        return _reject(record, decision, op)
+        told = concealed(facts, decision, operation_lookup_failed=lookup_failed)
+        return _reject(record, decision, op, told)
     if isinstance(decision, Replay):
         assert op is not None
         return _replay(record, op)
@@ -257,8 +259,14 @@ def _answer_claim_conflict(record: AuditRecord, conflict: ClaimConflict) -> web.
     return _reject(record, conflict.outcome, conflict.current)
 
 
-def _reject(record: AuditRecord, deny: Deny, op: Operation | None = None) -> web.Response:
+def _reject(
+    record: AuditRecord, deny: Deny, op: Operation | None = None, told: Deny | None = None
+) -> web.Response:
+    """Refuse with ``deny``, or answer ``told`` instead (checks.concealed): the audit record
+    keeps the real reason and operation, the agent learns neither, nor the operation's status."""
     record.decision, record.reason = Decision.DENY, deny.reason.value
+    if told is not None:
+        deny, op = told, None
     extra = None
     if op is not None and deny.reason is Reason.OPERATION_FAILED and op.provider_status:
         extra = {"provider_response": op.to_public()["provider_response"]}
