@@ -905,6 +905,8 @@ def run(config: Config) -> dict[str, Any]:
             "OPGATE_SECRET_BENCH_KEY": "sk_bench_" + secrets.token_hex(8),
             # one process, like the baseline: the workers dimension is measured separately
             "OPGATE_WORKERS": "1",
+            # every wrk connection is the one bench agent: the per-agent cap must admit them all
+            "OPGATE_MAX_REQUESTS_IN_FLIGHT_PER_AGENT": str(max(64, config.connections)),
         }
         opgate = start_service(
             stack, "opgate", [config.python, "-m", "proxy", "serve"], env=env, logs=RESULTS_DIR

@@ -34,7 +34,7 @@ from proxy.observe.observer import (
     add_metrics_route,
     observe_agent_request,
 )
-from proxy.operations.api import add_routes, require_admin, store_errors
+from proxy.operations.api import add_routes, body_in_time, require_admin, store_errors
 from proxy.policy.reload import PolicyReloader, load_validated_policy, reloading
 from proxy.recovery.api import add_recovery_routes
 from proxy.recovery.background import run_background
@@ -73,7 +73,8 @@ def agent_app(gateway: Gateway) -> web.Application:
 
 
 def ops_app(gateway: Gateway) -> web.Application:
-    app = web.Application(middlewares=[require_admin, store_errors])
+    # the admin token first: an unauthenticated request's body is never read
+    app = web.Application(middlewares=[require_admin, body_in_time, store_errors])
     serve_with(app, gateway)
     add_routes(app)
     add_metrics_route(app)  # GET /metrics (Prometheus text; no token: docs/audit.md)

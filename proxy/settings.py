@@ -61,6 +61,13 @@ class Settings(BaseSettings):
     lease_margin_seconds: Annotated[float, Field(ge=0)] = 5.0
     # A generous bound on client connections held idle between requests.
     keepalive_timeout_seconds: Annotated[float, Field(gt=0)] = 75.0
+    # The whole request body must arrive within this (one deadline over the whole read, not
+    # per read: a byte every second would never trip a per-read timeout). Else 408.
+    body_read_timeout_seconds: Annotated[float, Field(gt=0)] = 10.0
+    # Requests of one agent in flight at once in this process (from identification to the
+    # recorded outcome); one more is 429. Per process: a replica with W workers admits W times
+    # this per agent, a deployment of R such replicas R x W times.
+    max_requests_in_flight_per_agent: Annotated[int, Field(ge=1)] = 64
     log_level: str = "info"
     # Worker processes sharing the listening sockets (None: one per core). Each has its own
     # pool: the database sees workers x pool_max_size connections.

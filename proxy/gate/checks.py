@@ -204,6 +204,18 @@ def decide(facts: RequestFacts, op: Operation | None, *, operation_lookup_failed
     return evaluate(facts, op, operation_lookup_failed=operation_lookup_failed).decision
 
 
+def concealed(facts: RequestFacts, deny: Deny, *, operation_lookup_failed: bool) -> Deny | None:
+    """What the agent is told instead of ``deny`` when ``deny`` would confirm that an operation
+    outside its scope exists: exactly what ``decide`` answers when no row is found (by id, 404
+    operation_unknown; by key alone, 400 operation_required), so that no agent can probe other
+    tenants' ids, keys or statuses. None: ``deny`` is told as it is. The audit keeps the truth."""
+    if deny.reason is not Reason.OPERATION_SCOPE_MISMATCH:
+        return None
+    absent = decide(facts, None, operation_lookup_failed=operation_lookup_failed)
+    assert isinstance(absent, Deny)  # a rule that takes no operation never loads one
+    return absent
+
+
 def _result(check: Check, denied: Deny | None, report_mode: bool) -> CheckResult:
     relaxed = denied is not None and report_mode and check in RELAXED_IN_REPORT_MODE
     return CheckResult(check.__name__.removeprefix("check_"), denied, relaxed)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
@@ -10,6 +10,7 @@ from aiohttp import web
 from proxy.errors import ConfigurationError
 from proxy.gate.credentials import CredentialSource
 from proxy.gate.identity import AgentDirectory
+from proxy.gate.limits import AgentSlots
 from proxy.observe.observer import OBSERVABILITY, Observability
 from proxy.policy.set import PolicySet
 from proxy.settings import Settings
@@ -28,6 +29,8 @@ class Gateway:
     forward_client: aiohttp.ClientSession | None = None
     # Audit log writers, tracing and metrics (proxy/observe/); None only in bare unit setups.
     observability: Observability | None = None
+    # Each agent's requests in flight in this process (max_requests_in_flight_per_agent).
+    in_flight: AgentSlots = field(default_factory=AgentSlots)
 
     def egress_client(self, forwarded: bool) -> aiohttp.ClientSession:
         if not forwarded:

@@ -9,6 +9,7 @@ a request written in a file.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from aiohttp import HttpVersion11, web
@@ -117,11 +118,27 @@ def identify_request(
     )
 
 
-async def read_body(request: web.Request, target: Target) -> ParsedBody | Deny:
-    limit = target.provider.limits.max_request_body_bytes
+async def read_body(
+    request: web.Request, target: Target, deadline_seconds: float
+) -> ParsedBody | Deny:
+    """The whole body within ``deadline_seconds``: one deadline over every read together, so a
+    client sending a byte at a time cannot hold the request open (each read would be quick)."""
     refused = refuse_before_reading(target, request.content_length)
     if refused is not None:
         return refused
+    try:
+        async with asyncio.timeout(deadline_seconds):
+            raw = await _read_within_limit(request, target.provider.limits.max_request_body_bytes)
+    except TimeoutError:
+        return Deny(Reason.BODY_TIMEOUT, f"the body did not arrive within {deadline_seconds} s")
+    except ConnectionError:  # the agent hung up: nobody reads the answer, the audit record does
+        return Deny(Reason.REQUEST_MALFORMED, "the connection closed before the whole body")
+    if isinstance(raw, Deny):
+        return raw
+    return parse_request_body(target, raw)
+
+
+async def _read_within_limit(request: web.Request, limit: int) -> bytes | Deny:
     chunks: list[bytes] = []
     size = 0
     while chunk := await request.content.read(64 * 1024):
@@ -129,7 +146,7 @@ async def read_body(request: web.Request, target: Target) -> ParsedBody | Deny:
         if size > limit:
             return Deny(Reason.BODY_TOO_LARGE, f"more than {limit} bytes")
         chunks.append(chunk)
-    return parse_request_body(target, b"".join(chunks))
+    return b"".join(chunks)
 
 
 def refuse_before_reading(target: Target, content_length: int | None) -> Deny | None:

@@ -25,13 +25,14 @@ from proxy.errors import (
 )
 from proxy.gate import upstream
 from proxy.gate.bodies import BodyRejected, ParsedBody, inject
-from proxy.gate.checks import decide, decide_by_state
+from proxy.gate.checks import concealed, decide, decide_by_state
 from proxy.gate.classify import Settled, Unknown, classify_answer
 from proxy.gate.decision import ClaimKind, Deny, Forward, Replay
 from proxy.gate.forwarded import FORWARDED
 from proxy.gate.gateway import GATEWAY, Gateway
 from proxy.gate.headers import outbound_headers, response_headers
 from proxy.gate.intake import Target, identify, load_operation, read_body, request_facts
+from proxy.gate.limits import Slot
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.gate.resend import ask_before_resend
@@ -72,9 +73,28 @@ async def _process(
         return _reject(record, target)
     record.agent_id, record.tenant = target.agent.agent_id, target.agent.tenant
     record.provider, record.rule = target.provider.provider, target.rule.name
-    body = await read_body(request, target)
+    # One agent's requests in flight are capped before its body is read or the database is
+    # touched, so that it cannot hold the pool (or a slow body's connection) against others.
+    slot = gw.in_flight.take(target.agent, gw.settings.max_requests_in_flight_per_agent)
+    if slot is None:
+        cap = gw.settings.max_requests_in_flight_per_agent
+        busy = Deny(Reason.AGENT_CONCURRENCY_EXCEEDED, f"{cap} requests already in flight", 1)
+        return _reject(record, busy)
+    try:
+        return await _process_admitted(gw, target, request, record, slot)
+    finally:
+        slot.release()  # a no-op while a forwarded request's outcome is still being recorded
+
+
+async def _process_admitted(
+    gw: Gateway, target: Target, request: web.Request, record: AuditRecord, slot: Slot
+) -> web.StreamResponse:
+    body = await read_body(request, target, gw.settings.body_read_timeout_seconds)
     if isinstance(body, Deny):
-        return _reject(record, body)
+        response = _reject(record, body)
+        if body.reason is Reason.BODY_TIMEOUT:
+            response.force_close()  # the rest of a late body is not waited for either
+        return response
     facts = request_facts(target, body)
 
     # 2. load the authoritative row from the primary
@@ -86,11 +106,13 @@ async def _process(
         record.operation_id, record.status_before = op.operation_id, op.status.value
 
     # 3. decide: ordered pure checks
-    decision = decide(facts, op, operation_lookup_failed=target.named_operation_id is not None)
+    lookup_failed = target.named_operation_id is not None
+    decision = decide(facts, op, operation_lookup_failed=lookup_failed)
     if not isinstance(decision, Deny) and decision.would_deny is not None:  # shadow mode
         record.would_deny = decision.would_deny.reason.value
     if isinstance(decision, Deny):
-        return _reject(record, decision, op)
+        told = concealed(facts, decision, operation_lookup_failed=lookup_failed)
+        return _reject(record, decision, op, told)
     if isinstance(decision, Replay):
         assert op is not None
         return _replay(record, op)
@@ -111,10 +133,11 @@ async def _process(
         record.status_after, record.attempt = op.status.value, op.attempts
 
     # 5-8. forward, classify, record; shielded so that an agent hanging up cannot stop the
-    # outcome of a request that has already left from being recorded
+    # outcome of a request that has already left from being recorded (nor free its slot)
     record.decision = Decision.ALLOW
     record.forwarded_body_sha256 = hashlib.sha256(outbound.body).hexdigest()
-    return await asyncio.shield(_forward_and_record(gw, target, outbound, op, record))
+    forwarding = _forward_and_record(gw, target, outbound, op, record)
+    return await asyncio.shield(slot.held_through(forwarding))
 
 
 async def _forward_and_record(
@@ -250,8 +273,14 @@ def _answer_claim_conflict(record: AuditRecord, conflict: ClaimConflict) -> web.
     return _reject(record, conflict.outcome, conflict.current)
 
 
-def _reject(record: AuditRecord, deny: Deny, op: Operation | None = None) -> web.Response:
+def _reject(
+    record: AuditRecord, deny: Deny, op: Operation | None = None, told: Deny | None = None
+) -> web.Response:
+    """Refuse with ``deny``, or answer ``told`` instead (checks.concealed): the audit record
+    keeps the real reason and operation, the agent learns neither, nor the operation's status."""
     record.decision, record.reason = Decision.DENY, deny.reason.value
+    if told is not None:
+        deny, op = told, None
     extra = None
     if op is not None and deny.reason is Reason.OPERATION_FAILED and op.provider_status:
         extra = {"provider_response": op.to_public()["provider_response"]}

@@ -6,6 +6,7 @@ admin tokens, so an agent can never approve its own work.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -52,6 +53,22 @@ async def require_admin(request: web.Request, handler: Handler) -> web.StreamRes
         response = admin_problem(401, "admin_unauthenticated", "an admin bearer token is required")
         response.headers["WWW-Authenticate"] = 'Bearer realm="opgate-operations"'
         return response
+    return await handler(request)
+
+
+@web.middleware
+async def body_in_time(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Read the whole body within ``body_read_timeout_seconds`` before the handler runs (aiohttp
+    keeps it for ``request.read()``): a body trickling in cannot hold the API's connections."""
+    if request.body_exists:
+        seconds = request.app[GATEWAY].settings.body_read_timeout_seconds
+        try:
+            async with asyncio.timeout(seconds):
+                await request.read()
+        except TimeoutError:
+            late = admin_problem(408, "body_timeout", f"the body did not arrive within {seconds} s")
+            late.force_close()  # the rest of it is not waited for either
+            return late
     return await handler(request)
 
 

@@ -12,7 +12,7 @@ import pytest
 
 import proxy.gate.checks
 from proxy.gate.bodies import ParsedBody
-from proxy.gate.checks import Agent, RequestFacts, decide, decide_by_state
+from proxy.gate.checks import Agent, RequestFacts, concealed, decide, decide_by_state
 from proxy.gate.decision import ClaimKind, Decision, Deny, Forward, Replay
 from proxy.gate.reasons import Reason
 from proxy.policy.load import parse_policy_text
@@ -200,6 +200,24 @@ def test_named_but_unknown_operation() -> None:
     assert reason_of(decision) is Reason.OPERATION_UNKNOWN
     assert isinstance(decision, Deny)
     assert "op_x" in decision.detail
+
+
+def test_an_operation_out_of_scope_is_told_as_an_absent_one() -> None:
+    """``concealed`` answers a scope mismatch with exactly the decision for no row (by id and
+    by key alone); any other refusal is told as it is."""
+    foreign = make_operation(tenant="other")
+    by_id = make_facts(named_operation_id="op_1")
+    by_key = make_facts(named_operation_id=None, idempotency_key="key-1")
+    for facts, lookup_failed in ((by_id, True), (by_key, False)):
+        denied = decide(facts, foreign, operation_lookup_failed=lookup_failed)
+        assert reason_of(denied) is Reason.OPERATION_SCOPE_MISMATCH
+        assert isinstance(denied, Deny)
+        told = concealed(facts, denied, operation_lookup_failed=lookup_failed)
+        assert told == decide(facts, None, operation_lookup_failed=lookup_failed)
+    assert (
+        concealed(by_id, Deny(Reason.AMOUNT_MISMATCH, "amount"), operation_lookup_failed=True)
+        is None
+    )
 
 
 OK_FORM = {"amount": "500", "currency": "usd", "charge": "ch_1"}

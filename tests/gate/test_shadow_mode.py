@@ -106,7 +106,7 @@ async def test_identity_checks_are_never_relaxed(
     )
     assert [(s, problem(b)["code"]) for s, _, b in (missing, foreign, other_key)] == [
         (400, "operation_required"),
-        (403, "operation_scope_mismatch"),
+        (404, "operation_unknown"),  # out of scope looks absent (test_scope_oracle.py)
         (422, "idempotency_key_mismatch"),
     ]
     assert fault_provider.requests == []

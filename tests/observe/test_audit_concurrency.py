@@ -35,6 +35,8 @@ def _environment(database_url: str, policy_dir: Path, upstream: str, name: str) 
         OPGATE_BACKGROUND_INTERVAL_SECONDS="3600",
         OPGATE_POLICY_RELOAD_INTERVAL_SECONDS="0",
         OPGATE_POOL_MAX_SIZE="10",
+        # all 200 requests per process come from one agent at once: admit them all
+        OPGATE_MAX_REQUESTS_IN_FLIGHT_PER_AGENT=str(OPERATIONS),
     )
 
 
