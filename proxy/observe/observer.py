@@ -18,9 +18,10 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from proxy.errors import StoreUnavailable
-from proxy.observe.audit import AUDIT_SCHEMA_VERSION, REQUEST_OBSERVER
+from proxy.observe.audit import AUDIT_SCHEMA_VERSION, REQUEST_OBSERVER, request_path
 from proxy.observe.auditlog import records
 from proxy.observe.auditlog.redact import Redactor, set_log_redactor
+from proxy.observe.auditlog.storable import bounded_path, storable_text
 from proxy.observe.auditlog.writer import Checkpointer, RequestRecordWriter
 from proxy.observe.metrics import CONTENT_TYPE, Counter, Histogram, exposition, gauge
 from proxy.observe.telemetry import Telemetry, tracer_provider_from_environment
@@ -268,6 +269,11 @@ def _writer_metrics(writer: RequestRecordWriter) -> list[list[str]]:
     ]
 
 
+def _span_path(request: web.Request) -> str:
+    path, _ = bounded_path(request_path(request.raw_path))
+    return storable_text(path)
+
+
 # The process's observability on each listener's app, set by the server (absent in bare setups).
 OBSERVABILITY = web.AppKey("observability", Observability)
 
@@ -284,7 +290,8 @@ async def observe_agent_request(request: web.Request, handler: Any) -> web.Strea
         "opgate.agent_request",
         context=telemetry.agent_context(request.headers),
         kind=SpanKind.SERVER,
-        attributes={"http.request.method": request.method, "url.path": request.path},
+        # the raw path, bounded, as in the audit record: decoded, it can hold a NUL or worse
+        attributes={"http.request.method": request.method, "url.path": _span_path(request)},
     ) as span:
         token = REQUEST_OBSERVER.set(observability)
         try:

@@ -76,5 +76,8 @@ def _utf8_size(text: str) -> int:
 def record_digest(record: Mapping[str, Any]) -> str:
     """SHA-256 of a record's canonical JSON (sorted keys, compact, ASCII): what a placeholder
     names an unstorable record by."""
-    canonical = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str)
+    try:
+        canonical = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str)
+    except (ValueError, TypeError, RecursionError):  # circular, or keys that cannot be sorted
+        canonical = ascii(record)
     return hashlib.sha256(canonical.encode("ascii")).hexdigest()
