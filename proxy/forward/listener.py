@@ -58,7 +58,7 @@ from proxy.gate.pipeline import handle_agent_request
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.gate.upstream import new_client_session
-from proxy.observe.audit import AuditRecord, Decision, emit
+from proxy.observe.audit import AuditRecord, Decision, emit, request_path
 from proxy.observe.observer import observe_agent_request
 from proxy.settings import Settings
 
@@ -421,6 +421,7 @@ def _record(request: web.Request, listener: ForwardListener) -> AuditRecord:
     return AuditRecord(
         request_id=secrets.token_hex(8),
         listener="forward",
+        source=request.remote,
         method=request.method,
         path=None,
         policy_version=listener.gateway.policy.version,
@@ -446,7 +447,7 @@ def _refuse_request(
 ) -> web.Response:
     """A forward-mode request refused before the pipeline: audited here, once."""
     record = _record(request, listener)
-    record.path = request.path
+    record.path = request_path(request.raw_path)  # as sent, never decoded
     record.destination = origin.authority if origin else None
     if agent is not None:
         record.agent_id, record.tenant = agent.agent_id, agent.tenant

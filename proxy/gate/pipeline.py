@@ -37,7 +37,7 @@ from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.gate.resend import ask_before_resend
 from proxy.gate.upstream import OutboundRequest, UpstreamResponse
-from proxy.observe.audit import AuditRecord, Decision, emit
+from proxy.observe.audit import AuditRecord, Decision, emit, request_path
 from proxy.policy.set import PolicySet
 from proxy.store.operation import LastOutcome, Operation
 from proxy.store.store import ProviderAnswer
@@ -46,13 +46,15 @@ from proxy.store.store import ProviderAnswer
 async def handle_agent_request(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
     policy = gateway.policy  # this request is decided by the set it started with
+    forwarded = request.get(FORWARDED)  # forward-proxy mode: which listener, which origin
     record = AuditRecord(
         request_id=secrets.token_hex(8),
+        source=request.remote,
         method=request.method,
-        path=request.path,
+        # as sent: decoded, a path can hold what no log or database should (a NUL)
+        path=request_path(forwarded.raw_path if forwarded is not None else request.raw_path),
         policy_version=policy.version,
     )
-    forwarded = request.get(FORWARDED)  # forward-proxy mode: which listener, which origin
     if forwarded is not None:
         record.listener, record.destination = "forward", forwarded.origin.authority
     try:

@@ -3,18 +3,23 @@
 Field names are constants (``AuditRecord`` attributes) shared by logs and, later, exports; a
 reviewer filters on them. Nothing secret is ever assigned to a record: headers are never copied
 in, only named facts; the forwarded body appears only as its SHA-256.
+
+``emit`` first lets the request's observer number the record (``instance_seq``) or count it
+into a ``denials`` record (``aggregated``), then writes the log line, then hands the record
+on: the log line and the stored record carry the same number.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
+
+from proxy.observe.auditlog.storable import bounded_path, storable
 
 AUDIT_LOGGER = "opgate.audit"
 AUDIT_SCHEMA_VERSION = 1
@@ -36,8 +41,14 @@ class AuditRecord:
     time: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
     schema_version: int = AUDIT_SCHEMA_VERSION
     listener: str = "agent"
+    # The address the request came from (the TCP peer): what repeated unauthenticated denials
+    # are counted by.
+    source: str | None = None
     method: str | None = None
+    # Raw, as sent (percent-encoded, without the query); cut at 512 bytes, and then
+    # path_sha256 is the SHA-256 of the whole path (see fields()).
     path: str | None = None
+    path_sha256: str | None = None
     agent_id: str | None = None
     tenant: str | None = None
     provider: str | None = None
@@ -63,26 +74,58 @@ class AuditRecord:
     bytes_from_agent: int | None = None
     bytes_to_agent: int | None = None
     latency_ms: float | None = None
+    # This instance's number for the stored record (1, 2, 3... per process run; the log line
+    # and the stored record share it), set by the observer; null when the request is counted
+    # into a `denials` record instead (aggregated: true).
+    instance_seq: int | None = None
+    aggregated: bool | None = None
 
-    def fields(self) -> dict[str, object]:
+    def fields(self) -> dict[str, Any]:
         # Every field is a scalar: a shallow copy is what asdict's recursive copy would give,
         # at a fraction of its cost (this runs once per request).
         data = dict(vars(self))
         data.pop("started_monotonic")
         data["latency_ms"] = round((time.monotonic() - self.started_monotonic) * 1000, 3)
-        return data
+        if isinstance(self.path, str):
+            data["path"], data["path_sha256"] = bounded_path(self.path)
+        fields: dict[str, Any] = storable(data)
+        return fields
 
 
-# Set per request by the observer's middleware (observer.py): span attributes, metrics, the
-# audit table.
-REQUEST_OBSERVER: ContextVar[Callable[[dict[str, Any]], None] | None] = ContextVar(
+def request_path(raw_target: str) -> str:
+    """The path of a request target as sent, without its query: origin-form (``/a%2Fb?q``)
+    or absolute-form (``http://host/a?q``, forward-proxy mode)."""
+    target = raw_target.partition("?")[0].partition("#")[0]
+    if target.startswith("/"):
+        return target
+    scheme, separator, rest = target.partition("://")
+    if not separator or not scheme.isalpha():
+        return target
+    slash = rest.find("/")
+    return "/" if slash < 0 else rest[slash:]
+
+
+class RequestObserver(Protocol):
+    """What the observer's middleware (observer.py) installs for each request."""
+
+    def admit(self, fields: dict[str, Any]) -> None:
+        """Number the record (``instance_seq``) or count it (``aggregated``), before it is
+        logged."""
+
+    def observe(self, fields: dict[str, Any]) -> None:
+        """Span attributes, metrics, the audit table: after it is logged."""
+
+
+REQUEST_OBSERVER: ContextVar[RequestObserver | None] = ContextVar(
     "opgate_request_observer", default=None
 )
 
 
 def emit(record: AuditRecord) -> None:
     fields = record.fields()
-    structlog.get_logger(AUDIT_LOGGER).info("request", **fields)
     observer = REQUEST_OBSERVER.get()
     if observer is not None:
-        observer(fields)
+        observer.admit(fields)
+    structlog.get_logger(AUDIT_LOGGER).info("request", **fields)
+    if observer is not None:
+        observer.observe(fields)

@@ -18,9 +18,10 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from proxy.errors import StoreUnavailable
-from proxy.observe.audit import AUDIT_SCHEMA_VERSION, REQUEST_OBSERVER
+from proxy.observe.audit import AUDIT_SCHEMA_VERSION, REQUEST_OBSERVER, request_path
 from proxy.observe.auditlog import records
 from proxy.observe.auditlog.redact import Redactor, set_log_redactor
+from proxy.observe.auditlog.storable import bounded_path, storable_text
 from proxy.observe.auditlog.writer import Checkpointer, RequestRecordWriter
 from proxy.observe.metrics import CONTENT_TYPE, Counter, Histogram, exposition, gauge
 from proxy.observe.telemetry import Telemetry, tracer_provider_from_environment
@@ -97,7 +98,9 @@ class Observability:
     async def start(self, store: Store) -> None:
         """Start the audit writers and record this process's policy load."""
         self._store = store
-        self.writer = RequestRecordWriter(store, records.request_stream(self.settings.instance_id))
+        self.writer = RequestRecordWriter(
+            store, records.request_stream(self.settings.instance_id), redact=self.redactor.mapping
+        )
         self.writer.start()
         await self.record_policy_event("policy_loaded", self._policy, now_deciding=True)
         if self.key is not None:
@@ -143,7 +146,23 @@ class Observability:
             await self.checkpointer.close()
         self.telemetry.shutdown()
 
-    def observe_request(self, fields: dict[str, Any]) -> None:
+    def admit(self, fields: dict[str, Any]) -> None:
+        """Before the request's log line: its number in this instance's sequence, or its
+        place in a count of repeated denials (writer.py, denials.py)."""
+        if self.writer is not None:
+            self.writer.admit(fields)
+
+    def audit_writer_problem(self) -> str | None:
+        """Why this process cannot keep its audit trail right now (readiness), or None."""
+        writer = self.writer
+        if writer is None or not writer.stalled:
+            return None
+        return (
+            f"the audit writer cannot store request records: {writer.pending} waiting, the"
+            f" oldest for {writer.oldest_pending_seconds:.1f} s, {writer.dropped} dropped"
+        )
+
+    def observe(self, fields: dict[str, Any]) -> None:
         """One canonical request record: span attributes, counters, the audit log."""
         span = trace.get_current_span()
         if span.is_recording():
@@ -156,24 +175,12 @@ class Observability:
             )
         self.requests.inc(str(fields.get("decision")), str(fields.get("reason") or ""))
         if self.writer is not None:
-            self.writer.submit(self.redactor.mapping(fields))
+            self.writer.submit(fields)  # redacted by the writer
 
     async def metrics_text(self) -> str:
         blocks = [self.requests.render(), self.upstream_seconds.render()]
         if self.writer is not None:
-            blocks.append(
-                gauge(
-                    "opgate_audit_records_pending",
-                    "Request records queued for the audit log.",
-                    [((), self.writer.pending)],
-                )
-            )
-            dropped = Counter(
-                "opgate_audit_records_dropped_total",
-                "Request records that never reached the audit log (they are in the log stream).",
-            )
-            dropped.inc(amount=self.writer.dropped)
-            blocks.append(dropped.render())
+            blocks.extend(_writer_metrics(self.writer))
         if self._store is not None:
             size, idle, maximum = self._store.pool_usage()
             blocks.append(
@@ -216,6 +223,57 @@ class Observability:
         ]
 
 
+def _total(name: str, help_text: str, value: float) -> list[str]:
+    counter = Counter(name, help_text)
+    counter.inc(amount=value)
+    return counter.render()
+
+
+def _writer_metrics(writer: RequestRecordWriter) -> list[list[str]]:
+    return [
+        gauge(
+            "opgate_audit_records_pending",
+            "Request records queued for the audit log.",
+            [((), writer.pending)],
+        ),
+        gauge(
+            "opgate_audit_oldest_pending_seconds",
+            "How long the oldest queued request record has waited (0 when none waits).",
+            [((), round(writer.oldest_pending_seconds, 3))],
+        ),
+        gauge(
+            "opgate_audit_writer_stalled",
+            "1 while records wait and none has been stored for the stall time; readiness fails.",
+            [((), 1 if writer.stalled else 0)],
+        ),
+        _total(
+            "opgate_audit_records_dropped_total",
+            "Request records that never reached the audit log (they are in the log stream).",
+            writer.dropped,
+        ),
+        _total(
+            "opgate_audit_write_failures_total",
+            "Failed attempts to store a batch of request records (each is retried).",
+            writer.failures,
+        ),
+        _total(
+            "opgate_audit_records_unstorable_total",
+            "Request records the database refused, stored as placeholders with their SHA-256.",
+            writer.unstorable,
+        ),
+        _total(
+            "opgate_audit_denials_aggregated_total",
+            "Pre-authentication denials counted into a denials record instead of stored whole.",
+            writer.aggregated,
+        ),
+    ]
+
+
+def _span_path(request: web.Request) -> str:
+    path, _ = bounded_path(request_path(request.raw_path))
+    return storable_text(path)
+
+
 # The process's observability on each listener's app, set by the server (absent in bare setups).
 OBSERVABILITY = web.AppKey("observability", Observability)
 
@@ -232,9 +290,10 @@ async def observe_agent_request(request: web.Request, handler: Any) -> web.Strea
         "opgate.agent_request",
         context=telemetry.agent_context(request.headers),
         kind=SpanKind.SERVER,
-        attributes={"http.request.method": request.method, "url.path": request.path},
+        # the raw path, bounded, as in the audit record: decoded, it can hold a NUL or worse
+        attributes={"http.request.method": request.method, "url.path": _span_path(request)},
     ) as span:
-        token = REQUEST_OBSERVER.set(observability.observe_request)
+        token = REQUEST_OBSERVER.set(observability)
         try:
             response = await handler(request)
             span.set_attribute("http.response.status_code", response.status)

@@ -239,6 +239,11 @@ async def readyz(request: web.Request) -> web.Response:
         await gateway.store.ping()
     except StoreUnavailable as exc:
         return web.json_response({"status": "unavailable", "detail": str(exc)}, status=503)
+    # Every request must leave its audit record: a process whose writer cannot store them
+    # takes no more traffic until it can.
+    problem = gateway.observability.audit_writer_problem() if gateway.observability else None
+    if problem is not None:
+        return web.json_response({"status": "unavailable", "detail": problem}, status=503)
     return web.json_response({"status": "ready", "policy_version": gateway.policy.version})
 
 

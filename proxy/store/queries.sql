@@ -354,11 +354,76 @@ SELECT c.value ->> 0 AS stream, (c.value ->> 1)::bigint AS seq, a.hash
 -- name: audit_heads_mismatched
 -- Streams whose head does not match their last record (a tail deleted or appended around the
 -- trigger).
-SELECT h.stream, h.seq AS head_seq, l.seq AS last_seq
+SELECT h.stream, h.seq AS head_seq, h.hash AS head_hash, l.seq AS last_seq
   FROM audit_heads h
   LEFT JOIN LATERAL (SELECT max(seq) AS seq FROM audit_log a WHERE a.stream = h.stream) l ON true
   LEFT JOIN audit_log last ON last.stream = h.stream AND last.seq = l.seq
  WHERE l.seq IS DISTINCT FROM h.seq OR last.hash IS DISTINCT FROM h.hash;
+
+-- name: audit_request_numbering
+-- The numbering of each instance's request records (`instance_seq`, docs/audit.md), per
+-- request stream and per run of its writer (a `started` record begins a run; records before
+-- the first one are run 0, what is left of a run whose beginning was pruned): the numbers no
+-- stored record carries (missing), those carried twice (duplicate), and those a `dropped`
+-- record declares lost before storage (dropped). In run 0, numbers up to the stream's
+-- retention floor ($1: {"stream": floor, ...}) were pruned and are not expected. A run's
+-- numbers after its last stored one cannot be checked here (only the log stream has them).
+WITH entries AS (
+    SELECT stream, record,
+           count(*) FILTER (WHERE record ->> 'record_type' = 'started')
+               OVER (PARTITION BY stream ORDER BY seq) AS run
+      FROM audit_log
+     WHERE kind = 'request' AND stream LIKE 'requests/%'
+), numbers AS (
+    SELECT stream, run, (record ->> 'instance_seq')::bigint AS lo,
+           (record ->> 'instance_seq')::bigint AS hi, false AS dropped
+      FROM entries WHERE jsonb_typeof(record -> 'instance_seq') = 'number'
+    UNION ALL
+    SELECT e.stream, e.run, (d.value ->> 0)::bigint, (d.value ->> 1)::bigint, true
+      FROM entries e, jsonb_array_elements(e.record -> 'dropped') AS d (value)
+     WHERE e.record ->> 'record_type' = 'dropped'
+), floored AS (
+    SELECT n.stream, n.run, n.lo, n.hi, n.dropped,
+           CASE WHEN n.run = 0 THEN coalesce(($1::jsonb ->> n.stream)::bigint, 0) ELSE 0 END
+               AS floor
+      FROM numbers n
+), ordered AS (
+    SELECT stream, run, greatest(lo, floor + 1) AS lo, hi, dropped,
+           coalesce(max(hi) OVER (PARTITION BY stream, run ORDER BY lo, hi
+                                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+                    floor) AS reach
+      FROM floored WHERE hi > floor
+)
+SELECT stream, run, 'missing' AS problem, reach + 1 AS first, lo - 1 AS last
+  FROM ordered WHERE lo > reach + 1
+UNION ALL
+SELECT stream, run, 'duplicate', lo, least(hi, reach) FROM ordered WHERE lo <= reach
+UNION ALL
+SELECT stream, run, 'dropped', lo, hi FROM ordered WHERE dropped
+ ORDER BY stream, run, first, problem;
+
+-- name: audit_retention_records
+-- Every prune, oldest first (retention.py: what was cut, through which checkpoint).
+SELECT record::text AS record FROM audit_log WHERE stream = 'retention' ORDER BY seq;
+
+-- name: audit_prunable
+-- What a prune removes, in chain order: the records at or before each stream's cut
+-- ($1: [[stream, seq], ...], the heads signed by the checkpoints it goes through).
+SELECT a.stream, a.seq, a.at, a.kind, a.operation_id, a.record::text AS record, a.prev_hash,
+       a.hash
+  FROM jsonb_array_elements($1::jsonb) AS c (value)
+  JOIN audit_log a ON a.stream = c.value ->> 0 AND a.seq <= (c.value ->> 1)::bigint
+ ORDER BY a.stream, a.seq;
+
+-- name: audit_prune
+-- Removes them, in the transaction that appends the prune's own record; returns how many.
+WITH gone AS (
+    DELETE FROM audit_log a
+     USING jsonb_array_elements($1::jsonb) AS c (value)
+     WHERE a.stream = c.value ->> 0 AND a.seq <= (c.value ->> 1)::bigint
+    RETURNING 1
+)
+SELECT count(*) FROM gone;
 
 -- name: audit_operation_records
 -- One operation's audit records (its transitions and the agent requests that named it).

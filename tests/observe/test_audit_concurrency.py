@@ -96,7 +96,8 @@ async def test_two_processes_and_200_operations_produce_a_chain_that_verifies(
     finally:
         await conn.close()
     assert all(per_stream[op] == 3 for op in ids)  # created, claimed, confirmed
-    assert per_stream["requests/gate-a"] == per_stream["requests/gate-b"] == OPERATIONS
+    # one record per request, and the writer's `started` record
+    assert per_stream["requests/gate-a"] == per_stream["requests/gate-b"] == OPERATIONS + 1
     assert per_stream["policy"] == 2
     assert checkpoint_writers == {"gate-a", "gate-b"}
 

@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 GENESIS = bytes(32)  # the prev_hash of a stream's first record, and of the first checkpoint
 _HASH_TAG = b"opgate-audit-v1"
 _MAC_TAG = b"opgate-audit-checkpoint-v1"
+_RETENTION_TAG = b"opgate-audit-retention-v1"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _NULL_FIELD = b"\xff\xff\xff\xff"
 
@@ -125,6 +126,17 @@ def checkpoint_mac(key: bytes, prev_mac: bytes, at: datetime, writer: str, heads
     return hmac.new(key, content, hashlib.sha256).digest()
 
 
+def retention_mac(key: bytes, through_checkpoint: int, archive_sha256: str, floors: str) -> bytes:
+    """HMAC-SHA256 of a prune's facts: without the key, nobody can declare a cut legitimate."""
+    content = (
+        _RETENTION_TAG
+        + encode_field(str(through_checkpoint))
+        + encode_field(archive_sha256)
+        + encode_field(floors)
+    )
+    return hmac.new(key, content, hashlib.sha256).digest()
+
+
 @dataclass(frozen=True)
 class Break:
     """Where the chain is broken, and how: what ``opgate audit verify`` names."""
@@ -140,9 +152,12 @@ class Break:
         return f"{where}{when}: {self.problem}"
 
 
-def check_record(record: StoredRecord, predecessor_hash: bytes | None) -> str | None:
+def check_record(
+    record: StoredRecord, predecessor_hash: bytes | None, pruned_hash: bytes | None = None
+) -> str | None:
     """Why this record breaks its chain, or None. ``predecessor_hash``: the stored hash of the
-    record before it in its stream (None when that record is missing)."""
+    record before it in its stream (None when that record is missing); ``pruned_hash``: when
+    the record before it was pruned (retention.py), the hash a checkpoint signed for it."""
     if record.seq < 1:
         return "sequence number below 1"
     if record.expected_hash() != record.hash:
@@ -150,6 +165,10 @@ def check_record(record: StoredRecord, predecessor_hash: bytes | None) -> str | 
     if record.seq == 1:
         if record.prev_hash != GENESIS:
             return "first record of its stream does not start from the genesis hash"
+        return None
+    if predecessor_hash is None and pruned_hash is not None:
+        if pruned_hash != record.prev_hash:
+            return "does not chain to the signed record before it, which was pruned"
         return None
     if predecessor_hash is None:
         return f"record {record.seq - 1} of this stream is missing (deleted)"

@@ -3,6 +3,7 @@
     opgate audit verify [--since T] [--until T]     exit 0: intact; 1: names the first break
     opgate audit show OPERATION_ID                  one operation's timeline, as a table
     opgate audit export --since T --until T [-o F]  JSON Lines (redacted), for a SIEM
+    opgate audit prune --through-checkpoint N --archive F   archive, then delete old records
 
 Times are ISO 8601 (``2026-05-01T12:00:00Z``); a time without a zone is read as UTC. The
 database is ``--database-url`` (or ``OPGATE_DATABASE_URL``); the checkpoint key is the same
@@ -22,7 +23,7 @@ from typing import Any, TextIO
 
 import asyncpg
 
-from proxy.observe.auditlog import records
+from proxy.observe.auditlog import records, retention
 from proxy.observe.auditlog.chain import StoredRecord
 from proxy.observe.auditlog.redact import Redactor
 from proxy.observe.auditlog.verify import verify
@@ -54,6 +55,16 @@ def add_audit_commands(commands: Any) -> None:
     export.add_argument("--until", type=_time, required=True)
     export.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
     export.set_defaults(handler=_run(_export))
+
+    prune = audit_commands.add_parser(
+        "prune", help="archive, then delete the records signed up to a checkpoint"
+    )
+    _flags(prune)
+    prune.add_argument("--through-checkpoint", type=int, required=True, metavar="N")
+    prune.add_argument(
+        "--archive", type=Path, required=True, help="file to archive them in (must not exist)"
+    )
+    prune.set_defaults(handler=_run(_prune))
 
 
 def _flags(parser: argparse.ArgumentParser) -> None:
@@ -115,15 +126,53 @@ async def _verify(conn: asyncpg.Connection, args: argparse.Namespace, settings: 
     summary = f"{report.records} records, {report.checkpoints} checkpoints ({signed})" + (
         f"; last checkpoint {last.checkpoint_id} mac {last.mac.hex()}" if last else ""
     )
+    if report.pruned_through is not None:
+        summary += f"; pruned through checkpoint {report.pruned_through}"
+    if report.unstorable:
+        summary += f"; {report.unstorable} request records unstorable (placeholders)"
     first = report.first_break()
     if first is None:
         print(f"ok: {summary}")
+        _print_dropped(report.dropped)
         return 0
     print(f"BROKEN: first broken record: {first.describe()}")
     print(f"{len(report.breaks)} problems in {summary}:")
     for problem in report.breaks[:_SHOWN_PROBLEMS]:
         print(f"  {problem.describe()}")
+    _print_dropped(report.dropped)
     return 1
+
+
+def _print_dropped(dropped: list[str]) -> None:
+    if dropped:
+        print(f"{len(dropped)} ranges of request records were dropped before storage:")
+    for line in dropped[:_SHOWN_PROBLEMS]:
+        print(f"  {line}")
+
+
+async def _prune(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+    key = _key(settings)
+    if key is None:
+        print("opgate audit prune: needs the audit key (its record is signed)", file=sys.stderr)
+        return 2
+    report = await verify(conn, _BEGINNING, _END, key=key, whole_log=True)
+    first = report.first_break()
+    if first is not None:
+        print(f"refused: the log does not verify: {first.describe()}", file=sys.stderr)
+        return 1
+    try:
+        pruned = await retention.prune(conn, key, args.through_checkpoint, args.archive)
+    except retention.PruneRefused as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return 1
+    except FileExistsError:
+        print(f"refused: {args.archive} exists", file=sys.stderr)
+        return 1
+    print(
+        f"pruned {pruned.records} records of {pruned.streams} streams through checkpoint"
+        f" {pruned.through_checkpoint}; archive {args.archive} sha256 {pruned.archive_sha256}"
+    )
+    return 0
 
 
 def timeline_rows(stored: list[StoredRecord], redactor: Redactor) -> list[list[str]]:

@@ -23,20 +23,39 @@ from proxy.observe.auditlog.chain import (
     heads_from_json,
     heads_json,
 )
+from proxy.observe.auditlog.storable import storable
 from proxy.store.queries import QUERIES
 
 STREAM_POLICY = "policy"
+STREAM_RETENTION = "retention"  # one record per prune (retention.py); never pruned itself
+
+
+REQUEST_STREAM_PREFIX = "requests/"
 
 
 def request_stream(instance_id: str) -> str:
     """Each opgate instance appends its agent-request records to a stream of its own."""
-    return f"requests/{instance_id}"
+    return REQUEST_STREAM_PREFIX + instance_id
+
+
+def record_text(record: dict[str, Any]) -> str:
+    """The JSON a record is stored as: the one place every appended record passes through,
+    so none can hold what PostgreSQL refuses (storable.py). Raises ValueError for a value JSON
+    cannot hold (a NaN): the writer stores a placeholder instead."""
+    return json.dumps(storable(record), separators=(",", ":"), allow_nan=False, default=str)
+
+
+async def append_texts(
+    conn: asyncpg.Connection, stream: str, kind: str, texts: Sequence[str]
+) -> None:
+    """Records already made ``record_text``, in order, in one statement."""
+    await conn.execute(QUERIES["audit_append_batch"], stream, kind, "[" + ",".join(texts) + "]")
 
 
 async def append_batch(
     conn: asyncpg.Connection, stream: str, kind: str, records: Sequence[dict[str, Any]]
 ) -> None:
-    await conn.execute(QUERIES["audit_append_batch"], stream, kind, json.dumps(list(records)))
+    await append_texts(conn, stream, kind, [record_text(r) for r in records])
 
 
 async def record_policy_event(
@@ -119,6 +138,41 @@ async def hashes_at(
 async def mismatched_heads(conn: asyncpg.Connection) -> list[asyncpg.Record]:
     rows: list[asyncpg.Record] = await conn.fetch(QUERIES["audit_heads_mismatched"])
     return rows
+
+
+async def request_numbering(
+    conn: asyncpg.Connection, floors: dict[str, int]
+) -> list[asyncpg.Record]:
+    """Missing, duplicate and dropped ranges of each instance's request numbers."""
+    rows: list[asyncpg.Record] = await conn.fetch(
+        QUERIES["audit_request_numbering"], json.dumps(floors)
+    )
+    return rows
+
+
+async def retention_records(conn: asyncpg.Connection) -> list[dict[str, Any]]:
+    return [json.loads(r["record"]) for r in await conn.fetch(QUERIES["audit_retention_records"])]
+
+
+def _positions(cuts: Sequence[tuple[str, int]]) -> str:
+    return json.dumps([[stream, seq] for stream, seq in cuts])
+
+
+async def prunable(
+    conn: asyncpg.Connection, cuts: Sequence[tuple[str, int]]
+) -> AsyncIterator[StoredRecord]:
+    """The records at or before each (stream, seq) cut, in chain order (in a transaction)."""
+    async for row in conn.cursor(QUERIES["audit_prunable"], _positions(cuts)):
+        yield _stored(row)
+
+
+async def prune(
+    conn: asyncpg.Connection, cuts: Sequence[tuple[str, int]], record: dict[str, Any]
+) -> int:
+    """Append the prune's record and delete what it covers (in the caller's transaction)."""
+    await append_batch(conn, STREAM_RETENTION, "retention", [record])
+    deleted: int = await conn.fetchval(QUERIES["audit_prune"], _positions(cuts))
+    return deleted
 
 
 async def operation_records(conn: asyncpg.Connection, operation_id: str) -> list[StoredRecord]:

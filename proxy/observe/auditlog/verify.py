@@ -1,5 +1,6 @@
 """``opgate audit verify``: recompute every record's hash, follow each stream's chain, check the
-signed checkpoints, and name the first broken record."""
+signed checkpoints, check that each instance's request records are all there (their numbers,
+``instance_seq``), and name the first broken record."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import asyncpg
 
 from proxy.observe.auditlog import records
 from proxy.observe.auditlog.chain import Break, Checkpoint, check_checkpoint_chain, check_record
+from proxy.observe.auditlog.retention import Retention, retention_from
 
 _CLAIMS_PER_QUERY = 5000
+_UNSTORABLE = '"record_type": "unstorable"'  # as jsonb prints it
 _LATEST = datetime.max.replace(tzinfo=None)
 
 
@@ -22,6 +25,11 @@ class VerifyReport:
     checkpoints_authenticated: bool = False  # False: no key given, MACs not checked
     last_checkpoint: Checkpoint | None = None
     breaks: list[Break] = field(default_factory=list)
+    # Request records the writer dropped before storage and said so (a `dropped` record): not
+    # a break, the log stream has them; shown so that a loss is never silent.
+    dropped: list[str] = field(default_factory=list)
+    unstorable: int = 0  # placeholders for records the database refused
+    pruned_through: int | None = None  # the checkpoint old records were pruned through
 
     @property
     def ok(self) -> bool:
@@ -46,13 +54,21 @@ async def verify(
     whole_log: bool,
 ) -> VerifyReport:
     report = VerifyReport()
+    cps = await records.checkpoints(conn)
+    # Where old records were pruned (retention.py): read before the records, so that a stream's
+    # new beginning is checked against the hash signed for what was cut.
+    retention, problems = retention_from(await records.retention_records(conn), cps, key)
+    report.breaks.extend(Break(records.STREAM_RETENTION, None, None, p) for p in problems)
+    report.pruned_through = retention.through_checkpoint
     async for record, predecessor_hash in records.records_between(conn, since, until):
         report.records += 1
-        problem = check_record(record, predecessor_hash)
+        pruned_hash = retention.pruned_hash(record.stream, record.seq)
+        problem = check_record(record, predecessor_hash, pruned_hash)
         if problem is not None:
             report.breaks.append(Break(record.stream, record.seq, record.at, problem))
+        if record.kind == "request" and _UNSTORABLE in record.record:
+            report.unstorable += 1
 
-    cps = await records.checkpoints(conn)
     report.checkpoints = len(cps)
     report.last_checkpoint = cps[-1] if cps else None
     if key is not None:
@@ -60,9 +76,17 @@ async def verify(
         problem = check_checkpoint_chain(key, cps)
         if problem is not None:
             report.breaks.append(Break("(checkpoints)", None, None, problem))
-    await _check_claims(conn, [cp for cp in cps if cp.at >= since], report)
+    await _check_claims(conn, [cp for cp in cps if cp.at >= since], retention, report)
     if whole_log:
+        await _check_numbering(conn, retention, report)
         for row in await records.mismatched_heads(conn):
+            cut = retention.cuts.get(row["stream"])
+            if (
+                row["last_seq"] is None
+                and cut is not None
+                and (cut.seq, cut.hash) == (row["head_seq"], bytes(row["head_hash"]))
+            ):
+                continue  # every record of the stream was pruned, up to its signed head
             report.breaks.append(
                 Break(
                     row["stream"],
@@ -76,10 +100,16 @@ async def verify(
 
 
 async def _check_claims(
-    conn: asyncpg.Connection, cps: list[Checkpoint], report: VerifyReport
+    conn: asyncpg.Connection, cps: list[Checkpoint], retention: Retention, report: VerifyReport
 ) -> None:
-    """Every (stream, seq, hash) a checkpoint signed must still be there, unchanged."""
-    claims = {(h.stream, h.seq): (h.hash, cp.checkpoint_id) for cp in cps for h in cp.heads}
+    """Every (stream, seq, hash) a checkpoint signed must still be there, unchanged (unless a
+    prune removed it)."""
+    claims = {
+        (h.stream, h.seq): (h.hash, cp.checkpoint_id)
+        for cp in cps
+        for h in cp.heads
+        if not retention.pruned(h.stream, h.seq)
+    }
     positions = list(claims)
     for start in range(0, len(positions), _CLAIMS_PER_QUERY):
         found = await records.hashes_at(conn, positions[start : start + _CLAIMS_PER_QUERY])
@@ -94,3 +124,39 @@ async def _check_claims(
             else:
                 continue
             report.breaks.append(Break(position[0], position[1], None, problem))
+
+
+async def _check_numbering(
+    conn: asyncpg.Connection, retention: Retention, report: VerifyReport
+) -> None:
+    """Every number an instance gave a request record is stored, or declared dropped (or was
+    pruned)."""
+    for row in await records.request_numbering(conn, retention.floors):
+        stream, problem = row["stream"], row["problem"]
+        instance = stream.removeprefix(records.REQUEST_STREAM_PREFIX)
+        numbers = f"{row['first']}" + (f"-{row['last']}" if row["last"] != row["first"] else "")
+        run = f" (run {row['run']} of the stream)" if row["run"] > 1 else ""
+        if problem == "dropped":
+            report.dropped.append(
+                f"stream {stream}: request records of instance {instance} dropped before"
+                f" storage: {numbers}{run} (in the log stream only)"
+            )
+        elif problem == "missing":
+            report.breaks.append(
+                Break(
+                    stream,
+                    None,
+                    None,
+                    f"request records of instance {instance} missing: {numbers}{run}"
+                    " (logged by the instance, never stored or deleted since)",
+                )
+            )
+        else:
+            report.breaks.append(
+                Break(
+                    stream,
+                    None,
+                    None,
+                    f"request records of instance {instance} stored twice: {numbers}{run}",
+                )
+            )

@@ -1,27 +1,105 @@
 """Appending agent-request records to the audit log off the request path, in batches.
 
-A request's decision never waits for, or fails because of, this write: ``submit`` only queues.
-The canonical record has already gone to stdout (the JSON log line) when it is queued, so a
-record lost here (the process killed before a flush, or the queue full during a long database
-outage) is still in the log stream; losses are counted (``opgate_audit_records_dropped_total``).
-State transitions never go through here: they are chained in their own statement.
+A request's decision never waits for, or fails because of, this write: ``admit`` numbers a
+record (or counts it into a ``denials`` record, denials.py) and ``submit`` queues it. The
+canonical record has already gone to stdout (the JSON log line, with the same number) when it
+is queued, so a record lost here is still in the log stream. State transitions never go
+through here: they are chained in their own statement.
+
+What can go wrong, and what the writer does about it:
+
+- The database refuses one record (a data error, a value over a limit: SQLSTATE classes 22,
+  23, 54). The batch is split in halves until the refused record is alone, and a placeholder
+  is stored in its place: its number, request id, the SHA-256 of its canonical JSON and the
+  error class. One bad record never holds up the others. If the placeholder is refused too,
+  the fault was not the record's: that counts as the next case.
+- The database refuses everything or does not answer. Records wait, in order, and are retried
+  with backoff; once nothing has been stored for ``stall_seconds`` while records wait, the
+  writer is ``stalled``: a log line (``audit_writer_stalled``), the metrics, and the ops
+  listener's readiness say so. Past ``max_pending`` waiting records, new ones are dropped; their
+  numbers go into a ``dropped`` record as soon as there is room, so that ``opgate audit
+  verify`` reports them as dropped rather than missing.
+
+Each run of the writer begins its stream's numbering with a ``started`` record: numbers are
+1, 2, 3... from there (``verify`` checks them run by run).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
 import structlog
 
 from proxy.errors import StoreUnavailable
+from proxy.observe.audit import AUDIT_SCHEMA_VERSION
 from proxy.observe.auditlog import records
+from proxy.observe.auditlog.denials import DenialCounter, aggregable
+from proxy.observe.auditlog.storable import record_digest
 from proxy.store.store import Store
 
 _log = structlog.get_logger("opgate.audit_writer")
+_FIRST_BACKOFF_SECONDS = 0.05
 _MAX_BACKOFF_SECONDS = 5.0
+STALL_SECONDS = 5.0
+# SQLSTATE classes one record can cause: data exception (22: NUL, bad escapes, a value out of
+# range), integrity constraint violation (23), program limit exceeded (54: an index row too
+# large). Anything else (connection, timeout, lock, read-only standby...) is the database's
+# state, retried as it is.
+_RECORD_FAULT_CLASSES = frozenset({"22", "23", "54"})
+_MAX_PLACEHOLDER_ID = 64
+
+
+def may_be_the_records_fault(exc: BaseException) -> bool:
+    sqlstate = getattr(exc, "sqlstate", None)
+    return (
+        isinstance(exc, asyncpg.PostgresError)
+        and isinstance(sqlstate, str)
+        and sqlstate[:2] in _RECORD_FAULT_CLASSES
+    )
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def placeholder(record: dict[str, Any], error: BaseException) -> dict[str, Any]:
+    """What is stored instead of a record the database refused."""
+    request_id = record.get("request_id")
+    return {
+        "schema_version": AUDIT_SCHEMA_VERSION,
+        "record_type": "unstorable",
+        "time": _now(),
+        "instance_seq": record.get("instance_seq"),
+        "request_id": str(request_id)[:_MAX_PLACEHOLDER_ID] if request_id is not None else None,
+        "record_sha256": record_digest(record),
+        "error": type(error).__name__,
+        "sqlstate": getattr(error, "sqlstate", None),
+    }
+
+
+@dataclass
+class _Pending:
+    since: float  # when it was queued (monotonic)
+    record: dict[str, Any]
+    text: str | None = None  # the JSON it is stored as, once prepared
+    stands_in: bool = False  # text is a placeholder for the record
+
+    def prepare(self) -> None:
+        if self.text is not None:
+            return
+        try:
+            self.text = records.record_text(self.record)
+        except (ValueError, TypeError, RecursionError) as exc:  # JSON cannot hold it
+            self.text, self.stands_in = records.record_text(placeholder(self.record, exc)), True
 
 
 class RequestRecordWriter:
@@ -32,33 +110,74 @@ class RequestRecordWriter:
         *,
         max_pending: int = 10_000,
         batch_size: int = 500,
+        stall_seconds: float = STALL_SECONDS,
+        redact: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        denials: DenialCounter | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
         self._stream = stream
-        self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(max_pending)
+        self.max_pending = max_pending
         self._batch_size = batch_size
+        self.stall_seconds = stall_seconds
+        self._redact = redact or (lambda record: record)
+        self._denials = denials or DenialCounter()
+        self._clock = clock
+        self._pending: deque[_Pending] = deque()
+        self._wakeup = asyncio.Event()
+        self._idle = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._last_seq = 0
+        self._dropped_seqs: list[list[int]] = []  # [first, last] ranges not yet on record
+        self._dropped_unrecorded = 0
+        self._waiting_since: float | None = None  # records wait and nothing was stored since
+        self._stall_reported = False
         self.written = 0
         self.dropped = 0
+        self.unstorable = 0
+        self.aggregated = 0
+        self.failures = 0
+        started = {"schema_version": AUDIT_SCHEMA_VERSION, "record_type": "started", "time": _now()}
+        self._enqueue(started)
 
     @property
     def pending(self) -> int:
-        return self._queue.qsize()
+        return len(self._pending)
+
+    @property
+    def oldest_pending_seconds(self) -> float:
+        return self._clock() - self._pending[0].since if self._pending else 0.0
+
+    @property
+    def stalled(self) -> bool:
+        """Records wait and nothing has been stored for ``stall_seconds``."""
+        since = self._waiting_since
+        return since is not None and self._clock() - since >= self.stall_seconds
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="audit-request-writer")
 
+    def admit(self, fields: dict[str, Any]) -> None:
+        """Before the log line: give the record its number, or count it (``aggregated``)."""
+        now = self._clock()
+        self._close_window_if_due(now)
+        if aggregable(fields) and self._denials.fold(self._redact(fields), now):
+            fields["aggregated"] = True
+            self.aggregated += 1
+            return
+        fields["instance_seq"] = self._number()
+
     def submit(self, record: dict[str, Any]) -> None:
-        try:
-            self._queue.put_nowait(record)
-        except asyncio.QueueFull:
-            self.dropped += 1
-            if self.dropped == 1 or self.dropped % 1000 == 0:
-                _log.error("audit_records_dropped", dropped=self.dropped, stream=self._stream)
+        """After the log line: queue the record (redacted), unless it was counted."""
+        if record.get("aggregated"):
+            return
+        self._enqueue(self._redact(record))
 
     async def flush(self) -> None:
-        """Wait until every record submitted so far is written (tests, shutdown)."""
-        await self._queue.join()
+        """End the open denial window and wait until every record so far is stored."""
+        self._close_window()
+        while self._pending:
+            await self._idle.wait()
 
     async def close(self, grace_seconds: float = 5.0) -> None:
         """Write what is queued (for at most ``grace_seconds``), then stop."""
@@ -68,34 +187,174 @@ class RequestRecordWriter:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        lost = self._queue.qsize()
-        if lost:
-            self.dropped += lost
-            _log.error("audit_records_dropped", dropped=self.dropped, stream=self._stream)
+        while self._pending:
+            self._note_dropped(self._pending.popleft().record)
+        if self._dropped_unrecorded:
+            _log.error(
+                "audit_records_dropped",
+                dropped=self.dropped,
+                stream=self._stream,
+                instance_seqs=self._dropped_seqs,
+            )
 
-    async def _write(self, batch: list[dict[str, Any]]) -> None:
-        await self._store.run(
-            lambda conn: records.append_batch(conn, self._stream, "request", batch)
+    # --- queueing ---
+
+    def _number(self) -> int:
+        self._last_seq += 1
+        return self._last_seq
+
+    def _close_window_if_due(self, now: float) -> None:
+        if self._denials.due(now):
+            self._close_window()
+
+    def _close_window(self) -> None:
+        for counted in self._denials.close():
+            counted["instance_seq"] = self._number()
+            self._enqueue(counted)
+
+    def _enqueue(self, record: dict[str, Any]) -> None:
+        self._record_drops_if_room()
+        if len(self._pending) >= self.max_pending:
+            self._note_dropped(record)
+            if self.dropped == 1 or self.dropped % 1000 == 0:
+                _log.error("audit_records_dropped", dropped=self.dropped, stream=self._stream)
+            return
+        self._append(record)
+
+    def _append(self, record: dict[str, Any]) -> None:
+        now = self._clock()
+        if self._waiting_since is None:
+            self._waiting_since = now
+        self._pending.append(_Pending(now, record))
+        self._idle.clear()
+        self._wakeup.set()
+
+    def _note_dropped(self, record: dict[str, Any]) -> None:
+        self.dropped += 1
+        self._dropped_unrecorded += 1
+        seq = record.get("instance_seq")
+        if not isinstance(seq, int):
+            return
+        if self._dropped_seqs and self._dropped_seqs[-1][1] == seq - 1:
+            self._dropped_seqs[-1][1] = seq
+        else:
+            self._dropped_seqs.append([seq, seq])
+
+    def _record_drops_if_room(self) -> None:
+        """Put the drops so far on record, as soon as the queue has room for it."""
+        if not self._dropped_unrecorded or len(self._pending) >= self.max_pending:
+            return
+        self._append(
+            {
+                "schema_version": AUDIT_SCHEMA_VERSION,
+                "record_type": "dropped",
+                "time": _now(),
+                "dropped": self._dropped_seqs,
+                "count": self._dropped_unrecorded,
+            }
         )
+        self._dropped_seqs, self._dropped_unrecorded = [], 0
+
+    # --- writing ---
 
     async def _run(self) -> None:
-        backoff = 0.05
+        backoff = _FIRST_BACKOFF_SECONDS
         while True:
-            batch = [await self._queue.get()]
-            while len(batch) < self._batch_size and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            while True:
-                try:
-                    await self._write(batch)
-                    break
-                except (StoreUnavailable, asyncpg.PostgresError) as exc:
-                    _log.warning("audit_write_retry", error=str(exc), records=len(batch))
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, _MAX_BACKOFF_SECONDS)
-            backoff = 0.05
-            self.written += len(batch)
-            for _ in batch:
-                self._queue.task_done()
+            self._close_window_if_due(self._clock())
+            if not self._pending:
+                self._idle.set()
+                await self._wait_for_work()
+                continue
+            batch = list(itertools.islice(self._pending, self._batch_size))
+            try:
+                for entry in batch:
+                    entry.prepare()
+                await self._store_entries(batch)
+            except Exception as exc:
+                self._failed(exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF_SECONDS)
+            else:
+                backoff = _FIRST_BACKOFF_SECONDS
+
+    async def _wait_for_work(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wakeup.wait(), self._denials.seconds_left(self._clock()))
+        self._wakeup.clear()
+
+    async def _append_texts(self, entries: list[_Pending]) -> None:
+        texts = [entry.text or "" for entry in entries]
+        await self._store.run(
+            lambda conn: records.append_texts(conn, self._stream, "request", texts)
+        )
+
+    async def _store_entries(self, entries: list[_Pending]) -> None:
+        """Store ``entries`` (the front of the queue), isolating a record the database
+        refuses; raises when the fault is not one record's."""
+        try:
+            await self._append_texts(entries)
+        except Exception as exc:
+            if not may_be_the_records_fault(exc):
+                raise
+            if len(entries) > 1:
+                middle = len(entries) // 2
+                await self._store_entries(entries[:middle])
+                await self._store_entries(entries[middle:])
+                return
+            await self._store_placeholder(entries[0], exc)
+            return
+        self._stored(entries)
+
+    async def _store_placeholder(self, entry: _Pending, refused: Exception) -> None:
+        if entry.stands_in:  # a placeholder refused: not the record's fault
+            raise refused
+        original = entry.text
+        entry.text = records.record_text(placeholder(entry.record, refused))
+        entry.stands_in = True
+        try:
+            await self._append_texts([entry])
+        except Exception:
+            entry.text, entry.stands_in = original, False
+            raise refused from None
+        _log.error(
+            "audit_record_unstorable",
+            stream=self._stream,
+            instance_seq=entry.record.get("instance_seq"),
+            request_id=entry.record.get("request_id"),
+            record_sha256=record_digest(entry.record),
+            error=type(refused).__name__,
+            detail=str(refused),
+        )
+        self._stored([entry])
+
+    def _stored(self, entries: list[_Pending]) -> None:
+        for entry in entries:
+            self._pending.popleft()
+            if entry.stands_in:
+                self.unstorable += 1
+        self.written += len(entries)
+        if self._stall_reported:
+            self._stall_reported = False
+            _log.info("audit_writer_recovered", stream=self._stream, pending=len(self._pending))
+        self._waiting_since = self._clock() if self._pending else None
+        self._record_drops_if_room()
+        if not self._pending:
+            self._idle.set()
+
+    def _failed(self, exc: Exception) -> None:
+        self.failures += 1
+        error = str(exc) or type(exc).__name__
+        _log.warning("audit_write_retry", error=error, pending=len(self._pending))
+        if self.stalled and not self._stall_reported:
+            self._stall_reported = True
+            _log.error(
+                "audit_writer_stalled",
+                stream=self._stream,
+                pending=len(self._pending),
+                oldest_pending_seconds=round(self.oldest_pending_seconds, 3),
+                dropped=self.dropped,
+                error=error,
+            )
 
 
 class Checkpointer:
