@@ -44,7 +44,9 @@ def test_every_string_of_a_storable_value_is_utf8_without_nul(value: Any) -> Non
         assert "\x00" not in text
     stored = record_text({"v": value})
     assert "\\u0000" not in stored
-    assert not any(f"\\u{c:04x}" in stored for c in (0xD800, 0xDBFF, 0xDC00, 0xDFFF))
+    # escaped surrogate pairs (a character beyond the BMP) are fine; a lone one is not
+    for text in _strings(json.loads(stored)):
+        text.encode("utf-8")
     assert storable(made) == made
 
 
