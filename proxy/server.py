@@ -34,7 +34,7 @@ from proxy.observe.observer import (
     add_metrics_route,
     observe_agent_request,
 )
-from proxy.operations.api import add_routes, require_admin, store_errors
+from proxy.operations.api import add_routes, bad_input, require_admin, store_errors
 from proxy.policy.reload import PolicyReloader, load_validated_policy, reloading
 from proxy.recovery.api import add_recovery_routes
 from proxy.recovery.background import run_background
@@ -73,7 +73,7 @@ def agent_app(gateway: Gateway) -> web.Application:
 
 
 def ops_app(gateway: Gateway) -> web.Application:
-    app = web.Application(middlewares=[require_admin, store_errors])
+    app = web.Application(middlewares=[require_admin, store_errors, bad_input])
     serve_with(app, gateway)
     add_routes(app)
     add_metrics_route(app)  # GET /metrics (Prometheus text; no token: docs/audit.md)
