@@ -24,6 +24,12 @@ from proxy.forward.listener import (
 )
 from proxy.gate.checks import Agent
 from proxy.gate.credentials import CredentialSource
+from proxy.gate.framing import (
+    MalformedAnswer,
+    ProblemAppRunner,
+    admin_malformed_answer,
+    agent_malformed_answer,
+)
 from proxy.gate.gateway import Gateway, serve_with
 from proxy.gate.identity import AgentDirectory
 from proxy.gate.intake import expect_continue
@@ -34,7 +40,13 @@ from proxy.observe.observer import (
     add_metrics_route,
     observe_agent_request,
 )
-from proxy.operations.api import add_routes, body_in_time, require_admin, store_errors
+from proxy.operations.api import (
+    add_routes,
+    bad_input,
+    body_in_time,
+    require_admin,
+    store_errors,
+)
 from proxy.policy.reload import PolicyReloader, load_validated_policy, reloading
 from proxy.recovery.api import add_recovery_routes
 from proxy.recovery.background import run_background
@@ -74,7 +86,7 @@ def agent_app(gateway: Gateway) -> web.Application:
 
 def ops_app(gateway: Gateway) -> web.Application:
     # the admin token first: an unauthenticated request's body is never read
-    app = web.Application(middlewares=[require_admin, body_in_time, store_errors])
+    app = web.Application(middlewares=[require_admin, body_in_time, store_errors, bad_input])
     serve_with(app, gateway)
     add_routes(app)
     add_metrics_route(app)  # GET /metrics (Prometheus text; no token: docs/audit.md)
@@ -117,10 +129,20 @@ async def running(
         try:
             await observability.start(store)  # audit writers; the policy load on record
             agent_url = await _start(
-                runners, agent_app(gateway), settings.agent_listen, settings, inherited.get("agent")
+                runners,
+                agent_app(gateway),
+                settings.agent_listen,
+                settings,
+                agent_malformed_answer(gateway, "agent"),
+                inherited.get("agent"),
             )
             ops_url = await _start(
-                runners, ops_app(gateway), settings.ops_listen, settings, inherited.get("ops")
+                runners,
+                ops_app(gateway),
+                settings.ops_listen,
+                settings,
+                admin_malformed_answer,
+                inherited.get("ops"),
             )
             forward_url, forward_listener = None, None
             if settings.forward_listen:  # forward-proxy mode: proxy/forward/
@@ -128,7 +150,12 @@ async def running(
 
                 async def start_forward(app: web.Application) -> tuple[str, web.AppRunner]:
                     url = await _start(
-                        runners, app, forward_listen, settings, inherited.get("forward")
+                        runners,
+                        app,
+                        forward_listen,
+                        settings,
+                        agent_malformed_answer(gateway, "forward"),
+                        inherited.get("forward"),
                     )
                     return url, runners[-1]
 
@@ -172,10 +199,13 @@ async def _start(
     app: web.Application,
     listen: str,
     settings: Settings,
+    answer_malformed: MalformedAnswer,
     sock: socket.socket | None = None,
 ) -> str:
-    runner = web.AppRunner(
+    # Requests aiohttp's parser refuses get problem+json and, on agent listeners, a record.
+    runner = ProblemAppRunner(
         app,
+        answer=answer_malformed,
         auto_decompress=False,  # bodies are validated as sent, never un-gzipped behind our back
         keepalive_timeout=settings.keepalive_timeout_seconds,
         shutdown_timeout=settings.drain_seconds,

@@ -7,25 +7,45 @@ read two ways is refused rather than guessed:
 - form: a duplicated key, a pair without '=', an empty pair, a bare ';' (some servers split on
   it), a bad percent-escape, bytes that are not UTF-8 once decoded;
 - JSON: a duplicated key, NaN/Infinity, an integer outside +-(2**53-1) (a float-based parser at the
-  provider would round it), a lone surrogate, a top level that is not an object.
+  provider would round it), a number whose float does not serialise back to the value written
+  (``1e400`` would leave as the bare word ``Infinity``, ``1.00000000000000000001`` as ``1.0``),
+  nesting deeper than ``MAX_JSON_DEPTH``, a lone surrogate, a top level that is not an object.
 
 Fields are addressed the way the provider spells them: form keys as sent
 (``metadata[operation_id]``), JSON leaves by JSON pointer (``/metadata/operation_id``).
+``form_key_readings`` says how bracket parsers (Rack, qs, PHP) may read a form key, so that a key
+spelt differently from the injected field but read as it can be refused.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from functools import cached_property
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, quote_plus
 
 from proxy.policy.model import BodyKind
 
 JsonLeaf = str | int | float | bool | None | dict[str, Any] | list[Any]
 _MAX_SAFE_INT = 2**53 - 1
+_MAX_SAFE_INT_DIGITS = len(str(_MAX_SAFE_INT))
+# Objects and arrays nested deeper than this are refused before parsing: no provider API takes
+# documents this deep, and every recursive walk of a parsed body (parse, leaves, copy) stays far
+# below Python's recursion limit.
+MAX_JSON_DEPTH = 64
+# A JSON string, terminated or running to the end of the body. Possessive, so that a body of
+# unterminated strings is scanned once (no backtracking, no retry per quote).
+_JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.?)*+(?:"|\Z)', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_OPENING = frozenset(b"[{")
+# What a form body may carry unescaped: printable ASCII but the separators and '%', '+' (space).
+_FORM_RAW = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in "%&+;=")
 _PERCENT = re.compile(rb"%([0-9A-Fa-f]{2})")
 _MEDIA_TYPES = {
     BodyKind.FORM: "application/x-www-form-urlencoded",
@@ -66,8 +86,20 @@ class ParsedBody:
                 f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in self.form
             ).encode("ascii")
         if self.kind is BodyKind.JSON:
-            return json.dumps(self.json, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+            return _dump_json(self.json)
         return b""
+
+    def smallest_size(self) -> int:
+        """The fewest bytes a body that parses to this one can have: what an agent must send at
+        least (form: every character the parser reads raw left unescaped, space as '+')."""
+        if self.kind is BodyKind.FORM:
+            return len(
+                "&".join(
+                    f"{quote_plus(k, safe=_FORM_RAW)}={quote_plus(v, safe=_FORM_RAW)}"
+                    for k, v in self.form
+                )
+            )
+        return len(self.serialise())
 
     @property
     def media_type(self) -> str | None:
@@ -143,6 +175,7 @@ def _form_decode(raw: bytes) -> str:
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     if raw.startswith(b"\xef\xbb\xbf"):
         raise BodyRejected("JSON body starts with a byte-order mark")
+    _check_depth(raw)
     try:
         text = raw.decode("utf-8")
         value = json.loads(
@@ -150,6 +183,7 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
             object_pairs_hook=_object_without_duplicates,
             parse_constant=_reject_constant,
             parse_int=_safe_int,
+            parse_float=_exact_float,
         )
     except UnicodeDecodeError as exc:
         raise BodyRejected("JSON body is not UTF-8") from exc
@@ -159,6 +193,20 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         raise BodyRejected("JSON body must be an object")
     _reject_lone_surrogates(value)
     return value
+
+
+def _check_depth(raw: bytes) -> None:
+    """Refuse nesting deeper than MAX_JSON_DEPTH before the recursive parser sees it (30,000
+    levels would otherwise end in a RecursionError). Brackets inside strings do not count; up to
+    the first syntax error this reads the structure exactly as json.loads does."""
+    depth = 0
+    for byte in _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS):
+        if byte in _OPENING:
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                raise BodyRejected(f"JSON body is nested deeper than {MAX_JSON_DEPTH} levels")
+        else:
+            depth -= 1
 
 
 def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -175,10 +223,30 @@ def _reject_constant(name: str) -> Any:
 
 
 def _safe_int(text: str) -> int:
+    if len(text.lstrip("-")) > _MAX_SAFE_INT_DIGITS:  # before int(): it refuses 4,300+ digits
+        raise BodyRejected(f"integer {text[:20]}... is outside the range every parser reads alike")
     value = int(text)
     if abs(value) > _MAX_SAFE_INT:
         raise BodyRejected(f"integer {text} is outside the range every JSON parser reads alike")
     return value
+
+
+def _exact_float(text: str) -> float:
+    """The float, if serialising it gives back the value written: ``0.1`` and ``1.5e3`` pass,
+    ``1e400`` (infinity), ``1e-400`` (zero) and ``1.00000000000000000001`` (1.0) do not, since
+    what would leave is not what was checked."""
+    value = float(text)
+    if not math.isfinite(value) or Decimal(repr(value)) != Decimal(text):
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise BodyRejected(f"JSON number {shown} cannot be kept exactly as a double")
+    return value
+
+
+def _dump_json(document: Any) -> bytes:
+    # allow_nan=False: a non-finite float must never leave as the bare word Infinity or NaN
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
+        "utf-8"
+    )
 
 
 def _reject_lone_surrogates(value: Any) -> None:
@@ -220,16 +288,101 @@ def inject(body: ParsedBody, field: str, value: str) -> ParsedBody:
             return body
         return ParsedBody(BodyKind.FORM, form=(*body.form, (field, value)))
     if body.kind is BodyKind.JSON:
-        document = json.loads(json.dumps(body.json))  # a deep copy; the checked parse stays intact
-        node: Any = document
-        *parents, leaf = [p.replace("~1", "/").replace("~0", "~") for p in field.split("/")[1:]]
-        for name in parents:
-            child = node.setdefault(name, {})
-            if not isinstance(child, dict):
-                raise BodyRejected(f"{field}: {name!r} is not an object")
-            node = child
+        document = copy.deepcopy(body.json or {})  # the checked parse stays intact
+        node, leaf = _parent_object(document, field, create=True)
         if leaf in node and node[leaf] != value:
             raise BodyRejected(f"{field} is set by opgate")
         node[leaf] = value
         return ParsedBody(BodyKind.JSON, json=document)
     return body
+
+
+def with_value(body: ParsedBody, field: str, value: str) -> ParsedBody:
+    """``body`` with the field it holds set to ``value`` (in place, order kept); a field it does
+    not hold stays absent. For writing the approved spelling of a value the checks accepted."""
+    if body.kind is BodyKind.FORM:
+        return ParsedBody(
+            BodyKind.FORM, form=tuple((k, value if k == field else v) for k, v in body.form)
+        )
+    if body.kind is BodyKind.JSON and field in body.fields():
+        document = copy.deepcopy(body.json or {})
+        node, leaf = _parent_object(document, field, create=False)
+        node[leaf] = value
+        return ParsedBody(BodyKind.JSON, json=document)
+    return body
+
+
+def body_from_fields(kind: BodyKind, fields: Mapping[str, JsonLeaf]) -> ParsedBody:
+    """The body holding exactly ``fields`` (form values are text; JSON fields are pointers)."""
+    if kind is BodyKind.FORM:
+        pairs = tuple((k, v) for k, v in fields.items() if isinstance(v, str))
+        if len(pairs) != len(fields):
+            raise BodyRejected("form fields are text")
+        return ParsedBody(BodyKind.FORM, form=pairs)
+    if kind is BodyKind.JSON:
+        document: dict[str, Any] = {}
+        for pointer, value in fields.items():
+            node, leaf = _parent_object(document, pointer, create=True)
+            if leaf in node:
+                raise BodyRejected(f"{pointer} is written twice")
+            node[leaf] = value
+        return ParsedBody(BodyKind.JSON, json=document)
+    if fields:
+        raise BodyRejected("this call takes no body")
+    return ParsedBody(BodyKind.NONE)
+
+
+def _parent_object(document: dict[str, Any], pointer: str, *, create: bool) -> tuple[Any, str]:
+    """The object holding ``pointer``'s last token, and that token (parents created on demand)."""
+    node: Any = document
+    *parents, leaf = [p.replace("~1", "/").replace("~0", "~") for p in pointer.split("/")[1:]]
+    for name in parents:
+        child = node.setdefault(name, {}) if create else node.get(name)
+        if not isinstance(child, dict):
+            raise BodyRejected(f"{pointer}: {name!r} is not an object")
+        node = child
+    return node, leaf
+
+
+# How bracket parsers split a form key into the path of names they store its value under.
+_KEY_SEPARATORS = re.compile(r"[\[\].]")
+_BRACKET_GROUP = re.compile(r"\[([^\[\]]*)\]")
+_DOTTED_NAME = re.compile(r"\.([^.\[]+)")
+
+
+def form_key_readings(key: str) -> set[tuple[str, ...]]:
+    """The paths a common bracket parser may store a form key's value under:
+
+    - runs: every run between ``[``, ``]`` and ``.`` is a name (dots: qs; Rack 2 skips any brackets
+      around a name, so ``metadata]operation_id`` is ``metadata[operation_id]`` to it; PHP
+      drops what follows a closing bracket and leading spaces; Rack 3 reads ``[name]`` groups);
+    - groups: the text before the first ``[...]`` group, then every group wherever it stands
+      (qs skips what lies between groups: ``[a]x[b]`` is ``a[b]`` to it), on the key as sent
+      and with qs's ``allowDots`` (``a.b`` is ``a[b]``).
+
+    Names are stripped of surrounding spaces; empty runs are dropped. Whatever path one of
+    those parsers reads a key as begins like one of these readings (tests/gate/test_bodies.py
+    models the parsers and checks it), which may also flag keys none of them would confuse: a
+    refusal, never a guess. A plain ``a[b][c]`` has the one reading ``("a", "b", "c")``."""
+    readings = {tuple(name for part in _KEY_SEPARATORS.split(key) if (name := part.strip()))}
+    for text in (key, _DOTTED_NAME.sub(r"[\1]", key)):
+        groups = list(_BRACKET_GROUP.finditer(text))
+        parent = (text[: groups[0].start()] if groups else text).strip()
+        readings.add((*([parent] if parent else []), *(g.group(1).strip() for g in groups)))
+    return readings
+
+
+def reads_as_field(kind: BodyKind, field: str, target: str) -> bool:
+    """Whether a provider may read ``field``, which is not ``target``, as ``target`` or as
+    something inside it: a form key that a bracket parser splits into a path starting with
+    ``target``'s, a JSON pointer below ``target``."""
+    if field == target:
+        return False
+    if kind is BodyKind.JSON:
+        return field.startswith(target + "/")
+    if kind is BodyKind.FORM:
+        targets = form_key_readings(target)
+        return any(
+            reading[: len(path)] == path for path in targets for reading in form_key_readings(field)
+        )
+    return False

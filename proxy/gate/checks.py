@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from proxy.gate.bodies import JsonLeaf, ParsedBody
+from proxy.gate.bodies import JsonLeaf, ParsedBody, reads_as_field
 from proxy.gate.decision import ClaimKind, Decision, Deny, Forward, Replay
 from proxy.gate.reasons import Reason
 from proxy.policy.model import BodyKind, Mode, OperationRequirement, Provider, Rule
@@ -92,15 +92,24 @@ def check_currency(facts: RequestFacts, op: Operation) -> Deny | None:
         return None
     sent = facts.body.fields().get(facts.rule.currency)
     expected = op.currency
-    same = (sent is None and expected is None) or (
-        isinstance(sent, str) and expected is not None and sent.lower() == expected.lower()
+    if (sent is None and expected is None) or same_currency(sent, expected):
+        return None
+    return Deny(
+        Reason.CURRENCY_MISMATCH,
+        f"{facts.rule.currency} is {_show(sent)}, approved {_show(expected)}",
     )
-    if not same:
-        return Deny(
-            Reason.CURRENCY_MISMATCH,
-            f"{facts.rule.currency} is {_show(sent)}, approved {_show(expected)}",
-        )
-    return None
+
+
+def same_currency(sent: JsonLeaf, approved: str | None) -> bool:
+    """ASCII letters compared without case, nothing else: Unicode case mapping would equate
+    the Kelvin sign with k (``\u212aes`` lowers to ``kes``). The approved spelling is what
+    leaves (pipeline), never the agent's."""
+    return (
+        isinstance(sent, str)
+        and approved is not None
+        and sent.isascii()
+        and sent.lower() == approved.lower()
+    )
 
 
 def check_params(facts: RequestFacts, op: Operation) -> Deny | None:
@@ -126,11 +135,21 @@ def check_no_unexpected_fields(facts: RequestFacts, op: Operation) -> Deny | Non
 
 
 def check_injected_field(facts: RequestFacts, op: Operation) -> Deny | None:
-    if facts.injected_field is None:
+    """The injected field is opgate's: the agent may only send it holding the operation's id,
+    and may not send a field a provider's parser could read as it (or as something inside it:
+    ``metadata[operation_id][x]``, ``metadata.operation_id``), whatever that field holds."""
+    injected = facts.injected_field
+    if injected is None:
         return None
-    sent = facts.body.fields().get(facts.injected_field)
+    fields = facts.body.fields()
+    sent = fields.get(injected)
     if sent is not None and sent != op.operation_id:
-        return Deny(Reason.INJECTION_CONFLICT, f"{facts.injected_field} is set by opgate")
+        return Deny(Reason.INJECTION_CONFLICT, f"{injected} is set by opgate")
+    for field in fields:
+        if reads_as_field(facts.body.kind, field, injected):
+            return Deny(
+                Reason.INJECTION_CONFLICT, f"{field} may be read as {injected}, set by opgate"
+            )
     return None
 
 

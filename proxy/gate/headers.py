@@ -1,10 +1,14 @@
-"""Which headers cross opgate, in each direction. Pure.
+"""Which headers cross opgate, in each direction, and which can be read at all. Pure.
 
 Outbound: an allowlist per provider, then opgate's own injections. Hop-by-hop headers, anything
 named in Connection, the agent's credentials and the headers opgate sets are never copied.
+Inbound, every header value must be printable ASCII (space and tab allowed): aiohttp hands over
+bytes that are not UTF-8 as surrogates, which no query, hash or outbound request can carry.
 """
 
 from __future__ import annotations
+
+import re
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -31,6 +35,17 @@ SINGLE_VALUED = (
     "Proxy-Authorization",
     "Host",
 )
+
+
+_PRINTABLE_VALUE = re.compile(r"[\t\x20-\x7e]*")
+
+
+def unreadable_header(headers: CIMultiDictProxy[str]) -> str | None:
+    """The first header whose value is not printable ASCII (RFC 9110 field-vchar, SP, HTAB)."""
+    for name, value in headers.items():
+        if _PRINTABLE_VALUE.fullmatch(value) is None:
+            return name
+    return None
 
 
 def duplicated_header(headers: CIMultiDictProxy[str], extra: tuple[str, ...] = ()) -> str | None:

@@ -1,9 +1,14 @@
-"""Who is calling: agent tokens (agent listener) and the admin token (operations API).
+"""Who is calling and which operation they name: agent tokens (agent listener), the admin
+token (operations API), and the one grammar of operation ids and idempotency keys.
 
 Tokens are configured by their SHA-256, never in clear, so a leaked config file leaks nothing
 usable. An agent presents its token in ``Proxy-Authorization`` (Basic with the token as the
 password, as ``http://agent:TOKEN@opgate`` proxy URLs produce, or Bearer), or, where a client can
 only set the provider's auth header (an SDK's api key), in that header.
+
+An operation id, wherever it enters (``X-Operation-Id``, an API path, an approval), and an
+idempotency key are 1-255 printable ASCII characters (``valid_operation_id``); anything else is
+refused before it reaches a query, so a NUL or an undecodable byte is a 400, never a 500.
 """
 
 from __future__ import annotations
@@ -12,12 +17,19 @@ import base64
 import binascii
 import hashlib
 import hmac
+import re
 import secrets
 from dataclasses import dataclass
+from urllib.parse import unquote_to_bytes
 
+from aiohttp import web
 from multidict import CIMultiDictProxy
 
 from proxy.gate.checks import Agent
+
+# Printable ASCII without space: no NUL (PostgreSQL text refuses it), no byte aiohttp decoded
+# with surrogateescape, nothing a provider or a log could read two ways.
+_OPERATION_ID = re.compile(r"[\x21-\x7e]{1,255}")
 
 TOKEN_PREFIX = "opg_"  # noqa: S105  (a prefix that makes leaked tokens greppable, not a secret)
 
@@ -42,20 +54,47 @@ class AmbiguousCredentials(ValueError):
     pass
 
 
+def valid_operation_id(value: str) -> bool:
+    """Whether ``value`` can be an operation id or an idempotency key: 1-255 printable ASCII."""
+    return _OPERATION_ID.fullmatch(value) is not None
+
+
+def path_operation_id(request: web.Request, name: str = "operation_id") -> str | None:
+    """The operation id a route's ``{name}`` segment carries, percent-decoded strictly, or None
+    if it is not a valid one. Not ``match_info``: it keeps an undecodable escape as text
+    (``%C3%28`` arrives as ``%C3(``) and decodes ``%00`` to a NUL."""
+    resource = request.match_info.route.resource
+    if resource is None:
+        return None
+    template = resource.canonical.split("/")
+    raw = request.raw_path.partition("?")[0].split("/")
+    placeholder = "{" + name + "}"
+    if placeholder not in template or len(raw) != len(template):
+        return None
+    try:
+        value = unquote_to_bytes(raw[template.index(placeholder)]).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return value if valid_operation_id(value) else None
+
+
 def credential_from(value: str) -> str | None:
-    """The secret in an Authorization-style value: Bearer TOKEN, or Basic user:TOKEN."""
+    """The secret in an Authorization-style value: Bearer TOKEN, or Basic user:TOKEN. Only a
+    printable-ASCII secret counts: every token opgate issues is, and one with an undecodable
+    byte (aiohttp hands those over as surrogates) could not even be hashed."""
     scheme, _, rest = value.strip().partition(" ")
     rest = rest.strip()
+    secret: str | None = None
     if scheme.lower() == "bearer" and rest:
-        return rest
-    if scheme.lower() == "basic" and rest:
+        secret = rest
+    elif scheme.lower() == "basic" and rest:
         try:
             decoded = base64.b64decode(rest, validate=True).decode("utf-8")
         except (binascii.Error, UnicodeDecodeError):
             return None
         _, sep, password = decoded.partition(":")
-        return password if sep and password else None
-    return None
+        secret = password if sep and password else None
+    return secret if secret is not None and secret.isascii() and secret.isprintable() else None
 
 
 def presented_agent_token(

@@ -25,8 +25,13 @@ from proxy.gate.forwarded import (
     forwarded_route,
 )
 from proxy.gate.gateway import GATEWAY
-from proxy.gate.headers import duplicated_header
-from proxy.gate.identity import AgentDirectory, AmbiguousCredentials, presented_agent_token
+from proxy.gate.headers import duplicated_header, unreadable_header
+from proxy.gate.identity import (
+    AgentDirectory,
+    AmbiguousCredentials,
+    presented_agent_token,
+    valid_operation_id,
+)
 from proxy.gate.reasons import Reason
 from proxy.policy.model import BodyKind, OperationRequirement, Provider, Rule
 from proxy.policy.paths import is_canonical_path
@@ -81,6 +86,9 @@ def identify_request(
     duplicated = duplicated_header(headers, (provider.idempotency.header,))
     if duplicated is not None:
         return Deny(Reason.AMBIGUOUS_REQUEST, f"{duplicated} is sent more than once")
+    unreadable = refuse_unreadable_headers(headers, provider.idempotency.header)
+    if unreadable is not None:
+        return unreadable
     if forwarded is not None:
         agent_or_deny = forwarded_agent(agents, forwarded, headers, auth_header)
         if isinstance(agent_or_deny, Deny):
@@ -116,6 +124,24 @@ def identify_request(
         headers=headers,
         forwarded=forwarded is not None,
     )
+
+
+def refuse_unreadable_headers(headers: CIMultiDictProxy[str], key_header: str) -> Deny | None:
+    """Header values are read (and some looked up, hashed or forwarded) only if they are
+    printable ASCII; the operation's names also follow the operation id grammar. The detail
+    names the header, never its value (it may be a credential)."""
+    operation_id = headers.get("X-Operation-Id")
+    if operation_id is not None and not valid_operation_id(operation_id):
+        return Deny(
+            Reason.OPERATION_ID_INVALID, "X-Operation-Id must be 1-255 printable ASCII characters"
+        )
+    key = headers.get(key_header)
+    if key is not None and not valid_operation_id(key):
+        return Deny(Reason.HEADER_INVALID, f"{key_header} must be 1-255 printable ASCII characters")
+    unreadable = unreadable_header(headers)
+    if unreadable is not None:
+        return Deny(Reason.HEADER_INVALID, f"the value of {unreadable} is not printable ASCII")
+    return None
 
 
 async def read_body(

@@ -24,8 +24,8 @@ from proxy.errors import (
     UpstreamTruncated,
 )
 from proxy.gate import upstream
-from proxy.gate.bodies import BodyRejected, ParsedBody, inject
-from proxy.gate.checks import concealed, decide, decide_by_state
+from proxy.gate.bodies import BodyRejected, ParsedBody, inject, with_value
+from proxy.gate.checks import concealed, decide, decide_by_state, same_currency
 from proxy.gate.classify import Settled, Unknown, classify_answer
 from proxy.gate.decision import ClaimKind, Deny, Forward, Replay
 from proxy.gate.forwarded import FORWARDED
@@ -205,6 +205,10 @@ def _prepare(
     if op is not None:
         injected["X-Operation-Id"] = op.operation_id
         injected[provider.idempotency.header] = op.idempotency_key
+        currency = target.rule.currency
+        if currency and same_currency(body.fields().get(currency), op.currency):
+            assert op.currency is not None
+            body = with_value(body, currency, op.currency)  # the approved spelling leaves
         field = provider.metadata_field(target.rule)
         if field is not None:
             try:

@@ -10,15 +10,17 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
+from urllib.parse import parse_qsl
 
 import structlog
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from proxy.errors import AlreadySuperseded, IdempotencyKeyInUse, StoreUnavailable
+from proxy.gate.bodies import BodyRejected, parse_json_object
 from proxy.gate.gateway import GATEWAY
-from proxy.gate.identity import admin_token_matches, credential_from
+from proxy.gate.identity import admin_token_matches, credential_from, path_operation_id
 from proxy.gate.problem import admin_problem
 from proxy.operations.approvals import (
     OperationRequest,
@@ -80,10 +82,72 @@ async def store_errors(request: web.Request, handler: Handler) -> web.StreamResp
         return admin_problem(503, "store_unavailable", str(exc))
 
 
+class BadInput(Exception):
+    """A request the operations API cannot read one way: answered 400 with its code."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+
+
+@web.middleware
+async def bad_input(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except BadInput as exc:
+        return admin_problem(400, exc.code, str(exc))
+
+
+async def read_document(request: web.Request) -> dict[str, Any]:
+    """The body as a JSON object, parsed as strictly as an agent's (no duplicated key, bounded
+    nesting, numbers kept exactly) and holding no NUL, which PostgreSQL can store neither in
+    text nor in jsonb."""
+    try:
+        document = parse_json_object(await request.read())
+    except BodyRejected as exc:
+        raise BadInput("invalid_request", str(exc)) from exc
+    if _holds_nul(document):
+        raise BadInput("invalid_request", "text may not hold a NUL character")
+    return document
+
+
+def operation_id_of(request: web.Request) -> str:
+    """The path's operation id, strictly decoded; BadInput if no operation can have it."""
+    operation_id = path_operation_id(request)
+    if operation_id is None:
+        raise BadInput(
+            "operation_id_invalid", "an operation id is 1-255 printable ASCII characters"
+        )
+    return operation_id
+
+
+def query_of(request: web.Request) -> dict[str, str]:
+    """The query, decoded strictly: a name given twice, bytes that are not UTF-8 (yarl would
+    keep them as literal escapes) or a NUL is BadInput, not a filter that matches nothing."""
+    try:
+        pairs = parse_qsl(request.rel_url.raw_query_string, keep_blank_values=True, errors="strict")
+    except UnicodeDecodeError as exc:
+        raise BadInput("invalid_request", "the query is not UTF-8") from exc
+    query = dict(pairs)
+    if len(query) != len(pairs) or _holds_nul(query):
+        raise BadInput("invalid_request", "a query parameter is repeated or holds a NUL")
+    return query
+
+
+def _holds_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_holds_nul(item) for item in value)
+    return False
+
+
 async def create_operation(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     try:
-        approval = OperationRequest.model_validate_json(await request.read())
+        approval = OperationRequest.model_validate(await read_document(request))
     except ValidationError as exc:
         return admin_problem(400, "invalid_request", "the approval is invalid", errors=_errors(exc))
     planned = plan_operation(approval, gateway.policy, datetime.now(UTC))
@@ -116,7 +180,7 @@ async def create_operation(request: web.Request) -> web.Response:
 
 async def get_operation(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    op = await gateway.store.load(request.match_info["operation_id"])
+    op = await gateway.store.load(operation_id_of(request))
     if op is None:
         return admin_problem(404, "operation_unknown", "no such operation")
     public = op.to_public()
@@ -126,9 +190,9 @@ async def get_operation(request: web.Request) -> web.Response:
 
 async def revoke_operation(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    operation_id = request.match_info["operation_id"]
+    operation_id = operation_id_of(request)
     try:
-        revoke = RevokeRequest.model_validate_json(await request.read())
+        revoke = RevokeRequest.model_validate(await read_document(request))
     except ValidationError as exc:
         return admin_problem(400, "invalid_request", "a reason is required", errors=_errors(exc))
     revoked = await gateway.store.revoke(operation_id, revoke.reason, actor="admin")
@@ -158,15 +222,16 @@ _STATUS_FILTERS = {
 
 async def list_operations(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    wanted = request.query.get("status", "unsettled")
+    query = query_of(request)
+    wanted = query.get("status", "unsettled")
     if wanted not in _STATUS_FILTERS:
         return admin_problem(
             400, "invalid_request", f"status must be one of {sorted(_STATUS_FILTERS)}"
         )
-    given = request.query.get("limit", "")
-    limit = min(int(given), 1000) if given.isdigit() else 100
+    given = query.get("limit", "")
+    limit = min(int(given), 1000) if given.isascii() and given.isdigit() else 100
     ops = await gateway.store.list_operations(
-        request.query.get("tenant"), _STATUS_FILTERS[wanted], None, limit
+        query.get("tenant"), _STATUS_FILTERS[wanted], None, limit
     )
     return web.json_response({"operations": [recovery_view(gateway, op) for op in ops]})
 
@@ -174,7 +239,7 @@ async def list_operations(request: web.Request) -> web.Response:
 async def reconcile_operation(request: web.Request) -> web.Response:
     """One reconciliation try now; answers the row and what a replacement agent should do."""
     gateway = request.app[GATEWAY]
-    operation_id = request.match_info["operation_id"]
+    operation_id = operation_id_of(request)
     if await gateway.store.load(operation_id) is None:
         return admin_problem(404, "operation_unknown", "no such operation")
     op = await reconcile_now(gateway, operation_id)
@@ -185,7 +250,7 @@ async def reconcile_operation(request: web.Request) -> web.Response:
 async def list_escalations(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     ops = await gateway.store.list_operations(
-        request.query.get("tenant"), ["dispatched"], None, 1000
+        query_of(request).get("tenant"), ["dispatched"], None, 1000
     )
     escalated = [op for op in ops if op.escalated_at is not None]
     views = []
@@ -199,9 +264,9 @@ async def list_escalations(request: web.Request) -> web.Response:
 async def resolve_operation(request: web.Request) -> web.Response:
     """A human verdict on a dispatched operation (normally an escalated one)."""
     gateway = request.app[GATEWAY]
-    operation_id = request.match_info["operation_id"]
+    operation_id = operation_id_of(request)
     try:
-        verdict = ResolveRequest.model_validate_json(await request.read())
+        verdict = ResolveRequest.model_validate(await read_document(request))
     except ValidationError as exc:
         return admin_problem(400, "invalid_request", "the verdict is invalid", errors=_errors(exc))
     if verdict.verdict == "confirmed" and verdict.object_id is None:

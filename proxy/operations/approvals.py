@@ -2,25 +2,28 @@
 
 The approval is validated against the policy rule it names, so that every operation that exists
 can be sent by exactly one well-formed request: the path renders, the amount and currency are
-there iff the rule reads them, and approved parameters are ones the rule compares.
+there iff the rule reads them, approved parameters are ones the rule compares, the smallest body
+carrying them fits the provider's request limit, and the approval does not outlive the
+provider's memory of its idempotency key.
 """
 
 from __future__ import annotations
 
-import re
 import secrets
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, model_validator
 
-from proxy.policy.model import BodyKind, OperationRequirement
+from proxy.gate.bodies import BodyRejected, JsonLeaf, body_from_fields
+from proxy.gate.identity import valid_operation_id
+from proxy.policy.model import BodyKind, OperationRequirement, Provider, Rule
 from proxy.policy.set import PolicySet
 from proxy.store.operation import Operation, Status
 from proxy.store.store import NewOperation
 
+# The ids opgate creates and accepts to create: a strict subset of what valid_operation_id reads
 _ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
-_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 
 # finite: a NaN or Infinity could never be sent (bodies.py refuses them) nor stored as JSON
 Scalar = str | int | FiniteFloat | bool
@@ -56,7 +59,7 @@ class OperationRequest(BaseModel):
             raise ValueError("give exactly one of expires_at and ttl_seconds")
         if self.expires_at is not None and self.expires_at.tzinfo is None:
             raise ValueError("expires_at needs a time zone")
-        if self.idempotency_key is not None and not _KEY.match(self.idempotency_key):
+        if self.idempotency_key is not None and not valid_operation_id(self.idempotency_key):
             raise ValueError("idempotency_key must be 1-255 printable ASCII characters")
         return self
 
@@ -103,6 +106,9 @@ def plan_operation(
     expires_at = req.expires_at or now + timedelta(seconds=req.ttl_seconds or 0)
     if expires_at <= now:
         problems.append("the approval has already expired")
+    problems.extend(_outlives_key_retention(provider, expires_at - now))
+    if not problems:
+        problems.extend(_too_large_to_send(provider, rule, req))
     if problems:
         return problems
     params: dict[str, Any] = dict(req.params)
@@ -124,6 +130,43 @@ def plan_operation(
         expires_at=expires_at,
         supersedes=req.supersedes,
     )
+
+
+def _outlives_key_retention(provider: Provider, lifetime: timedelta) -> list[str]:
+    """A provider that deduplicates on the key forgets it after ``retention_seconds``: an
+    approval standing longer could be re-sent (an unknown outcome, then a retry) when the key
+    no longer protects it, and be carried out twice."""
+    retention = provider.idempotency.retention_seconds
+    if not provider.idempotency.provider_deduplicates or retention is None:
+        return []
+    seconds = lifetime.total_seconds()
+    if seconds <= retention:
+        return []
+    return [
+        f"the approval stands {seconds:g} s, longer than {provider.provider} keeps an "
+        f"idempotency key ({retention:g} s): a re-send after that would not be deduplicated"
+    ]
+
+
+def _too_large_to_send(provider: Provider, rule: Rule, req: OperationRequest) -> list[str]:
+    """The smallest body an agent could send for this approval (the approved fields, nothing
+    else) must fit the provider's request-body limit, or no request can ever carry it."""
+    fields: dict[str, JsonLeaf] = dict(req.params)
+    if rule.amount is not None and req.amount is not None:
+        fields[rule.amount] = req.amount if rule.body is BodyKind.JSON else str(req.amount)
+    if rule.currency is not None and req.currency is not None:
+        fields[rule.currency] = req.currency.lower()
+    try:
+        size = body_from_fields(rule.body, fields).smallest_size()
+    except BodyRejected as exc:
+        return [f"the approved fields make no body: {exc}"]
+    limit = provider.limits.max_request_body_bytes
+    if size <= limit:
+        return []
+    return [
+        f"the smallest request body carrying this approval is {size} bytes, over "
+        f"{provider.provider}'s limit of {limit} bytes"
+    ]
 
 
 def supersession_problem(new: NewOperation, old: Operation | None) -> str | None:

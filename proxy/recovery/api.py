@@ -10,15 +10,17 @@ one, and an agent polling fast cannot multiply lookups or exhaust the tries into
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 from aiohttp import web
 
 from proxy.errors import StoreUnavailable
 from proxy.gate.gateway import GATEWAY, Gateway
-from proxy.gate.identity import AmbiguousCredentials, presented_agent_token
+from proxy.gate.identity import AmbiguousCredentials, path_operation_id, presented_agent_token
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
+from proxy.observe.audit import AuditRecord, Decision, emit
 from proxy.policy.model import BodyKind, Provider, Rule
 from proxy.recovery.next_action import NextAction, next_action
 from proxy.recovery.reconcile import reconcile_now
@@ -88,12 +90,28 @@ def approved_request(provider: Provider, rule: Rule, op: Operation) -> dict[str,
     return request
 
 
+def _refuse_invalid_operation_id(request: web.Request) -> web.Response:
+    """An id no operation can have: refused before any lookup, on record like every refusal
+    of the agent listener (the raw path: the decoded one may hold a NUL)."""
+    record = AuditRecord(request_id=secrets.token_hex(8), method=request.method)
+    record.path, record.decision = request.raw_path, Decision.DENY
+    record.reason = Reason.OPERATION_ID_INVALID.value
+    response = problem_response(
+        Reason.OPERATION_ID_INVALID, "an operation id is 1-255 printable ASCII characters"
+    )
+    record.response_status = response.status
+    emit(record)
+    return response
+
+
 async def read_operation(request: web.Request) -> web.Response:
+    operation_id = path_operation_id(request)
+    if operation_id is None:
+        return _refuse_invalid_operation_id(request)
     gw = request.app[GATEWAY]
     agent = _agent(gw, request)
     if agent is None:
         return problem_response(Reason.AGENT_UNAUTHENTICATED, "no valid agent token")
-    operation_id = request.match_info["operation_id"]
     try:
         op = await gw.store.load(operation_id)
         if op is None or not _in_scope(op, agent):

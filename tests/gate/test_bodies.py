@@ -3,20 +3,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from proxy.gate.bodies import (
+    MAX_JSON_DEPTH,
     BodyRejected,
     ParsedBody,
+    form_key_readings,
     inject,
     parse_body,
     parse_form,
     parse_json_object,
+    reads_as_field,
+    with_value,
 )
 from proxy.policy.model import BodyKind
 
@@ -299,3 +305,363 @@ def test_form_parser_only_raises_body_rejected(raw: bytes) -> None:
     except BodyRejected:
         return
     assert parse_form(ParsedBody(FORM, form=pairs).serialise()) == pairs
+
+
+# --- parse limits: nesting depth, numbers the serialiser would rewrite -----------------------
+
+
+def nested(depth: int) -> bytes:
+    """An object whose value is ``depth - 1`` nested arrays: ``depth`` levels in all."""
+    return b'{"a":' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}"
+
+
+def test_json_nesting_up_to_the_bound_parses() -> None:
+    """A document nested exactly MAX_JSON_DEPTH levels deep (the top object included) parses."""
+    assert parse_json_object(nested(MAX_JSON_DEPTH))["a"] is not None
+
+
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 1000, 30_000])
+def test_json_nested_deeper_than_the_bound_is_rejected(depth: int) -> None:
+    """Nesting deeper than MAX_JSON_DEPTH is BodyRejected, never a RecursionError."""
+    with pytest.raises(BodyRejected, match="nested"):
+        parse_json_object(nested(depth))
+
+
+def test_json_depth_ignores_brackets_inside_strings() -> None:
+    """Brackets inside strings (escaped quotes included) do not count as nesting."""
+    text = '{"a": "' + "[" * 500 + '\\"' + "{" * 500 + '"}'
+    assert parse_json_object(text.encode())["a"].startswith("[[")
+
+
+@pytest.mark.parametrize(
+    "number",
+    [
+        pytest.param("1e400", id="overflows to infinity"),
+        pytest.param("-1e400", id="overflows to minus infinity"),
+        pytest.param("1.00000000000000000001", id="more digits than a double keeps"),
+        pytest.param("9007199254740993.0", id="float beyond 2**53 rounds"),
+        pytest.param("1e-400", id="underflows to zero"),
+        pytest.param("0.1000000000000000000000001", id="rounds to 0.1"),
+    ],
+)
+def test_json_numbers_the_serialiser_would_rewrite_are_rejected(number: str) -> None:
+    """A number whose parsed float does not serialise back to the same value is refused: what
+    leaves would not be what was checked (1e400 would leave as the bare word Infinity)."""
+    with pytest.raises(BodyRejected, match="number"):
+        parse_json_object(b'{"x": ' + number.encode() + b"}")
+
+
+@pytest.mark.parametrize(
+    ("number", "value"),
+    [
+        ("0.1", 0.1),
+        ("1.5e3", 1500.0),
+        ("1E2", 100.0),
+        ("-0.0", -0.0),
+        ("0.30000000000000004", 0.30000000000000004),
+        ("1.7976931348623157e308", 1.7976931348623157e308),
+        ("5e-324", 5e-324),
+        ("2.50", 2.5),
+    ],
+)
+def test_json_numbers_kept_exactly_are_accepted(number: str, value: float) -> None:
+    """A float whose serialisation has the value written (0.1, 1.5e3, 2.50) is accepted."""
+    assert parse_json_object(b'{"x": ' + number.encode() + b"}") == {"x": value}
+
+
+def test_json_serialise_never_writes_a_non_finite_number() -> None:
+    """Serialising a document holding infinity raises rather than writing `Infinity`."""
+    with pytest.raises(ValueError, match="JSON compliant"):
+        ParsedBody(JSON, json={"x": float("inf")}).serialise()
+
+
+@given(st.binary(max_size=256))
+def test_json_parser_only_raises_body_rejected(raw: bytes) -> None:
+    """Arbitrary bytes either parse as a JSON object or raise BodyRejected, never another
+    exception; what parses serialises and parses back to the same document."""
+    try:
+        document = parse_json_object(raw)
+    except BodyRejected:
+        return
+    assert parse_json_object(ParsedBody(JSON, json=document).serialise()) == document
+
+
+JSON_TOKENS = st.sampled_from(
+    [
+        '{"a":',
+        '{"',
+        '"',
+        "[",
+        "]",
+        "{",
+        "}",
+        ",",
+        ":",
+        "1e400",
+        "1.00000000000000000001",
+        "-0",
+        "0.1",
+        "9007199254740993",
+        "true",
+        "NaN",
+        '"\\ud800"',
+        '"\\u0000"',
+        "\\",
+        " ",
+    ]
+)
+
+
+@given(st.lists(JSON_TOKENS | st.text(max_size=3), max_size=40).map("".join))
+def test_json_parser_on_json_like_text_only_raises_body_rejected(text: str) -> None:
+    """Text assembled from JSON fragments either parses or raises BodyRejected."""
+    try:
+        document = parse_json_object(text.encode("utf-8", "surrogatepass"))
+    except BodyRejected:
+        return
+    assert parse_json_object(ParsedBody(JSON, json=document).serialise()) == document
+
+
+@given(st.binary(max_size=256), st.sampled_from([FORM, JSON, NONE]))
+def test_parse_body_only_raises_body_rejected(raw: bytes, kind: BodyKind) -> None:
+    """Whatever the rule's body kind, any bytes are a parsed body or BodyRejected."""
+    content_type = {FORM: FORM_CT, JSON: JSON_CT, NONE: []}[kind]
+    with contextlib.suppress(BodyRejected):
+        parse_body(kind, content_type, raw)
+
+
+# --- the approved value replaces the agent's spelling ----------------------------------------
+
+
+def test_with_value_replaces_a_form_field_in_place() -> None:
+    """with_value rewrites one form pair's value, keeping the pair order."""
+    body = ParsedBody(FORM, form=(("amount", "5"), ("currency", "USD"), ("x", "1")))
+    assert with_value(body, "currency", "usd").form == (
+        ("amount", "5"),
+        ("currency", "usd"),
+        ("x", "1"),
+    )
+
+
+def test_with_value_replaces_a_json_leaf_in_a_copy() -> None:
+    """with_value rewrites one JSON leaf in a copy; the checked parse stays as it was."""
+    original: dict[str, Any] = {"amount": 5, "money": {"currency": "USD"}}
+    replaced = with_value(ParsedBody(JSON, json=original), "/money/currency", "usd")
+    assert replaced.json == {"amount": 5, "money": {"currency": "usd"}}
+    assert original == {"amount": 5, "money": {"currency": "USD"}}
+
+
+# --- how bracket parsers read a form key ----------------------------------------------------
+
+INJECTED = "metadata[operation_id]"
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "metadata[operation_id][]",
+        "metadata[operation_id][x]",
+        "metadata[operation_id]]",
+        "metadata[operation_id]x",
+        "metadata[operation_id",
+        "metadata]operation_id",
+        "[metadata][operation_id]",
+        "metadata.operation_id",
+        "metadata.operation_id[x]",
+        "metadata[[operation_id]]",
+        " metadata[operation_id]",
+        "metadata[ operation_id ]",
+        "metadata[][operation_id]",
+        "[metadata]x[operation_id]",
+        "[metadata]x.operation_id",
+    ],
+)
+def test_keys_a_bracket_parser_may_read_as_the_injected_field(key: str) -> None:
+    """Keys that Rack, qs or PHP may read as (or inside) the injected field are flagged."""
+    assert reads_as_field(FORM, key, INJECTED)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        INJECTED,  # the field itself is compared by value, not flagged as a lookalike
+        "metadata[operation_idx]",
+        "metadata[order][operation_id]",
+        "metadata[note]",
+        "metadata[]",
+        "metadata",
+        "operation_id",
+        "metadataoperation_id",
+        "xmetadata[operation_id]",
+        "meta[data][operation_id]",
+    ],
+)
+def test_keys_no_bracket_parser_reads_as_the_injected_field(key: str) -> None:
+    """Other keys, even under the same parent, are not flagged."""
+    assert not reads_as_field(FORM, key, INJECTED)
+
+
+def test_json_pointers_below_the_injected_field_are_flagged() -> None:
+    """For JSON, a leaf below the injected pointer (or the pointer itself) reads as it."""
+    assert reads_as_field(JSON, "/metadata/operation_id/x", "/metadata/operation_id")
+    assert reads_as_field(JSON, "/metadata/operation_id/0", "/metadata/operation_id")
+    assert not reads_as_field(JSON, "/metadata/operation_id", "/metadata/operation_id")
+    assert not reads_as_field(JSON, "/metadata/operation_idx", "/metadata/operation_id")
+    assert not reads_as_field(JSON, "/metadata[operation_id]", "/metadata/operation_id")
+
+
+# Reference readings of a form key by the common bracket parsers, for the property below. Each
+# returns the path of names the parser stores the value under ("" for an array push).
+
+
+def rack2_path(key: str) -> list[str]:
+    """Rack 2 normalize_params: each name is the first run of non-brackets after any brackets;
+    ``[]`` pushes onto an array; a trailing ``[`` makes the whole rest one literal name."""
+    path: list[str] = []
+    name = key
+    while True:
+        match = re.match(r"[\[\]]*([^\[\]]+)\]*", name)
+        if match is None:
+            return [*path, ""] if name == "[]" else path
+        k, after = match.group(1), name[match.end() :]
+        if after == "":
+            return [*path, k]
+        if after == "[":
+            return [*path, name]
+        if after == "[]":
+            return [*path, k, ""]
+        if after.startswith("[]"):
+            inner = re.fullmatch(r"\[\]\[([^\[\]]+)\]", after)
+            path += [k, ""]
+            name = inner.group(1) if inner else after[2:]
+            continue
+        path.append(k)
+        name = after
+
+
+def rack3_path(key: str) -> list[str]:
+    """Rack 3 _normalize_params: the first name ends at a '[' after position 0, then each
+    '[name]' (up to the first ']') is one level, '[]' an array; anything else is a literal."""
+    path: list[str] = []
+    name, depth = key, 0
+    while True:
+        if depth == 0:
+            start = name.find("[", 1)
+            k, after = (name[:start], name[start:]) if start > 0 else (name, "")
+        elif name.startswith("[]"):
+            k, after = "[]", name[2:]
+        elif name.startswith("[") and (end := name.find("]", 1)) > 0:
+            k, after = name[1:end], name[end + 1 :]
+        else:
+            k, after = name, ""
+        if k == "":
+            return []  # Rack stores nothing
+        if after == "":
+            return [*path, "" if k == "[]" and depth else k]
+        if after == "[":
+            return [*path, name]
+        if after == "[]":
+            return [*path, k, ""]
+        if after.startswith("[]"):
+            inner = after[3:-1]  # x[][inner]: one hash inside the array
+            simple = after[2:3] == "[" and after.endswith("]") and inner != ""
+            simple = simple and not {"[", "]"} & set(inner)
+            path += [k, ""]
+            name, depth = (inner if simple else after[2:]), depth + 1
+            continue
+        path.append(k)
+        name, depth = after, depth + 1
+
+
+def qs_path(key: str, allow_dots: bool) -> list[str]:
+    """qs parseKeys (depth 5): the parent before the first '[...]' group without brackets
+    inside, then every such group wherever it is, then any remainder as one name."""
+    if allow_dots:
+        key = re.sub(r"\.([^.\[]+)", r"[\1]", key)
+    groups = list(re.finditer(r"\[[^\[\]]*\]", key))
+    parent = key[: groups[0].start()] if groups else key
+    path = [parent] if parent else []
+    path += [g.group(0)[1:-1] for g in groups[:5]]
+    if len(groups) > 5:
+        path.append(key[groups[5].start() :])
+    return path
+
+
+def php_path(key: str) -> list[str]:
+    """PHP's variable registration: leading spaces dropped, the base name up to the first '['
+    (with ' ' and '.' made '_'), then '[index]' groups until a character that is not '['."""
+    key = key.lstrip(" ")
+    start = key.find("[")
+    if start < 0 or "]" not in key[start:]:
+        return [re.sub(r"[ .\[]", "_", key)]
+    path = [re.sub(r"[ .]", "_", key[:start])]
+    rest = key[start:]
+    while rest.startswith("["):
+        end = rest.find("]")
+        if end < 0:
+            break
+        path.append(rest[1:end])
+        rest = rest[end + 1 :]
+    return path
+
+
+def readings(key: str) -> list[list[str]]:
+    return [
+        rack2_path(key),
+        rack3_path(key),
+        qs_path(key, allow_dots=False),
+        qs_path(key, allow_dots=True),
+        php_path(key),
+    ]
+
+
+KEY_PARTS = st.sampled_from(
+    [
+        *("metadata", "operation_id", "x", "meta", "data", "operation", "_id"),
+        *("[", "]", "[]", ".", " "),
+        *("[metadata]", "[operation_id]", "[x]", ".operation_id", "]operation_id"),
+    ]
+)
+NOISE = st.text(alphabet="[]. x_", max_size=3)
+SEPARATORS = st.sampled_from(["[", "]", ".", "][", "]x[", "[ ", "]]", "[[", "].", "[]["]) | NOISE
+keys = st.one_of(
+    st.lists(KEY_PARTS, min_size=1, max_size=8).map("".join),
+    # the two names with bracket, dot and space noise around and between them
+    st.tuples(
+        st.text(alphabet=" [].", max_size=2),
+        st.just("metadata"),
+        SEPARATORS,
+        st.just("operation_id"),
+        st.sampled_from(["]", "", "]x", "]]", "][]"]) | NOISE,
+    ).map("".join),
+)
+
+
+@given(keys)
+@example(" metadata[operation_id]")  # PHP drops leading spaces
+@example("[metadata]x[operation_id]")  # qs skips what lies between groups
+@example("metadata]operation_id")  # Rack 2 skips bracket runs
+@example("metadata.operation_id")  # qs allowDots
+def test_every_parser_reading_of_the_injected_field_is_flagged(key: str) -> None:
+    """Whenever one of the reference parsers (Rack 2 and 3, qs with and without dots, PHP)
+    stores a key under the injected field's path, the normaliser flags the key."""
+    if key == INJECTED:
+        return
+    if any(path[:2] == ["metadata", "operation_id"] for path in readings(key)):
+        assert reads_as_field(FORM, key, INJECTED), readings(key)
+
+
+@given(st.lists(st.text(alphabet="abcdefgh_", min_size=1, max_size=5), min_size=1, max_size=4))
+def test_the_normaliser_reads_plain_bracket_keys_as_every_parser_does(names: list[str]) -> None:
+    """For a well-formed key ``a[b][c]`` the normaliser's path is the one every parser reads."""
+    key = names[0] + "".join(f"[{name}]" for name in names[1:])
+    assert form_key_readings(key) == {tuple(names)}
+    assert all(path == names for path in readings(key))
+
+
+@given(keys, st.sampled_from(["[]", "[x]", "]", "x", "[", ".x", "[operation_id]"]))
+def test_anything_written_after_the_injected_field_is_flagged(prefix: str, suffix: str) -> None:
+    """The injected field followed by any bracket syntax is flagged, as is a lookalike parent."""
+    assert reads_as_field(FORM, INJECTED + suffix, INJECTED)
+    if form_key_readings(prefix) == {("metadata",)}:
+        assert reads_as_field(FORM, prefix + "[operation_id]" + suffix, INJECTED)

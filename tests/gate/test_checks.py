@@ -12,7 +12,14 @@ import pytest
 
 import proxy.gate.checks
 from proxy.gate.bodies import ParsedBody
-from proxy.gate.checks import Agent, RequestFacts, concealed, decide, decide_by_state
+from proxy.gate.checks import (
+    Agent,
+    RequestFacts,
+    concealed,
+    decide,
+    decide_by_state,
+    same_currency,
+)
 from proxy.gate.decision import ClaimKind, Decision, Deny, Forward, Replay
 from proxy.gate.reasons import Reason
 from proxy.policy.load import parse_policy_text
@@ -843,3 +850,61 @@ def test_every_reason_checks_can_give_is_covered() -> None:
     source = inspect.getsource(proxy.gate.checks)
     produced = {reason for reason in Reason if f"Reason.{reason.name}" in source}
     assert produced == covered
+
+
+# --- currency: ASCII only; keys a bracket parser may read as the injected field ----------------
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        pytest.param("\u212aes", id="Kelvin sign lowers to k"),
+        pytest.param("u\u017fd", id="long s uppers to S"),
+        pytest.param("\uff55\uff53\uff44", id="fullwidth letters"),
+        pytest.param("usd\u0307", id="combining dot"),
+    ],
+)
+def test_currency_compares_ascii_only(sent: str) -> None:
+    """A currency with non-ASCII letters that Unicode case mapping would equate with the
+    approved one is a mismatch, not a match."""
+    approved = "kes" if sent.startswith("\u212a") else "usd"
+    decision = decide(
+        make_facts({**OK_FORM, "currency": sent}),
+        make_operation(currency=approved),
+        operation_lookup_failed=False,
+    )
+    assert reason_of(decision) is Reason.CURRENCY_MISMATCH
+
+
+def test_same_currency() -> None:
+    """same_currency: ASCII letters in any case match; anything else does not."""
+    assert same_currency("USD", "usd")
+    assert same_currency("usd", "usd")
+    assert not same_currency("\u212aES", "kes")
+    assert not same_currency(None, "usd")
+    assert not same_currency(840, "usd")
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "metadata[operation_id][]",
+        "metadata[operation_id][x]",
+        "metadata[operation_id]]",
+        "metadata.operation_id",
+        "metadata]operation_id",
+    ],
+)
+def test_keys_read_as_the_injected_field_are_injection_conflicts(key: str) -> None:
+    """A free-looking key (it matches metadata[*]) that a bracket parser may read as the
+    injected field is an injection conflict, even holding the operation's own id."""
+    facts = make_facts({**OK_FORM, key: "op_1"})
+    decision = decide(facts, make_operation(), operation_lookup_failed=False)
+    assert reason_of(decision) is Reason.INJECTION_CONFLICT
+
+
+def test_json_leaves_below_the_injected_pointer_are_injection_conflicts() -> None:
+    """A JSON object where the injected string goes is an injection conflict."""
+    document = {**OK_JSON, "metadata": {"operation_id": {"x": "op_1"}}}
+    decision = decide(json_facts(document), json_operation(), operation_lookup_failed=False)
+    assert reason_of(decision) is Reason.INJECTION_CONFLICT

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.gate.headers import duplicated_header, outbound_headers, response_headers
+from proxy.gate.headers import (
+    duplicated_header,
+    outbound_headers,
+    response_headers,
+    unreadable_header,
+)
 
 ALLOWED = ["Accept", "User-Agent", "Stripe-Version", "Keep-Alive", "Proxy-Authorization", "TE"]
 
@@ -148,3 +153,19 @@ def test_duplicated_header(
 ) -> None:
     """A single-valued header (or the provider's extra ones) sent twice is named."""
     assert duplicated_header(headers(*pairs), extra) == expected
+
+
+@pytest.mark.parametrize(
+    ("pairs", "expected"),
+    [
+        pytest.param((("Accept", "*/*"), ("User-Agent", "a b\tc")), None, id="printable"),
+        pytest.param((("X-Note", "caf\u00e9"),), "X-Note", id="non-ASCII"),
+        pytest.param((("X-Note", "a\udcc3("),), "X-Note", id="undecodable byte"),
+        pytest.param((("X-Note", "a\x00b"),), "X-Note", id="NUL"),
+        pytest.param((("Accept", "*/*"), ("X-Note", "a\x1bb")), "X-Note", id="escape"),
+        pytest.param((("X-Note", "a\x7f"),), "X-Note", id="DEL"),
+    ],
+)
+def test_unreadable_header(pairs: tuple[tuple[str, str], ...], expected: str | None) -> None:
+    """The first header whose value is not printable ASCII (space and tab allowed) is named."""
+    assert unreadable_header(headers(*pairs)) == expected

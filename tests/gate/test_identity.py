@@ -17,6 +17,7 @@ from proxy.gate.identity import (
     new_token,
     presented_agent_token,
     token_digest,
+    valid_operation_id,
 )
 
 
@@ -148,3 +149,41 @@ def test_admin_token_matches(
 ) -> None:
     """The admin token matches only its configured digest; nothing matches when none is set."""
     assert admin_token_matches(presented, expected_digest) is matches
+
+
+@pytest.mark.parametrize(
+    ("value", "valid"),
+    [
+        pytest.param("op_0123abcd", True, id="generated id"),
+        pytest.param("a", True, id="one character"),
+        pytest.param("~" * 255, True, id="255 printable characters"),
+        pytest.param("order-42:refund.1", True, id="punctuation"),
+        pytest.param("", False, id="empty"),
+        pytest.param("x" * 256, False, id="256 characters"),
+        pytest.param("op 1", False, id="space"),
+        pytest.param("op\x001", False, id="NUL"),
+        pytest.param("op\t1", False, id="tab"),
+        pytest.param("op\x7f", False, id="DEL"),
+        pytest.param("op\u00e9", False, id="non-ASCII letter"),
+        pytest.param("op\udcc3(", False, id="undecodable byte as aiohttp reads it"),
+    ],
+)
+def test_valid_operation_id(value: str, valid: bool) -> None:
+    """An operation id (or idempotency key) is 1-255 printable ASCII characters, no space."""
+    assert valid_operation_id(value) is valid
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param("Bearer opg_\udcff", id="undecodable byte in a bearer token"),
+        pytest.param("Bearer opg_\u00e9", id="non-ASCII bearer token"),
+        pytest.param("Basic " + base64.b64encode("u:t\u00e9".encode()).decode(), id="basic"),
+        pytest.param("Bearer opg_a\x00b", id="NUL"),
+    ],
+)
+def test_credentials_are_printable_ascii(value: str) -> None:
+    """A credential that is not printable ASCII is no credential (never hashed, never matched):
+    tokens opgate issues are ASCII, and hashing an undecodable one would fail."""
+    assert credential_from(value) is None
+    assert presented_agent_token(headers(("Authorization", value)), "Authorization") is None

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tests.support.opgate import AGENT_TOKEN, Opgate, admin_headers
+import pytest
+from yarl import URL
+
+from tests.support.opgate import (
+    AGENT_TOKEN,
+    SHIPPED_POLICIES,
+    Opgate,
+    StartOpgate,
+    admin_headers,
+)
 
 APPROVAL: dict[str, Any] = {
     "tenant": "t1",
@@ -127,3 +138,158 @@ async def test_health_and_readiness_need_no_token(fault_gate: Opgate) -> None:
         body = await response.json()
         assert (response.status, body["status"]) == (200, "ready")
         assert body["policy_version"] == fault_gate.running.gateway.policy.version
+
+
+# --- bad input: a 4xx with a code, never a 500 -----------------------------------------------
+
+
+async def raw_post(gate: Opgate, path: str, body: bytes) -> tuple[int, str, Any]:
+    async with gate.http.post(
+        f"{gate.ops_url}{path}",
+        data=body,
+        headers={**admin_headers(), "Content-Type": "application/json"},
+    ) as response:
+        return (
+            response.status,
+            response.headers["Content-Type"],
+            await response.json(content_type=None),
+        )
+
+
+@pytest.mark.parametrize(
+    ("method", "suffix"),
+    [("GET", ""), ("POST", "/revoke"), ("POST", "/resolve"), ("POST", "/reconcile")],
+)
+@pytest.mark.parametrize(
+    "raw_id",
+    [
+        pytest.param("op%00x", id="percent-encoded NUL"),
+        pytest.param("op%C3%28", id="percent-encoded invalid UTF-8"),
+        pytest.param("op%E2%84%AA", id="percent-encoded non-ASCII"),
+    ],
+)
+async def test_an_invalid_operation_id_in_the_path_is_refused(
+    fault_gate: Opgate, method: str, suffix: str, raw_id: str
+) -> None:
+    """Every /v1/operations/{id} route answers 400 operation_id_invalid for an id that is not
+    printable ASCII once strictly decoded (a NUL used to reach the query: 500)."""
+    url = URL(f"{fault_gate.ops_url}/v1/operations/{raw_id}{suffix}", encoded=True)
+    body = {
+        "/revoke": {"reason": "x"},
+        "/resolve": {"verdict": "failed", "note": "n", "decided_by": "bob"},
+    }.get(suffix)
+    async with fault_gate.http.request(method, url, json=body, headers=admin_headers()) as response:
+        assert response.status == 400
+        assert response.headers["Content-Type"] == "application/problem+json"
+        assert (await response.json())["code"] == "operation_id_invalid"
+
+
+NUL_APPROVALS = [
+    pytest.param({"tenant": "t1\u0000"}, id="tenant"),
+    pytest.param({"agent_id": "agent\u0000a"}, id="agent_id"),
+    pytest.param({"approval_ref": "ticket\u0000"}, id="approval_ref"),
+    pytest.param({"approved_by": "\u0000"}, id="approved_by"),
+    pytest.param({"params": {"charge": "ch_\u00001"}}, id="params value"),
+    pytest.param({"params": {"charge\u0000": "ch_1"}}, id="params key"),
+    pytest.param({"path_params": {"x\u0000": "y"}}, id="path_params"),
+]
+
+
+@pytest.mark.parametrize("change", NUL_APPROVALS)
+async def test_an_approval_holding_a_nul_is_refused(
+    fault_gate: Opgate, change: dict[str, Any]
+) -> None:
+    """PostgreSQL cannot store a NUL in text or jsonb: an approval holding one anywhere is 400
+    invalid_request, not a failed insert (500)."""
+    status, body = await post(fault_gate, {**APPROVAL, **change})
+    assert (status, body["code"]) == (400, "invalid_request")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(b'{"tenant": "t2", ' + json.dumps(APPROVAL).encode()[1:], id="duplicated key"),
+        pytest.param(b'{"params": ' + b"[" * 30_000 + b"]" * 30_000 + b"}", id="30,000 levels"),
+        pytest.param(b'{"tenant": "t1\\ud800"}', id="lone surrogate"),
+        pytest.param(b"\xff\xfe", id="not UTF-8"),
+    ],
+)
+async def test_approvals_that_do_not_parse_one_way_are_refused(
+    fault_gate: Opgate, raw: bytes
+) -> None:
+    """The approval is parsed as strictly as an agent's body: a duplicated key (last used to
+    win), deep nesting or an unkeepable number is 400 invalid_request."""
+    status, content_type, body = await raw_post(fault_gate, "/v1/operations", raw)
+    assert (status, content_type, body["code"]) == (
+        400,
+        "application/problem+json",
+        "invalid_request",
+    )
+    listed = await list_all(fault_gate)
+    assert listed == []
+
+
+async def list_all(gate: Opgate) -> list[Any]:
+    async with gate.http.get(
+        f"{gate.ops_url}/v1/operations?status=all", headers=admin_headers()
+    ) as response:
+        assert response.status == 200
+        operations: list[Any] = (await response.json())["operations"]
+        return operations
+
+
+async def test_revoke_and_resolve_bodies_holding_a_nul_are_refused(fault_gate: Opgate) -> None:
+    """A revoke reason or a verdict note holding a NUL is 400 invalid_request (it was 500)."""
+    _, row = await post(fault_gate, APPROVAL)
+    base = f"/v1/operations/{row['operation_id']}"
+    for path, document in (
+        (f"{base}/revoke", {"reason": "fraud\u0000"}),
+        (f"{base}/resolve", {"verdict": "failed", "note": "n\u0000", "decided_by": "bob"}),
+    ):
+        status, _, body = await raw_post(fault_gate, path, json.dumps(document).encode())
+        assert (status, body["code"]) == (400, "invalid_request"), path
+    assert (await fault_gate.operation(row["operation_id"]))["approval"]["revoked_at"] is None
+
+
+@pytest.mark.parametrize("tenant", ["t1%00", "t1%C3%28"])
+async def test_a_tenant_filter_that_is_not_text_is_refused(fault_gate: Opgate, tenant: str) -> None:
+    """A listing filtered on a tenant holding a NUL or undecodable bytes is 400, not 500."""
+    url = URL(f"{fault_gate.ops_url}/v1/operations?tenant={tenant}", encoded=True)
+    async with fault_gate.http.get(url, headers=admin_headers()) as response:
+        assert response.status == 400
+        assert (await response.json(content_type=None))["code"] == "invalid_request"
+
+
+async def test_an_approval_too_large_to_send_is_not_sendable(fault_gate: Opgate) -> None:
+    """Parameters no request under the provider's body limit (64 KiB) can carry: 422
+    approval_not_sendable (it used to be created, and no agent could ever send it)."""
+    status, body = await post(fault_gate, {**APPROVAL, "params": {"charge": "c" * 70_000}})
+    assert (status, body["code"]) == (422, "approval_not_sendable")
+    assert "65536" in body["detail"]
+    assert await list_all(fault_gate) == []
+
+
+STRIPE_REFUND: dict[str, Any] = {
+    "tenant": "t1",
+    "provider": "stripe",
+    "action": "refund.create",
+    "amount": 500,
+    "params": {"charge": "ch_1"},
+    "approval_ref": "ticket-8",
+    "approved_by": "alice@example.com",
+}
+
+
+async def test_an_approval_outliving_the_providers_key_retention_is_not_sendable(
+    start_opgate: StartOpgate,
+) -> None:
+    """Stripe keeps an idempotency key 24 h: an approval standing longer could be re-sent after
+    the key is gone and charge twice, so it is 422 approval_not_sendable; 24 h is fine."""
+    async with start_opgate(policy_dir=SHIPPED_POLICIES) as gate:
+        later = (datetime.now(UTC) + timedelta(hours=25)).isoformat()
+        for lifetime in ({"ttl_seconds": 86_401}, {"expires_at": later}):
+            status, body = await post(gate, {**STRIPE_REFUND, **lifetime})
+            assert (status, body["code"]) == (422, "approval_not_sendable"), lifetime
+            assert "86400" in body["detail"]
+        status, _ = await post(gate, {**STRIPE_REFUND, "ttl_seconds": 86_400})
+        assert status == 201

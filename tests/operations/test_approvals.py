@@ -321,3 +321,63 @@ def test_same_approval() -> None:
     assert not same_approval(planned, {**existing, "params": {"charge": "ch_2"}})
     assert not same_approval(planned, {**existing, "approval": {"ref": "ticket-2"}})
     assert not same_approval(planned, {**existing, "target": {"path": "/v1/other"}})
+
+
+def test_an_approval_no_request_under_the_body_limit_can_carry_is_refused() -> None:
+    """The smallest body carrying the approved fields must fit the provider's request limit."""
+    limit = STRIPE.providers[0].limits.max_request_body_bytes
+    problems = plan_operation(refund(params={"charge": "c" * limit}), STRIPE, NOW)
+    assert isinstance(problems, list)
+    assert any(f"limit of {limit} bytes" in problem for problem in problems), problems
+
+
+def test_an_approval_at_the_body_limit_is_planned() -> None:
+    """Fields whose smallest body is exactly the limit fit (charge=... plus amount=500&)."""
+    limit = STRIPE.providers[0].limits.max_request_body_bytes
+    room = limit - len("amount=500&charge=")
+    assert isinstance(
+        plan_operation(refund(params={"charge": "c" * room}), STRIPE, NOW), NewOperation
+    )
+    assert isinstance(
+        plan_operation(refund(params={"charge": "c" * (room + 1)}), STRIPE, NOW), list
+    )
+
+
+@pytest.mark.parametrize(
+    ("lifetime", "sendable"),
+    [
+        pytest.param({"ttl_seconds": 86_400}, True, id="ttl of exactly 24 h"),
+        pytest.param({"ttl_seconds": 86_401}, False, id="ttl over 24 h"),
+        pytest.param(
+            {"ttl_seconds": None, "expires_at": NOW + timedelta(hours=24, seconds=1)},
+            False,
+            id="expires_at over 24 h",
+        ),
+    ],
+)
+def test_an_approval_may_not_outlive_the_providers_key_retention(
+    lifetime: dict[str, Any], sendable: bool
+) -> None:
+    """Stripe deduplicates on a key it keeps 24 h (retention_seconds): an approval that stands
+    longer could be re-sent after the key is pruned, so it is refused."""
+    planned = plan_operation(refund(**lifetime), STRIPE, NOW)
+    if sendable:
+        assert isinstance(planned, NewOperation)
+    else:
+        assert planned == [
+            "the approval stands 86401 s, longer than stripe keeps an idempotency key "
+            "(86400 s): a re-send after that would not be deduplicated"
+        ]
+
+
+def test_no_retention_bound_where_the_provider_declares_none() -> None:
+    """A provider without retention_seconds (or that does not deduplicate) takes any lifetime
+    the model allows."""
+    request = refund(
+        provider="jpay",
+        action="transfer.create",
+        currency="eur",
+        params={"/destination": "acct_1"},
+        ttl_seconds=30 * 86400,
+    )
+    assert isinstance(plan_operation(request, json_policy(), NOW), NewOperation)

@@ -6,8 +6,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+from structlog.testing import capture_logs
+from yarl import URL
+
 from tests.support.fault_provider import FaultProvider
-from tests.support.opgate import OTHER_TENANT_TOKEN, SECOND_AGENT_TOKEN, Opgate
+from tests.support.opgate import AGENT_TOKEN, OTHER_TENANT_TOKEN, SECOND_AGENT_TOKEN, Opgate
+
+
+def agent_headers() -> dict[str, str]:
+    return {"Authorization": f"Bearer {AGENT_TOKEN}"}
 
 
 async def read(gate: Opgate, path: str, token: str | None = None) -> tuple[int, Any]:
@@ -68,3 +76,29 @@ async def test_list_shows_the_agents_unsettled_operations(fault_gate: Opgate) ->
     assert ids == [mine["operation_id"]]
     status, others = await read(fault_gate, "/_opgate/v1/operations", OTHER_TENANT_TOKEN)
     assert [i["operation"]["tenant"] for i in others["operations"]] == ["t2"]
+
+
+@pytest.mark.parametrize(
+    "raw_id",
+    [
+        pytest.param("op%00x", id="percent-encoded NUL"),
+        pytest.param("op%C3%28", id="percent-encoded invalid UTF-8"),
+        pytest.param("op%E2%84%AA", id="percent-encoded non-ASCII"),
+        pytest.param("op%20x", id="space"),
+        pytest.param("o" * 256, id="256 characters"),
+    ],
+)
+async def test_an_invalid_operation_id_in_the_path_is_refused(
+    fault_gate: Opgate, raw_id: str
+) -> None:
+    """An id that is not 1-255 printable ASCII once strictly decoded is 400
+    operation_id_invalid with its audit record (a NUL used to reach the query: 500)."""
+    url = URL(f"{fault_gate.agent_url}/_opgate/v1/operations/{raw_id}", encoded=True)
+    with capture_logs() as logs:
+        async with fault_gate.http.get(url, headers=agent_headers()) as response:
+            status, content_type = response.status, response.headers["Content-Type"]
+            payload = await response.json(content_type=None)
+    assert (status, content_type) == (400, "application/problem+json")
+    assert payload["code"] == "operation_id_invalid"
+    [record] = [entry for entry in logs if entry["event"] == "request"]
+    assert (record["decision"], record["reason"]) == ("deny", "operation_id_invalid")

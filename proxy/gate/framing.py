@@ -1,0 +1,121 @@
+"""Requests aiohttp's HTTP parser refuses before any handler runs: two Content-Length headers,
+Transfer-Encoding with Content-Length, a request line that is not HTTP, a control byte in a
+header. No middleware sees them and aiohttp answers text/plain; a listener started with
+``ProblemAppRunner`` answers them as problem+json ``request_malformed`` instead, through the
+``MalformedAnswer`` it is given (the agent listeners' one also leaves the audit record).
+
+aiohttp has no public hook for this (aio-libs/aiohttp#3287, #6463): ``RequestHandler.handle_error``
+is public and may be overridden, but the ``web.Server`` that makes the handlers is built inside
+``AppRunner._make_server``. ``ProblemAppRunner`` rebuilds that server, with the very arguments
+aiohttp gave it, as a ``web.Server`` that makes ``_ProblemRequestHandler``s. That reads the
+server's ``_loop`` and ``_kwargs``: an aiohttp upgrade that renames them fails
+tests/gate/test_framing.py rather than silently answering text/plain again.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_request import BaseRequest
+
+from proxy.gate.gateway import Gateway
+from proxy.gate.problem import admin_problem, problem_response
+from proxy.gate.reasons import Reason
+from proxy.observe.audit import REQUEST_OBSERVER, AuditRecord, Decision, emit
+
+# The answer to a request the parser refused, given the parser's one-line reason.
+MalformedAnswer = Callable[[str], web.Response]
+
+
+def parser_reason(exc: HttpProcessingError) -> str:
+    """The first line of the parser's message ("Duplicate Content-Length"), without the
+    request bytes it quotes on the next lines: those may hold a credential."""
+    first = (exc.message or "").strip().splitlines()[:1]
+    return (first[0].rstrip(":").strip() if first else "") or "the request is not well-formed HTTP"
+
+
+def agent_malformed_answer(gateway: Gateway, listener: str) -> MalformedAnswer:
+    """The agent (or forward) listener's answer: problem+json and one audit record, like every
+    other refusal. The parser stopped before a method or path could be trusted: none is kept."""
+
+    def answer(reason: str) -> web.Response:
+        record = AuditRecord(
+            request_id=secrets.token_hex(8),
+            listener=listener,
+            policy_version=gateway.policy.version,
+        )
+        record.decision, record.reason = Decision.DENY, Reason.REQUEST_MALFORMED.value
+        response = problem_response(Reason.REQUEST_MALFORMED, reason)
+        record.response_status = response.status
+        observability = gateway.observability
+        token = REQUEST_OBSERVER.set(observability.observe_request if observability else None)
+        try:
+            emit(record)
+        finally:
+            REQUEST_OBSERVER.reset(token)
+        return response
+
+    return answer
+
+
+def admin_malformed_answer(reason: str) -> web.Response:
+    """The operations API's answer: its problem shape, no agent audit record."""
+    return admin_problem(400, Reason.REQUEST_MALFORMED.value, reason)
+
+
+class _ProblemRequestHandler(web.RequestHandler):
+    """aiohttp's connection handler, answering the parser's refusals through ``answer``."""
+
+    def __init__(self, manager: web.Server, *, answer: MalformedAnswer, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._answer_malformed = answer
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if not isinstance(exc, HttpProcessingError):  # a handler's failure: aiohttp's own 500
+            return super().handle_error(request, status, exc, message)
+        self.log_debug("Refused a malformed request from %s", request.remote, exc_info=exc)
+        if request.writer.output_size > 0:  # as aiohttp: nothing more can be said on the wire
+            raise ConnectionError("a response is already under way")
+        response = self._answer_malformed(parser_reason(exc))
+        response.force_close()
+        return response
+
+
+class _ProblemServer(web.Server):
+    def __init__(self, *args: Any, answer: MalformedAnswer, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._answer_malformed = answer
+
+    def __call__(self) -> web.RequestHandler:
+        return _ProblemRequestHandler(
+            self, loop=self._loop, answer=self._answer_malformed, **self._kwargs
+        )
+
+
+class ProblemAppRunner(web.AppRunner):
+    """An ``AppRunner`` whose connections answer parser refusals through ``answer``."""
+
+    def __init__(self, app: web.Application, *, answer: MalformedAnswer, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._answer_malformed = answer
+
+    async def _make_server(self) -> web.Server:
+        made = await super()._make_server()
+        return _ProblemServer(
+            made.request_handler,
+            request_factory=made.request_factory,
+            handler_cancellation=made.handler_cancellation,
+            loop=made._loop,
+            answer=self._answer_malformed,
+            **made._kwargs,
+        )
