@@ -52,7 +52,7 @@ def agent_malformed_answer(gateway: Gateway, listener: str) -> MalformedAnswer:
         response = problem_response(Reason.REQUEST_MALFORMED, reason)
         record.response_status = response.status
         observability = gateway.observability
-        token = REQUEST_OBSERVER.set(observability.observe_request if observability else None)
+        token = REQUEST_OBSERVER.set(observability)
         try:
             emit(record)
         finally:

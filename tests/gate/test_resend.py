@@ -131,7 +131,7 @@ async def test_past_the_key_retention_a_re_send_is_treated_as_without_deduplicat
     it): without a lookup to ask, the re-send is refused, not trusted to the provider."""
     (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=True, retention_seconds=300))
     async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
-        op = await gate.approve()
+        op = await gate.approve(ttl_seconds=300)  # no approval may outlive the key
         fault_provider.mode = FaultMode.ERROR_AFTER_COMMIT
         status, _, _ = await gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))
         assert status == 502
