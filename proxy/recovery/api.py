@@ -11,16 +11,18 @@ one, and an agent polling fast cannot multiply lookups or exhaust the tries into
 from __future__ import annotations
 
 import secrets
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from proxy.errors import StoreUnavailable
+from proxy.gate.checks import Agent
 from proxy.gate.gateway import GATEWAY, Gateway
 from proxy.gate.identity import AmbiguousCredentials, path_operation_id, presented_agent_token
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
-from proxy.observe.audit import AuditRecord, Decision, emit
+from proxy.observe.audit import AuditRecord, Decision, emit, request_path
 from proxy.policy.model import BodyKind, Provider, Rule
 from proxy.recovery.next_action import NextAction, next_action
 from proxy.recovery.reconcile import reconcile_now
@@ -29,7 +31,7 @@ from proxy.store.operation import Operation
 RECOVERY_PREFIX = "/_opgate/v1/operations"
 
 
-def _agent(gw: Gateway, request: web.Request) -> Any:
+def _agent(gw: Gateway, request: web.Request) -> Agent | None:
     try:
         token = presented_agent_token(request.headers, "Authorization")
     except AmbiguousCredentials:
@@ -37,7 +39,7 @@ def _agent(gw: Gateway, request: web.Request) -> Any:
     return gw.agents.lookup(token) if token else None
 
 
-def _in_scope(op: Operation, agent: Any) -> bool:
+def _in_scope(op: Operation, agent: Agent) -> bool:
     return op.tenant == agent.tenant and (op.agent_id is None or op.agent_id == agent.agent_id)
 
 
@@ -90,57 +92,120 @@ def approved_request(provider: Provider, rule: Rule, op: Operation) -> dict[str,
     return request
 
 
-def _refuse_invalid_operation_id(request: web.Request) -> web.Response:
-    """An id no operation can have: refused before any lookup, on record like every refusal
-    of the agent listener (the raw path: the decoded one may hold a NUL)."""
-    record = AuditRecord(request_id=secrets.token_hex(8), method=request.method)
-    record.path, record.decision = request.raw_path, Decision.DENY
-    record.reason = Reason.OPERATION_ID_INVALID.value
-    response = problem_response(
-        Reason.OPERATION_ID_INVALID, "an operation id is 1-255 printable ASCII characters"
-    )
-    record.response_status = response.status
-    emit(record)
+# The rule name recovery reads are recorded under: they are opgate's own, never a provider's.
+RECOVERY_RULE = "recovery"
+Read = Callable[[Gateway, web.Request, Agent, AuditRecord], Awaitable[web.Response]]
+
+
+def recorded(read: Read) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """A recovery read as an agent request like any other: one audit record in a ``finally``
+    (decision ``allow`` when opgate answered it itself, nothing forwarded), and a slot of the
+    agent's requests in flight, since a read may ask the provider (reconciliation)."""
+
+    async def handler(request: web.Request) -> web.Response:
+        gw = request.app[GATEWAY]
+        record = AuditRecord(
+            request_id=secrets.token_hex(8),
+            source=request.remote,
+            method=request.method,
+            path=request_path(request.raw_path),
+            policy_version=gw.policy.version,
+            rule=RECOVERY_RULE,
+        )
+        try:
+            response = await _admitted(gw, request, record, read)
+            record.response_status = response.status
+            return response
+        finally:
+            emit(record)
+
+    return handler
+
+
+async def _admitted(
+    gw: Gateway, request: web.Request, record: AuditRecord, read: Read
+) -> web.Response:
+    agent = _agent(gw, request)
+    if agent is None:
+        return _refuse(record, Reason.AGENT_UNAUTHENTICATED, "no valid agent token")
+    record.agent_id, record.tenant = agent.agent_id, agent.tenant
+    cap = gw.settings.max_requests_in_flight_per_agent
+    slot = gw.in_flight.take(agent, cap)
+    if slot is None:
+        return _refuse(record, Reason.AGENT_CONCURRENCY_EXCEEDED, f"{cap} requests in flight", 1)
+    try:
+        response = await read(gw, request, agent, record)
+    except StoreUnavailable as exc:
+        record.decision = Decision.ERROR
+        return _refuse(record, Reason.STORE_UNAVAILABLE, str(exc))
+    finally:
+        slot.release()
+    if record.reason is None:
+        record.decision = Decision.ALLOW
     return response
 
 
-async def read_operation(request: web.Request) -> web.Response:
+def _refuse(
+    record: AuditRecord,
+    reason: Reason,
+    detail: str,
+    retry_after: int | None = None,
+    *,
+    told: Reason | None = None,
+) -> web.Response:
+    """Refuse with ``reason`` on record; the agent is told ``told`` instead where the truth
+    would reveal another scope's operation."""
+    if record.decision != Decision.ERROR:
+        record.decision = Decision.DENY
+    record.reason = reason.value
+    return problem_response(told or reason, detail, retry_after=retry_after)
+
+
+async def _read_operation(
+    gw: Gateway, request: web.Request, agent: Agent, record: AuditRecord
+) -> web.Response:
     operation_id = path_operation_id(request)
     if operation_id is None:
-        return _refuse_invalid_operation_id(request)
-    gw = request.app[GATEWAY]
-    agent = _agent(gw, request)
-    if agent is None:
-        return problem_response(Reason.AGENT_UNAUTHENTICATED, "no valid agent token")
-    try:
-        op = await gw.store.load(operation_id)
-        if op is None or not _in_scope(op, agent):
-            # the same answer for "absent" and "not yours": no probing other tenants' ids
-            return problem_response(Reason.OPERATION_UNKNOWN, f"no operation {operation_id}")
+        return _refuse(
+            record,
+            Reason.OPERATION_ID_INVALID,
+            "an operation id is 1-255 printable ASCII characters",
+        )
+    record.operation_id = operation_id
+    op = await gw.store.load(operation_id)
+    if op is None:
+        return _refuse(record, Reason.OPERATION_UNKNOWN, f"no operation {operation_id}")
+    if not _in_scope(op, agent):
+        # the same answer for "absent" and "not yours": no probing other tenants' ids
+        return _refuse(
+            record,
+            Reason.OPERATION_SCOPE_MISMATCH,
+            f"no operation {operation_id}",
+            told=Reason.OPERATION_UNKNOWN,
+        )
+    record.provider, record.status_before = op.provider, op.status.value
+    view = recovery_view(gw, op)
+    if view["next_action"] == NextAction.RECONCILE:
+        op = await reconcile_now(gw, operation_id) or op
         view = recovery_view(gw, op)
-        if view["next_action"] == NextAction.RECONCILE:
-            op = await reconcile_now(gw, operation_id) or op
-            view = recovery_view(gw, op)
-    except StoreUnavailable as exc:
-        return problem_response(Reason.STORE_UNAVAILABLE, str(exc))
+    record.status_after = op.status.value
     response = web.json_response(view)
     if view["retry_after_seconds"]:
         response.headers["Retry-After"] = str(view["retry_after_seconds"])
     return response
 
 
-async def list_unsettled(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
-    agent = _agent(gw, request)
-    if agent is None:
-        return problem_response(Reason.AGENT_UNAUTHENTICATED, "no valid agent token")
-    try:
-        ops = await gw.store.list_operations(
-            agent.tenant, ["created", "dispatched"], agent.agent_id, 200
-        )
-    except StoreUnavailable as exc:
-        return problem_response(Reason.STORE_UNAVAILABLE, str(exc))
+async def _list_unsettled(
+    gw: Gateway, request: web.Request, agent: Agent, record: AuditRecord
+) -> web.Response:
+    ops = await gw.store.list_operations(
+        agent.tenant, ["created", "dispatched"], agent.agent_id, 200
+    )
     return web.json_response({"operations": [recovery_view(gw, op) for op in ops]})
+
+
+read_operation = recorded(_read_operation)
+list_unsettled = recorded(_list_unsettled)
 
 
 def add_recovery_routes(app: web.Application) -> None:

@@ -3,15 +3,24 @@ scoped to the agent's tenant."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 from yarl import URL
 
-from tests.support.fault_provider import FaultProvider
-from tests.support.opgate import AGENT_TOKEN, OTHER_TENANT_TOKEN, SECOND_AGENT_TOKEN, Opgate
+from tests.support.fault_provider import FaultMode, FaultProvider
+from tests.support.opgate import (
+    AGENT_TOKEN,
+    OTHER_TENANT_TOKEN,
+    SECOND_AGENT_TOKEN,
+    Opgate,
+    StartOpgate,
+    fault_policy,
+)
 
 
 def agent_headers() -> dict[str, str]:
@@ -102,3 +111,49 @@ async def test_an_invalid_operation_id_in_the_path_is_refused(
     assert payload["code"] == "operation_id_invalid"
     [record] = [entry for entry in logs if entry["event"] == "request"]
     assert (record["decision"], record["reason"]) == ("deny", "operation_id_invalid")
+
+
+async def test_every_recovery_read_leaves_an_audit_record(fault_gate: Opgate) -> None:
+    """A recovery read is an agent request like any other: one record each, naming the agent,
+    the operation and what it was told (a read of another tenant's operation says so)."""
+    op = await fault_gate.approve()
+    with capture_logs() as logs:
+        mine, _ = await read(fault_gate, f"/_opgate/v1/operations/{op['operation_id']}")
+        listed, _ = await read(fault_gate, "/_opgate/v1/operations")
+        theirs, _ = await read(
+            fault_gate, f"/_opgate/v1/operations/{op['operation_id']}", OTHER_TENANT_TOKEN
+        )
+        anonymous, _ = await read(fault_gate, "/_opgate/v1/operations", token="")
+    assert (mine, listed, theirs, anonymous) == (200, 200, 404, 401)
+    records = [entry for entry in logs if entry["event"] == "request"]
+    assert [(r["decision"], r["reason"], r["response_status"]) for r in records] == [
+        ("allow", None, 200),
+        ("allow", None, 200),
+        ("deny", "operation_scope_mismatch", 404),
+        ("deny", "agent_unauthenticated", 401),
+    ]
+    assert records[0]["operation_id"] == op["operation_id"]
+    assert records[0]["rule"] == "recovery"
+    assert records[2]["tenant"] == "t2"
+
+
+async def test_recovery_reads_count_against_the_agents_cap(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
+) -> None:
+    """A recovery read may call the provider (reconciliation): it takes a slot of the agent's
+    requests in flight like any other request, so an agent at its cap is told 429."""
+    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False))
+    async with start_opgate(
+        upstream_overrides={"fault": fault_provider.url}, max_requests_in_flight_per_agent=1
+    ) as gate:
+        op = await gate.approve()
+        fault_provider.mode = FaultMode.STALL
+        stalled = asyncio.create_task(
+            gate.send("/fault/v1/refunds", data="amount=500&currency=usd&charge=ch_1",
+                      headers={"X-Operation-Id": op["operation_id"]})
+        )  # fmt: skip
+        await fault_provider.in_flight.wait()
+        status, body = await read(gate, f"/_opgate/v1/operations/{op['operation_id']}")
+        fault_provider.release()
+        await stalled
+    assert (status, body["code"]) == (429, "agent_concurrency_exceeded")
