@@ -15,6 +15,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from proxy.authoring.explain import EXPLAIN_AGENT, Explanation, SampleRequest, admit, conclude
+from proxy.gate.bodies import BodyRejected, parse_json_object
 from proxy.gate.checks import Agent
 from proxy.gate.gateway import GATEWAY
 from proxy.gate.intake import load_operation
@@ -66,7 +67,11 @@ async def explain_with_store(
 async def explain_request(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     try:
-        asked = ExplainRequest.model_validate_json(await request.read())
+        # parsed as strictly as an agent's body first: pydantic's own JSON reader lets the
+        # last of two duplicated keys win
+        asked = ExplainRequest.model_validate(parse_json_object(await request.read()))
+    except BodyRejected as exc:
+        return admin_problem(400, "invalid_request", str(exc))
     except ValidationError as exc:
         errors = [
             f"{'.'.join(str(p) for p in e['loc']) or '(body)'}: {e['msg']}" for e in exc.errors()

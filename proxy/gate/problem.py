@@ -36,7 +36,7 @@ def problem_response(
         body.update(extra)
     response = web.Response(
         status=status or info.status,
-        body=json.dumps(body).encode("utf-8"),
+        body=json.dumps(body, allow_nan=False).encode("utf-8"),
         content_type="application/problem+json",
     )
     if operation_id:
@@ -60,6 +60,6 @@ def admin_problem(status: int, code: str, detail: str, **extra: Any) -> web.Resp
     }
     return web.Response(
         status=status,
-        body=json.dumps(body).encode("utf-8"),
+        body=json.dumps(body, allow_nan=False).encode("utf-8"),
         content_type="application/problem+json",
     )

@@ -63,7 +63,7 @@ async def notify_pass(gw: Gateway, http: aiohttp.ClientSession, url: str) -> int
         try:
             async with http.post(
                 url,
-                data=json.dumps(payload, default=str),
+                data=json.dumps(payload, default=str, allow_nan=False),
                 headers={
                     "Content-Type": "application/json",
                     "X-Opgate-Notification-Id": str(notification["notification_id"]),

@@ -154,10 +154,10 @@ class Store:
             new.action,
             new.method,
             new.path,
-            json.dumps(new.path_params),
+            _jsonb(new.path_params),
             new.amount,
             new.currency,
-            json.dumps(new.params),
+            _jsonb(new.params),
             new.idempotency_key,
             new.approval_ref,
             new.approved_by,
@@ -260,7 +260,7 @@ class Store:
             answer.status if answer else None,
             answer.content_type if answer else None,
             answer.body if answer else None,
-            json.dumps(evidence),
+            _jsonb(evidence),
             expected_attempts,
         )
 
@@ -278,7 +278,7 @@ class Store:
             operation_id,
             owner,
             retry_in_seconds,
-            json.dumps(evidence),
+            _jsonb(evidence),
             expected_attempts,
         )
 
@@ -304,7 +304,7 @@ class Store:
             operation_id,
             owner,
             reason,
-            json.dumps(evidence),
+            _jsonb(evidence),
             look_again_seconds,
             expected_attempts,
         )
@@ -396,3 +396,9 @@ def operation_from_record(record: asyncpg.Record) -> Operation:
         resolution_note=record["resolution_note"],
         read_at=record["read_at"],
     )
+
+
+def _jsonb(value: Any) -> str:
+    """A jsonb parameter. Never a non-finite number: ``json.dumps`` would write the bare word
+    ``NaN`` or ``Infinity``, which is not JSON (and not what was validated)."""
+    return json.dumps(value, allow_nan=False)

@@ -78,3 +78,17 @@ async def test_explain_needs_the_admin_token_and_a_valid_request(fault_gate: Opg
     assert status == 401
     status, body = await explain(fault_gate, {"method": "GET", "path": "no-slash", "x": 1})
     assert (status, body["code"]) == (400, "invalid_request")
+
+
+async def test_an_explain_request_that_does_not_parse_one_way_is_refused(
+    fault_gate: Opgate,
+) -> None:
+    """A duplicated key (which one would be explained?) is a 400, as on the agent side."""
+    raw = b'{"method": "POST", "method": "GET", "path": "/fault/v1/refunds", "body": ""}'
+    async with fault_gate.http.post(
+        f"{fault_gate.ops_url}/v1/explain",
+        data=raw,
+        headers={**admin_headers(), "Content-Type": "application/json"},
+    ) as response:
+        status, body = response.status, await response.json(content_type=None)
+    assert (status, body["code"]) == (400, "invalid_request")
