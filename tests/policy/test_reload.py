@@ -211,10 +211,12 @@ async def test_sighup_reloads_a_running_opgate_serve(database_url: str, tmp_path
         "OPGATE_POLICY_RELOAD_INTERVAL_SECONDS": "0",
         "OPGATE_WORKERS": "1",
     }
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy", "serve", cwd=REPO, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+    stderr = tmp_path / "opgate.stderr"
+    with stderr.open("wb") as errors:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "proxy", "serve", cwd=REPO, env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=errors,
+        )  # fmt: skip
     ready = f"http://127.0.0.1:{ops_port}/readyz"
     try:
         async with aiohttp.ClientSession(trust_env=False) as http:
@@ -237,7 +239,8 @@ async def test_sighup_reloads_a_running_opgate_serve(database_url: str, tmp_path
     finally:
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(process.wait(), 30) == 0
+        code = await asyncio.wait_for(process.wait(), 30)
+        assert code == 0, stderr.read_text(errors="replace")[-4000:]
 
 
 async def next_log(process: asyncio.subprocess.Process, event: str) -> dict[str, Any]:
