@@ -147,6 +147,7 @@ class ModelOperation:
     amount: int
     post_modes: list[FaultMode]
     get_modes: list[FaultMode]
+    arrival: float  # seconds after the start when its agent first acts
     posts_seen: int = 0
     gets_seen: int = 0
 
@@ -304,7 +305,7 @@ async def _think(rng: random.Random, low: float, high: float) -> None:
 
 async def agent(world: World, op: ModelOperation, rng: random.Random, steps: int) -> None:
     """An agent with one operation: blind sends, bursts, and the recovery protocol."""
-    await _think(rng, 0.0, ARRIVALS_SECONDS)  # agents arrive spread out
+    await asyncio.sleep(op.arrival)  # agents arrive spread out (drawn with the plan)
     for _ in range(steps):
         world.steps += 1
         kind = rng.choices(["send", "burst", "follow"], weights=[3, 1, 4])[0]
@@ -607,7 +608,9 @@ async def run_model(
         provider.chooser = world.choose
         count = max(2, STEPS // STEPS_PER_OPERATION)
         for i in range(count):
-            ttl = rng.randint(2, 4) if rng.random() < 0.15 else 600
+            arrival = rng.uniform(0.0, ARRIVALS_SECONDS)
+            # Some approvals expire while their agent is at work.
+            ttl = int(arrival) + rng.randint(2, 4) if rng.random() < 0.15 else 600
             approved = await rng.choice(world.gates).approve(
                 params={"charge": f"ch_{i}"}, amount=100 + i, ttl_seconds=ttl
             )
@@ -619,6 +622,7 @@ async def run_model(
                 100 + i,
                 _draw(rng, POST_FAULTS, 6),
                 _draw(rng, GET_FAULTS, 6) if policy.lookup_faults else [],
+                arrival,
             )
             world.ops.append(op)
             world.by_id[op.operation_id], world.by_charge[op.charge] = op, op
