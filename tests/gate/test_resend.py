@@ -8,10 +8,11 @@ import json
 from pathlib import Path
 
 import asyncpg
+import pytest
 
 from tests.gate.test_pipeline import GOOD_BODY, op_header
 from tests.support.fault_provider import FaultMode, FaultProvider
-from tests.support.opgate import StartOpgate, fault_policy
+from tests.support.opgate import StartOpgate, admin_headers, fault_policy
 
 
 def lookups(provider: FaultProvider) -> list[str]:
@@ -157,4 +158,59 @@ async def test_past_the_key_retention_a_re_send_is_treated_as_without_deduplicat
     assert (status, json.loads(body)["code"]) == (409, "reconcile_required")
     assert "no longer deduplicates" in json.loads(body)["detail"]
     assert json.loads(view[2])["next_action"] != "retry"
+    assert len(fault_provider.effects) == 1
+
+
+# Found by tests/test_model.py (policy "deduplication-wrongly-claimed" with failing lookups):
+# when its lookup cannot tell, or is not due yet, opgate re-sends on the policy's word that the
+# provider deduplicates (resend.py falls back on ``key_deduplicated``, and so does the claim
+# statement). A wrong ``provider_deduplicates`` then doubles the effect. Whether to refuse
+# instead is a trade against honest policies (a deduplicating provider whose list endpoint is
+# down could no longer be retried), so it is left as a decision, reproduced here.
+WRONG_CLAIM = (
+    "a re-send whose lookup is inconclusive or paced rests on provider_deduplicates; "
+    "a wrong claim duplicates the effect"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=WRONG_CLAIM)
+async def test_a_wrong_deduplication_claim_and_an_inconclusive_lookup_do_not_duplicate(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
+) -> None:
+    """The policy says the provider deduplicates; it does not. The first attempt committed and
+    answered 500, the lookup before the re-send answers 500 too: the effect must not double."""
+    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=True, grace_seconds=0))
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        op = await gate.approve()
+        fault_provider.mode = FaultMode.ERROR_AFTER_COMMIT
+        status, _, _ = await gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))
+        assert status == 502
+        fault_provider.script(FaultMode.ERROR_AFTER_COMMIT, FaultMode.OK)  # lookup fails, POST ok
+        await gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))
+    assert len(fault_provider.effects) == 1
+
+
+@pytest.mark.xfail(strict=True, reason=WRONG_CLAIM)
+async def test_a_wrong_deduplication_claim_and_a_paced_lookup_do_not_duplicate(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
+) -> None:
+    """As above, but the failed lookup was a reconciliation's (here asked for by an admin), so
+    the re-send's own lookup is not due yet: the provider, healthy again, is not asked, and the
+    effect must not double."""
+    (policy_dir / "fault.yaml").write_text(
+        fault_policy(deduplicates=True, grace_seconds=0, retry_seconds=30)
+    )
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        op = await gate.approve()
+        fault_provider.mode = FaultMode.ERROR_AFTER_COMMIT  # the POST and the reconciliation's GET
+        status, _, _ = await gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))
+        assert status == 502
+        async with gate.http.post(
+            f"{gate.ops_url}/v1/operations/{op['operation_id']}/reconcile",
+            headers=admin_headers(),
+        ) as response:
+            assert response.status == 200
+        assert lookups(fault_provider) == ["charge=ch_1"]
+        fault_provider.mode = FaultMode.OK
+        await gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))
     assert len(fault_provider.effects) == 1

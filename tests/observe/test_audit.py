@@ -249,3 +249,27 @@ async def test_the_remaining_agent_listener_paths_leave_one_documented_record(
     for code, record in seen.items():
         assert record["reason"] == code, (code, record)
         assert record["decision"] in ("deny", "error")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the recovery read (GET /_opgate/v1/operations/{id}) emits no request record",
+)
+async def test_a_recovery_read_leaves_one_request_record(
+    fault_gate: Opgate, database_url: str
+) -> None:
+    """docs/audit.md promises one record per request that reaches the agent listener; the
+    recovery read is one (and may make opgate ask the provider with its own credential)."""
+    op = await fault_gate.approve()
+
+    async def read() -> None:
+        status, _, _ = await fault_gate.send(
+            f"/_opgate/v1/operations/{op['operation_id']}",
+            method="GET",
+            data=None,
+            content_type=None,
+        )
+        assert status == 200
+
+    record = await _one_record(fault_gate, database_url, read)
+    assert record["operation_id"] == op["operation_id"]

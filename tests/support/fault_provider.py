@@ -7,8 +7,9 @@ outcomes, on a real ``aiohttp.web.Application`` on 127.0.0.1 port 0, and to reco
 ground truth: every request it received (``requests``) and every effect it committed
 (``effects``).
 
-Each request takes the next mode from the script (:meth:`FaultProvider.script`), or the
-standing :attr:`FaultProvider.mode` once the script is empty:
+Each request takes its mode from :attr:`FaultProvider.chooser` when one is set and it names
+one (a function of the request: per method, per operation, ...), else the next mode from the
+script (:meth:`FaultProvider.script`), else the standing :attr:`FaultProvider.mode`:
 
 =====================  ==================================================================
 mode                   what the provider does
@@ -20,6 +21,9 @@ mode                   what the provider does
                        (the client sees ``aiohttp.ServerDisconnectedError``)
 ``stall``              commits nothing, waits until released, then answers 503
 ``stall_after_commit`` commits the effect, waits until released, then answers 200
+``slow``               like ``ok``, but answers only after :attr:`FaultProvider.slow_seconds`
+                       (simulated latency; a GET's list is taken when the request arrives,
+                       so a slow lookup answers with what was true when it was asked)
 =====================  ==================================================================
 
 "Commits" only applies to unsafe methods (POST, PUT, PATCH, DELETE): a GET under ``ok``
@@ -28,9 +32,11 @@ answers 200 with the list of effects, and under a fault mode suffers the same fa
 With :attr:`FaultProvider.deduplicate` on, the provider behaves like Stripe's idempotency
 layer: a request whose ``Idempotency-Key`` already committed an effect commits nothing new;
 its answer (where the mode gives one) is the first effect's refund object again, with
-``Idempotent-Replayed: true``. The same key with different parameters is refused with 400
-``idempotency_error``. With it off, every committing request is a new effect, however many
-times a key repeats.
+``Idempotent-Replayed: true``. The idempotency layer answers before any business decision, so
+``fail`` on a key that already committed replays the effect too (a deduplicating provider never
+declines a request it has already carried out). The same key with different parameters is
+refused with 400 ``idempotency_error``. With it off, every committing request is a new effect,
+however many times a key repeats.
 
 Stalls are released by :meth:`FaultProvider.release` (or by the fixture's teardown), never
 by a timer. :attr:`FaultProvider.in_flight` is set while at least one request is stalled, so
@@ -44,7 +50,7 @@ import itertools
 import json
 import socket
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -56,6 +62,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 __all__ = [
+    "Chooser",
     "Effect",
     "FaultMode",
     "FaultProvider",
@@ -74,11 +81,17 @@ class FaultMode(StrEnum):
     DROP_AFTER_COMMIT = "drop_after_commit"
     STALL = "stall"
     STALL_AFTER_COMMIT = "stall_after_commit"
+    SLOW = "slow"
 
+
+# Decides one request's mode from the request as it arrives (before its body is read); None
+# leaves it to the script and the standing mode.
+Chooser = Callable[[web.Request], FaultMode | None]
 
 _COMMITTING = frozenset(
     {
         FaultMode.OK,
+        FaultMode.SLOW,
         FaultMode.ERROR_AFTER_COMMIT,
         FaultMode.DROP_AFTER_COMMIT,
         FaultMode.STALL_AFTER_COMMIT,
@@ -184,6 +197,9 @@ class FaultProvider:
         # Provider latency between committing an effect and answering: the window in which a
         # crash of the caller leaves the outcome unknown (the chaos test kills into it).
         self.answer_delay_seconds = 0.0
+        # How long a ``slow`` request takes to answer.
+        self.slow_seconds = 0.1
+        self.chooser: Chooser | None = None
         self.requests: list[ReceivedRequest] = []
         self.effects: list[Effect] = []
         self.in_flight = asyncio.Event()
@@ -230,7 +246,7 @@ class FaultProvider:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """Record the request, then commit and/or fail as its mode says."""
-        mode = self._script.popleft() if self._script else self._mode
+        mode = self._mode_for(request)
         received = ReceivedRequest(
             method=request.method,
             path=request.path,
@@ -241,7 +257,7 @@ class FaultProvider:
         )
         self.requests.append(received)
 
-        if mode is FaultMode.FAIL:
+        if mode is FaultMode.FAIL and not self._already_committed(received):
             return _error(402, "card_error", "card_declined", "Your card was declined.")
         if mode is FaultMode.STALL:
             await self._stall()
@@ -260,7 +276,9 @@ class FaultProvider:
             if replayed:
                 answer.headers["Idempotent-Replayed"] = "true"
 
-        assert mode in _COMMITTING
+        assert mode in _COMMITTING or mode is FaultMode.FAIL  # FAIL here: a replay
+        if mode is FaultMode.SLOW:
+            await asyncio.sleep(self.slow_seconds)  # simulated latency, not a sync
         if self.answer_delay_seconds and received.method in _UNSAFE_METHODS:
             await asyncio.sleep(self.answer_delay_seconds)  # simulated latency, not a sync
         if mode is FaultMode.ERROR_AFTER_COMMIT:
@@ -270,6 +288,23 @@ class FaultProvider:
         if mode is FaultMode.STALL_AFTER_COMMIT:
             await self._stall()
         return answer
+
+    def _mode_for(self, request: web.Request) -> FaultMode:
+        chosen = self.chooser(request) if self.chooser is not None else None
+        if chosen is not None:
+            return FaultMode(chosen)
+        return self._script.popleft() if self._script else self._mode
+
+    def _already_committed(self, received: ReceivedRequest) -> bool:
+        """Whether the idempotency layer would replay this request (deduplication on, its
+        key already made an effect)."""
+        key = received.headers.get("Idempotency-Key")
+        return (
+            self.deduplicate
+            and received.method in _UNSAFE_METHODS
+            and key is not None
+            and key in self._first_effect_by_key
+        )
 
     def _commit(self, received: ReceivedRequest) -> tuple[Effect, bool] | web.Response:
         """Record a new effect, or with deduplication find the one this key already made."""

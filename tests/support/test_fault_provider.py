@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 import pytest_asyncio
+from aiohttp import web
 
 from tests.support.fault_provider import FaultMode, FaultProvider, running_fault_provider
 
@@ -326,3 +327,63 @@ async def test_teardown_releases_a_request_left_stalled(
             "message": "Released after a stall; nothing done.",
         },
     )
+
+
+async def test_chooser_decides_each_request_before_the_script(
+    client: aiohttp.ClientSession, fault_provider: FaultProvider
+) -> None:
+    """A chooser picks a request's mode from the request itself (here: by method); where it
+    names none, the script and then the standing mode apply as before."""
+    fault_provider.chooser = lambda request: (
+        FaultMode.ERROR_AFTER_COMMIT if request.method == "GET" else None
+    )
+    fault_provider.script("fail")
+    async with client.get(f"{fault_provider.url}/v1/refunds") as response:
+        assert response.status == 500
+    statuses = [(await refund(client, fault_provider))[0] for _ in range(2)]
+    assert statuses == [402, 200]
+    assert [r.mode for r in fault_provider.requests] == ["error_after_commit", "fail", "ok"]
+    assert len(fault_provider.effects) == 1
+
+
+async def test_slow_answers_late_with_what_was_true_on_arrival(
+    client: aiohttp.ClientSession, fault_provider: FaultProvider
+) -> None:
+    """A slow lookup answers after slow_seconds with the list as it was when it arrived; a
+    slow POST commits at once and answers after the delay."""
+    fault_provider.slow_seconds = 0.3
+    arrived = asyncio.Event()
+
+    def slow_lookups(request: web.Request) -> FaultMode | None:
+        if request.method != "GET":
+            return None
+        arrived.set()
+        return FaultMode.SLOW
+
+    fault_provider.chooser = slow_lookups
+    lookup = asyncio.create_task(client.get(f"{fault_provider.url}/v1/refunds"))
+    await arrived.wait()
+    assert (await refund(client, fault_provider))[0] == 200
+    async with await lookup as response:
+        assert (await response.json())["data"] == []
+    assert len(fault_provider.effects) == 1
+
+    fault_provider.chooser = None
+    fault_provider.mode = "slow"
+    with pytest.raises(TimeoutError):
+        await refund(client, fault_provider, key="k2", client_timeout=0.1)
+    assert [e.idempotency_key for e in fault_provider.effects] == [None, "k2"]
+
+
+async def test_dedupe_replays_rather_than_declines_a_key_that_committed(
+    client: aiohttp.ClientSession, fault_provider: FaultProvider
+) -> None:
+    """With deduplicate on, fail for a key that already made an effect replays that effect:
+    the idempotency layer answers before the provider decides anything anew."""
+    fault_provider.deduplicate = True
+    fault_provider.script("error_after_commit", "fail", "fail")
+    assert (await refund(client, fault_provider, key="same"))[0] == 500
+    status, body, replayed = await refund(client, fault_provider, key="same")
+    assert (status, body["id"], replayed) == (200, "re_1", "true")
+    assert (await refund(client, fault_provider, key="other"))[0] == 402
+    assert len(fault_provider.effects) == 1
