@@ -7,11 +7,16 @@ the answer and the claim:
 
     found                                    -> settled confirmed (``reconciled``): replayed
     absent, conclusively, the grace passed   -> the re-send may go; the claim consumes the lease
-    anything else, or asked too recently     -> the re-send goes only while the provider still
+    anything else                            -> the re-send goes only while the provider still
                                                 deduplicates the key; else ``reconcile_required``
+    asked too recently                       -> ``reconcile_required`` until the next lookup is
+                                                due (``Retry-After``): no re-send that no lookup
+                                                preceded
 
 The lookups are paced by the rule's ``retry_seconds`` whoever asks (``claim_reconcile_one``),
 so an agent retrying fast does not multiply calls made with opgate's provider credential.
+An inconclusive lookup falls back on the policy's word that the provider deduplicates: a wrong
+``provider_deduplicates`` is caught only when the lookup can answer.
 """
 
 from __future__ import annotations
@@ -54,10 +59,13 @@ async def ask_before_resend(
         current = await gw.store.load(op.operation_id) or op
         if not _only_paced(current, op):
             return Cleared(None)  # it moved on: the claim fails and is explained from the row
-        if current.key_deduplicated(window):
-            return Cleared(None)
-        return reconcile_required(
-            provider, current, _seconds_until(current, current.next_reconcile_at)
+        # Asked too recently: the re-send waits for the next lookup rather than rest on the
+        # key alone; the provider may have shown the effect since.
+        due_in = _seconds_until(current, current.next_reconcile_at)
+        return Deny(
+            Reason.RECONCILE_REQUIRED,
+            f"the provider is asked before a re-send; the next lookup is due in {due_in} s",
+            due_in,
         )
 
     asked = await ask_provider(gw, provider, reconcile, taken)
@@ -86,7 +94,7 @@ async def ask_before_resend(
     wait = grace_remaining(taken, reconcile.grace_seconds)
     if asked.all_absent_conclusively() and wait <= 0:
         return Cleared(owner)
-    retry_in = wait if asked.all_absent_conclusively() else reconcile.retry_seconds
+    retry_in: float = wait if asked.all_absent_conclusively() else reconcile.retry_seconds
     await gw.store.reconcile_inconclusive(
         op.operation_id, owner, retry_in, evidence, expected_attempts=taken.attempts
     )

@@ -85,15 +85,21 @@ async def notify_pass(gw: Gateway, http: aiohttp.ClientSession, url: str) -> int
 
 
 async def run_background(gw: Gateway, stop: asyncio.Event) -> None:
-    """Both loops until ``stop`` is set; a database outage only delays them."""
+    """Both loops until ``stop`` is set, every ``background_interval_seconds``, the first pass
+    one interval after start (a starting replica does not race the requests it is about to
+    serve); a database outage only delays them."""
     settings = gw.settings
     async with new_client_session() as http:
-        while not stop.is_set():
+        while not await _stopped_within(stop, settings.background_interval_seconds):
             try:
                 await reconcile_pass(gw, settings.reconcile_batch_size)
                 if settings.escalation_webhook_url:
                     await notify_pass(gw, http, settings.escalation_webhook_url)
             except StoreUnavailable as exc:
                 _log.warning("background_store_unavailable", error=str(exc))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), settings.background_interval_seconds)
+
+
+async def _stopped_within(stop: asyncio.Event, seconds: float) -> bool:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+    return stop.is_set()

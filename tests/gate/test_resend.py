@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import asyncpg
-import pytest
 
 from tests.gate.test_pipeline import GOOD_BODY, op_header
 from tests.support.fault_provider import FaultMode, FaultProvider
@@ -161,42 +160,13 @@ async def test_past_the_key_retention_a_re_send_is_treated_as_without_deduplicat
     assert len(fault_provider.effects) == 1
 
 
-# Found by tests/test_model.py (policy "deduplication-wrongly-claimed" with failing lookups):
-# when its lookup cannot tell, or is not due yet, opgate re-sends on the policy's word that the
-# provider deduplicates (resend.py falls back on ``key_deduplicated``, and so does the claim
-# statement). A wrong ``provider_deduplicates`` then doubles the effect. Whether to refuse
-# instead is a trade against honest policies (a deduplicating provider whose list endpoint is
-# down could no longer be retried), so it is left as a decision, reproduced here.
-WRONG_CLAIM = (
-    "a re-send whose lookup is inconclusive or paced rests on provider_deduplicates; "
-    "a wrong claim duplicates the effect"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=WRONG_CLAIM)
-async def test_a_wrong_deduplication_claim_and_an_inconclusive_lookup_do_not_duplicate(
-    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
+async def test_a_re_send_waits_for_its_lookup_when_one_was_just_made(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider, database_url: str
 ) -> None:
-    """The policy says the provider deduplicates; it does not. The first attempt committed and
-    answered 500, the lookup before the re-send answers 500 too: the effect must not double."""
-    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=True, grace_seconds=0))
-    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
-        op = await gate.approve()
-        fault_provider.mode = FaultMode.ERROR_AFTER_COMMIT
-        status, _, _ = await gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))
-        assert status == 502
-        fault_provider.script(FaultMode.ERROR_AFTER_COMMIT, FaultMode.OK)  # lookup fails, POST ok
-        await gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))
-    assert len(fault_provider.effects) == 1
-
-
-@pytest.mark.xfail(strict=True, reason=WRONG_CLAIM)
-async def test_a_wrong_deduplication_claim_and_a_paced_lookup_do_not_duplicate(
-    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
-) -> None:
-    """As above, but the failed lookup was a reconciliation's (here asked for by an admin), so
-    the re-send's own lookup is not due yet: the provider, healthy again, is not asked, and the
-    effect must not double."""
+    """The policy wrongly says the provider deduplicates. A reconciliation (asked for by an
+    admin) just failed, so the re-send's own lookup is not due: the re-send is refused until
+    it is, never sent on the key's word, and once due the lookup finds the effect (found by
+    tests/test_model.py: the effect used to double)."""
     (policy_dir / "fault.yaml").write_text(
         fault_policy(deduplicates=True, grace_seconds=0, retry_seconds=30)
     )
@@ -212,5 +182,22 @@ async def test_a_wrong_deduplication_claim_and_a_paced_lookup_do_not_duplicate(
             assert response.status == 200
         assert lookups(fault_provider) == ["charge=ch_1"]
         fault_provider.mode = FaultMode.OK
-        await gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))
+        refused, headers, body = await gate.send(
+            "/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op)
+        )
+        assert (refused, json.loads(body)["code"]) == (409, "reconcile_required")
+        assert 20 <= int(headers["Retry-After"]) <= 30
+        assert len(fault_provider.effects) == 1
+        conn = await asyncpg.connect(database_url)
+        try:  # the next lookup is due
+            await conn.execute(
+                "UPDATE operations SET next_reconcile_at = now() WHERE operation_id = $1",
+                op["operation_id"],
+            )
+        finally:
+            await conn.close()
+        status, headers, _ = await gate.send(
+            "/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op)
+        )
+    assert (status, headers.get("Idempotent-Replayed")) == (200, "true")
     assert len(fault_provider.effects) == 1

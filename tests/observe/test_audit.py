@@ -251,10 +251,6 @@ async def test_the_remaining_agent_listener_paths_leave_one_documented_record(
         assert record["decision"] in ("deny", "error")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the recovery read (GET /_opgate/v1/operations/{id}) emits no request record",
-)
 async def test_a_recovery_read_leaves_one_request_record(
     fault_gate: Opgate, database_url: str
 ) -> None:

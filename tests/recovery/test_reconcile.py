@@ -463,3 +463,33 @@ async def test_the_reconciliation_lease_outlasts_its_lookups(
         fault_provider.release()
         await read
     assert remaining > 90
+
+
+async def test_without_lookups_a_retained_key_is_left_to_the_agent_not_escalated(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
+) -> None:
+    """No lookup is declared, but the provider deduplicates and keeps the key: the agent is
+    told to retry, so the background loop must not escalate it to a human meanwhile."""
+    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=True))
+    fault_provider.deduplicate = True
+    async with start_opgate(
+        upstream_overrides={"fault": fault_provider.url}, background_interval_seconds=0.05
+    ) as gate:
+        op = await gate.approve()
+        fault_provider.mode = FaultMode.ERROR_AFTER_COMMIT
+        status, _, _ = await gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))
+        assert status == 502
+
+        async def looked_at() -> dict[str, Any] | None:
+            row = await gate.operation(op["operation_id"])
+            tried = any(e["event"].startswith(("reconcile", "escalated")) for e in row["events"])
+            return row if tried else None
+
+        row = await eventually(looked_at)
+        view = await recovery(gate, op["operation_id"])
+        fault_provider.mode = FaultMode.OK
+        status, _, _ = await gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))
+    assert row["escalation"] is None
+    assert view["next_action"] == "retry"
+    assert status == 200
+    assert len(fault_provider.effects) == 1
