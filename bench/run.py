@@ -164,6 +164,7 @@ class Config:
     fixed_pin: bool = True  # open-loop generator on the last core, the server off it
     pinned_workers_counts: tuple[int, ...] = (1, 2)  # workers rows with the CPU split
     workers_cpus: tuple[int, ...] = ()  # the opgate workers' cores in the split; () = first half
+    workers_connections: int = 0  # wrk connections of the workers rows; 0 = --connections
 
 
 @dataclass
@@ -1148,10 +1149,13 @@ def run(config: Config) -> dict[str, Any]:
         split = cpu_split(config)
         if split is not None:
             layouts += [(n, split) for n in config.pinned_workers_counts]
+        workers_config = replace(
+            config, connections=config.workers_connections or config.connections
+        )
         for index, (count, layout) in enumerate(layouts):
             workers_row = measure_workers(
-                config, stack, db_url, env, count, index, ceiling, agent_token, provider_pid,
-                layout,
+                workers_config, stack, db_url, env, count, index, ceiling, agent_token,
+                provider_pid, layout,
             )  # fmt: skip
             rows[workers_row.key] = workers_row
             print_progress(workers_row)
@@ -1435,6 +1439,8 @@ def measure_workers(
         label = f"opgate (b) {workers} worker{'s' * (workers > 1)}"
         if split:
             label += f" pinned {','.join(map(str, split.workers))}"
+        if config.workers_connections:
+            label += f" -c{config.connections}"
         target = WrkTarget(
             f"opgate_operation_w{workers}" + ("_pinned" if split else ""), label,
             "POST", f"http://127.0.0.1:{agent_port}/bench/v1/refunds", REFUND_BODY,
@@ -1464,7 +1470,11 @@ def measure_workers(
             if split:
                 pin_process(provider_pid, usable_cpus())
         counts = status_counts(db_url, measure_ids[0], measure_per * config.threads)
-        row.extra |= {"workers": workers, "rows_by_status": counts}
+        row.extra |= {
+            "workers": workers,
+            "rows_by_status": counts,
+            "connections": config.connections,
+        }
         if split:
             row.extra["pinned"] = {
                 "opgate_cpus": list(split.workers),
@@ -1889,6 +1899,13 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         help="the cores of the opgate workers in the pinned rows, e.g. 0 or 0-1 (default: the "
         "first half of the usable cores)",
     )
+    parser.add_argument(
+        "--workers-connections",
+        type=int,
+        default=0,
+        help="wrk connections of the workers rows (default: --connections). At 16, a single "
+        "worker's row is bound by 16 / its latency, which a second worker does not shorten",
+    )
     parser.add_argument("--no-lean", action="store_true", help="skip the lean gate rows")
     parser.add_argument(
         "--fixed-rates",
@@ -1938,6 +1955,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         fixed_pin=not args.no_fixed_pin,
         pinned_workers_counts=counts_list(args.pinned_workers_counts),
         workers_cpus=cpu_list(args.workers_cpus),
+        workers_connections=args.workers_connections,
     )
 
 
