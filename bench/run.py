@@ -1,6 +1,8 @@
 """opgate's throughput benchmark: every row measured side by side, in one run, on one machine.
 
-    python bench/run.py [--duration 10] [--connections 16] [--profile] [--workers-counts 1,2,4]
+    python bench/run.py [--duration 10] [--connections 16] [--profile [b|a|b,a]] [--no-lean]
+                        [--workers-counts 1,2,4] [--pinned-workers-counts 1,2]
+                        [--fixed-rates 200,500]  (README.md: every option)
 
 Rows (all on loopback, the same wrk script and settings for every HTTP row):
 
@@ -11,10 +13,20 @@ Rows (all on loopback, the same wrk script and settings for every HTTP row):
 - opgate (b) operation: POST /v1/refunds, every request a distinct pre-approved operation, end to
   end (load the row, checks, claim, forward, settle, audit line).
 - opgate (c) rejection: a wrong amount against an existing operation (422 amount_mismatch).
+- lean gate (b): the same requests against bench/lean_gate.py, the same durable work (claim
+  committed before the send, settle with one SHA-256 chained audit record) written directly:
+  what (b)'s durable work costs without opgate's structure.
 - pgbench claim+settle: the two transition statements opgate runs for (b), taken verbatim from
   proxy/store/queries.sql, on fresh rows: the database's own limit.
+- fixed-rate rows: baseline POST, opgate (b) and the lean gate at constant arrival rates
+  (bench/open_loop.py, open loop: latency from the scheduled time, no coordinated omission).
 - the workers dimension: (b) again against `opgate serve` with OPGATE_WORKERS=1, 2, N... (one
-  at a time, each started and stopped separately), as ratios to baseline POST and to pgbench.
+  at a time, each started and stopped separately), as ratios to baseline POST and to pgbench;
+  then 1 and 2 workers pinned to their own cores, wrk, the provider and the bench database's
+  backends to the others.
+
+Every listener is on a free port and opgate's forward-proxy listener is off, so the bench runs
+while another opgate (``./dev serve``) holds the default ports.
 
 Why it is built this way:
 
