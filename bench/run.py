@@ -1,6 +1,8 @@
 """opgate's throughput benchmark: every row measured side by side, in one run, on one machine.
 
-    python bench/run.py [--duration 10] [--connections 16] [--profile] [--workers-counts 1,2,4]
+    python bench/run.py [--duration 10] [--connections 16] [--profile [b|a|b,a]] [--no-lean]
+                        [--workers-counts 1,2,4] [--pinned-workers-counts 1,2]
+                        [--fixed-rates 200,500]  (README.md: every option)
 
 Rows (all on loopback, the same wrk script and settings for every HTTP row):
 
@@ -11,10 +13,20 @@ Rows (all on loopback, the same wrk script and settings for every HTTP row):
 - opgate (b) operation: POST /v1/refunds, every request a distinct pre-approved operation, end to
   end (load the row, checks, claim, forward, settle, audit line).
 - opgate (c) rejection: a wrong amount against an existing operation (422 amount_mismatch).
+- lean gate (b): the same requests against bench/lean_gate.py, the same durable work (claim
+  committed before the send, settle with one SHA-256 chained audit record) written directly:
+  what (b)'s durable work costs without opgate's structure.
 - pgbench claim+settle: the two transition statements opgate runs for (b), taken verbatim from
   proxy/store/queries.sql, on fresh rows: the database's own limit.
+- fixed-rate rows: baseline POST, opgate (b) and the lean gate at constant arrival rates
+  (bench/open_loop.py, open loop: latency from the scheduled time, no coordinated omission).
 - the workers dimension: (b) again against `opgate serve` with OPGATE_WORKERS=1, 2, N... (one
-  at a time, each started and stopped separately), as ratios to baseline POST and to pgbench.
+  at a time, each started and stopped separately), as ratios to baseline POST and to pgbench;
+  then 1 and 2 workers pinned to their own cores, wrk, the provider and the bench database's
+  backends to the others.
+
+Every listener is on a free port and opgate's forward-proxy listener is off, so the bench runs
+while another opgate (``./dev serve``) holds the default ports.
 
 Why it is built this way:
 
@@ -64,7 +76,9 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
 LUA_SCRIPT = BENCH_DIR / "wrk" / "bench.lua"
-DEFAULT_PYTHON = Path("/work/venv/bin/python")
+# The interpreter the servers run under: the repository's own venv (what ./dev creates), else
+# the shared one of this test bed, else the runner's own.
+PYTHON_CANDIDATES = (REPO / ".venv" / "bin" / "python", Path("/work/venv/bin/python"))
 
 TENANT = "t1"
 AGENT_ID = "bench"
@@ -77,8 +91,17 @@ READ_PATH = "/v1/refunds/re_bench_0"
 # ranges below never overlap (each is far larger than any run can use; checked at allocation).
 REJECT_OPERATION_ID = 1
 RANGE_SIZE = 10_000_000
-RANGES = {"warmup": 10_000_000, "measure": 20_000_000, "profile": 30_000_000, "pgbench": 40_000_000}
-WORKERS_RANGES_START = 50_000_000  # then one RANGE_SIZE per workers count
+RANGES = {
+    "warmup": 10_000_000,
+    "measure": 20_000_000,
+    "profile": 30_000_000,
+    "pgbench": 40_000_000,
+    "lean_warmup": 50_000_000,
+    "lean_measure": 60_000_000,
+}
+FIXED_RATE_RANGES_START = 80_000_000  # then FIXED_RATE_BLOCK ids per fixed-rate row
+FIXED_RATE_BLOCK = 1_000_000
+WORKERS_RANGES_START = 100_000_000  # then one RANGE_SIZE per workers row
 # A generous upper bound on claim+settle pairs per second, used to size pgbench's fresh rows.
 PGBENCH_MAX_TPS = 8_000
 
@@ -145,6 +168,15 @@ class Config:
     keep_database: bool
     workers_counts: tuple[int, ...]  # the workers dimension; () skips it
     workers_duration: int
+    profile_rows: tuple[str, ...] = ("b",)  # with --profile: "b" the operation, "a" the read
+    lean: bool = True  # the lean durable gate row (bench/lean_gate.py)
+    fixed_rates: tuple[float, ...] = (200.0, 500.0)  # open-loop rows; () skips them
+    fixed_targets: tuple[str, ...] = ("baseline", "opgate", "lean")
+    fixed_duration: int = 8
+    fixed_pin: bool = True  # open-loop generator on the last core, the server off it
+    pinned_workers_counts: tuple[int, ...] = (1, 2)  # workers rows with the CPU split
+    workers_cpus: tuple[int, ...] = ()  # the opgate workers' cores in the split; () = first half
+    workers_connections: int = 0  # wrk connections of the workers rows; 0 = --connections
 
 
 @dataclass
@@ -161,6 +193,9 @@ class CpuUse:
     steal: float  # taken by the hypervisor: not ours, but it shrinks what is left for us
     machine: float  # all cores, all processes, including the two above
     machine_busy_percent: float  # of all cores
+    # this run's own share of the machine: proxy + provider + pg + load generator + interrupts,
+    # without the other processes (other users' test suites on a shared machine)
+    ours: float = 0.0
 
 
 @dataclass
@@ -307,6 +342,7 @@ def bench_database(admin_url: str, keep: bool) -> Iterator[str]:
     """A fresh database for this run, dropped afterwards (FORCE: opgate may still be connected
     if it failed to stop)."""
     name = f"opgate_bench_{os.getpid()}"
+    _BENCH_DATABASE[:] = [name]
     psql(admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     psql(admin_url, f"CREATE DATABASE {name}")
     try:
@@ -392,6 +428,57 @@ def process_family(pid: int) -> list[int]:
     return family
 
 
+def usable_cpus() -> tuple[int, ...]:
+    return tuple(sorted(os.sched_getaffinity(0)))
+
+
+def pin_process(pid: int, cpus: Sequence[int]) -> int:
+    """Sets the CPU affinity of every thread of ``pid`` and of its descendants (taskset -a -p);
+    returns how many threads were set. A thread that exits meanwhile is skipped."""
+    pinned = 0
+    for member in process_family(pid):
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{member}/task").iterdir():
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(int(task.name), set(cpus))
+                    pinned += 1
+    return pinned
+
+
+def bench_backends(db_url: str) -> list[int]:
+    """The PostgreSQL backends connected to the bench database (the servers' pools): the only
+    postgres processes the bench pins. The cluster's shared processes (WAL writer,
+    checkpointer...) and other databases' backends serve other users of this machine too."""
+    text = psql(
+        db_url,
+        "SELECT pid FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    return [int(line) for line in text.splitlines() if line.strip()]
+
+
+# The bench database's name, once created: PostgreSQL backends of OTHER databases (other users'
+# test suites on a shared machine) are not counted in the pg column.
+_BENCH_DATABASE: list[str] = []
+# A backend's process title: "postgres: [<cluster>: ]<user> <database> <host>(<port>)|[local] ..."
+_PG_BACKEND_TITLE = re.compile(r"^postgres: (?:\S+: )?\S+ (\S+) (?:\S+\(\d+\)|\[local\])")
+OTHER_DATABASES = "postgres (other databases)"
+
+
+def postgres_kind(pid: int) -> str:
+    """``postgres`` for a backend of the bench database or one of the cluster's own processes
+    (WAL writer, checkpointer, autovacuum...: shared, but mostly working for the bench while it
+    runs), OTHER_DATABASES for a backend of any other database."""
+    try:
+        title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except (OSError, UnicodeDecodeError):
+        return "postgres"
+    match = _PG_BACKEND_TITLE.match(title)
+    if match is None or not _BENCH_DATABASE or match.group(1) == _BENCH_DATABASE[0]:
+        return "postgres"
+    return OTHER_DATABASES
+
+
 def all_processes_cpu_seconds() -> dict[int, tuple[str, float]]:
     """(name, CPU seconds) of every process, kernel threads included: PostgreSQL's backends and
     the kernel's writeback/journal threads that its fsyncs wake are part of a row's cost."""
@@ -404,6 +491,8 @@ def all_processes_cpu_seconds() -> dict[int, tuple[str, float]]:
         except OSError:
             continue
         comm = text[text.find("(") + 1 : text.rfind(")")]
+        if comm == "postgres":
+            comm = postgres_kind(int(entry.name))
         fields = text.rsplit(")", 1)[1].split()
         found[int(entry.name)] = (comm, (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS)
     return found
@@ -479,7 +568,7 @@ def cpu_use(before: CpuSnapshot, after: CpuSnapshot, requests: int) -> CpuUse:
         if comm == "postgres":
             postgres += spent
         else:
-            kind = re.split(r"[/:]", comm)[0]  # kworker/1:2H-kblockd -> kworker
+            kind = comm if comm == OTHER_DATABASES else re.split(r"[/:]", comm)[0]  # kworker/1:2H
             others[kind] = others.get(kind, 0.0) + spent
     machine = after.machine.busy - before.machine.busy
     wall = after.machine.total - before.machine.total
@@ -488,22 +577,28 @@ def cpu_use(before: CpuSnapshot, after: CpuSnapshot, requests: int) -> CpuUse:
     kernel_ms = delta(before.proxy_system, after.proxy_system)
     if proxy_ms and kernel_ms is not None:
         kernel_share = round(kernel_ms / proxy_ms, 3)
+    provider_ms = delta(before.provider, after.provider)
+    # wrk (or the open-loop generator) is the only child reaped while a row runs, so the
+    # children's rusage delta is the load generator's
+    load_ms = round((after.children - before.children) * per, 4)
+    interrupts_ms = round((after.machine.interrupts - before.machine.interrupts) * per, 4)
+    ours = (proxy_ms or 0.0) + (provider_ms or 0.0) + postgres * per + load_ms + interrupts_ms
     return CpuUse(
         proxy=proxy_ms,
         proxy_kernel_share=kernel_share,
-        provider=delta(before.provider, after.provider),
+        provider=provider_ms,
         postgres=round(postgres * per, 4),
-        # wrk is the only child reaped while a row runs, so the children's rusage delta is wrk
-        load_generator=round((after.children - before.children) * per, 4),
+        load_generator=load_ms,
         other_processes={
             name: round(cpu * per, 4)
             for name, cpu in sorted(others.items(), key=lambda item: -item[1])[:4]
             if cpu * per >= 0.005
         },
-        interrupts=round((after.machine.interrupts - before.machine.interrupts) * per, 4),
+        interrupts=interrupts_ms,
         steal=round((after.machine.steal - before.machine.steal) * per, 4),
         machine=round(machine * per, 4),
         machine_busy_percent=round(100.0 * machine / wall, 1) if wall > 0 else 0.0,
+        ours=round(ours, 4),
     )
 
 
@@ -523,6 +618,12 @@ class WrkTarget:
     expected_status: int = 200
     proxy_pid: int | None = None  # the server under test, for the CPU attribution
     provider_pid: int | None = None
+    load_cpus: tuple[int, ...] = ()  # run the load generator on these cores only (taskset)
+
+
+def taskset_prefix(cpus: Sequence[int]) -> list[str]:
+    """``taskset -c`` for a command pinned to ``cpus`` (nothing when it is not pinned)."""
+    return ["taskset", "-c", ",".join(str(c) for c in cpus)] if cpus else []
 
 
 def wrk_argv(
@@ -540,6 +641,7 @@ def wrk_argv(
     if ids is not None:
         script_args += [f"base={ids[0]}", f"per={ids[1]}"]
     return [
+        *taskset_prefix(target.load_cpus),
         "wrk",
         "-t", str(config.threads),
         "-c", str(config.connections),
@@ -644,7 +746,7 @@ def pgbench_script(tmp: Path, db_url: str) -> Path:
 
     queries = load_queries()
 
-    def with_variables(name: str, prefix: str) -> str:
+    def with_variables(name: str, prefix: str, literals: dict[int, str] | None = None) -> str:
         sql = queries[name]
         types = psql(
             db_url,
@@ -654,12 +756,15 @@ def pgbench_script(tmp: Path, db_url: str) -> Path:
 
         def variable(match: re.Match[str]) -> str:
             number = int(match.group(1))
+            if literals and number in literals:  # a NULL, which no pgbench variable can be
+                return f"{literals[number]}::{types[number - 1]}"
             name = "opid" if number == 1 else f"{prefix}_p{number}"
             return f":{name}::{types[number - 1]}"
 
         return re.sub(r"\$(\d+)", variable, sql)
 
-    claim = with_variables("claim_operation", "claim")
+    # A first attempt, as opgate's pipeline claims one: no reconciliation lookup before it ($7).
+    claim = with_variables("claim_operation", "claim", {7: "NULL"})
     settle = with_variables("settle_operation", "settle")
     script = tmp / "claim_settle.sql"
     script.write_text(
@@ -685,7 +790,9 @@ def run_pgbench(config: Config, db_url: str, tmp: Path, script: Path) -> Row:
     owner = "bench-pgbench"
     variables = {
         "next": "0", "per": str(per), "base": str(base),
-        "claim_p2": owner, "claim_p3": "35", "claim_p4": "false", "claim_p5": owner,
+        # the first attempt (attempts 0), the bench policy's retention_seconds as the window
+        "claim_p2": owner, "claim_p3": "35", "claim_p4": "0", "claim_p5": owner,
+        "claim_p6": "86400",
         "settle_p2": "confirmed", "settle_p3": "200", "settle_p4": "re_bench_1",
         "settle_p5": "application/json", "settle_p6": answer, "settle_p7": owner,
     }  # fmt: skip
@@ -752,21 +859,37 @@ def percentile(sorted_values: Sequence[int], pct: float) -> float:
 
 
 def profile_opgate(
-    config: Config, target: WrkTarget, db_url: str, opgate_pid: int, rps: float, logs: Path
+    config: Config,
+    target: WrkTarget,
+    db_url: str,
+    opgate_pid: int,
+    rps: float,
+    logs: Path,
+    *,
+    fresh_operations: bool,
 ) -> dict[str, Any]:
-    """Samples opgate with py-spy (non-blocking, so it barely slows the target) while wrk runs
-    row (b) again on fresh operations; returns the top self and inclusive costs."""
+    """Samples opgate with ``py-spy record --gil`` while wrk runs ``target`` again (row (b) on
+    fresh operations, or the read); returns the top self and inclusive costs.
+
+    ``--gil`` keeps only the samples in which the sampled thread holds the GIL, i.e. running
+    Python: without it, sampling attributes 17-37% of an aiohttp server's samples to
+    ``_SelectorSocketTransport.write`` (the thread has just woken its peer and been preempted
+    in the send syscall: waiting, not work). Blocking mode (the default: the target is paused
+    for each sample, ~1% at 200 Hz) so every stack is consistent. What it cannot show is the
+    kernel's share (socket syscalls, loopback TCP): that is the table's kernel share column."""
     py_spy = shutil.which("py-spy") or str(Path(config.python).parent / "py-spy")
     if not Path(py_spy).exists():
         return {"skipped": f"py-spy not found; install it: {config.python} -m pip install py-spy"}
     seconds = config.profile_seconds
-    per_thread = math.ceil(max(rps, 500) * seconds * 2 / config.threads) + 500
-    ids = id_range("profile", per_thread, config.threads)
-    insert_operations(db_url, ids[0], per_thread * config.threads)
-    raw = logs / "opgate-profile.txt"
+    ids: tuple[int, int] | None = None
+    if fresh_operations:
+        per_thread = math.ceil(max(rps, 500) * seconds * 2 / config.threads) + 500
+        ids = id_range("profile", per_thread, config.threads)
+        insert_operations(db_url, ids[0], per_thread * config.threads)
+    raw = logs / f"opgate-profile-{target.key}.txt"
     spy = subprocess.Popen(
         [py_spy, "record", "--pid", str(opgate_pid), "--duration", str(seconds + 1),
-         "--rate", "200", "--nonblocking", "--format", "raw", "--output", str(raw)],
+         "--rate", "200", "--gil", "--format", "raw", "--output", str(raw)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
@@ -777,6 +900,7 @@ def profile_opgate(
     if spy.returncode != 0 or not raw.exists():
         return {"skipped": f"py-spy failed: {spy_err.decode(errors='replace').strip()}"}
     return summarise_profile(raw) | {
+        "row": target.label,
         "raw_file": str(raw.relative_to(REPO)),
         "requests_while_profiled": summary["requests"],
         "rps_while_profiled": round(summary["requests"] / (summary["duration_us"] / 1e6), 1),
@@ -852,7 +976,7 @@ def package_of(frame: str) -> str:
 
 
 def run(config: Config) -> dict[str, Any]:
-    for tool in ("wrk", "pgbench", "psql"):
+    for tool in ("wrk", "pgbench", "psql", "taskset"):
         if shutil.which(tool) is None:
             hint = "apt-get update && apt-get install -y wrk" if tool == "wrk" else ""
             raise BenchError(f"{tool} is not installed. {hint}".strip())
@@ -865,13 +989,15 @@ def run(config: Config) -> dict[str, Any]:
             file=sys.stderr,
         )
     rows: dict[str, Row] = {}
-    profile: dict[str, Any] | None = None
+    profiles: list[dict[str, Any]] = []
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="opgate-bench-")))
         db_url = stack.enter_context(bench_database(config.admin_url, config.keep_database))
 
-        provider_port, baseline_port, agent_port, ops_port = (free_port() for _ in range(4))
+        provider_port, baseline_port, agent_port, ops_port, lean_port = (
+            free_port() for _ in range(5)
+        )
         provider = start_service(
             stack, "provider",
             [config.python, str(BENCH_DIR / "provider.py"), "--port", str(provider_port)],
@@ -892,22 +1018,11 @@ def run(config: Config) -> dict[str, Any]:
             POLICY_TEMPLATE.format(provider=PROVIDER, upstream=provider_url)
         )
         agent_token = "opg_bench_" + secrets.token_urlsafe(24)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")}
-        env |= {
-            "OPGATE_DATABASE_URL": db_url,
-            "OPGATE_POLICY_DIR": str(policy_dir),
-            "OPGATE_AGENT_LISTEN": f"127.0.0.1:{agent_port}",
-            "OPGATE_OPS_LISTEN": f"127.0.0.1:{ops_port}",
-            "OPGATE_ADMIN_TOKEN_SHA256": sha256(secrets.token_urlsafe(24)),
-            "OPGATE_AGENTS": json.dumps(
-                [{"id": AGENT_ID, "tenant": TENANT, "token_sha256": sha256(agent_token)}]
-            ),
-            "OPGATE_SECRET_BENCH_KEY": "sk_bench_" + secrets.token_hex(8),
-            # one process, like the baseline: the workers dimension is measured separately
-            "OPGATE_WORKERS": "1",
-            # every wrk connection is the one bench agent: the per-agent cap must admit them all
-            "OPGATE_MAX_REQUESTS_IN_FLIGHT_PER_AGENT": str(max(64, config.connections)),
-        }
+        provider_secret = "sk_bench_" + secrets.token_hex(8)
+        env = opgate_environment(
+            db_url, policy_dir, tmp / "opgate-data", agent_port, ops_port, agent_token,
+            provider_secret,
+        )  # fmt: skip
         opgate = start_service(
             stack, "opgate", [config.python, "-m", "proxy", "serve"], env=env, logs=RESULTS_DIR
         )
@@ -916,6 +1031,19 @@ def run(config: Config) -> dict[str, Any]:
         wait_ready(provider, provider_url + "/healthz")
         wait_ready(baseline, baseline_url + "/healthz")
         wait_ready(opgate, f"http://127.0.0.1:{ops_port}/readyz", timeout=60)
+        # The lean gate uses the operations table opgate's migrations have just created.
+        lean: Service | None = None
+        if config.lean:
+            lean = start_service(
+                stack, "lean_gate",
+                [config.python, str(BENCH_DIR / "lean_gate.py"), "--port", str(lean_port),
+                 "--database-url", db_url, "--upstream", provider_url,
+                 "--agent-token-sha256", sha256(agent_token), "--agent-id", AGENT_ID,
+                 "--tenant", TENANT, "--provider", PROVIDER, "--route-prefix", "/bench"],
+                env=os.environ | {"LEAN_GATE_CREDENTIAL": provider_secret},
+                logs=RESULTS_DIR,
+            )  # fmt: skip
+            wait_ready(lean, f"http://127.0.0.1:{lean_port}/healthz")
         insert_operations(db_url, REJECT_OPERATION_ID, 1)
         # Now, while queries.sql is the one opgate has just loaded (the file may change under a
         # long run in a working tree; a stale statement then fails here, not in row 6).
@@ -943,6 +1071,13 @@ def run(config: Config) -> dict[str, Any]:
             REJECT_BODY, token=agent_token, operation_id=str(REJECT_OPERATION_ID),
             expected_status=422, proxy_pid=opgate.process.pid, provider_pid=provider_pid,
         )  # fmt: skip
+        lean_target: WrkTarget | None = None
+        if lean is not None:
+            lean_target = WrkTarget(
+                "lean_operation", "lean gate (b)", "POST",
+                f"http://127.0.0.1:{lean_port}/bench/v1/refunds", REFUND_BODY,
+                token=agent_token, proxy_pid=lean.process.pid, provider_pid=provider_pid,
+            )  # fmt: skip
 
         for target in targets:
             precheck(target)
@@ -953,23 +1088,21 @@ def run(config: Config) -> dict[str, Any]:
         # (b): size the approved operations from the baseline just measured (opgate cannot be
         # faster than the bare proxy in front of the same provider), with a wide margin.
         ceiling = max(rows["baseline_post"].rps, 500.0)
-        warm_per = math.ceil(ceiling * config.warmup * 2 / config.threads) + 200
-        measure_per = math.ceil(ceiling * config.duration * 1.5 / config.threads) + 500
-        warm_ids = id_range("warmup", warm_per, config.threads)
-        measure_ids = id_range("measure", measure_per, config.threads)
-        insert_operations(db_url, warm_ids[0], warm_per * config.threads)
-        insert_operations(db_url, measure_ids[0], measure_per * config.threads)
-        precheck(operation_target, operation_id=str(warm_ids[0] + warm_per - 1))
-        run_wrk(config, operation_target, config.warmup, warm_ids)
-        psql(db_url, "CHECKPOINT")
-        row = measure(config, operation_target, measure_ids)
-        counts = status_counts(db_url, measure_ids[0], measure_per * config.threads)
-        row.extra["rows_by_status"] = counts
-        if counts.get("confirmed", 0) < row.statuses.get("200", 0):
-            row.valid = False
-            row.problems.append(f"only {counts.get('confirmed', 0)} rows confirmed")
+        row = measure_operations(config, db_url, operation_target, ceiling, "warmup", "measure")
         rows[row.key] = row
         print_progress(row)
+
+        # The lean gate, right after (b): the same load, the same kind of fresh rows.
+        if lean_target is not None:
+            lean_row = measure_operations(
+                config, db_url, lean_target, ceiling, "lean_warmup", "lean_measure"
+            )
+            chain = verify_lean_chain(db_url)
+            lean_row.extra["audit_chain"] = chain
+            lean_row.problems += chain_problems(chain, lean_row.statuses.get("200", 0))
+            lean_row.valid = not lean_row.problems
+            rows[lean_row.key] = lean_row
+            print_progress(lean_row)
 
         body = precheck(reject_target)
         if "amount_mismatch" not in body:
@@ -981,30 +1114,310 @@ def run(config: Config) -> dict[str, Any]:
         rows["pgbench"] = run_pgbench(config, db_url, tmp, pgbench_file)
         print_progress(rows["pgbench"])
 
+        # The fixed-rate rows: open-loop load, latency from the scheduled time.
+        fixed_targets = {
+            "baseline": targets[3],
+            "opgate": operation_target,
+            "lean": lean_target,
+        }
+        block = 0
+        for rate in config.fixed_rates:
+            for name in config.fixed_targets:
+                fixed_target = fixed_targets.get(name)
+                if fixed_target is None:
+                    continue
+                fixed_row = measure_fixed_rate(
+                    config, db_url, fixed_target, rate, block, fresh=name != "baseline"
+                )
+                block += 1
+                rows[fixed_row.key] = fixed_row
+                print_progress(fixed_row)
+
         if config.profile:
-            profile = profile_opgate(
-                config, operation_target, db_url, opgate.process.pid, row.rps, RESULTS_DIR
-            )
+            for which in config.profile_rows:
+                target = operation_target if which == "b" else targets[4]
+                profile = profile_opgate(
+                    config, target, db_url, opgate.process.pid, row.rps, RESULTS_DIR,
+                    fresh_operations=which == "b",
+                )  # fmt: skip
+                profiles.append(profile)
 
         if opgate.process.poll() is not None:
             raise BenchError(f"opgate exited during the run:\n{opgate.stderr_tail()}")
+        if lean is not None:
+            if lean.process.poll() is not None:
+                raise BenchError(f"the lean gate exited during the run:\n{lean.stderr_tail()}")
+            stop_process(lean.process)
         opgate_stderr = opgate.stderr_tail()
 
         # The workers dimension: (b) again with 1, 2, N... worker processes, each a separately
         # started `opgate serve` (the single-process one above is stopped first, so only one
-        # opgate runs at a time), on the same database, with the same pgbench row as the limit.
+        # opgate runs at a time), on the same database, with the same pgbench row as the limit;
+        # then the same with the opgate workers pinned to their own cores, and wrk, the
+        # provider and the bench database's backends to the others.
         stop_process(opgate.process)
         ceiling = max(ceiling, rows["pgbench"].rps)
-        for index, count in enumerate(config.workers_counts):
+        layouts: list[tuple[int, CpuSplit | None]] = [(n, None) for n in config.workers_counts]
+        split = cpu_split(config)
+        if split is not None:
+            layouts += [(n, split) for n in config.pinned_workers_counts]
+        workers_config = replace(
+            config, connections=config.workers_connections or config.connections
+        )
+        for index, (count, layout) in enumerate(layouts):
             workers_row = measure_workers(
-                config, stack, db_url, env, count, index, ceiling, agent_token, provider_pid
-            )
+                workers_config, stack, db_url, env, count, index, ceiling, agent_token,
+                provider_pid, layout,
+            )  # fmt: skip
             rows[workers_row.key] = workers_row
             print_progress(workers_row)
 
-    result = report(config, rows, profile, time.monotonic() - started, opgate_stderr)
+    result = report(config, rows, profiles, time.monotonic() - started, opgate_stderr)
     result["background_load_before"] = background
     return result
+
+
+def opgate_environment(
+    db_url: str,
+    policy_dir: Path,
+    data_dir: Path,
+    agent_port: int,
+    ops_port: int,
+    agent_token: str,
+    provider_secret: str,
+) -> dict[str, str]:
+    """opgate's whole configuration, from nothing but this run: every ``OPGATE_*`` of the
+    caller's environment is dropped, so that an opgate configured in the same shell (or a
+    ``./dev serve`` on the default ports) changes nothing here. Every listener is on a port of
+    this run's own: the agent and ops listeners on free ports, the forward-proxy listener
+    (default 127.0.0.1:3128) off, as no row measures forward mode. The data dir (the
+    forward-proxy CA, dev credentials) is the run's temp dir, never the repository's .opgate."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")}
+    return env | {
+        "OPGATE_DATABASE_URL": db_url,
+        "OPGATE_POLICY_DIR": str(policy_dir),
+        "OPGATE_DATA_DIR": str(data_dir),
+        "OPGATE_AGENT_LISTEN": f"127.0.0.1:{agent_port}",
+        "OPGATE_OPS_LISTEN": f"127.0.0.1:{ops_port}",
+        "OPGATE_FORWARD_LISTEN": "",  # empty: forward-proxy mode off (proxy/settings.py)
+        "OPGATE_ADMIN_TOKEN_SHA256": sha256(secrets.token_urlsafe(24)),
+        "OPGATE_AGENTS": json.dumps(
+            [{"id": AGENT_ID, "tenant": TENANT, "token_sha256": sha256(agent_token)}]
+        ),
+        "OPGATE_SECRET_BENCH_KEY": provider_secret,
+        # one process, like the baseline: the workers dimension is measured separately
+        "OPGATE_WORKERS": "1",
+        # every connection (wrk's, the open-loop generator's) is the one bench agent: the
+        # per-agent cap on requests in flight must admit them all
+        "OPGATE_MAX_REQUESTS_IN_FLIGHT_PER_AGENT": "100000",
+    }
+
+
+def measure_operations(
+    config: Config,
+    db_url: str,
+    target: WrkTarget,
+    ceiling: float,
+    warm_key: str,
+    measure_key: str,
+    *,
+    seconds: int | None = None,
+) -> Row:
+    """Row (b)'s shape, for opgate or the lean gate: fresh approved operations for a warm-up
+    and the measurement (sized from ``ceiling`` req/s with a wide margin), a CHECKPOINT between
+    them so that no row pays for another's dirty pages, and the database's count of confirmed
+    rows checked against wrk's 200s."""
+    seconds = seconds or config.duration
+    warm_per = math.ceil(ceiling * config.warmup * 2 / config.threads) + 200
+    measure_per = math.ceil(ceiling * seconds * 1.5 / config.threads) + 500
+    warm_ids = id_range(warm_key, warm_per, config.threads)
+    measure_ids = id_range(measure_key, measure_per, config.threads)
+    insert_operations(db_url, warm_ids[0], warm_per * config.threads)
+    insert_operations(db_url, measure_ids[0], measure_per * config.threads)
+    precheck(target, operation_id=str(warm_ids[0] + warm_per - 1))
+    run_wrk(config, target, config.warmup, warm_ids)
+    psql(db_url, "CHECKPOINT")
+    row = measure(replace(config, duration=seconds), target, measure_ids)
+    counts = status_counts(db_url, measure_ids[0], measure_per * config.threads)
+    row.extra["rows_by_status"] = counts
+    if counts.get("confirmed", 0) < row.statuses.get("200", 0):
+        row.valid = False
+        row.problems.append(f"only {counts.get('confirmed', 0)} rows confirmed")
+    return row
+
+
+def verify_lean_chain(db_url: str) -> dict[str, int]:
+    """Recomputes every link of the lean gate's audit chains: each record's hash from its
+    predecessor's, its seq and its text; seqs without gaps; every head on its stream's last
+    record. A constant or a broken chain makes the lean row invalid."""
+    line = psql(
+        db_url,
+        """
+        WITH c AS (
+            SELECT stream, seq, prev_hash, hash, record,
+                   lag(hash) OVER w AS prev, lag(seq) OVER w AS prev_seq
+              FROM lean_audit WINDOW w AS (PARTITION BY stream ORDER BY seq))
+        SELECT count(*), count(DISTINCT stream),
+               count(*) FILTER (WHERE hash <> sha256(prev_hash || int8send(seq)
+                                                     || convert_to(record, 'UTF8'))),
+               count(*) FILTER (WHERE prev_hash <> coalesce(prev, decode(repeat('00', 32), 'hex'))),
+               count(*) FILTER (WHERE seq <> coalesce(prev_seq, 0) + 1),
+               (SELECT count(*) FROM lean_audit_heads h
+                 WHERE h.seq > 0 AND NOT EXISTS (
+                     SELECT FROM lean_audit a
+                      WHERE a.stream = h.stream AND a.seq = h.seq AND a.hash = h.hash)),
+               count(DISTINCT hash)
+          FROM c
+        """,
+    )
+    names = ("records", "streams", "bad_hashes", "bad_links", "seq_gaps", "stale_heads",
+             "distinct_hashes")  # fmt: skip
+    return dict(zip(names, (int(v) for v in line.split("|")), strict=True))
+
+
+def chain_problems(chain: dict[str, int], answered: int) -> list[str]:
+    problems = [
+        f"audit chain: {chain[name]} {name.replace('_', ' ')}"
+        for name in ("bad_hashes", "bad_links", "seq_gaps", "stale_heads")
+        if chain[name]
+    ]
+    if chain["records"] < answered:
+        problems.append(f"audit chain: {chain['records']} records for {answered} answers")
+    if chain["distinct_hashes"] != chain["records"]:
+        problems.append("audit chain: repeated hashes")
+    return problems
+
+
+def measure_fixed_rate(
+    config: Config, db_url: str, target: WrkTarget, rate: float, block: int, *, fresh: bool
+) -> Row:
+    """One open-loop row (bench/open_loop.py): ``rate`` requests per second for
+    ``fixed_duration`` seconds after a warm-up at the same rate, each request of an operation
+    row its own fresh approved operation (``fresh``). With ``fixed_pin`` on two or more cores,
+    the generator runs on the last core and the server under test is pinned to the others for
+    the row (the provider and PostgreSQL stay where the scheduler puts them)."""
+    total = round(rate * (config.warmup + config.fixed_duration))
+    base: int | None = None
+    if fresh:
+        if total >= FIXED_RATE_BLOCK or block >= RANGE_SIZE // FIXED_RATE_BLOCK * 2:
+            raise BenchError(f"{target.label} at {rate:g}/s: too many operations for its range")
+        base = FIXED_RATE_RANGES_START + block * FIXED_RATE_BLOCK
+        insert_operations(db_url, base, total)
+        psql(db_url, "CHECKPOINT")
+    cpus = usable_cpus()
+    generator_cpus: tuple[int, ...] = ()
+    server_cpus: tuple[int, ...] = ()
+    realtime: list[str] = []
+    if config.fixed_pin and len(cpus) >= 2:
+        generator_cpus, server_cpus = cpus[-1:], cpus[:-1]
+    if config.fixed_pin and os.geteuid() == 0 and shutil.which("chrt"):
+        # SCHED_FIFO: its wake-ups are not delayed behind whatever else runs on its core (it
+        # uses a few % of a core; the kernel's RT throttling bounds it anyway)
+        realtime = ["chrt", "-f", "10"]
+    headers = []
+    if target.body:
+        headers += ["--header", "Content-Type: application/x-www-form-urlencoded"]
+    if target.token:
+        headers += ["--header", f"Authorization: Bearer {target.token}"]
+    argv = [
+        *realtime,
+        *taskset_prefix(generator_cpus),
+        config.python, str(BENCH_DIR / "open_loop.py"),
+        "--url", target.url, "--method", target.method, "--body", target.body,
+        "--rate", f"{rate:g}", "--duration", str(config.fixed_duration),
+        "--warmup", str(config.warmup), "--connections", "32", "--max-connections", "1024",
+        "--timeout", "10", *headers,
+        *(["--ids-base", str(base)] if base is not None else []),
+    ]  # fmt: skip
+    if server_cpus and target.proxy_pid:
+        pin_process(target.proxy_pid, server_cpus)
+    try:
+        before = CpuSnapshot.take(target.proxy_pid, target.provider_pid)
+        result = subprocess.run(argv, capture_output=True, text=True, check=False)
+        after = CpuSnapshot.take(target.proxy_pid, target.provider_pid)
+    finally:
+        if server_cpus and target.proxy_pid:
+            pin_process(target.proxy_pid, cpus)
+    line = next((ln for ln in result.stdout.splitlines() if ln.startswith("OPEN_LOOP_JSON ")), "")
+    if result.returncode != 0 or not line:
+        raise BenchError(
+            f"open_loop failed for {target.label} at {rate:g}/s ({result.returncode}):\n"
+            f"{result.stdout[-2000:]}{result.stderr[-2000:]}"
+        )
+    summary: dict[str, Any] = json.loads(line.removeprefix("OPEN_LOOP_JSON "))
+    statuses = {str(k): int(v) for k, v in summary["statuses"].items()}
+    errors = sum(int(v) for v in summary["errors"].values())
+    problems: list[str] = []
+    unexpected = {k: n for k, n in statuses.items() if int(k) != target.expected_status}
+    if unexpected:
+        problems.append(f"unexpected statuses {unexpected} (expected {target.expected_status})")
+    if errors or summary["unanswered_after_timeout"]:
+        problems.append(
+            f"errors {summary['errors']}, {summary['unanswered_after_timeout']} unanswered"
+        )
+    latency = summary["latency_us"]
+    row = Row(
+        key=f"fixed_{target.key}_{rate:g}",
+        label=f"{target.label} @{rate:g}/s",
+        requests=int(summary["completed"]),
+        rps=round(summary["completed"] / config.fixed_duration, 1),
+        p50_ms=round(latency["p50"] / 1000, 3),
+        p99_ms=round(latency["p99"] / 1000, 3),
+        mean_ms=round(latency["mean"] / 1000, 3),
+        statuses=statuses,
+        socket_errors=errors + int(summary["unanswered_after_timeout"]),
+        expected_status=target.expected_status,
+        valid=not problems,
+        problems=problems,
+        # the window includes the warm-up's requests: per request of the whole window
+        cpu_ms_per_request=cpu_use(before, after, total),
+        extra={
+            "fixed_rate": rate,
+            "target": target.key,
+            "p99_9_ms": round(latency["p99_9"] / 1000, 3),
+            "max_ms": round(latency["max"] / 1000, 3),
+            "service_time_ms": {
+                k: round(v / 1000, 3) for k, v in summary["service_time_us"].items()
+            },
+            "late": summary["late"],
+            "queued_for_connection": summary["queued_for_connection"],
+            "max_in_flight": summary["max_in_flight"],
+            "drain_ms": summary["drain_ms"],
+            "connections": summary["connections"],
+            "generator_cpu": summary["generator_cpu"],
+            "generator_cpus": list(generator_cpus),
+            "generator_realtime": bool(realtime),
+            "server_cpus": list(server_cpus),
+        },
+    )
+    if fresh and base is not None:
+        counts = status_counts(db_url, base, total)
+        row.extra["rows_by_status"] = counts
+        if counts.get("confirmed", 0) < statuses.get("200", 0):
+            row.valid = False
+            row.problems.append(f"only {counts.get('confirmed', 0)} rows confirmed")
+    return row
+
+
+@dataclass(frozen=True)
+class CpuSplit:
+    """The pinned workers layout: opgate's supervisor and workers on ``workers``, wrk, the
+    provider and the bench database's PostgreSQL backends on ``others``."""
+
+    workers: tuple[int, ...]
+    others: tuple[int, ...]
+
+
+def cpu_split(config: Config) -> CpuSplit | None:
+    """The layout of the pinned workers rows, or None (one core, or none asked for)."""
+    cpus = usable_cpus()
+    if not config.pinned_workers_counts or len(cpus) < 2:
+        return None
+    workers = config.workers_cpus or cpus[: len(cpus) // 2]
+    others = tuple(c for c in cpus if c not in workers)
+    if not others or not set(workers) <= set(cpus):
+        raise BenchError(f"--workers-cpus {workers} leaves no usable core of {cpus} for the rest")
+    return CpuSplit(tuple(workers), others)
 
 
 def measure_workers(
@@ -1017,26 +1430,37 @@ def measure_workers(
     ceiling: float,
     agent_token: str,
     provider_pid: int,
+    split: CpuSplit | None = None,
 ) -> Row:
     """Row (b) against ``opgate serve`` with OPGATE_WORKERS=``workers`` (fresh listeners, the
     same database and provider), stopped again before returning. Its CPU column is the
-    supervisor's and its workers' together."""
+    supervisor's and its workers' together. With ``split``, opgate is started under taskset on
+    the workers' cores, wrk runs on the others, and the provider and the bench database's
+    backends (opgate's pools, open after the warm-up) are moved to the others for the row."""
     agent_port, ops_port = free_port(), free_port()
     worker_env = env | {
         "OPGATE_AGENT_LISTEN": f"127.0.0.1:{agent_port}",
         "OPGATE_OPS_LISTEN": f"127.0.0.1:{ops_port}",
         "OPGATE_WORKERS": str(workers),
     }
+    pinned = f"-pinned{''.join(map(str, split.workers))}" if split else ""
     service = start_service(
-        stack, f"opgate-w{workers}", [config.python, "-m", "proxy", "serve"],
+        stack, f"opgate-w{workers}{pinned}",
+        [*taskset_prefix(split.workers if split else ()), config.python, "-m", "proxy", "serve"],
         env=worker_env, logs=RESULTS_DIR,
     )  # fmt: skip
     try:
         wait_ready(service, f"http://127.0.0.1:{ops_port}/readyz", timeout=60)
+        label = f"opgate (b) {workers} worker{'s' * (workers > 1)}"
+        if split:
+            label += f" pinned {','.join(map(str, split.workers))}"
+        if config.workers_connections:
+            label += f" -c{config.connections}"
         target = WrkTarget(
-            f"opgate_operation_w{workers}", f"opgate (b) {workers} worker{'s' * (workers > 1)}",
+            f"opgate_operation_w{workers}" + ("_pinned" if split else ""), label,
             "POST", f"http://127.0.0.1:{agent_port}/bench/v1/refunds", REFUND_BODY,
             token=agent_token, proxy_pid=service.process.pid, provider_pid=provider_pid,
+            load_cpus=split.others if split else (),
         )  # fmt: skip
         seconds = config.workers_duration
         warm_per = math.ceil(ceiling * config.warmup * 2 / config.threads) + 200
@@ -1050,9 +1474,28 @@ def measure_workers(
         precheck(target, operation_id=str(base + warm_per - 1))
         run_wrk(config, target, config.warmup, warm_ids)
         psql(db_url, "CHECKPOINT")  # as before row (b): no row pays for another's dirty pages
-        row = measure(replace(config, duration=seconds), target, measure_ids)
+        pinned_backends = 0
+        if split:
+            pin_process(provider_pid, split.others)
+            backends = bench_backends(db_url)
+            pinned_backends = sum(1 for pid in backends if pin_process(pid, split.others))
+        try:
+            row = measure(replace(config, duration=seconds), target, measure_ids)
+        finally:
+            if split:
+                pin_process(provider_pid, usable_cpus())
         counts = status_counts(db_url, measure_ids[0], measure_per * config.threads)
-        row.extra |= {"workers": workers, "rows_by_status": counts}
+        row.extra |= {
+            "workers": workers,
+            "rows_by_status": counts,
+            "connections": config.connections,
+        }
+        if split:
+            row.extra["pinned"] = {
+                "opgate_cpus": list(split.workers),
+                "wrk_provider_postgres_cpus": list(split.others),
+                "bench_backends_pinned": pinned_backends,
+            }
         if counts.get("confirmed", 0) < row.statuses.get("200", 0):
             row.valid = False
             row.problems.append(f"only {counts.get('confirmed', 0)} rows confirmed")
@@ -1101,12 +1544,14 @@ def print_progress(row: Row) -> None:
 def report(
     config: Config,
     rows: dict[str, Row],
-    profile: dict[str, Any] | None,
+    profiles: list[dict[str, Any]],
     elapsed: float,
     opgate_stderr: str,
 ) -> dict[str, Any]:
-    def ratio(a: str, b: str) -> float:
-        return round(rows[a].rps / rows[b].rps, 3) if rows[b].rps else 0.0
+    def ratio(a: str, b: str) -> float | None:
+        if a not in rows or b not in rows or not rows[b].rps:
+            return None
+        return round(rows[a].rps / rows[b].rps, 3)
 
     def added(a: str, b: str) -> dict[str, float]:
         return {
@@ -1114,11 +1559,34 @@ def report(
             "p99_ms": round(rows[a].p99_ms - rows[b].p99_ms, 3),
         }
 
-    operation_share = ratio("opgate_operation", "baseline_post")
+    def cpu(key: str, column: str) -> float | None:
+        use = rows[key].cpu_ms_per_request if key in rows else None
+        value = getattr(use, column) if use is not None else None
+        return float(value) if value is not None else None
+
+    def cpu_ratio(a: str, b: str, column: str) -> float | None:
+        x, y = cpu(a, column), cpu(b, column)
+        return round(x / y, 3) if x is not None and y else None
+
+    operation_share = ratio("opgate_operation", "baseline_post") or 0.0
+    workers = {}
+    for row in rows.values():
+        if "workers" not in row.extra:
+            continue
+        pinned = "pinned" in row.extra
+        one = "opgate_operation_w1_pinned" if pinned else "opgate_operation_w1"
+        workers[f"{row.extra['workers']}{' pinned' if pinned else ''}"] = {
+            "rps": row.rps,
+            "vs_baseline_post": ratio(row.key, "baseline_post"),
+            "vs_pgbench": ratio(row.key, "pgbench"),
+            "vs_one_worker": ratio(row.key, one) if one in rows else None,
+        }
     return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "commit": git_commit(),
         "machine": {
             "cores": os.cpu_count(),
+            "usable_cores": len(usable_cpus()),
             "platform": platform.platform(),
             "python": platform.python_version(),
             "loopback_only": True,
@@ -1143,34 +1611,115 @@ def report(
                 "c_rejection": added("opgate_reject", "baseline_post"),
             },
             "b_operation_vs_pgbench": ratio("opgate_operation", "pgbench"),
-            "workers": {
-                str(row.extra["workers"]): {
-                    "rps": row.rps,
-                    "vs_baseline_post": ratio(row.key, "baseline_post"),
-                    "vs_pgbench": ratio(row.key, "pgbench"),
-                    "vs_one_worker": ratio(row.key, "opgate_operation_w1")
-                    if "opgate_operation_w1" in rows
-                    else None,
-                }
-                for row in rows.values()
-                if "workers" in row.extra
-            },
+            "b_operation_vs_lean_gate": {
+                "rps": ratio("opgate_operation", "lean_operation"),
+                "machine_cpu": cpu_ratio("opgate_operation", "lean_operation", "machine"),
+                "own_cpu": cpu_ratio("opgate_operation", "lean_operation", "ours"),
+                "proxy_cpu": cpu_ratio("opgate_operation", "lean_operation", "proxy"),
+                "postgres_cpu": cpu_ratio("opgate_operation", "lean_operation", "postgres"),
+            }
+            if "lean_operation" in rows
+            else None,
+            "lean_gate_vs_baseline_post": ratio("lean_operation", "baseline_post"),
+            "fixed_rate": fixed_rate_ratios(rows),
+            "workers": workers,
+            "workers_cpu_budget": workers_cpu_budget(rows),
         },
         "target": {
             "goal": "opgate (b) >= 50% of the baseline POST throughput, same run",
             "share": operation_share,
             "met": operation_share >= 0.5,
         },
-        "profile": profile,
+        "profiles": profiles,
         "opgate_stderr_tail": opgate_stderr,
     }
 
 
+def fixed_rate_ratios(rows: dict[str, Row]) -> dict[str, Any]:
+    """Per rate: each target's latency percentiles from the scheduled time, and opgate's and
+    the lean gate's added latency over the baseline at the same rate."""
+    by_rate: dict[str, dict[str, Any]] = {}
+    for row in rows.values():
+        if "fixed_rate" not in row.extra:
+            continue
+        entry = by_rate.setdefault(f"{row.extra['fixed_rate']:g}", {})
+        entry[row.extra["target"]] = {
+            "p50_ms": row.p50_ms,
+            "p99_ms": row.p99_ms,
+            "p99_9_ms": row.extra["p99_9_ms"],
+            "achieved_rps": row.rps,
+            "late": row.extra["late"]["count"],
+            "max_in_flight": row.extra["max_in_flight"],
+            "drain_ms": row.extra["drain_ms"],
+            "generator_cpu_percent": row.extra["generator_cpu"]["percent_of_one_core"],
+        }
+    for entry in by_rate.values():
+        base = entry.get("baseline_post")
+        for name in ("opgate_operation", "lean_operation"):
+            if base and name in entry:
+                entry[f"{name}_minus_baseline"] = {
+                    p: round(entry[name][p] - base[p], 3) for p in ("p50_ms", "p99_ms", "p99_9_ms")
+                }
+    return by_rate
+
+
+def workers_cpu_budget(rows: dict[str, Row]) -> dict[str, Any] | None:
+    """What the machine's CPU allows the workers dimension, from the one-worker row's own
+    per-request cost: at that cost, every layout of any number of workers is bounded by
+    cores x 1000 ms/s divided by this run's CPU per request (opgate, PostgreSQL, provider, wrk
+    and the kernel's interrupts; not other users' processes). A 1.3x target needs that bound
+    >= 1.3x the one-worker row."""
+    row = rows.get("opgate_operation_w1")
+    use = row.cpu_ms_per_request if row else None
+    if row is None or use is None or not use.ours or not row.rps:
+        return None
+    cores = len(usable_cpus())
+    limit = cores * 1000.0 / use.ours
+    budget: dict[str, Any] = {
+        "cores": cores,
+        "own_ms_per_request": use.ours,
+        "machine_ms_per_request": use.machine,
+        "one_worker_rps": row.rps,
+        "one_worker_busy_percent": use.machine_busy_percent,
+        "machine_limit_rps": round(limit, 1),
+        "max_speedup_over_one_worker": round(limit / row.rps, 3),
+        "ms_per_s_needed_for_1_3x": round(1.3 * row.rps * use.ours, 1),
+        "ms_per_s_available": cores * 1000,
+    }
+    pinned = rows.get("opgate_operation_w1_pinned")
+    pinned_use = pinned.cpu_ms_per_request if pinned else None
+    if pinned is not None and pinned_use is not None and pinned_use.proxy:
+        layout = pinned.extra["pinned"]
+        rest = pinned_use.ours - pinned_use.proxy
+        budget["pinned_layout"] = {
+            "opgate_cpus": layout["opgate_cpus"],
+            "others_cpus": layout["wrk_provider_postgres_cpus"],
+            "opgate_ms_per_request": pinned_use.proxy,
+            "others_ms_per_request": round(rest, 4),
+            # each side's bound at the one-worker row's costs, whatever the number of workers
+            "opgate_side_limit_rps": round(len(layout["opgate_cpus"]) * 1000 / pinned_use.proxy),
+            "others_side_limit_rps": round(len(layout["wrk_provider_postgres_cpus"]) * 1000 / rest)
+            if rest > 0
+            else None,
+        }
+    return budget
+
+
+def git_commit() -> str | None:
+    result = subprocess.run(
+        ["git", "-C", str(REPO), "describe", "--always", "--dirty", "--abbrev=12"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return result.stdout.strip() or None
+
+
 def print_table(result: dict[str, Any]) -> None:
     header = (
-        f"{'row':<24} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}  "
-        f"{'CPU ms/req: proxy':>17} {'prov':>5} {'pg':>5} {'wrk':>5} {'irq':>5} {'steal':>5} "
-        f"{'all':>5} {'busy':>5}"
+        f"{'row':<34} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}  "
+        f"{'CPU ms/req: proxy':>17} {'prov':>5} {'pg':>5} {'load':>5} {'irq':>5} {'steal':>5} "
+        f"{'ours':>5} {'all':>5} {'busy':>5}"
     )
     print(header)
     print("-" * len(header))
@@ -1184,11 +1733,11 @@ def print_table(result: dict[str, Any]) -> None:
             return "-" if value is None else f"{value:.2f}"
 
         print(
-            f"{row['label']:<24} {row['rps']:>9.1f} {row['p50_ms']:>8.2f} "
+            f"{row['label']:<34} {row['rps']:>9.1f} {row['p50_ms']:>8.2f} "
             f"{row['p99_ms']:>8.2f} {errors:>7}  {show(cpu.get('proxy')):>17} "
             f"{show(cpu.get('provider')):>5} {show(cpu.get('postgres')):>5} "
             f"{show(cpu.get('load_generator')):>5} {show(cpu.get('interrupts')):>5} "
-            f"{show(cpu.get('steal')):>5} {show(cpu.get('machine')):>5} "
+            f"{show(cpu.get('steal')):>5} {show(cpu.get('ours')):>5} {show(cpu.get('machine')):>5} "
             f"{cpu.get('machine_busy_percent', 0):>4.0f}%"
         )
     for row in result["rows"]:
@@ -1201,10 +1750,14 @@ def print_table(result: dict[str, Any]) -> None:
         if share is not None:
             print(f"  {row['label']}: {100 * share:.0f}% of the proxy's CPU is in the kernel")
     ratios = result["ratios"]
+
+    def x(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}x"
+
     print()
     print(
-        f"baseline / direct:        GET {ratios['baseline_vs_direct']['get']:.2f}x   "
-        f"POST {ratios['baseline_vs_direct']['post']:.2f}x"
+        f"baseline / direct:        GET {x(ratios['baseline_vs_direct']['get'])}   "
+        f"POST {x(ratios['baseline_vs_direct']['post'])}"
     )
     for key, label in (
         ("a_read", "(a) read  vs baseline GET "),
@@ -1213,27 +1766,84 @@ def print_table(result: dict[str, Any]) -> None:
     ):
         lat = ratios["added_latency_vs_baseline"][key]
         print(
-            f"opgate {label}: {ratios['opgate_vs_baseline'][key]:.2f}x throughput, "
+            f"opgate {label}: {x(ratios['opgate_vs_baseline'][key])} throughput, "
             f"+{lat['p50_ms']:.2f} ms p50, +{lat['p99_ms']:.2f} ms p99"
         )
-    print(f"opgate (b) / pgbench claim+settle: {ratios['b_operation_vs_pgbench']:.2f}x")
+    print(f"opgate (b) / pgbench claim+settle: {x(ratios['b_operation_vs_pgbench'])}")
+    lean = ratios["b_operation_vs_lean_gate"]
+    if lean:
+        print(
+            f"opgate (b) / lean gate (b): machine CPU per request {x(lean['machine_cpu'])} "
+            f"(this run's own {x(lean['own_cpu'])}: proxy {x(lean['proxy_cpu'])}, "
+            f"PostgreSQL {x(lean['postgres_cpu'])}), "
+            f"throughput {x(lean['rps'])}; lean gate / baseline POST "
+            f"{x(ratios['lean_gate_vs_baseline_post'])}"
+        )
     for workers, figures in ratios["workers"].items():
         scaling = figures["vs_one_worker"]
         print(
             f"opgate (b) with {workers} worker(s): {figures['rps']:.0f} req/s = "
-            f"{figures['vs_baseline_post']:.2f}x baseline POST, "
-            f"{figures['vs_pgbench']:.2f}x pgbench"
+            f"{x(figures['vs_baseline_post'])} baseline POST, "
+            f"{x(figures['vs_pgbench'])} pgbench"
             + (f", {scaling:.2f}x one worker" if scaling is not None else "")
         )
+    budget = ratios["workers_cpu_budget"]
+    if budget:
+        print(
+            f"CPU budget: one worker's row costs {budget['own_ms_per_request']:.2f} ms of CPU per "
+            f"request (opgate, pg, provider, wrk, irq), so {budget['cores']} cores allow at most "
+            f"{budget['machine_limit_rps']:.0f} req/s in any layout = "
+            f"{budget['max_speedup_over_one_worker']:.2f}x the one-worker row "
+            f"({budget['one_worker_busy_percent']:.0f}% busy)"
+        )
+        layout = budget.get("pinned_layout")
+        if layout:
+            print(
+                f"  pinned: opgate on {layout['opgate_cpus']} at "
+                f"{layout['opgate_ms_per_request']:.2f} ms/req allows "
+                f"{layout['opgate_side_limit_rps']} req/s; the rest on {layout['others_cpus']} "
+                f"at {layout['others_ms_per_request']:.2f} ms/req allows "
+                f"{layout['others_side_limit_rps']} req/s"
+            )
+    fixed = ratios["fixed_rate"]
+    if fixed:
+        print("\nfixed rate (open loop, latency from the scheduled time):")
+        print(
+            f"  {'rate':>6} {'row':<22} {'p50 ms':>8} {'p99 ms':>8} {'p99.9 ms':>9} "
+            f"{'late':>5} {'in flight':>9} {'drain ms':>9} {'gen CPU':>8}"
+        )
+        for rate, entry in fixed.items():
+            for name, label in (
+                ("baseline_post", "baseline POST"),
+                ("opgate_operation", "opgate (b)"),
+                ("lean_operation", "lean gate (b)"),
+            ):
+                if name not in entry:
+                    continue
+                f = entry[name]
+                print(
+                    f"  {rate:>6} {label:<22} {f['p50_ms']:>8.2f} {f['p99_ms']:>8.2f} "
+                    f"{f['p99_9_ms']:>9.2f} {f['late']:>5} {f['max_in_flight']:>9} "
+                    f"{f['drain_ms']:>9.0f} {f['generator_cpu_percent']:>7.1f}%"
+                )
+            for name, label in (("opgate_operation", "opgate (b)"), ("lean_operation", "lean")):
+                delta = entry.get(f"{name}_minus_baseline")
+                if delta:
+                    print(
+                        f"  {rate:>6} {label + ' - baseline':<22} {delta['p50_ms']:>+8.2f} "
+                        f"{delta['p99_ms']:>+8.2f} {delta['p99_9_ms']:>+9.2f}"
+                    )
     target = result["target"]
     print(
         f"target (b) >= 0.50x baseline: {target['share']:.2f}x -> "
         f"{'MET' if target['met'] else 'NOT MET'}"
     )
-    profile = result.get("profile")
-    if profile and "self" in profile:
+    for profile in result.get("profiles") or []:
+        if "self" not in profile:
+            print(f"\nprofile: {profile.get('skipped')}")
+            continue
         print(
-            f"\npy-spy on opgate during (b) ({profile['samples']} busy samples, "
+            f"\npy-spy --gil on opgate during {profile['row']} ({profile['samples']} samples, "
             f"{profile['rps_while_profiled']} req/s while sampled); top self time:"
         )
         for entry in profile["self"][:12]:
@@ -1245,8 +1855,6 @@ def print_table(result: dict[str, Any]) -> None:
         print("by package (self):")
         for entry in profile["self_by_package"][:8]:
             print(f"  {entry['percent']:5.1f}%  {entry['name']}")
-    elif profile:
-        print(f"\nprofile: {profile.get('skipped')}")
     if not result["valid"]:
         print("\nINVALID RUN: see the rows' problems in bench/results/latest.json")
 
@@ -1270,13 +1878,17 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     )
     parser.add_argument(
         "--python",
-        default=str(DEFAULT_PYTHON) if DEFAULT_PYTHON.exists() else sys.executable,
-        help="the interpreter with opgate installed",
+        default=default_python(),
+        help="the interpreter with opgate installed (default: the repository's .venv, else "
+        "/work/venv, else this one)",
     )
     parser.add_argument(
         "--profile",
-        action="store_true",
-        help="also sample opgate with py-spy during an extra run of (b)",
+        nargs="?",
+        const="b",
+        default=None,
+        help="also sample opgate with py-spy --gil during an extra run of a row: b (the "
+        "operation, the default), a (the read) or b,a",
     )
     parser.add_argument("--profile-seconds", type=int, default=8)
     parser.add_argument("--keep-database", action="store_true")
@@ -1290,10 +1902,53 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     parser.add_argument(
         "--workers-duration", type=int, default=5, help="seconds per workers-dimension row"
     )
+    parser.add_argument(
+        "--pinned-workers-counts",
+        default="1,2",
+        help="workers rows run again pinned: opgate on --workers-cpus, wrk, the provider and "
+        "the bench database's backends on the other cores ('none' skips them)",
+    )
+    parser.add_argument(
+        "--workers-cpus",
+        default="",
+        help="the cores of the opgate workers in the pinned rows, e.g. 0 or 0-1 (default: the "
+        "first half of the usable cores)",
+    )
+    parser.add_argument(
+        "--workers-connections",
+        type=int,
+        default=0,
+        help="wrk connections of the workers rows (default: --connections). At 16, a single "
+        "worker's row is bound by 16 / its latency, which a second worker does not shorten",
+    )
+    parser.add_argument("--no-lean", action="store_true", help="skip the lean gate rows")
+    parser.add_argument(
+        "--fixed-rates",
+        default="200,500",
+        help="open-loop rates in requests/s, comma-separated ('none' skips them)",
+    )
+    parser.add_argument(
+        "--fixed-targets",
+        default="baseline,opgate,lean",
+        help="which servers the fixed-rate rows load: baseline, opgate, lean",
+    )
+    parser.add_argument(
+        "--fixed-duration", type=int, default=8, help="measured seconds per fixed-rate row"
+    )
+    parser.add_argument(
+        "--no-fixed-pin",
+        action="store_true",
+        help="do not pin the open-loop generator to the last core and the server off it",
+    )
     args = parser.parse_args(argv)
-    counts: tuple[int, ...] = ()
-    if args.workers_counts != "none":
-        counts = tuple(sorted({int(n) for n in args.workers_counts.split(",") if n.strip()}))
+    profile_rows: tuple[str, ...] = ()
+    if args.profile:
+        profile_rows = tuple(r.strip() for r in args.profile.split(",") if r.strip())
+        if not set(profile_rows) <= {"a", "b"}:
+            parser.error("--profile takes b, a or b,a")
+    fixed_targets = tuple(t.strip() for t in args.fixed_targets.split(",") if t.strip())
+    if not set(fixed_targets) <= {"baseline", "opgate", "lean"}:
+        parser.error("--fixed-targets takes baseline, opgate, lean")
     return Config(
         duration=args.duration,
         connections=args.connections,
@@ -1302,12 +1957,46 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         pgbench_clients=args.pgbench_clients,
         admin_url=args.admin_url,
         python=args.python,
-        profile=args.profile,
+        profile=bool(profile_rows),
         profile_seconds=args.profile_seconds,
         keep_database=args.keep_database,
-        workers_counts=counts,
+        workers_counts=counts_list(args.workers_counts),
         workers_duration=args.workers_duration,
+        profile_rows=profile_rows,
+        lean=not args.no_lean,
+        fixed_rates=tuple(float(r) for r in counts_list(args.fixed_rates)),
+        fixed_targets=fixed_targets,
+        fixed_duration=args.fixed_duration,
+        fixed_pin=not args.no_fixed_pin,
+        pinned_workers_counts=counts_list(args.pinned_workers_counts),
+        workers_cpus=cpu_list(args.workers_cpus),
+        workers_connections=args.workers_connections,
     )
+
+
+def counts_list(text: str) -> tuple[int, ...]:
+    """``1,2,4`` -> (1, 2, 4), sorted and unique; ``none`` -> ()."""
+    if text.strip() == "none":
+        return ()
+    return tuple(sorted({int(n) for n in text.split(",") if n.strip()}))
+
+
+def cpu_list(text: str) -> tuple[int, ...]:
+    """taskset's list syntax: ``0``, ``0,2``, ``0-1``."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return tuple(sorted(cpus))
+
+
+def default_python() -> str:
+    for candidate in PYTHON_CANDIDATES:
+        if candidate.exists():
+            return str(candidate)
+    return sys.executable
 
 
 def default_workers_counts() -> list[int]:
