@@ -26,7 +26,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 from urllib.parse import quote, quote_plus
 
@@ -381,8 +381,20 @@ def reads_as_field(kind: BodyKind, field: str, target: str) -> bool:
     if kind is BodyKind.JSON:
         return field.startswith(target + "/")
     if kind is BodyKind.FORM:
-        targets = form_key_readings(target)
-        return any(
-            reading[: len(path)] == path for path in targets for reading in form_key_readings(field)
-        )
+        if len(field) > _CACHED_KEY_LENGTH:
+            return _form_key_reads_as(field, target)
+        return _form_key_reads_as_cached(field, target)
     return False
+
+
+def _form_key_reads_as(field: str, target: str) -> bool:
+    targets = form_key_readings(target)
+    return any(
+        reading[: len(path)] == path for path in targets for reading in form_key_readings(field)
+    )
+
+
+# Every request asks this of each of its keys, and keys repeat from request to request: the
+# answers are kept, for keys short enough that the cache stays small whatever agents send.
+_CACHED_KEY_LENGTH = 256
+_form_key_reads_as_cached = lru_cache(maxsize=4096)(_form_key_reads_as)

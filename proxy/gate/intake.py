@@ -152,9 +152,13 @@ async def read_body(
     refused = refuse_before_reading(target, request.content_length)
     if refused is not None:
         return refused
+    limit = target.provider.limits.max_request_body_bytes
     try:
-        async with asyncio.timeout(deadline_seconds):
-            raw = await _read_within_limit(request, target.provider.limits.max_request_body_bytes)
+        if request.content.is_eof():  # all of it arrived with the headers: nothing to wait for
+            raw = await _read_within_limit(request, limit)
+        else:
+            async with asyncio.timeout(deadline_seconds):
+                raw = await _read_within_limit(request, limit)
     except TimeoutError:
         return Deny(Reason.BODY_TIMEOUT, f"the body did not arrive within {deadline_seconds} s")
     except ConnectionError:  # the agent hung up: nobody reads the answer, the audit record does

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from proxy.observe.auditlog.redact import ALREADY_REDACTED, redact_record
 from proxy.observe.auditlog.storable import bounded_path, storable
 
 AUDIT_LOGGER = "opgate.audit"
@@ -126,6 +127,12 @@ def emit(record: AuditRecord) -> None:
     observer = REQUEST_OBSERVER.get()
     if observer is not None:
         observer.admit(fields)
-    structlog.get_logger(AUDIT_LOGGER).info("request", **fields)
+    # Redacted once, here, for every sink: the log line, the span, the audit log.
+    redacted = redact_record(fields)
+    token = ALREADY_REDACTED.set(True)
+    try:
+        structlog.get_logger(AUDIT_LOGGER).info("request", **redacted)
+    finally:
+        ALREADY_REDACTED.reset(token)
     if observer is not None:
-        observer.observe(fields)
+        observer.observe(redacted)

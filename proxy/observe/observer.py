@@ -163,19 +163,20 @@ class Observability:
         )
 
     def observe(self, fields: dict[str, Any]) -> None:
-        """One canonical request record: span attributes, counters, the audit log."""
+        """One canonical request record, redacted already (audit.emit): span attributes,
+        counters, the audit log."""
         span = trace.get_current_span()
         if span.is_recording():
             span.set_attributes(
                 {
-                    f"opgate.{name}": self.redactor.value(fields[name])
+                    f"opgate.{name}": fields[name]
                     for name in _SPAN_FIELDS
                     if fields.get(name) is not None
                 }
             )
         self.requests.inc(str(fields.get("decision")), str(fields.get("reason") or ""))
         if self.writer is not None:
-            self.writer.submit(fields)  # redacted by the writer
+            self.writer.submit(fields, redacted=True)
 
     async def metrics_text(self) -> str:
         blocks = [self.requests.render(), self.upstream_seconds.render()]

@@ -12,6 +12,7 @@ defence, not the first.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from contextvars import ContextVar
 from typing import Any
 
 REDACTED = "[REDACTED]"
@@ -40,12 +41,19 @@ def _normal(key: str) -> str:
     return key.lower().replace("-", "_")
 
 
+_SCALARS = frozenset({int, float, bool})
+_KNOWN_KEYS = 4096
+
+
 class Redactor:
     def __init__(self, fields: Iterable[str] = (), secrets: Iterable[str] = ()) -> None:
         self._keys = BUILTIN_SENSITIVE_KEYS | {_normal(f) for f in fields}
         self._secrets = tuple(
             sorted({s for s in secrets if len(s) >= _MIN_SECRET_LENGTH}, key=len, reverse=True)
         )
+        # Whether each key seen so far is sensitive: records and log lines repeat the same few
+        # dozen keys on every request. Bounded, since some keys come from outside.
+        self._sensitive: dict[str, bool] = {}
 
     def with_secrets(self, secrets: Iterable[str]) -> Redactor:
         redactor = Redactor(secrets=(*self._secrets, *secrets))
@@ -53,7 +61,12 @@ class Redactor:
         return redactor
 
     def is_sensitive(self, key: str) -> bool:
-        return _normal(key) in self._keys
+        known = self._sensitive.get(key)
+        if known is None:
+            known = _normal(key) in self._keys
+            if len(self._sensitive) < _KNOWN_KEYS:
+                self._sensitive[key] = known
+        return known
 
     def text(self, value: str) -> str:
         for secret in self._secrets:
@@ -62,6 +75,8 @@ class Redactor:
         return value
 
     def value(self, value: Any) -> Any:
+        if value is None or type(value) in _SCALARS:  # most of a record: no ABC check
+            return value
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, Mapping):
@@ -86,6 +101,19 @@ def set_log_redactor(redactor: Redactor) -> None:
     _log_redactor = redactor
 
 
+# Set while a log line whose fields were redacted already is written (the audit record:
+# redacted once for every sink), so the processor below does not do it again.
+ALREADY_REDACTED: ContextVar[bool] = ContextVar("opgate_log_line_redacted", default=False)
+
+
+def redact_record(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """A record redacted by the process's redactor, once, for the log line and the audit log."""
+    return _log_redactor.mapping(fields)
+
+
 def redact_log_line(_logger: object, _method: str, event_dict: Any) -> Any:
-    """structlog processor: the log line as it will be rendered, redacted."""
+    """structlog processor: the log line as it will be rendered, redacted (unless its fields
+    were, and nothing but opgate's own trace ids and timestamps was added since)."""
+    if ALREADY_REDACTED.get():
+        return event_dict
     return _log_redactor.mapping(event_dict)

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 REPLACEMENT = "\ufffd"
+_SCALARS = frozenset({int, float, bool})
 PATH_LIMIT_BYTES = 512
 
 
@@ -40,6 +41,8 @@ def storable_text(value: str) -> str:
 
 def storable(value: Any) -> Any:
     """Every string in ``value`` (dicts, with their keys, lists, tuples) made storable."""
+    if value is None or type(value) in _SCALARS:  # most of a record: no ABC check
+        return value
     if isinstance(value, str):
         return storable_text(value)
     if isinstance(value, Mapping):

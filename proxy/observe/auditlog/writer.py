@@ -167,11 +167,12 @@ class RequestRecordWriter:
             return
         fields["instance_seq"] = self._number()
 
-    def submit(self, record: dict[str, Any]) -> None:
-        """After the log line: queue the record (redacted), unless it was counted."""
+    def submit(self, record: dict[str, Any], *, redacted: bool = False) -> None:
+        """After the log line: queue the record (redacted, unless it was already), unless it
+        was counted."""
         if record.get("aggregated"):
             return
-        self._enqueue(self._redact(record))
+        self._enqueue(record if redacted else self._redact(record))
 
     async def flush(self) -> None:
         """End the open denial window and wait until every record so far is stored."""
