@@ -85,15 +85,7 @@ async def reconcile_claimed(gw: Gateway, op: Operation, owner: str) -> Operation
     if op.last_outcome == LastOutcome.NOT_SENT:
         if not op.approval_stands():
             # Nothing ever left and nothing may leave any more: no effect, without asking.
-            return await store.settle_reconciled(
-                op.operation_id,
-                owner,
-                Status.FAILED,
-                "no_effect",
-                None,
-                evidence,
-                expected_attempts=attempts,
-            )
+            return await _settle_no_effect(gw, op, owner, evidence)
         # Nothing left yet and the agent may still send it: leave it to the agent until expiry.
         until_expiry = max(1.0, (op.expires_at - op.read_at).total_seconds())
         return await store.reconcile_inconclusive(
@@ -141,15 +133,7 @@ async def reconcile_claimed(gw: Gateway, op: Operation, owner: str) -> Operation
     if asked.all_absent_conclusively():
         wait = grace_remaining(op, reconcile.grace_seconds)
         if wait <= 0:
-            return await store.settle_reconciled(
-                op.operation_id,
-                owner,
-                Status.FAILED,
-                "no_effect",
-                None,
-                evidence,
-                expected_attempts=attempts,
-            )
+            return await _settle_no_effect(gw, op, owner, evidence)
         evidence["waiting_for_grace_seconds"] = wait
         return await store.reconcile_inconclusive(
             op.operation_id, owner, wait, evidence, expected_attempts=attempts
@@ -192,6 +176,20 @@ async def _look_at_escalated(
         op.operation_id,
         owner,
         rule.reconcile.escalated_retry_seconds,
+        evidence,
+        expected_attempts=op.attempts,
+    )
+
+
+async def _settle_no_effect(
+    gw: Gateway, op: Operation, owner: str, evidence: dict[str, Any]
+) -> Operation | None:
+    return await gw.store.settle_reconciled(
+        op.operation_id,
+        owner,
+        Status.FAILED,
+        "no_effect",
+        None,
         evidence,
         expected_attempts=op.attempts,
     )
