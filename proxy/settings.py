@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     # Per provider: send to this base URL instead of the policy's upstream (staging, tests).
     upstream_overrides: dict[str, str] = Field(default_factory=dict)
     instance_id: str = Field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    # Set by the worker supervisor for its workers, not by hand: where they share their metric
+    # counts (proxy/observe/shared_metrics.py).
+    metrics_dir: Path | None = None
     pool_min_size: Annotated[int, Field(ge=1)] = 2
     pool_max_size: Annotated[int, Field(ge=1)] = 10
     pool_acquire_timeout_seconds: Annotated[float, Field(gt=0)] = 5.0

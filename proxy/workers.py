@@ -17,11 +17,14 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import structlog
 
@@ -76,6 +79,17 @@ def _bind_all(settings: Settings) -> dict[str, socket.socket]:
 
 
 def _supervise(settings: Settings, sockets: dict[str, socket.socket], workers: int) -> int:
+    # The workers' shared metric counts live as long as this supervisor.
+    metrics_dir = Path(tempfile.mkdtemp(prefix="opgate-metrics-"))
+    try:
+        return _supervise_workers(settings, sockets, workers, metrics_dir)
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _supervise_workers(
+    settings: Settings, sockets: dict[str, socket.socket], workers: int, metrics_dir: Path
+) -> int:
     stopping = False
     children: dict[int, int] = {}  # pid -> worker index
 
@@ -90,7 +104,7 @@ def _supervise(settings: Settings, sockets: dict[str, socket.socket], workers: i
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, forward)
     for index in range(workers):
-        children[_fork_worker(settings, sockets, index)] = index
+        children[_fork_worker(settings, sockets, index, metrics_dir)] = index
     _log.info("workers_started", workers=workers, pids=sorted(children))
     status = 0
     while children:
@@ -111,7 +125,7 @@ def _supervise(settings: Settings, sockets: dict[str, socket.socket], workers: i
         time.sleep(_RESTART_BACKOFF_SECONDS)  # a crash loop must not spin the supervisor
         if stopping:  # SIGTERM arrived while we waited: do not start what we must stop
             continue
-        new_pid = _fork_worker(settings, sockets, index)
+        new_pid = _fork_worker(settings, sockets, index, metrics_dir)
         children[new_pid] = index
         _log.info("worker_replaced", pid=new_pid, worker=index)
     _log.info("workers_stopped")
@@ -121,7 +135,9 @@ def _supervise(settings: Settings, sockets: dict[str, socket.socket], workers: i
 _HANDLED = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 
 
-def _fork_worker(settings: Settings, sockets: dict[str, socket.socket], index: int) -> int:
+def _fork_worker(
+    settings: Settings, sockets: dict[str, socket.socket], index: int, metrics_dir: Path
+) -> int:
     # Signals are held across the fork: the child must not run the supervisor's handler.
     signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
     pid = os.fork()
@@ -134,7 +150,10 @@ def _fork_worker(settings: Settings, sockets: dict[str, socket.socket], index: i
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)
     _die_with_parent()
     worker_settings = settings.model_copy(
-        update={"instance_id": f"{settings.instance_id}:w{index}:{os.getpid()}"}
+        update={
+            "instance_id": f"{settings.instance_id}:w{index}:{os.getpid()}",
+            "metrics_dir": metrics_dir,
+        }
     )
     code = 0
     try:

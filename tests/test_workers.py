@@ -211,3 +211,40 @@ async def wait_refused(url: str) -> None:
                 return
             await asyncio.sleep(0.05)  # polling a condition with a bound
     raise AssertionError("opgate kept accepting after SIGTERM")
+
+
+def requests_total(metrics_text: str) -> float:
+    """The sum of every opgate_requests_total series in one scrape."""
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics_text.splitlines()
+        if line.startswith("opgate_requests_total{")
+    )
+
+
+async def test_metrics_count_every_worker_whichever_answers_the_scrape(
+    env: dict[str, str], tmp_path: Path, fault_provider: FaultProvider
+) -> None:
+    """With two workers, any scrape of /metrics counts the requests both served: twenty
+    scrapes give one value (a counter that jumps between workers' values reads as resets)."""
+    gate = await spawn_opgate({**env, "OPGATE_WORKERS": "2"}, tmp_path / "opgate.log")
+    fresh_connections = aiohttp.TCPConnector(force_close=True)  # each scrape a new accept
+    try:
+        async with aiohttp.ClientSession(trust_env=False, connector=fresh_connections) as http:
+            ops = [await approve(http, gate) for _ in range(30)]
+            results = await asyncio.gather(*(refund(gate, op) for op in ops))
+            assert {status for status, _ in results} == {200}
+
+            async def scrape() -> float:
+                async with http.get(f"{gate.ops_url}/metrics") as response:
+                    return requests_total(await response.text())
+
+            for _ in range(200):  # workers share their counts within a second; bounded
+                if await scrape() == 30:
+                    break
+                await asyncio.sleep(0.05)  # polling interval of a bounded wait
+            scrapes = [await scrape() for _ in range(20)]
+    finally:
+        code = await gate.stop()
+    assert code == 0
+    assert scrapes == [30.0] * 20

@@ -39,6 +39,19 @@ class Counter:
     def inc(self, *labels: str, amount: float = 1.0) -> None:
         self.values[labels] = self.values.get(labels, 0.0) + amount
 
+    def snapshot(self) -> list[list[object]]:
+        """The counts as JSON: [[label values, value], ...] (shared_metrics.py)."""
+        return [[list(labels), value] for labels, value in self.values.items()]
+
+    def empty_copy(self) -> Counter:
+        return Counter(self.name, self.help, self.label_names)
+
+    def add(self, snapshot: list[list[object]]) -> None:
+        for labels, value in snapshot:
+            assert isinstance(labels, list)
+            assert isinstance(value, int | float)
+            self.inc(*(str(v) for v in labels), amount=float(value))
+
     def render(self) -> list[str]:
         lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} counter"]
         for labels, value in sorted(self.values.items()):
@@ -61,6 +74,26 @@ class Histogram:
             if value <= bound:
                 counts[i] += 1
         self._sums[labels] = self._sums.get(labels, 0.0) + value
+
+    def snapshot(self) -> list[list[object]]:
+        """The counts as JSON: [[label values, bucket counts, sum], ...] (shared_metrics.py)."""
+        return [
+            [list(labels), counts, self._sums[labels]] for labels, counts in self._counts.items()
+        ]
+
+    def empty_copy(self) -> Histogram:
+        return Histogram(self.name, self.help, self.buckets[:-1], self.label_names)
+
+    def add(self, snapshot: list[list[object]]) -> None:
+        for labels, counts, total in snapshot:
+            assert isinstance(labels, list)
+            assert isinstance(counts, list)
+            assert isinstance(total, int | float)
+            key = tuple(str(v) for v in labels)
+            mine = self._counts.setdefault(key, [0] * len(self.buckets))
+            for i, count in enumerate(counts[: len(mine)]):
+                mine[i] += int(count)
+            self._sums[key] = self._sums.get(key, 0.0) + float(total)
 
     def render(self) -> list[str]:
         lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]

@@ -8,6 +8,8 @@ attributes, counts it, and queues it for the audit log.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,6 +26,7 @@ from proxy.observe.auditlog.redact import Redactor, set_log_redactor
 from proxy.observe.auditlog.storable import bounded_path, storable_text
 from proxy.observe.auditlog.writer import Checkpointer, RequestRecordWriter
 from proxy.observe.metrics import CONTENT_TYPE, Counter, Histogram, exposition, gauge
+from proxy.observe.shared_metrics import Series, SharedCounts
 from proxy.observe.telemetry import Telemetry, tracer_provider_from_environment
 from proxy.policy.set import PolicySet
 from proxy.settings import Secrets, Settings
@@ -88,6 +91,15 @@ class Observability:
             _UPSTREAM_BUCKETS,
             ("upstream", "outcome"),
         )
+        # Under a supervisor, every worker's counts, whichever worker answers the scrape.
+        self.shared = (
+            SharedCounts(
+                settings.metrics_dir, settings.instance_id, (self.requests, self.upstream_seconds)
+            )
+            if settings.metrics_dir is not None
+            else None
+        )
+        self._sharing: asyncio.Task[None] | None = None
 
     def client_trace_configs(self) -> list[aiohttp.TraceConfig]:
         return self.telemetry.client_trace_configs(self._observe_upstream)
@@ -98,6 +110,8 @@ class Observability:
     async def start(self, store: Store) -> None:
         """Start the audit writers and record this process's policy load."""
         self._store = store
+        if self.shared is not None:
+            self._sharing = asyncio.get_running_loop().create_task(self.shared.keep_written())
         self.writer = RequestRecordWriter(
             store, records.request_stream(self.settings.instance_id), redact=self.redactor.mapping
         )
@@ -140,6 +154,12 @@ class Observability:
         )
 
     async def close(self) -> None:
+        if self._sharing is not None:
+            self._sharing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sharing
+        if self.shared is not None:
+            self.shared.close()
         if self.writer is not None:
             await self.writer.close()
         if self.checkpointer is not None:
@@ -179,7 +199,9 @@ class Observability:
             self.writer.submit(fields, redacted=True)
 
     async def metrics_text(self) -> str:
-        blocks = [self.requests.render(), self.upstream_seconds.render()]
+        own: list[Series] = [self.requests, self.upstream_seconds]
+        counted = self.shared.merged() if self.shared is not None else own
+        blocks = [series.render() for series in counted]
         if self.writer is not None:
             blocks.extend(_writer_metrics(self.writer))
         if self._store is not None:
