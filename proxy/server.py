@@ -17,6 +17,8 @@ import structlog
 from aiohttp import web
 
 from proxy.authoring.explain_api import add_explain_routes
+from proxy.console.views import PREFIX as CONSOLE_PREFIX
+from proxy.console.views import console_app
 from proxy.forward.listener import (
     ForwardListener,
     new_forward_client,
@@ -91,6 +93,9 @@ def ops_app(gateway: Gateway) -> web.Application:
     add_routes(app)
     add_metrics_route(app)  # GET /metrics (Prometheus text; no token: docs/audit.md)
     add_explain_routes(app)  # POST /v1/explain (policy authoring)
+    console = console_app()  # /console/: humans, signed in by session (proxy/console/)
+    serve_with(console, gateway)
+    app.add_subapp(CONSOLE_PREFIX + "/", console)
     return app
 
 

@@ -165,6 +165,10 @@ class Observability:
     def observe(self, fields: dict[str, Any]) -> None:
         """One canonical request record: span attributes, counters, the audit log."""
         span = trace.get_current_span()
+        context = span.get_span_context()
+        if context.is_valid:
+            # the record names its trace: the console links it, a reviewer finds the spans
+            fields.setdefault("trace_id", format(context.trace_id, "032x"))
         if span.is_recording():
             span.set_attributes(
                 {

@@ -36,6 +36,9 @@ _log = structlog.get_logger("opgate.ops")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # /metrics: counts only, no identifiers; a scraper must not need the admin token (docs/audit.md).
 _PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+# The web console (proxy/console/) signs its humans in itself: a session cookie, not a bearer
+# token (a browser cannot send one), with its own roles and CSRF checks.
+_CONSOLE_PREFIX = "/console/"
 
 
 class RevokeRequest(BaseModel):
@@ -45,7 +48,7 @@ class RevokeRequest(BaseModel):
 
 @web.middleware
 async def require_admin(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if request.path in _PUBLIC_PATHS:
+    if request.path in _PUBLIC_PATHS or request.path.startswith(_CONSOLE_PREFIX):
         return await handler(request)
     values = request.headers.getall("Authorization", [])
     presented = credential_from(values[0]) if len(values) == 1 else None
