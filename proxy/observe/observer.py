@@ -148,7 +148,11 @@ class Observability:
 
     def admit(self, fields: dict[str, Any]) -> None:
         """Before the request's log line: its number in this instance's sequence, or its
-        place in a count of repeated denials (writer.py, denials.py)."""
+        place in a count of repeated denials (writer.py, denials.py). And its trace id: the
+        record names its trace, so the console links it and a reviewer finds its spans."""
+        context = trace.get_current_span().get_span_context()
+        if fields.get("trace_id") is None and context.is_valid:
+            fields["trace_id"] = format(context.trace_id, "032x")
         if self.writer is not None:
             self.writer.admit(fields)
 
@@ -165,10 +169,6 @@ class Observability:
     def observe(self, fields: dict[str, Any]) -> None:
         """One canonical request record: span attributes, counters, the audit log."""
         span = trace.get_current_span()
-        context = span.get_span_context()
-        if context.is_valid:
-            # the record names its trace: the console links it, a reviewer finds the spans
-            fields.setdefault("trace_id", format(context.trace_id, "032x"))
         if span.is_recording():
             span.set_attributes(
                 {

@@ -466,6 +466,18 @@ SELECT a.stream, a.seq, a.at, a.kind, a.operation_id, a.record::text AS record, 
  WHERE a.seq > coalesce(($1::jsonb ->> a.stream)::bigint, 0)
  ORDER BY a.stream, a.seq
  LIMIT $2;
+
+-- name: audit_reviewer_grants
+-- The statements that make role $1 a read-only audit reviewer: it may read the audit tables
+-- (what `opgate audit verify|show|export` read) and nothing else: not the operations (their
+-- idempotency keys and parameters), and it can write nothing. PostgreSQL quotes the name.
+SELECT format(statement, current_schema(), $1::text) AS statement
+  FROM (VALUES
+    (1, 'GRANT USAGE ON SCHEMA %I TO %I'),
+    (2, 'GRANT SELECT ON %1$I.audit_log, %1$I.audit_heads, %1$I.audit_checkpoints,'
+        ' %1$I.audit_instances TO %2$I')
+  ) AS g (position, statement)
+ ORDER BY position;
 -- =============================================================================== end audit
 
 -- ================================================================================== console
