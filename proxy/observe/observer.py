@@ -59,7 +59,10 @@ def audit_key(credentials: Secrets) -> bytes | None:
 def configured_secrets(policy: PolicySet, credentials: Secrets) -> list[str]:
     """Every secret value this process holds: cut out of anything it writes anywhere."""
     names = {p.credential.secret for p in policy.providers if p.credential is not None}
-    values = [credentials.secret(name) for name in sorted(names | {AUDIT_KEY_SECRET})]
+    # webhook_key: the escalation webhooks' signing secret (proxy/recovery/webhooks.py)
+    values = [
+        credentials.secret(name) for name in sorted(names | {AUDIT_KEY_SECRET, "webhook_key"})
+    ]
     return [v for v in values if v]
 
 
