@@ -187,6 +187,10 @@ async def get_operation(request: web.Request) -> web.Response:
     if op is None:
         return admin_problem(404, "operation_unknown", "no such operation")
     public = op.to_public()
+    view = recovery_view(gateway, op)  # what a replacement agent would be told, as in lists
+    public["next_action"] = view["next_action"]
+    public["reason"] = view["reason"]
+    public["retry_after_seconds"] = view["retry_after_seconds"]
     public["events"] = await gateway.store.events(op.operation_id)
     return web.json_response(public)
 
