@@ -94,6 +94,7 @@ def _settings(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> 
 
 def _serve(args: argparse.Namespace) -> int:
     from proxy.devmode import DEV_AGENT_ID, dev_credentials, dev_overrides
+    from proxy.errors import ListenFailed
     from proxy.policy.load import PolicyLoadError
     from proxy.policy.reload import load_validated_policy
     from proxy.server import serve
@@ -121,6 +122,9 @@ def _serve(args: argparse.Namespace) -> int:
             return run_supervisor(settings, workers)
     except PolicyLoadError as exc:
         print(f"opgate: the policy set is invalid:\n{exc}", file=sys.stderr)
+        return 2
+    except ListenFailed as exc:
+        print(f"opgate: {exc}", file=sys.stderr)
         return 2
     return 0
 

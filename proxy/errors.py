@@ -30,6 +30,15 @@ class ConfigurationError(OpgateError):
     pass
 
 
+class ListenFailed(ConfigurationError):
+    """A listener's address cannot be bound (in use, not this host's, not permitted): said in
+    one line naming the address and the setting that gave it."""
+
+    def __init__(self, address: str, setting: str, cause: OSError) -> None:
+        reason = (cause.strerror or str(cause)).lower()
+        super().__init__(f"cannot listen on {address} ({setting}): {reason}")
+
+
 class IdempotencyKeyInUse(OpgateError):
     pass
 

@@ -17,6 +17,9 @@ import structlog
 from aiohttp import web
 
 from proxy.authoring.explain_api import add_explain_routes
+from proxy.console.views import PREFIX as CONSOLE_PREFIX
+from proxy.console.views import console_app
+from proxy.errors import ListenFailed
 from proxy.forward.listener import (
     ForwardListener,
     new_forward_client,
@@ -91,6 +94,9 @@ def ops_app(gateway: Gateway) -> web.Application:
     add_routes(app)
     add_metrics_route(app)  # GET /metrics (Prometheus text; no token: docs/audit.md)
     add_explain_routes(app)  # POST /v1/explain (policy authoring)
+    console = console_app()  # /console/: humans, signed in by session (proxy/console/)
+    serve_with(console, gateway)
+    app.add_subapp(CONSOLE_PREFIX + "/", console)
     return app
 
 
@@ -135,6 +141,7 @@ async def running(
                 settings,
                 agent_malformed_answer(gateway, "agent"),
                 inherited.get("agent"),
+                setting="agent_listen",
             )
             ops_url = await _start(
                 runners,
@@ -143,6 +150,7 @@ async def running(
                 settings,
                 admin_malformed_answer,
                 inherited.get("ops"),
+                setting="ops_listen",
             )
             forward_url, forward_listener = None, None
             if settings.forward_listen:  # forward-proxy mode: proxy/forward/
@@ -156,6 +164,7 @@ async def running(
                         settings,
                         agent_malformed_answer(gateway, "forward"),
                         inherited.get("forward"),
+                        setting="forward_listen",
                     )
                     return url, runners[-1]
 
@@ -201,6 +210,8 @@ async def _start(
     settings: Settings,
     answer_malformed: MalformedAnswer,
     sock: socket.socket | None = None,
+    *,
+    setting: str,
 ) -> str:
     # Requests aiohttp's parser refuses get problem+json and, on agent listeners, a record.
     runner = ProblemAppRunner(
@@ -214,19 +225,33 @@ async def _start(
     await runner.setup()
     runners.append(runner)
     if sock is None:
-        sock = bind_socket(*split_host_port(listen))
+        sock = bind_listener(setting, listen)
     await web.SockSite(runner, sock).start()
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     return f"http://{shown}:{bound_port}"
 
 
+def bind_listener(setting: str, listen: str) -> socket.socket:
+    """The listening socket of the setting ``setting`` (``agent_listen``...), whose value is
+    ``listen``; ListenFailed naming both if it cannot be bound."""
+    host, port = split_host_port(listen)
+    try:
+        return bind_socket(host, port)
+    except OSError as exc:
+        raise ListenFailed(listen, setting, exc) from exc
+
+
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening socket we own, so port 0 works and the bound port is known."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
     sock.listen(1024)
     sock.setblocking(False)
     return sock

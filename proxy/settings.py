@@ -48,6 +48,8 @@ class Settings(BaseSettings):
     agent_listen: str = "127.0.0.1:8080"
     ops_listen: str = "127.0.0.1:8081"
     admin_token_sha256: Annotated[str, Field(pattern=_DIGEST)] | None = None
+    # The console's read-only role (proxy/console/): sees everything, changes nothing.
+    reviewer_token_sha256: Annotated[str, Field(pattern=_DIGEST)] | None = None
     agents: list[AgentConfig] = Field(default_factory=list)
     secrets_dir: Path | None = None
     # Per provider: send to this base URL instead of the policy's upstream (staging, tests).
@@ -107,6 +109,19 @@ class Settings(BaseSettings):
     background_interval_seconds: Annotated[float, Field(gt=0)] = 5.0
     reconcile_batch_size: Annotated[int, Field(ge=1, le=1000)] = 20
     escalation_webhook_url: str | None = None
+    # --- the web console on the operations listener (proxy/console/) ---
+    # A signed-in session lasts this long, then the human signs in again.
+    console_session_seconds: Annotated[float, Field(gt=0, le=7 * 86400)] = 8 * 3600.0
+    # Where a record's trace id links to, {trace_id} replaced by it (32 hex digits), e.g.
+    # https://jaeger.example/trace/{trace_id}. Empty: trace ids are shown, not linked.
+    trace_url_template: str | None = None
+
+    @field_validator("trace_url_template")
+    @classmethod
+    def _valid_trace_template(cls, value: str | None) -> str | None:
+        if value and ("{trace_id}" not in value or not value.startswith(("https://", "http://"))):
+            raise ValueError("an http(s) URL holding {trace_id}")
+        return value or None
 
     @field_validator("agent_listen", "ops_listen")
     @classmethod

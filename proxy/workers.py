@@ -28,8 +28,8 @@ from pathlib import Path
 
 import structlog
 
-from proxy.server import bind_socket, serve
-from proxy.settings import Settings, split_host_port
+from proxy.server import bind_listener, serve
+from proxy.settings import Settings
 
 _log = structlog.get_logger("opgate.workers")
 _PR_SET_PDEATHSIG = 1
@@ -70,11 +70,11 @@ def _embedded_database(settings: Settings) -> Iterator[Settings]:
 
 def _bind_all(settings: Settings) -> dict[str, socket.socket]:
     sockets = {
-        "agent": bind_socket(*split_host_port(settings.agent_listen)),
-        "ops": bind_socket(*split_host_port(settings.ops_listen)),
+        "agent": bind_listener("agent_listen", settings.agent_listen),
+        "ops": bind_listener("ops_listen", settings.ops_listen),
     }
     if settings.forward_listen:
-        sockets["forward"] = bind_socket(*split_host_port(settings.forward_listen))
+        sockets["forward"] = bind_listener("forward_listen", settings.forward_listen)
     return sockets
 
 

@@ -157,3 +157,30 @@ async def wait_ready(http: aiohttp.ClientSession, url: str) -> dict[str, str]:
             pass
         await asyncio.sleep(0.1)  # polling a readiness probe, not synchronising on a guess
     raise AssertionError("opgate did not become ready within 60 s")
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_port_in_use_is_one_line_naming_the_address_and_the_setting(
+    database_url: str, workers: str
+) -> None:
+    """`opgate serve` on a port another process holds ends with exit 2 and one line naming
+    the address and the setting, not a traceback (in-process and with workers)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        env = {
+            **os.environ,
+            "OPGATE_DATABASE_URL": database_url,
+            "OPGATE_POLICY_DIR": str(SHIPPED_POLICIES),
+            "OPGATE_AGENT_LISTEN": f"127.0.0.1:{port}",
+            "OPGATE_OPS_LISTEN": "127.0.0.1:0",
+            "OPGATE_FORWARD_LISTEN": "",
+            "OPGATE_WORKERS": workers,
+        }
+        result = run_cli("serve", env=env)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"opgate: cannot listen on 127.0.0.1:{port} (agent_listen): address already in use"
+    )
+    assert "Traceback" not in result.stderr

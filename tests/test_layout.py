@@ -29,6 +29,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "recovery": {"gate", "observe", "policy", "store"} | BASE,
     "operations": {"recovery", "gate", "observe", "policy", "store"} | BASE,
     "authoring": {"gate", "observe", "policy", "store"} | BASE,
+    "console": {"operations", "recovery", "gate", "observe", "policy", "store"} | BASE,
 }
 
 

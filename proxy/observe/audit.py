@@ -80,6 +80,8 @@ class AuditRecord:
     # into a `denials` record instead (aggregated: true).
     instance_seq: int | None = None
     aggregated: bool | None = None
+    # The request's W3C trace id (32 hex digits), set by the observer from the server span.
+    trace_id: str | None = None
 
     def fields(self) -> dict[str, Any]:
         # Every field is a scalar: a shallow copy is what asdict's recursive copy would give,

@@ -62,7 +62,10 @@ def audit_key(credentials: Secrets) -> bytes | None:
 def configured_secrets(policy: PolicySet, credentials: Secrets) -> list[str]:
     """Every secret value this process holds: cut out of anything it writes anywhere."""
     names = {p.credential.secret for p in policy.providers if p.credential is not None}
-    values = [credentials.secret(name) for name in sorted(names | {AUDIT_KEY_SECRET})]
+    # webhook_key: the escalation webhooks' signing secret (proxy/recovery/webhooks.py)
+    values = [
+        credentials.secret(name) for name in sorted(names | {AUDIT_KEY_SECRET, "webhook_key"})
+    ]
     return [v for v in values if v]
 
 
@@ -168,7 +171,11 @@ class Observability:
 
     def admit(self, fields: dict[str, Any]) -> None:
         """Before the request's log line: its number in this instance's sequence, or its
-        place in a count of repeated denials (writer.py, denials.py)."""
+        place in a count of repeated denials (writer.py, denials.py). And its trace id: the
+        record names its trace, so the console links it and a reviewer finds its spans."""
+        context = trace.get_current_span().get_span_context()
+        if fields.get("trace_id") is None and context.is_valid:
+            fields["trace_id"] = format(context.trace_id, "032x")
         if self.writer is not None:
             self.writer.admit(fields)
 

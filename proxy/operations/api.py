@@ -36,6 +36,9 @@ _log = structlog.get_logger("opgate.ops")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # /metrics: counts only, no identifiers; a scraper must not need the admin token (docs/audit.md).
 _PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+# The web console (proxy/console/) signs its humans in itself: a session cookie, not a bearer
+# token (a browser cannot send one), with its own roles and CSRF checks.
+_CONSOLE_PREFIX = "/console/"
 
 
 class RevokeRequest(BaseModel):
@@ -45,7 +48,7 @@ class RevokeRequest(BaseModel):
 
 @web.middleware
 async def require_admin(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if request.path in _PUBLIC_PATHS:
+    if request.path in _PUBLIC_PATHS or request.path.startswith(_CONSOLE_PREFIX):
         return await handler(request)
     values = request.headers.getall("Authorization", [])
     presented = credential_from(values[0]) if len(values) == 1 else None
@@ -184,6 +187,10 @@ async def get_operation(request: web.Request) -> web.Response:
     if op is None:
         return admin_problem(404, "operation_unknown", "no such operation")
     public = op.to_public()
+    view = recovery_view(gateway, op)  # what a replacement agent would be told, as in lists
+    public["next_action"] = view["next_action"]
+    public["reason"] = view["reason"]
+    public["retry_after_seconds"] = view["retry_after_seconds"]
     public["events"] = await gateway.store.events(op.operation_id)
     return web.json_response(public)
 

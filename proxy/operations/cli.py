@@ -204,9 +204,8 @@ def render(result: Any) -> str:
         return _table(rows, COLUMNS) if rows else "(none)"
     if isinstance(result, dict):
         op = result.get("operation", result)
-        lines = [
-            f"{k:>16}  {_cell(op.get(k))}" for k in COLUMNS[:-2] if k in op or k == "next_action"
-        ]
+        # next_action is the view's, not the row's: printed once, with its reason, below
+        lines = [f"{k:>16}  {_cell(op.get(k))}" for k in COLUMNS[:-2] if k != "next_action"]
         if "next_action" in result:
             lines.append(
                 f"{'next_action':>16}  {result['next_action']}: {result.get('reason', '')}"

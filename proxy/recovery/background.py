@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from typing import Any
 
 import aiohttp
@@ -19,6 +20,12 @@ from proxy.errors import StoreUnavailable
 from proxy.gate.gateway import Gateway
 from proxy.gate.upstream import new_client_session
 from proxy.recovery.reconcile import longest_lease_seconds, reconcile_claimed, reconcile_owner
+from proxy.recovery.webhooks import (
+    WEBHOOK_KEY_SECRET,
+    WebhookKeyInvalid,
+    signed_headers,
+    webhook_key,
+)
 
 _log = structlog.get_logger("opgate.background")
 _NOTIFY_LEASE_SECONDS = 30.0
@@ -60,13 +67,34 @@ async def notify_pass(gw: Gateway, http: aiohttp.ClientSession, url: str) -> int
             "operation": op.to_public(),
             "events": await gw.store.events(op.operation_id),
         }
+        body = json.dumps(payload, default=str, allow_nan=False).encode("utf-8")
+        # Read per notice, so a rotated key takes effect; without one nothing leaves unsigned:
+        # the notice waits (with the reason on record) until a key is configured.
+        secret = gw.credentials.secret(WEBHOOK_KEY_SECRET)
+        try:
+            key = webhook_key(secret) if secret else None
+        except WebhookKeyInvalid as exc:
+            key, problem = None, str(exc)
+        else:
+            problem = f"no {WEBHOOK_KEY_SECRET} secret: escalation notices are only sent signed"
+        if key is None:
+            await gw.store.notification_failed(
+                notification["notification_id"], _MAX_BACKOFF_SECONDS, problem
+            )
+            _log.error(
+                "escalation_notify_unsigned_refused", operation_id=op.operation_id, error=problem
+            )
+            continue
+        # the same id on every retry of a notice: the receiver deduplicates on it
+        message_id = f"ntf_{notification['notification_id']}"
         try:
             async with http.post(
                 url,
-                data=json.dumps(payload, default=str, allow_nan=False),
+                data=body,
                 headers={
                     "Content-Type": "application/json",
                     "X-Opgate-Notification-Id": str(notification["notification_id"]),
+                    **signed_headers(key, message_id, int(time.time()), body),
                 },
                 timeout=aiohttp.ClientTimeout(total=10),
                 allow_redirects=False,  # a redirect would post the notice to another place

@@ -25,7 +25,18 @@ WITH created AS (
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
     SELECT operation_id, 'created', NULL, 'created', $16,
-           jsonb_build_object('approval_ref', approval_ref, 'supersedes', supersedes)
+           -- the whole approval, so the chained record alone says what was approved (the
+           -- row is mutable); the key only as its SHA-256: whoever reads the audit log must
+           -- not be able to re-send with it
+           jsonb_build_object(
+               'approval_ref', approval_ref, 'supersedes', supersedes,
+               'approved_by', approved_by, 'tenant', tenant, 'agent_id', agent_id,
+               'provider', provider, 'action', action,
+               'target', jsonb_build_object('method', method, 'path', path),
+               'path_params', path_params, 'amount', amount, 'currency', currency,
+               'params', params, 'expires_at', to_jsonb(expires_at),
+               'idempotency_key_sha256',
+               encode(sha256(convert_to(idempotency_key, 'UTF8')), 'hex'))
     FROM created
 )
 SELECT c.*, now() AS read_at FROM created c;
@@ -440,4 +451,80 @@ SELECT
                        AND dispatched_at < now() - make_interval(secs => $1)) AS dispatched_old,
     count(*) FILTER (WHERE status = 'dispatched' AND escalated_at IS NOT NULL) AS escalated
   FROM operations WHERE status IN ('created', 'dispatched');
+
+-- name: audit_records_after
+-- Export with a cursor: the records of each stream after the seq the cursor holds for it
+-- ($1: {"stream": seq, ...}; a stream it does not name starts at 0), at most $2 of them. A
+-- stream's seq is given by its head, under the head's row lock, at insert: within a stream,
+-- seq order is commit order, and a record that commits late still gets a seq after every
+-- record already visible in its stream. So a per-stream cursor never skips a record (a window
+-- by `at`, the transaction's start, can). Ordered by stream then seq so a page ends on a
+-- consistent cursor.
+SELECT a.stream, a.seq, a.at, a.kind, a.operation_id, a.record::text AS record, a.prev_hash,
+       a.hash
+  FROM audit_log a
+ WHERE a.seq > coalesce(($1::jsonb ->> a.stream)::bigint, 0)
+ ORDER BY a.stream, a.seq
+ LIMIT $2;
+
+-- name: audit_reviewer_grants
+-- The statements that make role $1 a read-only audit reviewer: it may read the audit tables
+-- (what `opgate audit verify|show|export` read) and nothing else: not the operations (their
+-- idempotency keys and parameters), and it can write nothing. PostgreSQL quotes the name.
+SELECT format(statement, current_schema(), $1::text) AS statement
+  FROM (VALUES
+    (1, 'GRANT USAGE ON SCHEMA %I TO %I'),
+    (2, 'GRANT SELECT ON %1$I.audit_log, %1$I.audit_heads, %1$I.audit_checkpoints,'
+        ' %1$I.audit_instances TO %2$I')
+  ) AS g (position, statement)
+ ORDER BY position;
 -- =============================================================================== end audit
+
+-- ================================================================================== console
+-- The web console (proxy/console/): its sessions (migration 0006) and its reads.
+
+-- name: console_session_create
+-- A new session ($1: SHA-256 of the cookie value, $2 role, $3 identity, $4 CSRF token, $5
+-- lifetime in seconds); expired sessions are cleared in the same statement.
+WITH expired AS (
+    DELETE FROM console_sessions WHERE expires_at <= now()
+)
+INSERT INTO console_sessions (session_digest, role, identity, csrf_token, expires_at)
+VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5));
+
+-- name: console_session_load
+-- The live session whose cookie hashes to $1 (none once expired).
+SELECT role, identity, csrf_token FROM console_sessions
+ WHERE session_digest = $1 AND expires_at > now();
+
+-- name: console_session_delete
+DELETE FROM console_sessions WHERE session_digest = $1;
+
+-- name: console_operations
+-- Operations in the statuses $1, of tenant $2 and provider $3 (NULL: any), created at least
+-- $4 seconds ago (NULL: any age), newest first, at most $5.
+SELECT o.*, now() AS read_at FROM operations o
+ WHERE o.status = ANY($1::text[])
+   AND ($2::text IS NULL OR o.tenant = $2)
+   AND ($3::text IS NULL OR o.provider = $3)
+   AND ($4::float8 IS NULL OR o.created_at <= now() - make_interval(secs => $4))
+ ORDER BY o.created_at DESC, o.operation_id
+ LIMIT $5;
+
+-- name: console_escalated
+-- The escalation queue: dispatched operations waiting on a human, oldest escalation first.
+SELECT o.*, now() AS read_at FROM operations o
+ WHERE o.status = 'dispatched' AND o.escalated_at IS NOT NULL
+ ORDER BY o.escalated_at, o.operation_id
+ LIMIT $1;
+
+-- name: console_notifications
+-- One operation's escalation notices and their delivery.
+SELECT notification_id, kind, created_at, attempts, delivered_at, last_error
+  FROM escalation_notifications WHERE operation_id = $1 ORDER BY notification_id;
+
+-- name: console_last_checkpoint
+-- The newest checkpoint: when, by whom, and how many chain heads it signed.
+SELECT checkpoint_id, at, writer, jsonb_array_length(heads) AS heads, mac
+  FROM audit_checkpoints ORDER BY checkpoint_id DESC LIMIT 1;
+-- ============================================================================== end console

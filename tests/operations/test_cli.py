@@ -116,3 +116,16 @@ async def test_errors_are_one_readable_line(fault_gate: Opgate) -> None:
     code, _, err = await ops(fault_gate, "list", token="opg_wrong")
     assert code == 1
     assert "admin_unauthenticated" in err
+
+
+async def test_show_prints_next_action_once_and_the_api_returns_it(fault_gate: Opgate) -> None:
+    """`ops show` prints one next_action line, with its value and reason, and
+    `GET /v1/operations/{id}` carries the same next_action."""
+    op = await fault_gate.approve()
+    code, shown, err = await ops(fault_gate, "show", op["operation_id"])
+    assert code == 0, err
+    lines = [line for line in shown.splitlines() if line.strip().startswith("next_action")]
+    assert len(lines) == 1, shown
+    assert lines[0].split(None, 1)[1].startswith("send: ")
+    row = await fault_gate.operation(op["operation_id"])
+    assert row["next_action"] == "send"

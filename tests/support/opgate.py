@@ -30,6 +30,8 @@ SECOND_AGENT_TOKEN = "opg_test_agent_c_token_0123456789"
 OTHER_TENANT_TOKEN = "opg_test_agent_b_token_9876543210"
 ADMIN_TOKEN = "opg_test_admin_token_abcdefabcdef"
 PROVIDER_SECRET = "sk_test_provider_secret_never_logged"
+# Standard Webhooks' form: whsec_ + base64 of the key (here 32 bytes)
+WEBHOOK_SECRET = "whsec_dGVzdC13ZWJob29rLWtleS0wMTIzNDU2Nzg5YWJjZGVm"
 SHIPPED_POLICIES = POLICIES
 # The suite's default approval: a fault-provider refund of 5.00 of charge ch_1.
 REFUND_APPROVAL: dict[str, Any] = {
@@ -211,6 +213,7 @@ def process_env(
         ),
         "OPGATE_SECRET_FAULT_KEY": PROVIDER_SECRET,
         "OPGATE_SECRET_STRIPE_API_KEY": PROVIDER_SECRET,
+        "OPGATE_SECRET_WEBHOOK_KEY": WEBHOOK_SECRET,
         "OPGATE_UPSTREAM_OVERRIDES": json.dumps(upstream_overrides),
         **extra,
     }
@@ -252,6 +255,8 @@ def start_opgate(
     """A factory: ``async with start_opgate(**settings) as gate`` runs opgate for the block."""
     monkeypatch.setenv("OPGATE_SECRET_FAULT_KEY", PROVIDER_SECRET)
     monkeypatch.setenv("OPGATE_SECRET_STRIPE_API_KEY", PROVIDER_SECRET)
+    # escalation notices leave only signed (proxy/recovery/webhooks.py)
+    monkeypatch.setenv("OPGATE_SECRET_WEBHOOK_KEY", WEBHOOK_SECRET)
 
     @contextlib.asynccontextmanager
     async def start(**overrides: Any) -> AsyncIterator[Opgate]:

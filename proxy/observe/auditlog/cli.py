@@ -3,11 +3,19 @@
     opgate audit verify [--since T] [--until T]     exit 0: intact; 1: names the first break
     opgate audit show OPERATION_ID                  one operation's timeline, as a table
     opgate audit export --since T --until T [-o F]  JSON Lines (redacted), for a SIEM
+    opgate audit export --after CURSOR_FILE [--follow]   resumable: what was not exported yet
+    opgate audit grant-reviewer ROLE [--apply]      a read-only database role for reviewers
     opgate audit prune --through-checkpoint N --archive F   archive, then delete old records
 
 Times are ISO 8601 (``2026-05-01T12:00:00Z``); a time without a zone is read as UTC. The
-database is ``--database-url`` (or ``OPGATE_DATABASE_URL``); the checkpoint key is the same
-secret opgate signs with (``OPGATE_SECRET_AUDIT_KEY`` or ``<secrets_dir>/audit_key``).
+database is ``--database-url`` (or ``OPGATE_DATABASE_URL``), else the embedded PostgreSQL in
+``data_dir``, as ``opgate serve`` uses; the checkpoint key is the same secret opgate signs
+with (``OPGATE_SECRET_AUDIT_KEY`` or ``<secrets_dir>/audit_key``).
+
+The export cursor is a JSON file ``{"stream": seq, ...}``: per stream, the last record
+exported. Within a stream, seq order is commit order (the stream's head row is locked from a
+record's insert to its commit), so "every record after the cursor" misses none that commits
+late, unlike a window by ``at`` (the inserting transaction's start).
 """
 
 from __future__ import annotations
@@ -28,10 +36,13 @@ from proxy.observe.auditlog.chain import StoredRecord
 from proxy.observe.auditlog.redact import Redactor
 from proxy.observe.auditlog.verify import verify
 from proxy.settings import Secrets, load_settings
+from proxy.store.embedded import database_dsn
+from proxy.store.migrate import migrate
 
 _BEGINNING = datetime(1970, 1, 1, tzinfo=UTC)
 _END = datetime(9999, 1, 1, tzinfo=UTC)
 _SHOWN_PROBLEMS = 50
+_EXPORT_PAGE = 1000
 
 
 def add_audit_commands(commands: Any) -> None:
@@ -51,10 +62,30 @@ def add_audit_commands(commands: Any) -> None:
 
     export = audit_commands.add_parser("export", help="write records as JSON Lines")
     _flags(export)
-    export.add_argument("--since", type=_time, required=True)
-    export.add_argument("--until", type=_time, required=True)
+    export.add_argument("--since", type=_time, help="records recorded at or after")
+    export.add_argument("--until", type=_time, help="records recorded before")
+    export.add_argument(
+        "--after",
+        type=Path,
+        metavar="CURSOR_FILE",
+        help="export what follows this cursor (a missing file: from the start); the file is"
+        " rewritten after each batch written, so a rerun resumes",
+    )
+    export.add_argument(
+        "--follow", action="store_true", help="with --after: keep polling until Ctrl-C"
+    )
+    export.add_argument("--poll-seconds", type=float, default=2.0, help="--follow's interval")
     export.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
     export.set_defaults(handler=_run(_export))
+
+    grant = audit_commands.add_parser(
+        "grant-reviewer",
+        help="print (or --apply) the GRANTs of a read-only role on the audit tables",
+    )
+    _flags(grant)
+    grant.add_argument("role", help="an existing database role (CREATE ROLE is yours to run)")
+    grant.add_argument("--apply", action="store_true", help="run them instead of printing")
+    grant.set_defaults(handler=_run(_grant_reviewer))
 
     prune = audit_commands.add_parser(
         "prune", help="archive, then delete the records signed up to a checkpoint"
@@ -70,6 +101,7 @@ def add_audit_commands(commands: Any) -> None:
 def _flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--database-url", help="PostgreSQL primary (default: OPGATE_DATABASE_URL)")
     parser.add_argument("--secrets-dir", type=Path, help="where audit_key is (if not in env)")
+    parser.add_argument("--data-dir", type=Path, help="the embedded database's (no URL given)")
 
 
 def _time(text: str) -> datetime:
@@ -86,21 +118,28 @@ Command = Callable[[asyncpg.Connection, argparse.Namespace, Any], Coroutine[Any,
 def _run(command: Command) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
         settings = load_settings(
-            {"database_url": args.database_url, "secrets_dir": args.secrets_dir}
+            {
+                "database_url": args.database_url,
+                "secrets_dir": args.secrets_dir,
+                "data_dir": args.data_dir,
+            }
         )
-        if not settings.database_url:
-            print("opgate audit: give --database-url or OPGATE_DATABASE_URL", file=sys.stderr)
-            return 2
 
         async def run() -> int:
-            conn = await asyncpg.connect(settings.database_url)
-            try:
-                return await command(conn, args, settings)
-            finally:
-                await conn.close()
+            # the embedded PostgreSQL when no URL is given, like `opgate serve`
+            async with database_dsn(settings.database_url, settings.data_dir) as dsn:
+                if settings.database_url is None:
+                    await migrate(dsn)  # a fresh data_dir: an empty, verifiable log
+                conn = await asyncpg.connect(dsn)
+                try:
+                    return await command(conn, args, settings)
+                finally:
+                    await conn.close()
 
         try:
             return asyncio.run(run())
+        except KeyboardInterrupt:  # Ctrl-C ends --follow; the cursor is already saved
+            return 0
         except (OSError, asyncpg.PostgresError) as exc:
             print(f"opgate audit: database error: {exc}", file=sys.stderr)
             return 2
@@ -245,17 +284,66 @@ def export_line(record: StoredRecord, redactor: Redactor) -> str:
 
 
 async def _export(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+    if args.after is None and (args.since is None or args.until is None or args.follow):
+        print(
+            "opgate audit export: give --since and --until, or --after CURSOR_FILE"
+            " (with --follow to keep going)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.after is not None and (args.since is not None or args.until is not None):
+        print("opgate audit export: --after does not combine with --since/--until", file=sys.stderr)
+        return 2
     redactor = Redactor(settings.audit_redact_fields, secrets=_secrets(settings))
-    out: TextIO = args.output.open("w", encoding="utf-8") if args.output else sys.stdout
+    mode = "a" if args.after is not None else "w"  # a resumed export appends to its file
+    out: TextIO = args.output.open(mode, encoding="utf-8") if args.output else sys.stdout
     count = 0
     try:
-        async for record, _ in records.records_between(conn, args.since, args.until):
-            out.write(export_line(record, redactor) + "\n")
-            count += 1
+        if args.after is None:
+            async for record, _ in records.records_between(conn, args.since, args.until):
+                out.write(export_line(record, redactor) + "\n")
+                count += 1
+        else:
+            count = await _export_after(conn, args, redactor, out)
     finally:
         if args.output:
             out.close()
-    print(f"exported {count} records", file=sys.stderr)
+        print(f"exported {count} records", file=sys.stderr)
+    return 0
+
+
+async def _export_after(
+    conn: asyncpg.Connection, args: argparse.Namespace, redactor: Redactor, out: TextIO
+) -> int:
+    """Pages of records after the cursor; the cursor file is rewritten once each page is
+    written and flushed (a crash between the two repeats a page, never skips one)."""
+    cursor = records.read_cursor(args.after)
+    count = 0
+    while True:
+        page = await records.records_after(conn, cursor, _EXPORT_PAGE)
+        for record in page:
+            out.write(export_line(record, redactor) + "\n")
+            cursor[record.stream] = record.seq
+        if page:
+            out.flush()
+            records.write_cursor(args.after, cursor)
+            count += len(page)
+        if len(page) == _EXPORT_PAGE:
+            continue
+        if not args.follow:
+            return count
+        await asyncio.sleep(args.poll_seconds)  # polling a table: no event to wait on
+
+
+async def _grant_reviewer(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+    statements = await records.reviewer_grants(conn, args.role)
+    if not args.apply:
+        print("\n".join(f"{s};" for s in statements))
+        return 0
+    async with conn.transaction():
+        for statement in statements:
+            await conn.execute(statement)
+    print(f"granted {args.role} read-only access to the audit tables", file=sys.stderr)
     return 0
 
 

@@ -8,8 +8,10 @@ reports them.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -112,6 +114,40 @@ async def records_between(
         async for row in conn.cursor(QUERIES["audit_records_between"], since, until):
             predecessor = row["predecessor_hash"]
             yield _stored(row), None if predecessor is None else bytes(predecessor)
+
+
+async def records_after(
+    conn: asyncpg.Connection, cursor: dict[str, int], limit: int
+) -> list[StoredRecord]:
+    """At most ``limit`` records after the cursor (per stream, the last seq already read)."""
+    rows = await conn.fetch(QUERIES["audit_records_after"], json.dumps(cursor), limit)
+    return [_stored(row) for row in rows]
+
+
+def read_cursor(path: Path) -> dict[str, int]:
+    """An export cursor file: {"stream": seq, ...}; a missing file is the beginning."""
+    if not path.exists():
+        return {}
+    loaded = json.loads(path.read_text("utf-8"))
+    if not isinstance(loaded, dict) or not all(
+        isinstance(k, str) and type(v) is int for k, v in loaded.items()
+    ):
+        raise ValueError(f"{path} is not an export cursor")
+    return loaded
+
+
+def write_cursor(path: Path, cursor: dict[str, int]) -> None:
+    """Replaced whole (written aside, then renamed): a crash leaves the old cursor or the new,
+    never half of one."""
+    aside = path.with_name(path.name + ".tmp")
+    aside.write_text(json.dumps(cursor, sort_keys=True), "utf-8")
+    os.replace(aside, path)
+
+
+async def reviewer_grants(conn: asyncpg.Connection, role: str) -> list[str]:
+    """The GRANT statements of a read-only audit reviewer, the role's name quoted by
+    PostgreSQL itself (an identifier cannot be a bound parameter)."""
+    return [r["statement"] for r in await conn.fetch(QUERIES["audit_reviewer_grants"], role)]
 
 
 async def checkpoints(conn: asyncpg.Connection) -> list[Checkpoint]:

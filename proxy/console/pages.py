@@ -1,0 +1,158 @@
+"""What each console page shows, read from the store and the process: plain dicts for the
+templates. The operation views are the operations API's (``recovery_view``: the row and its
+``next_action``), so the console and the API never disagree."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from proxy.gate.gateway import Gateway
+from proxy.observe.auditlog.verify import verify
+from proxy.observe.observer import audit_key
+from proxy.recovery.api import recovery_view
+from proxy.store.operation import Operation
+from proxy.store.queries import QUERIES
+from proxy.store.store import operation_from_record
+
+STATUS_FILTERS: dict[str, list[str]] = {
+    "unsettled": ["created", "dispatched"],
+    "all": ["created", "dispatched", "confirmed", "failed"],
+    **{s: [s] for s in ("created", "dispatched", "confirmed", "failed")},
+}
+# "older than": the age filter's choices, in seconds
+AGE_FILTERS: dict[str, float | None] = {
+    "": None,
+    "5m": 300.0,
+    "1h": 3600.0,
+    "1d": 86400.0,
+    "7d": 7 * 86400.0,
+}
+# operation events that are reconciliation lookups: their detail is the lookup's evidence
+LOOKUP_EVENTS = frozenset({"reconciled", "reconcile_inconclusive", "escalated"})
+LIST_LIMIT = 500
+
+
+@dataclass(frozen=True)
+class Filters:
+    status: str = "unsettled"
+    tenant: str | None = None
+    provider: str | None = None
+    age: str = ""
+
+
+def summary(gw: Gateway, op: Operation) -> dict[str, Any]:
+    """One operation as a list row: the API's view plus what a human scans for."""
+    view = recovery_view(gw, op)
+    view["age_seconds"] = (op.read_at - op.created_at).total_seconds()
+    if op.escalated_at is not None:
+        view["escalated_seconds"] = (op.read_at - op.escalated_at).total_seconds()
+    return view
+
+
+async def operations(gw: Gateway, filters: Filters) -> list[dict[str, Any]]:
+    records = await gw.store.run(
+        lambda conn: conn.fetch(
+            QUERIES["console_operations"],
+            STATUS_FILTERS[filters.status],
+            filters.tenant,
+            filters.provider,
+            AGE_FILTERS[filters.age],
+            LIST_LIMIT,
+        )
+    )
+    return [summary(gw, operation_from_record(r)) for r in records]
+
+
+async def escalations(gw: Gateway) -> list[dict[str, Any]]:
+    records = await gw.store.run(lambda conn: conn.fetch(QUERIES["console_escalated"], LIST_LIMIT))
+    return [summary(gw, operation_from_record(r)) for r in records]
+
+
+async def timeline(gw: Gateway, operation_id: str) -> dict[str, Any] | None:
+    """Everything known about one operation: the row, every transition, every audit record
+    naming it (requests with their trace ids), the provider's stored answer, each
+    reconciliation lookup and its evidence, and the escalation notices."""
+    op = await gw.store.load(operation_id)
+    if op is None:
+        return None
+    events = await gw.store.events(operation_id)
+    audit_rows = await gw.store.run(
+        lambda conn: conn.fetch(QUERIES["audit_operation_records"], operation_id)
+    )
+    notices = await gw.store.run(
+        lambda conn: conn.fetch(QUERIES["console_notifications"], operation_id)
+    )
+    records = [
+        {
+            "stream": r["stream"],
+            "seq": r["seq"],
+            "at": r["at"],
+            "kind": r["kind"],
+            "record": json.loads(r["record"]),
+        }
+        for r in audit_rows
+    ]
+    return {
+        "view": summary(gw, op),
+        "events": events,
+        "lookups": [e for e in events if e["event"] in LOOKUP_EVENTS],
+        "requests": [r for r in records if r["kind"] == "request"],
+        "transitions": [r for r in records if r["kind"] == "transition"],
+        "notices": [dict(n) for n in notices],
+    }
+
+
+@dataclass
+class ChainState:
+    """The last verification this process ran (on demand: it reads the whole log)."""
+
+    verified_at: datetime | None = None
+    intact: bool | None = None
+    summary: str = ""
+    problems: list[str] = field(default_factory=list)
+
+
+async def run_verification(gw: Gateway, state: ChainState) -> None:
+    key = audit_key(gw.credentials)
+    report = await gw.store.run(
+        lambda conn: verify(
+            conn,
+            datetime(1970, 1, 1, tzinfo=UTC),
+            datetime(9999, 1, 1, tzinfo=UTC),
+            key=key,
+            whole_log=True,
+        )
+    )
+    first = report.first_break()
+    state.verified_at = datetime.now(UTC)
+    state.intact = first is None
+    signed = (
+        "signatures verified"
+        if report.checkpoints_authenticated
+        else "signatures NOT verified (no audit key)"
+    )
+    state.summary = f"{report.records} records, {report.checkpoints} checkpoints ({signed})"
+    state.problems = [p.describe() for p in report.breaks[:50]]
+
+
+async def chain(gw: Gateway, state: ChainState) -> dict[str, Any]:
+    checkpoint = await gw.store.run(lambda conn: conn.fetchrow(QUERIES["console_last_checkpoint"]))
+    observability = gw.observability
+    writer = observability.writer if observability is not None else None
+    return {
+        "checkpoint": None
+        if checkpoint is None
+        else {**dict(checkpoint), "mac": checkpoint["mac"].hex()},
+        "writer": None
+        if writer is None
+        else {
+            "pending": writer.pending,
+            "oldest_pending_seconds": writer.oldest_pending_seconds,
+            "dropped": writer.dropped,
+            "stalled": writer.stalled,
+        },
+        "verification": state,
+    }

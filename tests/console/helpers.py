@@ -1,0 +1,51 @@
+"""Console test helpers: operations in the states the console shows, and a signed-in client."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import aiohttp
+
+from proxy.gate.identity import token_digest
+from tests.support.opgate import Opgate
+
+REVIEWER_TOKEN = "opg_test_reviewer_token_0123456789"
+REVIEWER_DIGEST = token_digest(REVIEWER_TOKEN)
+TRACE_TEMPLATE = "https://jaeger.example/trace/{trace_id}"
+_CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+async def escalated(gate: Opgate, **approval: Any) -> dict[str, Any]:
+    """An approved operation sent once with an unknown outcome and escalated to a human (through
+    the store's own transitions, as the background loop would)."""
+    op = await gate.approve(**approval)
+    store = gate.running.gateway.store
+    operation_id = op["operation_id"]
+    assert await store.claim(operation_id, owner="test", lease_seconds=60, expected_attempts=0)
+    assert await store.release_unknown(operation_id, 1, "timeout", None, "test")
+    assert await store.escalate(
+        operation_id, None, "lookups inconclusive 2 times", {"lookups": []}, look_again_seconds=3600
+    )
+    return op
+
+
+def csrf_of(html: str) -> str:
+    match = _CSRF.search(html)
+    assert match is not None, html
+    return match.group(1)
+
+
+async def sign_in(
+    gate: Opgate, session: aiohttp.ClientSession, token: str, identity: str = "alice@example.com"
+) -> aiohttp.ClientResponse:
+    """Sign in as a browser does: get the form (and its CSRF cookie), post it."""
+    async with session.get(f"{gate.ops_url}/console/login") as form:
+        csrf = csrf_of(await form.text())
+    async with session.post(
+        f"{gate.ops_url}/console/login",
+        data={"csrf_token": csrf, "identity": identity, "token": token},
+        allow_redirects=False,
+    ) as response:
+        await response.read()
+        return response
