@@ -28,7 +28,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="opgate", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="opgate",
+        # plain text: the module docstring is reStructuredText, a terminal shows it verbatim
+        description="opgate: a tool-boundary enforcing egress proxy for AI agents "
+        "(also: python -m proxy).",
+    )
     commands = parser.add_subparsers()
 
     serve = commands.add_parser("serve", help="run the agent listener and the operations API")

@@ -184,3 +184,21 @@ def test_a_port_in_use_is_one_line_naming_the_address_and_the_setting(
         f"opgate: cannot listen on 127.0.0.1:{port} (agent_listen): address already in use"
     )
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "command", [[], ["serve"], ["ops"], ["audit"], ["policy"], ["token"], ["migrate"]]
+)
+def test_help_is_plain_text(command: list[str]) -> None:
+    """`--help` reads as plain text in a terminal: no reStructuredText markup."""
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy", *command, "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "``" not in done.stdout
+    assert ":class:" not in done.stdout

@@ -13,6 +13,7 @@ import os
 import sys
 import urllib.error
 import urllib.request
+from datetime import UTC, datetime
 from typing import Any
 
 
@@ -21,9 +22,15 @@ def add_ops_commands(commands: Any) -> None:
     ops.add_argument("--url", default=os.environ.get("OPGATE_OPS_URL", "http://127.0.0.1:8081"))
     ops.add_argument("--token", default=os.environ.get("OPGATE_ADMIN_TOKEN"))
     ops.add_argument("--json", action="store_true", help="print the API's JSON")
+    # --json after the subcommand too (`opgate ops show ID --json`); SUPPRESS keeps a
+    # subcommand that was not given it from resetting the flag given before it.
+    json_anywhere = argparse.ArgumentParser(add_help=False)
+    json_anywhere.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print the API's JSON"
+    )
     sub = ops.add_subparsers(required=True)
 
-    create = sub.add_parser("create", help="approve an operation")
+    create = sub.add_parser("create", parents=[json_anywhere], help="approve an operation")
     for name in ("tenant", "provider", "action", "approval-ref", "approved-by"):
         create.add_argument(f"--{name}", required=True)
     create.add_argument("--amount", type=int)
@@ -37,28 +44,36 @@ def add_ops_commands(commands: Any) -> None:
     create.add_argument("--supersedes")
     create.set_defaults(ops=_create)
 
-    show = sub.add_parser("show", help="one operation, with its next action and events")
+    show = sub.add_parser(
+        "show", parents=[json_anywhere], help="one operation, with its next action and events"
+    )
     show.add_argument("operation_id")
     show.set_defaults(ops=_show)
 
-    listing = sub.add_parser("list", help="operations (unsettled by default)")
+    listing = sub.add_parser(
+        "list", parents=[json_anywhere], help="operations (unsettled by default)"
+    )
     listing.add_argument("--status", default="unsettled")
     listing.add_argument("--tenant")
     listing.set_defaults(ops=_list)
 
-    revoke = sub.add_parser("revoke", help="withdraw an approval")
+    revoke = sub.add_parser("revoke", parents=[json_anywhere], help="withdraw an approval")
     revoke.add_argument("operation_id")
     revoke.add_argument("--reason", required=True)
     revoke.set_defaults(ops=_revoke)
 
-    reconcile = sub.add_parser("reconcile", help="ask the provider now")
+    reconcile = sub.add_parser("reconcile", parents=[json_anywhere], help="ask the provider now")
     reconcile.add_argument("operation_id")
     reconcile.set_defaults(ops=_reconcile)
 
-    escalations = sub.add_parser("escalations", help="operations waiting for a human")
+    escalations = sub.add_parser(
+        "escalations", parents=[json_anywhere], help="operations waiting for a human"
+    )
     escalations.set_defaults(ops=_escalations)
 
-    resolve = sub.add_parser("resolve", help="settle an escalated operation by human verdict")
+    resolve = sub.add_parser(
+        "resolve", parents=[json_anywhere], help="settle an escalated operation by human verdict"
+    )
     resolve.add_argument("operation_id")
     resolve.add_argument("--verdict", choices=["confirmed", "failed"], required=True)
     resolve.add_argument("--object-id", help="the provider's object (for confirmed)")
@@ -181,31 +196,59 @@ def run_ops(args: argparse.Namespace) -> int:
 COLUMNS = (
     "operation_id",
     "tenant",
+    "provider",
     "action",
+    "target",
     "amount",
     "currency",
+    "approved_by",
+    "age",
     "status",
     "next_action",
     "attempts",
-    "updated_at",
 )
+# An escalation's table says why and since when as well.
+ESCALATION_COLUMNS = (*COLUMNS, "escalated_since", "escalation_reason")
 
 
-def _row(item: dict[str, Any]) -> dict[str, Any]:
+def _row(item: dict[str, Any], now: datetime) -> dict[str, Any]:
     op = item.get("operation", item)
-    return {**op, "next_action": item.get("next_action", "")}
+    target = op.get("target") or {}
+    escalation = op.get("escalation") or {}
+    return {
+        **op,
+        "next_action": item.get("next_action", ""),
+        "target": f"{target.get('method', '')} {target.get('path', '')}".strip(),
+        "approved_by": (op.get("approval") or {}).get("approved_by"),
+        "age": _age(op.get("created_at"), now),
+        "escalated_since": escalation.get("since"),
+        "escalation_reason": escalation.get("reason"),
+    }
+
+
+def _age(created_at: str | None, now: datetime) -> str:
+    if not created_at:
+        return ""
+    seconds = int((now - datetime.fromisoformat(created_at)).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{max(seconds, 0)}s"
 
 
 def render(result: Any) -> str:
     """A readable table for lists, a key/value block for one operation."""
     if isinstance(result, dict) and ("operations" in result or "escalations" in result):
         items: list[dict[str, Any]] = result.get("operations") or result.get("escalations") or []
-        rows = [_row(i) for i in items]
-        return _table(rows, COLUMNS) if rows else "(none)"
+        now = datetime.now(UTC)
+        rows = [_row(i, now) for i in items]
+        columns = ESCALATION_COLUMNS if "escalations" in result else COLUMNS
+        return _table(rows, columns) if rows else "(none)"
     if isinstance(result, dict):
         op = result.get("operation", result)
         # next_action is the view's, not the row's: printed once, with its reason, below
-        lines = [f"{k:>16}  {_cell(op.get(k))}" for k in COLUMNS[:-2] if k != "next_action"]
+        shown = _row(result, datetime.now(UTC))
+        lines = [f"{k:>16}  {_cell(shown.get(k))}" for k in COLUMNS if k != "next_action"]
         if "next_action" in result:
             lines.append(
                 f"{'next_action':>16}  {result['next_action']}: {result.get('reason', '')}"

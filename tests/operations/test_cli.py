@@ -64,7 +64,7 @@ async def test_create_show_list_and_revoke(fault_gate: Opgate) -> None:
     code, table, _ = await ops(fault_gate, "list")
     assert code == 0
     header, *rows = table.splitlines()
-    assert header.split()[:3] == ["OPERATION_ID", "TENANT", "ACTION"]
+    assert header.split()[:4] == ["OPERATION_ID", "TENANT", "PROVIDER", "ACTION"]
     assert any(row.startswith(operation_id) and " send " in f" {row} " for row in rows)
     code, shown, _ = await ops(fault_gate, "show", operation_id)
     assert code == 0
@@ -129,3 +129,28 @@ async def test_show_prints_next_action_once_and_the_api_returns_it(fault_gate: O
     assert lines[0].split(None, 1)[1].startswith("send: ")
     row = await fault_gate.operation(op["operation_id"])
     assert row["next_action"] == "send"
+
+
+async def test_list_shows_who_approved_what_for_which_provider_and_how_long_ago(
+    fault_gate: Opgate,
+) -> None:
+    """The table an on-call human reads: provider, target, approver and age, not only ids."""
+    op = await fault_gate.approve()
+    code, table, _ = await ops(fault_gate, "list")
+    assert code == 0
+    header, *rows = table.splitlines()
+    for column in ("PROVIDER", "TARGET", "APPROVED_BY", "AGE"):
+        assert column in header.split()
+    [row] = [r for r in rows if r.startswith(op["operation_id"])]
+    assert "fault" in row.split()
+    assert "POST /v1/refunds" in row
+    assert "alice@example.com" in row
+    assert row.split()[header.split().index("AGE") + 1].endswith("s")  # TARGET is two words
+
+
+async def test_json_is_accepted_after_the_subcommand_too(fault_gate: Opgate) -> None:
+    """`opgate ops show ID --json` works as `opgate ops --json show ID` does."""
+    op = await fault_gate.approve()
+    code, out, err = await ops(fault_gate, "show", op["operation_id"], "--json")
+    assert code == 0, err
+    assert json.loads(out)["operation_id"] == op["operation_id"]
