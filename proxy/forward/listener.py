@@ -214,8 +214,8 @@ async def _inspect(
         served = await connect.serve_inspected(
             request, listener.server, context, listener.handshake_timeout
         )
-        if not served:
-            record.reason = "tls_handshake_failed"
+        if not served:  # allowed, but nothing went through: not counted as an "allow"
+            record.decision, record.reason = Decision.ERROR, "tls_handshake_failed"
     finally:
         CURRENT_TUNNEL.reset(token)
         if task is not None:

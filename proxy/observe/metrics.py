@@ -54,7 +54,8 @@ class Counter:
 
     def render(self) -> list[str]:
         lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} counter"]
-        for labels, value in sorted(self.values.items()):
+        values = self.values or ({(): 0.0} if not self.label_names else {})  # 0, not absent
+        for labels, value in sorted(values.items()):
             lines.append(f"{self.name}{_labels(self.label_names, labels)} {_number(value)}")
         return lines
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from datetime import UTC, datetime
+from importlib.metadata import version
 from typing import Any
 
 import aiohttp
@@ -35,6 +36,7 @@ from proxy.store.store import Store
 
 # The secret's NAME (OPGATE_SECRET_AUDIT_KEY or <secrets_dir>/audit_key), not its value.
 AUDIT_KEY_SECRET = "audit_key"  # noqa: S105
+_VERSION = version("opgate")
 _UPSTREAM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 # Span attribute for each audit field that goes on the server span.
 _SPAN_FIELDS = (
@@ -85,8 +87,12 @@ class Observability:
         self.checkpointer: Checkpointer | None = None
         self.requests = Counter(
             "opgate_requests_total",
-            "Agent requests by decision and reason.",
-            ("decision", "reason"),
+            "Agent requests by decision and reason, and the provider and rule they matched.",
+            ("decision", "reason", "provider", "rule"),
+        )
+        self.reload_failures = Counter(
+            "opgate_policy_reload_failures_total",
+            "Policy reloads refused (the set that was serving keeps serving).",
         )
         self.upstream_seconds = Histogram(
             "opgate_upstream_seconds",
@@ -97,7 +103,9 @@ class Observability:
         # Under a supervisor, every worker's counts, whichever worker answers the scrape.
         self.shared = (
             SharedCounts(
-                settings.metrics_dir, settings.instance_id, (self.requests, self.upstream_seconds)
+                settings.metrics_dir,
+                settings.instance_id,
+                (self.requests, self.upstream_seconds, self.reload_failures),
             )
             if settings.metrics_dir is not None
             else None
@@ -139,6 +147,8 @@ class Observability:
         ``policy_reload_refused``); synchronous with the event, so a reload is on record
         before the new set decides anything."""
         assert self._store is not None, "start() first"
+        if event == "policy_reload_refused":
+            self.reload_failures.inc()
         record = {
             "schema_version": AUDIT_SCHEMA_VERSION,
             "time": datetime.now(UTC).isoformat(),
@@ -155,6 +165,8 @@ class Observability:
                 conn, instance, record, now_deciding=now_deciding
             )
         )
+        if now_deciding and policy is not None:  # the reload swaps the set right after this
+            self.policy_version = policy.version
 
     async def close(self) -> None:
         if self._sharing is not None:
@@ -201,14 +213,35 @@ class Observability:
                     if fields.get(name) is not None
                 }
             )
-        self.requests.inc(str(fields.get("decision")), str(fields.get("reason") or ""))
+        self.requests.inc(
+            str(fields.get("decision")),
+            str(fields.get("reason") or ""),
+            str(fields.get("provider") or ""),
+            str(fields.get("rule") or ""),
+        )
         if self.writer is not None:
             self.writer.submit(fields, redacted=True)
 
     async def metrics_text(self) -> str:
-        own: list[Series] = [self.requests, self.upstream_seconds]
+        own: list[Series] = [self.requests, self.upstream_seconds, self.reload_failures]
         counted = self.shared.merged() if self.shared is not None else own
         blocks = [series.render() for series in counted]
+        blocks.append(
+            gauge(
+                "opgate_build_info",
+                "The running opgate's version (always 1).",
+                [((_VERSION,), 1)],
+                ("version",),
+            )
+        )
+        blocks.append(
+            gauge(
+                "opgate_policy_info",
+                "The policy set this process decides with (always 1; its digest as a label).",
+                [((self.policy_version,), 1)],
+                ("policy_version",),
+            )
+        )
         if self.writer is not None:
             blocks.extend(_writer_metrics(self.writer))
         if self._store is not None:

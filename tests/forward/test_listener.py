@@ -571,6 +571,7 @@ async def test_an_agent_that_does_not_trust_the_ca_leaves_no_connection_behind(
         await until(lambda: len(audit_records(logs)) == 1, "the CONNECT record")
     [record] = audit_records(logs)
     assert record["reason"] == "tls_handshake_failed"
+    assert record["decision"] == "error"  # nothing was forwarded: not an "allow"
     await until(lambda: len(listener_server.connections) == 0, "connections released")
 
 

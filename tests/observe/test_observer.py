@@ -10,6 +10,7 @@ import re
 import shutil
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -415,10 +416,14 @@ async def test_metrics_need_no_token_and_count_what_happened(
         assert response.status == 200
         assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         text = await response.text()
-    assert _metric(text, "opgate_requests_total", 'decision="allow",reason=""') == 1
-    assert (
-        _metric(text, "opgate_requests_total", 'decision="deny",reason="operation_required"') == 1
-    )
+    allowed = 'decision="allow",reason="",provider="fault",rule="refund.create"'
+    assert _metric(text, "opgate_requests_total", allowed) == 1
+    denied = 'decision="deny",reason="operation_required",provider="fault",rule="refund.create"'
+    assert _metric(text, "opgate_requests_total", denied) == 1
+    assert _metric(text, "opgate_build_info", f'version="{version("opgate")}"') == 1
+    policy = gate.running.gateway.policy.version
+    assert _metric(text, "opgate_policy_info", f'policy_version="{policy}"') == 1
+    assert _metric(text, "opgate_policy_reload_failures_total") == 0
     assert _metric(text, "opgate_operations", 'status="created"') == 1  # waiting
     assert waiting["status"] == "created"
     assert _metric(text, "opgate_operations", 'status="dispatched"') == 1

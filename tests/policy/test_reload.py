@@ -166,6 +166,12 @@ async def test_reloads_and_refusals_are_audit_records_and_name_the_deciding_set(
         (policy_dir / "fault.yaml").write_text(POLICY_C)
         assert not (await reloader.reload("test")).reloaded
         instance = gate.running.gateway.settings.instance_id
+        async with gate.http.get(f"{gate.ops_url}/metrics") as response:
+            metrics = await response.text()
+    # the metrics say which set decides, and that a reload was refused
+    assert "opgate_policy_reload_failures_total 1" in metrics.splitlines()
+    version_now = load_policy_dir_version(POLICY_B, policy_dir)
+    assert f'opgate_policy_info{{policy_version="{version_now}"}} 1' in metrics.splitlines()
     conn = await asyncpg.connect(database_url)
     try:
         events = [
