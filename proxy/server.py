@@ -10,9 +10,11 @@ import asyncio
 import contextlib
 import signal
 import socket
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import aiohttp
 import structlog
 from aiohttp import web
 
@@ -20,6 +22,7 @@ from proxy.authoring.explain_api import add_explain_routes
 from proxy.console.views import PREFIX as CONSOLE_PREFIX
 from proxy.console.views import console_app
 from proxy.errors import ListenFailed
+from proxy.forward.destinations import AddressClass, CheckedResolver
 from proxy.forward.listener import (
     ForwardListener,
     new_forward_client,
@@ -77,6 +80,19 @@ def agent_directory(settings: Settings) -> AgentDirectory:
     )
 
 
+def reverse_connector(settings: Settings) -> aiohttp.TCPConnector:
+    """Reverse mode, and the reconciliation lookups made with the same client, reach providers
+    as forward mode does: the operator's ``upstream_ca_file`` is trusted and
+    ``forward_static_hosts`` resolve. Otherwise a lookup for an operation sent in forward mode
+    could not reach its provider, and the operation would be escalated for nothing. Every
+    address class is allowed: reverse-mode upstreams are the operator's own configuration."""
+    context = ssl.create_default_context()
+    if settings.upstream_ca_file is not None:
+        context.load_verify_locations(cafile=str(settings.upstream_ca_file))
+    resolver = CheckedResolver(settings.forward_static_hosts, lambda _host: tuple(AddressClass))
+    return aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, ssl=context, resolver=resolver)
+
+
 def agent_app(gateway: Gateway) -> web.Application:
     app = web.Application(client_max_size=0, middlewares=[observe_agent_request])
     serve_with(app, gateway)
@@ -121,7 +137,9 @@ async def running(
         )
         credentials = CredentialSource(settings.secrets_dir)
         observability = Observability(settings, policy, credentials)
-        client = new_client_session(observability.client_trace_configs())
+        client = new_client_session(
+            observability.client_trace_configs(), connector=reverse_connector(settings)
+        )
         gateway = Gateway(
             settings=settings,
             policy=policy,

@@ -99,7 +99,10 @@ def new_forward_client(gateway: Gateway, settings: Settings) -> aiohttp.ClientSe
         settings.forward_static_hosts,
         lambda host: allowed_classes_for_host(gateway.policy, settings.upstream_overrides, host),
     )
+    observability = gateway.observability
     return new_client_session(
+        # the same CLIENT span, traceparent and latency histogram as reverse mode
+        observability.client_trace_configs() if observability is not None else None,
         connector=aiohttp.TCPConnector(
             limit=0, ssl=context, resolver=resolver, use_dns_cache=False
         ),

@@ -580,3 +580,51 @@ def _forward_server(gate: Opgate) -> web.Server:
     assert listener is not None
     assert listener.server is not None
     return listener.server
+
+
+async def test_forward_mode_carries_the_trace_and_times_the_provider(
+    forward_gate: ForwardGate, fault_provider: FaultProvider
+) -> None:
+    """A request through the proxy reaches the provider with a W3C traceparent in the agent's
+    trace, as in reverse mode, and its provider call is in the upstream latency histogram."""
+    op = await forward_gate.gate.approve()
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    headers = {
+        "Idempotency-Key": op["idempotency_key"],
+        "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01",
+    }
+    async with forward_gate.agent_client() as client:
+        answer = await client.post(
+            f"{forward_gate.provider_url}/v1/refunds", data=GOOD_FORM, headers=headers
+        )
+    assert answer.status_code == 200
+    [received] = [r for r in fault_provider.requests if r.method == "POST"]
+    version, sent_trace_id, parent_id, _flags = received.headers["traceparent"].split("-")
+    assert (version, sent_trace_id) == ("00", trace_id)
+    assert len(parent_id) == 16
+    assert parent_id != "00f067aa0ba902b7"  # opgate's own span, not the agent's
+    async with forward_gate.gate.http.get(f"{forward_gate.gate.ops_url}/metrics") as response:
+        metrics = await response.text()
+    counts = [
+        line for line in metrics.splitlines() if line.startswith("opgate_upstream_seconds_count")
+    ]
+    assert counts
+    assert counts[0].endswith(" 1")
+
+
+async def test_reverse_mode_and_lookups_reach_a_private_ca_provider_by_its_static_host(
+    forward_gate: ForwardGate, fault_provider: FaultProvider
+) -> None:
+    """The provider is https://provider.test (a static host, a private CA): reverse mode, and
+    the reconciliation lookups made with the same client, reach it as forward mode does."""
+    op = await forward_gate.gate.approve()
+    status, _, body = await forward_gate.gate.send(
+        "/fault/v1/refunds",
+        data="amount=500&currency=usd&charge=ch_1",
+        headers={"X-Operation-Id": op["operation_id"]},
+    )
+    assert status == 200, body
+    assert len(fault_provider.effects) == 1
+    client = forward_gate.gate.running.gateway.client  # the reconciliation lookups' client too
+    async with client.get(f"{forward_gate.provider_url}/v1/refunds") as answer:
+        assert answer.status == 200
