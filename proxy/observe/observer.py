@@ -18,7 +18,8 @@ import aiohttp
 import asyncpg
 from aiohttp import web
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace import Status as SpanStatus
 
 from proxy.errors import StoreUnavailable
 from proxy.observe.audit import AUDIT_SCHEMA_VERSION, REQUEST_OBSERVER, request_path
@@ -353,16 +354,34 @@ async def observe_agent_request(request: web.Request, handler: Any) -> web.Strea
         "opgate.agent_request",
         context=telemetry.agent_context(request.headers),
         kind=SpanKind.SERVER,
-        # the raw path, bounded, as in the audit record: decoded, it can hold a NUL or worse
-        attributes={"http.request.method": request.method, "url.path": _span_path(request)},
+        attributes=_server_attributes(request),
     ) as span:
         token = REQUEST_OBSERVER.set(observability)
         try:
             response = await handler(request)
             span.set_attribute("http.response.status_code", response.status)
+            if response.status >= 500:  # includes every unknown outcome (502, 504)
+                span.set_status(SpanStatus(StatusCode.ERROR))
             return response
         finally:
             REQUEST_OBSERVER.reset(token)
+
+
+def _server_attributes(request: web.Request) -> dict[str, str | int]:
+    """The stable HTTP semantic conventions of a SERVER span. The path is the raw one, bounded,
+    as in the audit record: decoded, it can hold a NUL or worse."""
+    attributes: dict[str, str | int] = {
+        "http.request.method": request.method,
+        "url.path": _span_path(request),
+        "url.scheme": request.scheme,
+        "http.route": request.match_info.route.resource.canonical
+        if request.match_info.route.resource is not None
+        else request.path,
+    }
+    sockname = request.transport.get_extra_info("sockname") if request.transport else None
+    if isinstance(sockname, tuple) and len(sockname) >= 2:
+        attributes["server.address"], attributes["server.port"] = str(sockname[0]), sockname[1]
+    return attributes
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -27,6 +27,7 @@ import aiohttp
 import yarl
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
+from opentelemetry.instrumentation._semconv import OTEL_SEMCONV_STABILITY_OPT_IN, _StabilityMode
 from opentelemetry.instrumentation.aiohttp_client import create_trace_config
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
@@ -145,7 +146,10 @@ class Telemetry:
         """The aiohttp client instrumentation (a CLIENT span per provider call, its own
         ``traceparent`` injected) and a timer for the upstream latency histogram."""
         instrumentation = create_trace_config(
-            url_filter=_without_query, request_hook=_tag_operation, tracer_provider=self.provider
+            url_filter=_without_query,
+            request_hook=_tag_operation,
+            tracer_provider=self.provider,
+            sem_conv_opt_in_mode=http_semconv_mode(),
         )
         # Its end and exception hooks do nothing for a request whose start hook made no span.
         instrumentation.on_request_start[:] = [
@@ -207,3 +211,13 @@ def add_trace_ids(_logger: object, _method: str, event_dict: Any) -> Any:
         event_dict.setdefault("trace_id", format(span_context.trace_id, "032x"))
         event_dict.setdefault("span_id", format(span_context.span_id, "016x"))
     return event_dict
+
+
+def http_semconv_mode(environ: Mapping[str, str] | None = None) -> _StabilityMode:
+    """The HTTP semantic conventions of CLIENT spans: the stable ones, unless
+    ``OTEL_SEMCONV_STABILITY_OPT_IN`` asks for both (``http/dup``). The instrumentation's own
+    default is the old ones (``http.method``, ``http.url``), and ``create_trace_config`` reads
+    no environment: the mode must be passed (pinned by tests/observe/test_telemetry.py)."""
+    value = (environ if environ is not None else os.environ).get(OTEL_SEMCONV_STABILITY_OPT_IN, "")
+    wanted = {part.strip() for part in value.split(",")}
+    return _StabilityMode.HTTP_DUP if "http/dup" in wanted else _StabilityMode.HTTP

@@ -21,6 +21,7 @@ import structlog
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
 from proxy.observe.logs import log_processors
 from tests.observe.test_auditlog_chain import run_cli
@@ -200,6 +201,17 @@ async def test_one_operation_id_joins_row_audit_logs_spans_and_provider(
         )
         assert attributes["opgate.provider_status"] == 200
         assert line["span_id"] == format(server_span.context.span_id, "016x")
+        # the stable HTTP semantic conventions, on both sides
+        assert attributes["url.scheme"] == "http"
+        assert attributes["server.address"] == "127.0.0.1"
+        assert isinstance(attributes["server.port"], int)
+        assert attributes["http.route"]
+        assert attributes["http.response.status_code"] == 200
+        client = client_span.attributes or {}
+        assert client["http.request.method"] == "POST"
+        assert client["url.full"].endswith("/v1/refunds")
+        assert "http.method" not in client
+        assert "http.url" not in client
 
     [refund] = await list_refunds(localstripe_url, charge=charge)
     assert refund["metadata"]["operation_id"] == stripe_op["operation_id"]
@@ -436,3 +448,25 @@ async def test_metrics_need_no_token_and_count_what_happened(
     assert count[0].endswith(" 1")
     assert '"answer"' in count[0]
     assert "# TYPE opgate_upstream_seconds histogram" in text
+
+
+async def test_a_5xx_answer_marks_the_server_span_as_an_error(
+    observed: Observed, fault_provider: FaultProvider
+) -> None:
+    """The provider answered 500 (outcome unknown, 502 to the agent): the server span's status
+    is ERROR, so a trace view shows the failure without reading attributes."""
+    op = await observed.gate.approve()
+    fault_provider.mode = FaultMode.ERROR_AFTER_COMMIT
+    status, _, _ = await observed.gate.send(
+        "/fault/v1/refunds",
+        data="amount=500&currency=usd&charge=ch_1",
+        headers={"X-Operation-Id": op["operation_id"]},
+    )
+    assert status == 502
+    [span] = [
+        s
+        for s in observed.spans.get_finished_spans()
+        if s.name == "opgate.agent_request"
+        and (s.attributes or {}).get("opgate.operation_id") == op["operation_id"]
+    ]
+    assert span.status.status_code is StatusCode.ERROR

@@ -133,3 +133,16 @@ async def test_without_an_exporter_the_agents_trace_still_reaches_the_provider(
         if json.loads(text).get("event") == "request"
     ]
     assert (line["trace_id"], line["span_id"]) == (trace_id, parent_id)
+
+
+def test_client_spans_use_the_stable_http_conventions_unless_asked_for_both() -> None:
+    """OTEL_SEMCONV_STABILITY_OPT_IN has its documented effect: stable by default (opgate's
+    choice), both with http/dup. Pins the instrumentation's private mode names."""
+    from opentelemetry.instrumentation._semconv import _StabilityMode
+
+    from proxy.observe.telemetry import http_semconv_mode
+
+    assert http_semconv_mode({}) is _StabilityMode.HTTP
+    assert http_semconv_mode({"OTEL_SEMCONV_STABILITY_OPT_IN": "http"}) is _StabilityMode.HTTP
+    dup = {"OTEL_SEMCONV_STABILITY_OPT_IN": "database, http/dup"}
+    assert http_semconv_mode(dup) is _StabilityMode.HTTP_DUP
