@@ -41,6 +41,8 @@ class AuditRecord:
     started_monotonic: float = field(default_factory=time.monotonic, repr=False)
     time: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
     schema_version: int = AUDIT_SCHEMA_VERSION
+    # What the record is, in the log line (structlog's event) and in the stored record alike.
+    event: str = "request"
     listener: str = "agent"
     # The address the request came from (the TCP peer): what repeated unauthenticated denials
     # are counted by.
@@ -133,7 +135,7 @@ def emit(record: AuditRecord) -> None:
     redacted = redact_record(fields)
     token = ALREADY_REDACTED.set(True)
     try:
-        structlog.get_logger(AUDIT_LOGGER).info("request", **redacted)
+        structlog.get_logger(AUDIT_LOGGER).info(**redacted)  # the event: "request"
     finally:
         ALREADY_REDACTED.reset(token)
     if observer is not None:

@@ -161,7 +161,7 @@ async def test_one_operation_id_joins_row_audit_logs_spans_and_provider(
         row = await gate.operation(operation_id)
         assert row["status"] == "confirmed"
         records = await _audit_records(database_url, operation_id)
-        assert [(r["kind"], r.get("event") or r.get("decision")) for r in records] == [
+        assert [(r["kind"], r.get("decision") or r.get("event")) for r in records] == [
             ("transition", "created"),
             ("transition", "claimed"),
             ("transition", "confirmed"),
