@@ -48,8 +48,15 @@ class CredentialSource(Secrets):
         client_secret = self.secret(credential.secret)
         if client_secret is None:
             raise CredentialUnavailable(f"secret {credential.secret!r} is not configured")
+        client_id = credential.client_id
+        if credential.client_id_secret is not None:
+            client_id = self.secret(credential.client_id_secret)
+            if client_id is None:
+                name = credential.client_id_secret
+                raise CredentialUnavailable(f"secret {name!r} is not configured")
+        assert client_id is not None  # the model requires one of the two
         try:
-            token = await self.tokens.token(credential, client_secret, session)
+            token = await self.tokens.token(credential, client_id, client_secret, session)
         except TokenUnavailable as exc:
             raise CredentialUnavailable(str(exc)) from exc
         return f"{credential.scheme} {token}" if credential.scheme else token

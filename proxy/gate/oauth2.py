@@ -51,18 +51,20 @@ class TokenCache:
     async def token(
         self,
         credential: OAuth2ClientCredentials,
+        client_id: str,
         client_secret: str,
         session: aiohttp.ClientSession,
     ) -> str:
         """A fresh access token; TokenUnavailable if the token endpoint gives none."""
         digest = hashlib.sha256(client_secret.encode("utf-8")).hexdigest()
-        key: _Key = (credential.token_url, credential.client_id, credential.scope, digest)
+        key: _Key = (credential.token_url, client_id, credential.scope, digest)
         cached = self._tokens.get(key)
         if cached is not None and self._clock() < cached.refresh_at:
             return cached.value
         pending = self._fetching.get(key)
         if pending is None:
-            pending = asyncio.ensure_future(self._fetch(key, credential, client_secret, session))
+            fetching = self._fetch(key, credential, client_id, client_secret, session)
+            pending = asyncio.ensure_future(fetching)
             self._fetching[key] = pending
         # shielded: one waiter giving up (its agent hung up) must not cancel the others' fetch
         return (await asyncio.shield(pending)).value
@@ -71,13 +73,14 @@ class TokenCache:
         self,
         key: _Key,
         credential: OAuth2ClientCredentials,
+        client_id: str,
         client_secret: str,
         session: aiohttp.ClientSession,
     ) -> AccessToken:
         try:
             self.fetches += 1
             started = self._clock()
-            value, lifetime = await fetch_token(credential, client_secret, session)
+            value, lifetime = await fetch_token(credential, client_id, client_secret, session)
             token = AccessToken(value, started + lifetime - credential.refresh_before_seconds)
             if token.refresh_at > self._clock():
                 self._tokens[key] = token
@@ -89,7 +92,10 @@ class TokenCache:
 
 
 async def fetch_token(
-    credential: OAuth2ClientCredentials, client_secret: str, session: aiohttp.ClientSession
+    credential: OAuth2ClientCredentials,
+    client_id: str,
+    client_secret: str,
+    session: aiohttp.ClientSession,
 ) -> tuple[str, float]:
     """(access token, lifetime in seconds) from the token endpoint; TokenUnavailable otherwise."""
     form = {"grant_type": "client_credentials"}
@@ -98,10 +104,10 @@ async def fetch_token(
     headers = {"Accept": "application/json", "Content-Type": "application/x-www-form-urlencoded"}
     if credential.client_auth == "client_secret_basic":
         # RFC 6749 2.3.1: both are form-urlencoded before they are joined
-        pair = f"{quote(credential.client_id, safe='')}:{quote(client_secret, safe='')}"
+        pair = f"{quote(client_id, safe='')}:{quote(client_secret, safe='')}"
         headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
     else:
-        form |= {"client_id": credential.client_id, "client_secret": client_secret}
+        form |= {"client_id": client_id, "client_secret": client_secret}
     try:
         async with session.post(
             credential.token_url,

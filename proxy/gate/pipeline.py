@@ -222,8 +222,9 @@ def _prepare(
         injected["Content-Type"] = body.media_type
     if op is not None:
         injected["X-Operation-Id"] = op.operation_id
-        if provider.idempotency.header is not None:
-            injected[provider.idempotency.header] = op.idempotency_key
+        key_header = provider.key_header(target.rule)
+        if key_header is not None:
+            injected[key_header] = op.idempotency_key
         key_field = provider.key_field(target.rule)
         if key_field is not None:  # the approved key leaves where the provider reads it
             try:

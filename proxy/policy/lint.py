@@ -263,7 +263,8 @@ def _key_placement(provider: Provider, file: str, root: yaml.Node) -> Iterator[F
     if key.header is not None:
         return
     for j, rule in enumerate(provider.rules):
-        if rule.operation is OperationRequirement.REQUIRED and rule.body is BodyKind.NONE:
+        required = rule.operation is OperationRequirement.REQUIRED and rule.send_key
+        if required and rule.body is BodyKind.NONE:
             yield _at(
                 file,
                 _node(root, ("rules", j, "body")) or _node(root, ("rules", j)),

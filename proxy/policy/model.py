@@ -83,7 +83,9 @@ class OAuth2ClientCredentials(Strict):
 
     kind: Literal["oauth2_client_credentials"]
     token_url: Annotated[str, Field(pattern=r"^https?://[^/?#]+(/[^?#]*)?$")]
-    client_id: Annotated[str, Field(min_length=1)]
+    client_id: Annotated[str, Field(min_length=1)] | None = None
+    # or the name of a secret holding it, so that one policy serves every deployment
+    client_id_secret: Annotated[str, Field(pattern=_SECRET_NAME)] | None = None
     secret: Annotated[str, Field(pattern=_SECRET_NAME)]  # the client secret's name
     scope: str | None = None
     # client_secret_basic (RFC 6749 2.3.1, PayPal's way) or client_secret_post (in the form)
@@ -91,6 +93,12 @@ class OAuth2ClientCredentials(Strict):
     refresh_before_seconds: Annotated[float, Field(ge=0, le=3600)] = 60.0
     header: str = "Authorization"
     scheme: str | None = "Bearer"
+
+    @model_validator(mode="after")
+    def _one_client_id(self) -> OAuth2ClientCredentials:
+        if (self.client_id is None) == (self.client_id_secret is None):
+            raise ValueError("give exactly one of client_id and client_id_secret")
+        return self
 
 
 def _credential_kind(value: object) -> str:
@@ -294,6 +302,13 @@ class Rule(Strict):
     classify: Classification | None = None  # overrides the provider's default
     # False for provider calls that refuse metadata (e.g. Stripe's payment intent cancel).
     inject_metadata: bool = True
+    # Where this call keeps the operation id, when not at the provider's metadata_injection
+    # (PayPal: /purchase_units/0/custom_id on an order, /custom_id on a refund).
+    inject_metadata_at: str | None = None
+    # False for a call the provider takes no idempotency key on (Square's CancelPayment, which
+    # is idempotent by itself): opgate then sends no key, and the agent names the operation by
+    # X-Operation-Id.
+    send_key: bool = True
     reconcile: Reconcile | None = None
     mode: Mode | None = None  # None: the provider's mode
 
@@ -435,13 +450,19 @@ class Provider(Strict):
         injection = self.metadata_injection
         if injection is None or not rule.inject_metadata:
             return None
+        if rule.inject_metadata_at is not None:
+            return rule.inject_metadata_at
         return injection.field if isinstance(injection, FormFieldInjection) else injection.pointer
 
     def key_field(self, rule: Rule) -> str | None:
         """The body field carrying the idempotency key on ``rule``, if the key travels there."""
         if rule.operation is OperationRequirement.NONE or rule.body is BodyKind.NONE:
             return None
-        return self.idempotency.body_field
+        return self.idempotency.body_field if rule.send_key else None
+
+    def key_header(self, rule: Rule) -> str | None:
+        """The header carrying the idempotency key on ``rule``, if the key travels there."""
+        return self.idempotency.header if rule.send_key else None
 
     def currency_spelling(self, currency: str) -> str:
         """The approved currency as this provider takes it."""

@@ -74,8 +74,9 @@ def approved_request(provider: Provider, rule: Rule, op: Operation) -> dict[str,
         idempotency_key=op.idempotency_key,
     )
     headers = {"X-Operation-Id": op.operation_id}
-    if provider.idempotency.header is not None:
-        headers[provider.idempotency.header] = op.idempotency_key
+    key_header = provider.key_header(rule)
+    if key_header is not None:
+        headers[key_header] = op.idempotency_key
     request: dict[str, Any] = {
         "method": op.method,
         "path": provider.route_prefix + op.path,

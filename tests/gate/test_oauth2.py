@@ -71,11 +71,11 @@ async def test_the_token_is_cached_until_shortly_before_expiry(
     cache = TokenCache(clock=lambda: now[0])
     endpoint.expires_in = 300
     creds = credential(endpoint, refresh_before_seconds=60)
-    assert await cache.token(creds, "secret-1", session) == "tok_1"
+    assert await cache.token(creds, "client-1", "secret-1", session) == "tok_1"
     now[0] += 239
-    assert await cache.token(creds, "secret-1", session) == "tok_1"
+    assert await cache.token(creds, "client-1", "secret-1", session) == "tok_1"
     now[0] += 1  # 240 s: 60 s before the 300 s expiry
-    assert await cache.token(creds, "secret-1", session) == "tok_2"
+    assert await cache.token(creds, "client-1", "secret-1", session) == "tok_2"
     assert endpoint.requests == 2
 
 
@@ -85,9 +85,9 @@ async def test_a_rotated_secret_fetches_a_new_token(
     """The cache is keyed by the client secret too: a rotated secret is used at once."""
     cache = TokenCache()
     creds = credential(endpoint)
-    assert await cache.token(creds, "secret-1", session) == "tok_1"
+    assert await cache.token(creds, "client-1", "secret-1", session) == "tok_1"
     with pytest.raises(TokenUnavailable, match="answered 401"):
-        await cache.token(creds, "rotated", session)
+        await cache.token(creds, "client-1", "rotated", session)
     assert endpoint.requests == 2
 
 
