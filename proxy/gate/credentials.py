@@ -38,6 +38,7 @@ class CredentialSource(Secrets):
         self,
         credential: CredentialInjection | OAuth2ClientCredentials,
         session: aiohttp.ClientSession,
+        upstream_base: str = "",
     ) -> str:
         """The header value to send; CredentialUnavailable (with why) if there is none."""
         if isinstance(credential, CredentialInjection):
@@ -55,6 +56,10 @@ class CredentialSource(Secrets):
                 name = credential.client_id_secret
                 raise CredentialUnavailable(f"secret {name!r} is not configured")
         assert client_id is not None  # the model requires one of the two
+        if credential.token_url.startswith("/"):
+            credential = credential.model_copy(
+                update={"token_url": upstream_base + credential.token_url}
+            )
         try:
             token = await self.tokens.token(credential, client_id, client_secret, session)
         except TokenUnavailable as exc:
@@ -63,14 +68,17 @@ class CredentialSource(Secrets):
 
 
 async def provider_credential(
-    source: CredentialSource, session: aiohttp.ClientSession, provider: Provider
+    source: CredentialSource,
+    session: aiohttp.ClientSession,
+    provider: Provider,
+    upstream_base: str,
 ) -> dict[str, str] | Deny:
     """The header opgate authenticates to ``provider`` with (none if it needs none), or the
     refusal: fetched before the claim, so that a missing credential leaves nothing sent."""
     if provider.credential is None:
         return {}
     try:
-        value = await source.resolve(provider.credential, session)
+        value = await source.resolve(provider.credential, session, upstream_base)
     except CredentialUnavailable as exc:
         return Deny(Reason.CREDENTIAL_UNAVAILABLE, f"no credential for {provider.provider}: {exc}")
     return {provider.credential.header: value}

@@ -142,7 +142,8 @@ async def _look_up(
     gw: Gateway, provider: Provider, target: str, lookup: ReconcileLookup, op: Operation
 ) -> LookupResult:
     headers: CIMultiDict[str] = CIMultiDict({"Accept": "application/json"})
-    credential = await provider_credential(gw.credentials, gw.client, provider)
+    base = gw.upstream_base(provider.provider, provider.upstream)
+    credential = await provider_credential(gw.credentials, gw.client, provider, base)
     if isinstance(credential, Deny):
         return Inconclusive(credential.detail)
     headers.update(credential)

@@ -136,7 +136,9 @@ async def _process_admitted(
         return _replay(record, op)
 
     # 4. prepare what will leave (pure: it must not fail after the claim), then claim
-    credential = await provider_credential(gw.credentials, gw.client, target.provider)
+    provider = target.provider
+    base = gw.upstream_base(provider.provider, provider.upstream)
+    credential = await provider_credential(gw.credentials, gw.client, provider, base)
     if isinstance(credential, Deny):
         return _reject(record, credential, op)
     outbound = _prepare(gw, target, body, op, credential)

@@ -82,7 +82,8 @@ class OAuth2ClientCredentials(Strict):
     request fail closed (credential_unavailable), never leave unauthenticated."""
 
     kind: Literal["oauth2_client_credentials"]
-    token_url: Annotated[str, Field(pattern=r"^https?://[^/?#]+(/[^?#]*)?$")]
+    # absolute, or a path on the provider's upstream (so an upstream override moves it too)
+    token_url: Annotated[str, Field(pattern=r"^(https?://[^/?#]+)?/[^?#]*$")]
     client_id: Annotated[str, Field(min_length=1)] | None = None
     # or the name of a secret holding it, so that one policy serves every deployment
     client_id_secret: Annotated[str, Field(pattern=_SECRET_NAME)] | None = None
