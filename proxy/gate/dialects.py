@@ -126,7 +126,7 @@ def square(problem: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]
 
 def adyen(problem: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
     """Adyen's ``{"status", "errorCode", "message", "errorType"}``: the SDK raises its error
-    class for the status (422 AdyenAPIValidationError, 401, 403, ...) with that message."""
+    class for the status (422 AdyenAPIUnprocessableEntity, 401, 403, ...) with errorCode."""
     status = problem["status"]
     error_type = {401: "security", 403: "security"}.get(
         status, "internal" if status >= 500 else "validation"
