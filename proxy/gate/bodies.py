@@ -444,14 +444,24 @@ def _no_holes(node: Any) -> None:
 
 
 def _parent_object(document: dict[str, Any], pointer: str, *, create: bool) -> tuple[Any, str]:
-    """The object holding ``pointer``'s last token, and that token (parents created on demand)."""
+    """The object holding ``pointer``'s last token, and that token (parent objects created on
+    demand). A token that indexes an array (``/purchase_units/0/custom_id``) steps into an
+    element the body already has; arrays are never grown, and the holder is always an object."""
     node: Any = document
     *parents, leaf = [p.replace("~1", "/").replace("~0", "~") for p in pointer.split("/")[1:]]
     for name in parents:
-        child = node.setdefault(name, {}) if create else node.get(name)
-        if not isinstance(child, dict):
+        if isinstance(node, list):
+            position = int(name) if re.fullmatch(r"0|[1-9][0-9]*", name) else len(node)
+            if position >= len(node):
+                raise BodyRejected(f"{pointer}: the array has no element {name!r}")
+            child = node[position]
+        else:
+            child = node.setdefault(name, {}) if create else node.get(name)
+        if not isinstance(child, dict | list):
             raise BodyRejected(f"{pointer}: {name!r} is not an object")
         node = child
+    if not isinstance(node, dict):
+        raise BodyRejected(f"{pointer}: its parent is not an object")
     return node, leaf
 
 
