@@ -133,7 +133,7 @@ def test_json_rules_take_typed_params() -> None:
 
 
 PROBLEMS: list[tuple[str, dict[str, Any], list[str]]] = [
-    ("unknown provider", {"provider": "paypal"}, ["no provider 'paypal' in the loaded policy"]),
+    ("unknown provider", {"provider": "no-such-provider"}, ["no provider 'no-such-provider' in the loaded policy"]),
     (
         "unknown action",
         {"action": "refund.delete"},
