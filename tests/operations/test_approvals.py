@@ -133,7 +133,11 @@ def test_json_rules_take_typed_params() -> None:
 
 
 PROBLEMS: list[tuple[str, dict[str, Any], list[str]]] = [
-    ("unknown provider", {"provider": "no-such-provider"}, ["no provider 'no-such-provider' in the loaded policy"]),
+    (
+        "unknown provider",
+        {"provider": "no-such-provider"},
+        ["no provider 'no-such-provider' in the loaded policy"],
+    ),
     (
         "unknown action",
         {"action": "refund.delete"},
