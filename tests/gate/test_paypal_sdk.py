@@ -166,3 +166,29 @@ async def test_capture_and_refund_through_opgate(paypal_gate: Opgate, paypal: Fa
     assert refunded.status_code == 201, refunded.body
     assert refunded.body.custom_id == refund_op["operation_id"]
     assert [e["kind"] for e in paypal.effects] == ["order", "capture", "refund"]
+
+
+async def test_a_failing_token_endpoint_fails_closed_in_paypals_shape(
+    paypal_gate: Opgate, paypal: FakePayPal
+) -> None:
+    """When PayPal's token endpoint fails, nothing is sent and nothing is claimed: the SDK
+    raises ErrorException with credential_unavailable (503), and the approval still stands."""
+    paypal.tokens.fail_with = 500
+    op = await approve_order(paypal_gate)
+    with pytest.raises(ErrorException) as refused:
+        await asyncio.to_thread(
+            sdk(paypal_gate).orders.create_order,
+            {"body": order("10.99"), "paypal_request_id": op["idempotency_key"]},
+        )
+    assert refused.value.response_code == 503
+    assert refused.value.details[0].issue == "credential_unavailable"
+    assert paypal.posts() == []
+    assert (await paypal_gate.operation(op["operation_id"]))["status"] == "created"
+    paypal.tokens.fail_with = None
+    created = await asyncio.to_thread(
+        sdk(paypal_gate).orders.create_order,
+        {"body": order("10.99"), "paypal_request_id": op["idempotency_key"]},
+    )
+    assert created.status_code == 201
+    answer = created.text if hasattr(created, "text") else str(created.body)
+    assert all(token not in answer for token in paypal.tokens.issued)
