@@ -93,7 +93,7 @@ def identify_request(
     if unreadable is not None:
         return unreadable
     if forwarded is not None:
-        agent_or_deny = forwarded_agent(agents, forwarded, headers, auth_header)
+        agent_or_deny = forwarded_agent(agents, forwarded, headers, auth_header, raw=raw_auth)
         if isinstance(agent_or_deny, Deny):
             return agent_or_deny
         agent: Agent | None = agent_or_deny
