@@ -39,7 +39,14 @@ from pydantic import BaseModel, ValidationError
 
 from proxy.policy.fields import never_matches, param_matcher
 from proxy.policy.load import PolicyProblem, cross_file_problems, parse_policy_text
-from proxy.policy.model import BodyKind, FormFieldInjection, OperationRequirement, Provider, Rule
+from proxy.policy.model import (
+    BodyKind,
+    FormFieldInjection,
+    OAuth2ClientCredentials,
+    OperationRequirement,
+    Provider,
+    Rule,
+)
 from proxy.policy.paths import PathPattern, Segment
 
 SCHEMA_HINT = "see the policy JSON Schema (`opgate policy schema`)"
@@ -313,16 +320,22 @@ def _unconfigured_secret(
     provider: Provider, file: str, root: yaml.Node, secrets: SecretsCheck
 ) -> Iterator[Finding]:
     credential = provider.credential
-    if credential is None or secrets.configured(credential.secret):
+    if credential is None:
         return
-    yield _at(
-        file,
-        _node(root, ("credential", "secret")),
-        f"secret {credential.secret!r} of provider {provider.provider!r} is not configured",
-        f"set OPGATE_SECRET_{credential.secret.upper()} or write <secrets_dir>/"
-        f"{credential.secret}; until then its requests are refused (credential_unavailable)",
-        Severity.ERROR if secrets.required else Severity.WARNING,
-    )
+    named = [("secret", credential.secret)]
+    if isinstance(credential, OAuth2ClientCredentials) and credential.client_id_secret:
+        named.append(("client_id_secret", credential.client_id_secret))
+    for key, name in named:
+        if secrets.configured(name):
+            continue
+        yield _at(
+            file,
+            _node(root, ("credential", key)),
+            f"secret {name!r} of provider {provider.provider!r} is not configured",
+            f"set OPGATE_SECRET_{name.upper()} or write <secrets_dir>/"
+            f"{name}; until then its requests are refused (credential_unavailable)",
+            Severity.ERROR if secrets.required else Severity.WARNING,
+        )
 
 
 def _overlaps_across_files(parsed: list[tuple[Provider, Path, yaml.Node]]) -> Iterator[Finding]:

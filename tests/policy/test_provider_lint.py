@@ -98,3 +98,21 @@ def test_rules_are_still_checked_when_the_file_fails_the_schema() -> None:
     found = findings(text)
     assert any("Extra inputs" in m or "upstreem" in m for m in found), found
     assert any("'amount' is not a JSON pointer" in m for m in found), found
+
+
+def test_an_oauth2_client_id_secret_that_is_not_configured_is_reported() -> None:
+    """Both secrets an OAuth2 credential names are checked, the client id's too."""
+    from proxy.policy.lint import SecretsCheck
+
+    text = (
+        HEAD
+        + (
+            "credential: {kind: oauth2_client_credentials, token_url: /v1/oauth2/token,"
+            " client_id_secret: pp_id, secret: pp_secret}\n"
+        )
+        + rule("json", "free: [/x]")[len(HEAD) :]
+    )
+    found = lint_policy_texts(
+        [(Path("p.yaml"), text)], SecretsCheck(lambda name: name == "pp_secret", required=True)
+    )
+    assert [f.message for f in found] == ["secret 'pp_id' of provider 'p' is not configured"]
