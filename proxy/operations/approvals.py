@@ -18,7 +18,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    FiniteFloat,
     JsonValue,
     field_validator,
     model_validator,
@@ -36,9 +35,6 @@ from proxy.store.store import NewOperation
 
 # The ids opgate creates and accepts to create: a strict subset of what valid_operation_id reads
 _ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
-
-# finite: a NaN or Infinity could never be sent (bodies.py refuses them) nor stored as JSON
-Scalar = str | int | FiniteFloat | bool
 
 
 class OperationRequest(BaseModel):
