@@ -29,6 +29,7 @@ from proxy.gate.intake import (
     parse_request_body,
     refuse_before_reading,
     request_facts,
+    with_body_key,
 )
 from proxy.gate.reasons import REASONS
 from proxy.observe.audit import Decision as AuditDecision
@@ -144,7 +145,10 @@ def admit(policy: PolicySet, sample: SampleRequest) -> Admitted | Explanation:
     body = refused or parse_request_body(target, sample.body)
     if isinstance(body, Deny):
         return Explanation(policy.version, target, "body", None, None, body)
-    return target, body
+    keyed = with_body_key(target, body)
+    if isinstance(keyed, Deny):
+        return Explanation(policy.version, target, "body", None, None, keyed)
+    return keyed, body
 
 
 def conclude(policy: PolicySet, admitted: Admitted, op: Operation | None) -> Explanation:

@@ -30,6 +30,7 @@ from functools import cached_property, lru_cache
 from typing import Any
 from urllib.parse import quote, quote_plus
 
+from proxy.policy.fields import form_param_parts
 from proxy.policy.model import BodyKind
 
 JsonLeaf = str | int | float | bool | None | dict[str, Any] | list[Any]
@@ -80,6 +81,21 @@ class ParsedBody:
             return dict(_json_leaves(self.json, ""))
         return {}
 
+    def value_at(self, field: str) -> Any:
+        """What the body holds at ``field``: a JSON pointer's value (a leaf, or the whole object
+        or array below it), a form key's text; ABSENT if nothing is there. A ``*`` (params
+        grammar, proxy.policy.fields) yields the list of every array element's value, in order,
+        with ABSENT for an element that lacks it."""
+        if self.kind is BodyKind.JSON:
+            return _json_value(self.json or {}, field.split("/")[1:])
+        if self.kind is BodyKind.FORM:
+            parts = form_param_parts(field)
+            pairs = dict(self.form)
+            if parts is None:
+                return pairs.get(field, ABSENT)
+            return _form_elements(pairs, *parts)
+        return ABSENT
+
     def serialise(self) -> bytes:
         if self.kind is BodyKind.FORM:
             return "&".join(
@@ -104,6 +120,45 @@ class ParsedBody:
     @property
     def media_type(self) -> str | None:
         return _MEDIA_TYPES.get(self.kind)
+
+
+class _Absent:
+    """Nothing at that field (distinct from a JSON null)."""
+
+    def __repr__(self) -> str:
+        return "absent"
+
+
+ABSENT: Any = _Absent()
+
+
+def _json_value(node: Any, tokens: list[str]) -> Any:
+    for index, raw in enumerate(tokens):
+        if raw == "*":
+            if not isinstance(node, list):
+                return ABSENT
+            return [_json_value(item, tokens[index + 1 :]) for item in node]
+        token = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict):
+            node = node.get(token, ABSENT)
+        elif isinstance(node, list) and re.fullmatch(r"0|[1-9][0-9]*", token):
+            position = int(token)
+            node = node[position] if position < len(node) else ABSENT
+        else:
+            return ABSENT
+        if node is ABSENT:
+            return ABSENT
+    return node
+
+
+def _form_elements(pairs: dict[str, str], before: str, after: str) -> Any:
+    """``items[0][sku]``, ``items[1][sku]``... as a list; ABSENT if no index is sent, and a
+    gap (``items[0]``, ``items[2]``) leaves ABSENT at the missing position, never a shift."""
+    pattern = re.compile(re.escape(before) + r"\[(0|[1-9][0-9]*)\]" + re.escape(after))
+    found = {int(m.group(1)): v for k, v in pairs.items() if (m := pattern.fullmatch(k))}
+    if not found:
+        return ABSENT
+    return [found.get(i, ABSENT) for i in range(max(found) + 1)]
 
 
 def parse_body(kind: BodyKind, content_types: list[str], raw: bytes) -> ParsedBody:
@@ -312,35 +367,101 @@ def with_value(body: ParsedBody, field: str, value: str) -> ParsedBody:
     return body
 
 
-def body_from_fields(kind: BodyKind, fields: Mapping[str, JsonLeaf]) -> ParsedBody:
-    """The body holding exactly ``fields`` (form values are text; JSON fields are pointers)."""
+def body_from_fields(kind: BodyKind, fields: Mapping[str, Any]) -> ParsedBody:
+    """The body holding exactly ``fields`` (form values are text; JSON fields are pointers).
+    A ``*`` field (params grammar) takes a list: one element per array index, in order."""
     if kind is BodyKind.FORM:
-        pairs = tuple((k, v) for k, v in fields.items() if isinstance(v, str))
-        if len(pairs) != len(fields):
-            raise BodyRejected("form fields are text")
-        return ParsedBody(BodyKind.FORM, form=pairs)
+        pairs: list[tuple[str, str]] = []
+        for key, value in fields.items():
+            parts = form_param_parts(key)
+            values = value if parts is not None and isinstance(value, list) else [value]
+            for index, item in enumerate(values):
+                if not isinstance(item, str):
+                    raise BodyRejected("form fields are text")
+                pairs.append((f"{parts[0]}[{index}]{parts[1]}" if parts else key, item))
+        return ParsedBody(BodyKind.FORM, form=tuple(pairs))
     if kind is BodyKind.JSON:
-        document: dict[str, Any] = {}
+        root: dict[str, Any] = {}
         for pointer, value in fields.items():
-            node, leaf = _parent_object(document, pointer, create=True)
-            if leaf in node:
-                raise BodyRejected(f"{pointer} is written twice")
-            node[leaf] = value
-        return ParsedBody(BodyKind.JSON, json=document)
+            tokens = pointer.split("/")[1:]
+            if not tokens:
+                raise BodyRejected("the whole body is not a field")
+            _put(root, _unescape(tokens[0]), tokens[1:], value, pointer)
+        _no_holes(root)
+        return ParsedBody(BodyKind.JSON, json=root)
     if fields:
         raise BodyRejected("this call takes no body")
     return ParsedBody(BodyKind.NONE)
 
 
+_HOLE: Any = object()  # an array position no field has filled yet
+
+
+def _unescape(token: str) -> str:
+    return token.replace("~1", "/").replace("~0", "~")
+
+
+def _put(parent: Any, key: Any, tokens: list[str], value: Any, pointer: str) -> None:
+    """Write ``value`` at ``tokens`` below ``parent[key]``, creating objects and arrays."""
+    if not tokens:
+        if isinstance(parent, dict) and key in parent:
+            raise BodyRejected(f"{pointer} is written twice")
+        if isinstance(parent, list) and parent[key] is not _HOLE:
+            raise BodyRejected(f"{pointer} is written twice")
+        parent[key] = value
+        return
+    name, rest = tokens[0], tokens[1:]
+    if name == "*":
+        if not isinstance(value, list):
+            raise BodyRejected(f"{pointer} takes a list, one value per element")
+        child = _container(parent, key, list, pointer)
+        child.extend([_HOLE] * (len(value) - len(child)))
+        for index, item in enumerate(value):
+            _put(child, index, rest, item, pointer)
+        return
+    _put(_container(parent, key, dict, pointer), _unescape(name), rest, value, pointer)
+
+
+def _container(parent: Any, key: Any, kind: type, pointer: str) -> Any:
+    present = key in parent if isinstance(parent, dict) else parent[key] is not _HOLE
+    if not present:
+        parent[key] = kind()
+    child = parent[key]
+    if not isinstance(child, kind):
+        raise BodyRejected(f"{pointer}: {key!r} is not an {'array' if kind is list else 'object'}")
+    return child
+
+
+def _no_holes(node: Any) -> None:
+    if isinstance(node, dict):
+        for item in node.values():
+            _no_holes(item)
+    elif isinstance(node, list):
+        for item in node:
+            if item is _HOLE:
+                raise BodyRejected("the approved lists leave an array element empty")
+            _no_holes(item)
+
+
 def _parent_object(document: dict[str, Any], pointer: str, *, create: bool) -> tuple[Any, str]:
-    """The object holding ``pointer``'s last token, and that token (parents created on demand)."""
+    """The object holding ``pointer``'s last token, and that token (parent objects created on
+    demand). A token that indexes an array (``/purchase_units/0/custom_id``) steps into an
+    element the body already has; arrays are never grown, and the holder is always an object."""
     node: Any = document
     *parents, leaf = [p.replace("~1", "/").replace("~0", "~") for p in pointer.split("/")[1:]]
     for name in parents:
-        child = node.setdefault(name, {}) if create else node.get(name)
-        if not isinstance(child, dict):
+        if isinstance(node, list):
+            position = int(name) if re.fullmatch(r"0|[1-9][0-9]*", name) else len(node)
+            if position >= len(node):
+                raise BodyRejected(f"{pointer}: the array has no element {name!r}")
+            child = node[position]
+        else:
+            child = node.setdefault(name, {}) if create else node.get(name)
+        if not isinstance(child, dict | list):
             raise BodyRejected(f"{pointer}: {name!r} is not an object")
         node = child
+    if not isinstance(node, dict):
+        raise BodyRejected(f"{pointer}: its parent is not an object")
     return node, leaf
 
 

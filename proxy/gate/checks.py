@@ -9,14 +9,15 @@ different payload is told "422 mismatch" (IETF Idempotency-Key draft), not "here
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import lru_cache
 
-from proxy.gate.bodies import JsonLeaf, ParsedBody, reads_as_field
+from proxy.gate.bodies import ABSENT, ParsedBody, reads_as_field
 from proxy.gate.decision import ClaimKind, Decision, Deny, Forward, Replay
 from proxy.gate.reasons import Reason
+from proxy.policy import amounts
+from proxy.policy.amounts import AmountFormat
+from proxy.policy.fields import free_matcher, param_matcher
 from proxy.policy.model import BodyKind, Mode, OperationRequirement, Provider, Rule
 from proxy.store.operation import LastOutcome, Operation, Status
 
@@ -39,8 +40,9 @@ class RequestFacts:
     path_params: dict[str, str]
     body: ParsedBody
     named_operation_id: str | None  # from X-Operation-Id
-    idempotency_key: str | None  # from the provider's idempotency header
+    idempotency_key: str | None  # from the provider's idempotency header or body field
     injected_field: str | None  # the metadata field opgate will set (form key or JSON pointer)
+    key_field: str | None = None  # the body field carrying the idempotency key, if any
 
 
 Check = Callable[[RequestFacts, Operation], Deny | None]
@@ -76,23 +78,31 @@ def check_idempotency_key(facts: RequestFacts, op: Operation) -> Deny | None:
 
 
 def check_amount(facts: RequestFacts, op: Operation) -> Deny | None:
-    if facts.rule.amount is None:
+    """The amount, in the rule's format, must spell exactly the approved minor units: for a
+    decimal amount, in the approved currency's exponent (``"10.99"`` USD, never ``"10.990"``)."""
+    rule = facts.rule
+    if rule.amount is None:
         return None
-    sent = facts.body.fields().get(facts.rule.amount)
-    if _amount_value(sent, facts.body.kind) != op.amount or (sent is None) != (op.amount is None):
-        return Deny(
-            Reason.AMOUNT_MISMATCH,
-            f"{facts.rule.amount} is {_show(sent)}, approved {_show(op.amount)}",
-        )
-    return None
+    sent = facts.body.value_at(rule.amount)
+    if sent is ABSENT and op.amount is None:
+        return None
+    as_text = facts.body.kind is BodyKind.FORM
+    read = amounts.read(rule.amount_format, sent, op.currency, as_text=as_text)
+    if op.amount is not None and read == op.amount:
+        return None
+    approved = _show(op.amount)
+    if op.amount is not None and rule.amount_format is AmountFormat.DECIMAL:
+        spelt = amounts.spelling(rule.amount_format, op.amount, op.currency, as_text=as_text)
+        approved = f"{spelt!r} ({op.amount} minor units of {op.currency})"
+    return Deny(Reason.AMOUNT_MISMATCH, f"{rule.amount} is {_show(sent)}, approved {approved}")
 
 
 def check_currency(facts: RequestFacts, op: Operation) -> Deny | None:
     if facts.rule.currency is None:
         return None
-    sent = facts.body.fields().get(facts.rule.currency)
+    sent = facts.body.value_at(facts.rule.currency)
     expected = op.currency
-    if (sent is None and expected is None) or same_currency(sent, expected):
+    if (sent is ABSENT and expected is None) or same_currency(sent, expected):
         return None
     return Deny(
         Reason.CURRENCY_MISMATCH,
@@ -100,7 +110,7 @@ def check_currency(facts: RequestFacts, op: Operation) -> Deny | None:
     )
 
 
-def same_currency(sent: JsonLeaf, approved: str | None) -> bool:
+def same_currency(sent: object, approved: str | None) -> bool:
     """ASCII letters compared without case, nothing else: Unicode case mapping would equate
     the Kelvin sign with k (``\u212aes`` lowers to ``kes``). The approved spelling is what
     leaves (pipeline), never the agent's."""
@@ -113,10 +123,11 @@ def same_currency(sent: JsonLeaf, approved: str | None) -> bool:
 
 
 def check_params(facts: RequestFacts, op: Operation) -> Deny | None:
-    fields = facts.body.fields()
+    """Each approved parameter exactly: a list or object as a whole (order included, no
+    element more or less), a ``*`` pattern as the list of every element's value."""
     for name in facts.rule.params:
-        sent, approved = fields.get(name), op.params.get(name)
-        if not _same_leaf(sent, approved):
+        sent, approved = facts.body.value_at(name), op.params.get(name, ABSENT)
+        if not same_value(sent, approved):
             return Deny(
                 Reason.PARAMETER_MISMATCH, f"{name} is {_show(sent)}, approved {_show(approved)}"
             )
@@ -126,9 +137,14 @@ def check_params(facts: RequestFacts, op: Operation) -> Deny | None:
 def check_no_unexpected_fields(facts: RequestFacts, op: Operation) -> Deny | None:
     """Fail closed on fields nobody approved: the agent may only set what the rule lets it."""
     rule = facts.rule
-    named = {f for f in (rule.amount, rule.currency, facts.injected_field, *rule.params) if f}
+    json = facts.body.kind is BodyKind.JSON
+    named = {f for f in (rule.amount, rule.currency, facts.injected_field, facts.key_field) if f}
     for field in facts.body.fields():
-        if field in named or any(_free_pattern(p).fullmatch(field) for p in rule.free):
+        if field in named:
+            continue
+        if any(param_matcher(p, json=json).fullmatch(field) for p in rule.params):
+            continue
+        if any(free_matcher(p, json=json).fullmatch(field) for p in rule.free):
             continue
         return Deny(Reason.PARAMETER_UNEXPECTED, f"{field} is neither approved nor free to set")
     return None
@@ -287,29 +303,22 @@ def reconcile_required(provider: Provider, op: Operation, retry_after: int | Non
     )
 
 
-def _amount_value(sent: JsonLeaf, kind: BodyKind) -> int | None:
-    """The amount as an integer, or None if absent or not written canonically."""
-    if kind is BodyKind.FORM and isinstance(sent, str):
-        if sent == "0" or (sent[:1] in "123456789" and sent.isascii() and sent.isdigit()):
-            return int(sent)
-        return None
-    if isinstance(sent, int) and not isinstance(sent, bool):
-        return sent
-    return None
-
-
-@lru_cache(maxsize=1024)
-def _free_pattern(glob: str) -> re.Pattern[str]:
-    """``*`` matches any run of characters; everything else is literal. Not fnmatch: its
-    ``[...]`` is a character class, so ``metadata[*]`` would match only ``metadata*``."""
-    return re.compile(".*".join(re.escape(part) for part in glob.split("*")), re.DOTALL)
-
-
-def _same_leaf(sent: JsonLeaf, approved: object) -> bool:
-    if sent is None or approved is None:
-        return sent is None and approved is None
-    # bool is an int in Python; True must not match an approved 1
-    return type(sent) is type(approved) and sent == approved
+def same_value(sent: object, approved: object) -> bool:
+    """Equal and of the same JSON types all the way down: True never matches an approved 1,
+    1.0 never matches 1, and lists compare in order."""
+    if type(sent) is not type(approved):
+        return False
+    if isinstance(sent, list):
+        assert isinstance(approved, list)
+        return len(sent) == len(approved) and all(
+            same_value(a, b) for a, b in zip(sent, approved, strict=True)
+        )
+    if isinstance(sent, dict):
+        assert isinstance(approved, dict)
+        return sent.keys() == approved.keys() and all(
+            same_value(sent[k], approved[k]) for k in sent
+        )
+    return bool(sent == approved)
 
 
 def _show(value: object) -> str:

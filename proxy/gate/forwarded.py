@@ -92,13 +92,17 @@ def forwarded_agent(
     forwarded: ForwardedRequest,
     headers: CIMultiDictProxy[str],
     provider_auth_header: str | None,
+    *,
+    raw: bool = False,
 ) -> Agent | Deny:
     """The agent the proxy credential authenticated. The provider's auth header is not a
     credential in forward mode (an SDK must send some api key; opgate replaces it), but one
-    that carries another agent's token makes the request ambiguous."""
+    that carries another agent's token makes the request ambiguous. ``raw``: that header is an
+    API-key header, holding a token bare."""
     for name in ("Proxy-Authorization", provider_auth_header):
         for value in headers.getall(name, []) if name else []:
-            token = credential_from(value)
+            bare = raw and name == provider_auth_header
+            token = value.strip() if bare else credential_from(value)
             other = agents.lookup(token) if token else None
             if other is not None and other != forwarded.agent:
                 return Deny(Reason.AMBIGUOUS_REQUEST, f"{name} carries another agent's token")

@@ -97,10 +97,17 @@ def credential_from(value: str) -> str | None:
     return secret if secret is not None and secret.isascii() and secret.isprintable() else None
 
 
+def _bare_token(value: str) -> str | None:
+    secret = value.strip()
+    return secret if secret and secret.isascii() and secret.isprintable() else None
+
+
 def presented_agent_token(
-    headers: CIMultiDictProxy[str], provider_auth_header: str | None
+    headers: CIMultiDictProxy[str], provider_auth_header: str | None, *, raw: bool = False
 ) -> str | None:
-    """The one agent token in the request; two different ones are ambiguous and refused."""
+    """The one agent token in the request; two different ones are ambiguous and refused.
+    ``raw``: the provider's auth header is an API-key header (Adyen's ``X-API-Key``), whose
+    value is the token itself, with no scheme."""
     found: list[str] = []
     for name in ("Proxy-Authorization", provider_auth_header):
         if name is None:
@@ -109,7 +116,8 @@ def presented_agent_token(
         if len(values) > 1:
             raise AmbiguousCredentials(f"{name} is sent more than once")
         if values:
-            token = credential_from(values[0])
+            bare = raw and name == provider_auth_header
+            token = _bare_token(values[0]) if bare else credential_from(values[0])
             if token is not None:
                 found.append(token)
     if len(set(found)) > 1:

@@ -10,12 +10,12 @@ a request written in a file.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aiohttp import HttpVersion11, web
 from multidict import CIMultiDictProxy
 
-from proxy.gate.bodies import BodyRejected, ParsedBody, parse_body
+from proxy.gate.bodies import ABSENT, BodyRejected, ParsedBody, parse_body
 from proxy.gate.checks import Agent, RequestFacts
 from proxy.gate.decision import Deny
 from proxy.gate.forwarded import (
@@ -83,20 +83,23 @@ def identify_request(
         return Deny(Reason.NO_ROUTE, f"no provider is routed at {raw_path}")
     provider = route.provider
     auth_header = provider.credential.header if provider.credential else None
-    duplicated = duplicated_header(headers, (provider.idempotency.header,))
+    # An API-key header (no scheme) carries the agent's token bare, as the SDK's api key.
+    raw_auth = provider.credential is not None and provider.credential.scheme is None
+    key_header = provider.idempotency.header
+    duplicated = duplicated_header(headers, (key_header,) if key_header else ())
     if duplicated is not None:
         return Deny(Reason.AMBIGUOUS_REQUEST, f"{duplicated} is sent more than once")
-    unreadable = refuse_unreadable_headers(headers, provider.idempotency.header)
+    unreadable = refuse_unreadable_headers(headers, key_header)
     if unreadable is not None:
         return unreadable
     if forwarded is not None:
-        agent_or_deny = forwarded_agent(agents, forwarded, headers, auth_header)
+        agent_or_deny = forwarded_agent(agents, forwarded, headers, auth_header, raw=raw_auth)
         if isinstance(agent_or_deny, Deny):
             return agent_or_deny
         agent: Agent | None = agent_or_deny
     else:
         try:
-            token = presented_agent_token(headers, auth_header)
+            token = presented_agent_token(headers, auth_header, raw=raw_auth)
         except AmbiguousCredentials as exc:
             return Deny(Reason.AMBIGUOUS_REQUEST, str(exc))
         agent = agents.lookup(token) if token else None
@@ -120,13 +123,15 @@ def identify_request(
         query=query,
         path_params=matched.path_params,
         named_operation_id=headers.get("X-Operation-Id"),
-        idempotency_key=headers.get(provider.idempotency.header),
+        idempotency_key=headers.get(key_header) if key_header else None,
         headers=headers,
         forwarded=forwarded is not None,
     )
 
 
-def refuse_unreadable_headers(headers: CIMultiDictProxy[str], key_header: str) -> Deny | None:
+def refuse_unreadable_headers(
+    headers: CIMultiDictProxy[str], key_header: str | None
+) -> Deny | None:
     """Header values are read (and some looked up, hashed or forwarded) only if they are
     printable ASCII; the operation's names also follow the operation id grammar. The detail
     names the header, never its value (it may be a credential)."""
@@ -135,7 +140,7 @@ def refuse_unreadable_headers(headers: CIMultiDictProxy[str], key_header: str) -
         return Deny(
             Reason.OPERATION_ID_INVALID, "X-Operation-Id must be 1-255 printable ASCII characters"
         )
-    key = headers.get(key_header)
+    key = headers.get(key_header) if key_header else None
     if key is not None and not valid_operation_id(key):
         return Deny(Reason.HEADER_INVALID, f"{key_header} must be 1-255 printable ASCII characters")
     unreadable = unreadable_header(headers)
@@ -199,6 +204,24 @@ def parse_request_body(target: Target, raw: bytes) -> ParsedBody | Deny:
         return Deny(reason, str(exc))
 
 
+def with_body_key(target: Target, body: ParsedBody) -> Target | Deny:
+    """``target`` with the idempotency key the body carries, where the provider reads it there
+    (Square's ``idempotency_key``): it names the operation as a header key does. A key in both
+    places must be the same one, or the request means two operations."""
+    field = target.provider.key_field(target.rule)
+    if field is None:
+        return target
+    sent = body.value_at(field)
+    if sent is ABSENT:
+        return target
+    if not isinstance(sent, str) or not valid_operation_id(sent):
+        return Deny(Reason.BODY_INVALID, f"{field} must be 1-255 printable ASCII characters")
+    if target.idempotency_key is not None and target.idempotency_key != sent:
+        header = target.provider.idempotency.header
+        return Deny(Reason.AMBIGUOUS_REQUEST, f"{header} and {field} carry different keys")
+    return replace(target, idempotency_key=sent)
+
+
 def request_facts(target: Target, body: ParsedBody) -> RequestFacts:
     """Everything the checks look at."""
     return RequestFacts(
@@ -212,6 +235,7 @@ def request_facts(target: Target, body: ParsedBody) -> RequestFacts:
         named_operation_id=target.named_operation_id,
         idempotency_key=target.idempotency_key,
         injected_field=target.provider.metadata_field(target.rule),
+        key_field=target.provider.key_field(target.rule),
     )
 
 

@@ -24,6 +24,8 @@ from multidict import CIMultiDict
 
 from proxy.errors import UpstreamError
 from proxy.gate import upstream
+from proxy.gate.credentials import provider_credential
+from proxy.gate.decision import Deny
 from proxy.gate.gateway import Gateway
 from proxy.policy.model import Provider, Reconcile, ReconcileLookup
 from proxy.store.operation import Operation
@@ -140,11 +142,11 @@ async def _look_up(
     gw: Gateway, provider: Provider, target: str, lookup: ReconcileLookup, op: Operation
 ) -> LookupResult:
     headers: CIMultiDict[str] = CIMultiDict({"Accept": "application/json"})
-    if provider.credential is not None:
-        credential = gw.credentials.header_value(provider.credential)
-        if credential is None:
-            return Inconclusive(f"no credential for {provider.provider}")
-        headers[provider.credential.header] = credential
+    base = gw.upstream_base(provider.provider, provider.upstream)
+    credential = await provider_credential(gw.credentials, gw.client, provider, base)
+    if isinstance(credential, Deny):
+        return Inconclusive(credential.detail)
+    headers.update(credential)
     outbound = upstream.OutboundRequest(
         method="GET",
         url=gw.upstream_base(provider.provider, provider.upstream) + target,

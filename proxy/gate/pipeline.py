@@ -27,11 +27,20 @@ from proxy.gate import upstream
 from proxy.gate.bodies import BodyRejected, ParsedBody, inject, with_value
 from proxy.gate.checks import concealed, decide, decide_by_state, same_currency
 from proxy.gate.classify import Settled, Unknown, classify_answer
+from proxy.gate.credentials import provider_credential
 from proxy.gate.decision import ClaimKind, Deny, Forward, Replay
+from proxy.gate.dialects import in_dialect
 from proxy.gate.forwarded import FORWARDED
 from proxy.gate.gateway import GATEWAY, Gateway
 from proxy.gate.headers import outbound_headers, response_headers
-from proxy.gate.intake import Target, identify, load_operation, read_body, request_facts
+from proxy.gate.intake import (
+    Target,
+    identify,
+    load_operation,
+    read_body,
+    request_facts,
+    with_body_key,
+)
 from proxy.gate.limits import Slot
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
@@ -59,6 +68,9 @@ async def handle_agent_request(request: web.Request) -> web.StreamResponse:
         record.listener, record.destination = "forward", forwarded.origin.authority
     try:
         response = await _process(gateway, policy, request, record)
+        provider = policy.provider_named(record.provider) if record.provider else None
+        if provider is not None:  # opgate's refusals in the provider's dialect (errors:)
+            response = in_dialect(response, provider.errors)
         record.response_status = response.status
         return response
     finally:
@@ -97,6 +109,10 @@ async def _process_admitted(
         if body.reason is Reason.BODY_TIMEOUT:
             response.force_close()  # the rest of a late body is not waited for either
         return response
+    keyed = with_body_key(target, body)  # a key the provider reads in the body names it too
+    if isinstance(keyed, Deny):
+        return _reject(record, keyed)
+    target = keyed
     facts = request_facts(target, body)
 
     # 2. load the authoritative row from the primary
@@ -120,7 +136,12 @@ async def _process_admitted(
         return _replay(record, op)
 
     # 4. prepare what will leave (pure: it must not fail after the claim), then claim
-    outbound = _prepare(gw, target, body, op)
+    provider = target.provider
+    base = gw.upstream_base(provider.provider, provider.upstream)
+    credential = await provider_credential(gw.credentials, gw.client, provider, base)
+    if isinstance(credential, Deny):
+        return _reject(record, credential, op)
+    outbound = _prepare(gw, target, body, op, credential)
     if isinstance(outbound, Deny):
         return _reject(record, outbound, op)
     if decision.claim is not ClaimKind.NONE:
@@ -191,24 +212,32 @@ async def _forward_and_record(
 
 
 def _prepare(
-    gw: Gateway, target: Target, body: ParsedBody, op: Operation | None
+    gw: Gateway,
+    target: Target,
+    body: ParsedBody,
+    op: Operation | None,
+    credential: dict[str, str],
 ) -> OutboundRequest | Deny:
     provider = target.provider
-    injected: dict[str, str] = {}
-    if provider.credential is not None:
-        credential = gw.credentials.header_value(provider.credential)
-        if credential is None:
-            return Deny(Reason.CREDENTIAL_UNAVAILABLE, f"no credential for {provider.provider}")
-        injected[provider.credential.header] = credential
+    injected = dict(credential)
     if body.media_type is not None:
         injected["Content-Type"] = body.media_type
     if op is not None:
         injected["X-Operation-Id"] = op.operation_id
-        injected[provider.idempotency.header] = op.idempotency_key
+        key_header = provider.key_header(target.rule)
+        if key_header is not None:
+            injected[key_header] = op.idempotency_key
+        key_field = provider.key_field(target.rule)
+        if key_field is not None:  # the approved key leaves where the provider reads it
+            try:
+                body = inject(body, key_field, op.idempotency_key)
+            except BodyRejected as exc:
+                return Deny(Reason.INJECTION_CONFLICT, str(exc))
         currency = target.rule.currency
         if currency and same_currency(body.fields().get(currency), op.currency):
             assert op.currency is not None
-            body = with_value(body, currency, op.currency)  # the approved spelling leaves
+            # the approved spelling leaves, in the provider's case
+            body = with_value(body, currency, provider.currency_spelling(op.currency))
         field = provider.metadata_field(target.rule)
         if field is not None:
             try:

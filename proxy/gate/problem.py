@@ -10,6 +10,9 @@ from aiohttp import web
 from proxy.gate.reasons import REASONS, Reason
 
 PROBLEM_TYPE_BASE = "https://opgate.dev/problems/"
+# On one of opgate's own refusals: its problem body, for rendering in a provider's dialect
+# (proxy.gate.dialects). A provider's answer passed through never carries it.
+PROBLEM = web.ResponseKey("opgate_problem", dict)
 
 
 def problem_response(
@@ -45,6 +48,7 @@ def problem_response(
         response.headers["X-Operation-Status"] = operation_status
     if retry_after is not None:
         response.headers["Retry-After"] = str(retry_after)
+    response[PROBLEM] = body
     return response
 
 

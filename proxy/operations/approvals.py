@@ -9,14 +9,25 @@ provider's memory of its idempotency key.
 
 from __future__ import annotations
 
+import math
 import secrets
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    field_validator,
+    model_validator,
+)
 
-from proxy.gate.bodies import BodyRejected, JsonLeaf, body_from_fields
+from proxy.gate.approved import approved_fields
+from proxy.gate.bodies import BodyRejected, body_from_fields
 from proxy.gate.identity import valid_operation_id
+from proxy.policy import amounts
+from proxy.policy.amounts import AmountFormat
 from proxy.policy.model import BodyKind, OperationRequirement, Provider, Rule
 from proxy.policy.set import PolicySet
 from proxy.store.operation import Operation, Status
@@ -24,9 +35,6 @@ from proxy.store.store import NewOperation
 
 # The ids opgate creates and accepts to create: a strict subset of what valid_operation_id reads
 _ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
-
-# finite: a NaN or Infinity could never be sent (bodies.py refuses them) nor stored as JSON
-Scalar = str | int | FiniteFloat | bool
 
 
 class OperationRequest(BaseModel):
@@ -43,7 +51,9 @@ class OperationRequest(BaseModel):
     # strict: money is a JSON integer; "100", true and 100.0 are refused, not coerced
     amount: Annotated[int, Field(strict=True, ge=0, le=2**53 - 1)] | None = None
     currency: Annotated[str, Field(pattern=r"^[A-Za-z]{3}$")] | None = None
-    params: dict[str, Scalar] = Field(default_factory=dict)
+    # text, numbers and booleans; on a JSON rule also lists and objects (compared exactly), and
+    # a `*` parameter takes the list of every element's value
+    params: dict[str, JsonValue] = Field(default_factory=dict)
     idempotency_key: str | None = None
     approval_ref: Annotated[str, Field(min_length=1, max_length=256)]
     approved_by: Annotated[str, Field(min_length=1, max_length=256)]
@@ -52,6 +62,15 @@ class OperationRequest(BaseModel):
     # longer approved). The link records that the old approval is evidence, not permission.
     supersedes: Annotated[str, Field(pattern=_ID)] | None = None
     ttl_seconds: Annotated[int, Field(strict=True, gt=0, le=30 * 86400)] | None = None
+
+    @field_validator("params")
+    @classmethod
+    def _sendable_values(cls, params: dict[str, JsonValue]) -> dict[str, JsonValue]:
+        for name, value in params.items():
+            problem = _unsendable(value)
+            if problem:
+                raise ValueError(f"parameter {name}: {problem}")
+        return params
 
     @model_validator(mode="after")
     def _one_expiry(self) -> OperationRequest:
@@ -62,6 +81,20 @@ class OperationRequest(BaseModel):
         if self.idempotency_key is not None and not valid_operation_id(self.idempotency_key):
             raise ValueError("idempotency_key must be 1-255 printable ASCII characters")
         return self
+
+
+def _unsendable(value: object) -> str | None:
+    """Why a parameter value could never be sent as JSON exactly: a null (absent is how an
+    approval says "not sent"), a NaN or an infinity (bodies.py refuses them)."""
+    if value is None:
+        return "null is not a value: leave the parameter out"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "a number must be finite"
+    if isinstance(value, list):
+        return next((p for v in value if (p := _unsendable(v))), None)
+    if isinstance(value, dict):
+        return next((p for v in value.values() if (p := _unsendable(v))), None)
+    return None
 
 
 def new_operation_id() -> str:
@@ -99,16 +132,27 @@ def plan_operation(
     unknown = sorted(set(req.params) - set(rule.params))
     if unknown:
         problems.append(f"rule {rule.name} compares no parameters {unknown}")
-    if rule.body is BodyKind.FORM:
-        non_text = sorted(k for k, v in req.params.items() if not isinstance(v, str))
-        if non_text:
-            problems.append(f"form parameters are text; {non_text} are not strings")
+    problems.extend(_param_shape_problems(rule, req.params))
+    decimal = rule.amount_format is AmountFormat.DECIMAL
+    if (
+        decimal
+        and req.amount is not None
+        and amounts.decimal_spelling(req.amount, req.currency) is None
+    ):
+        problems.append(
+            f"rule {rule.name} spells the amount as a decimal, and opgate knows no ISO 4217 "
+            f"exponent for currency {req.currency!r}"
+        )
+    key = req.idempotency_key or new_idempotency_key()
+    key_problem = provider.idempotency.key_problem(key)
+    if key_problem is not None:
+        problems.append(f"{key_problem} ({provider.provider}'s limit)")
     expires_at = req.expires_at or now + timedelta(seconds=req.ttl_seconds or 0)
     if expires_at <= now:
         problems.append("the approval has already expired")
     problems.extend(_outlives_key_retention(provider, expires_at - now))
     if not problems:
-        problems.extend(_too_large_to_send(provider, rule, req))
+        problems.extend(_too_large_to_send(provider, rule, req, key))
     if problems:
         return problems
     params: dict[str, Any] = dict(req.params)
@@ -124,7 +168,7 @@ def plan_operation(
         amount=req.amount,
         currency=req.currency.lower() if req.currency else None,
         params=params,
-        idempotency_key=req.idempotency_key or new_idempotency_key(),
+        idempotency_key=key,
         approval_ref=req.approval_ref,
         approved_by=req.approved_by,
         expires_at=expires_at,
@@ -148,14 +192,47 @@ def _outlives_key_retention(provider: Provider, lifetime: timedelta) -> list[str
     ]
 
 
-def _too_large_to_send(provider: Provider, rule: Rule, req: OperationRequest) -> list[str]:
+def _param_shape_problems(rule: Rule, params: dict[str, Any]) -> list[str]:
+    """Each approved parameter must be a value a request of this rule can carry: text in a
+    form, a list for a ``*`` parameter (one value per element), nested as deep as its stars."""
+    problems: list[str] = []
+    non_text: list[str] = []
+    for name, value in sorted(params.items()):
+        depth = name.count("*")
+        if not _list_depth_fits(value, depth):
+            problems.append(f"parameter {name} takes {depth} nested list(s), one value per element")
+        elif rule.body is BodyKind.FORM and not _all_text(value, depth):
+            non_text.append(name)
+    if non_text:
+        problems.append(f"form parameters are text; {non_text} are not strings")
+    return problems
+
+
+def _list_depth_fits(value: Any, depth: int) -> bool:
+    if depth == 0:
+        return True
+    return isinstance(value, list) and all(_list_depth_fits(v, depth - 1) for v in value)
+
+
+def _all_text(value: Any, depth: int) -> bool:
+    if depth == 0:
+        return isinstance(value, str)
+    return all(_all_text(v, depth - 1) for v in value)
+
+
+def _too_large_to_send(
+    provider: Provider, rule: Rule, req: OperationRequest, key: str
+) -> list[str]:
     """The smallest body an agent could send for this approval (the approved fields, nothing
     else) must fit the provider's request-body limit, or no request can ever carry it."""
-    fields: dict[str, JsonLeaf] = dict(req.params)
-    if rule.amount is not None and req.amount is not None:
-        fields[rule.amount] = req.amount if rule.body is BodyKind.JSON else str(req.amount)
-    if rule.currency is not None and req.currency is not None:
-        fields[rule.currency] = req.currency.lower()
+    fields = approved_fields(
+        provider,
+        rule,
+        amount=req.amount,
+        currency=req.currency.lower() if req.currency else None,
+        params=req.params,
+        idempotency_key=key,
+    )
     try:
         size = body_from_fields(rule.body, fields).smallest_size()
     except BodyRejected as exc:

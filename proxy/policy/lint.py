@@ -10,7 +10,13 @@ what loads but cannot be meant:
 - a rule comparing the field opgate injects the operation id into (or a parent or child of it),
   or a form-field injection on a JSON rule (and the reverse): the injection cannot work;
 - a credential secret that is not configured: a warning, unless the check is told where the
-  deployment's secrets are (``--secrets-dir``), when it is an error.
+  deployment's secrets are (``--secrets-dir``), when it is an error;
+- a field a rule can never read: on a JSON rule every field must be a JSON pointer, on a form
+  rule a form key; ``*`` where it means nothing (proxy.policy.fields); a parameter compared
+  both whole and element by element; an idempotency key that a rule's requests cannot carry.
+
+A file that fails the schema still has its rules checked one by one, where they parse: one
+typo does not hide the findings that would follow it.
 
 Errors make ``opgate policy check`` exit non-zero, and a reload or a start refuse the set.
 """
@@ -29,10 +35,18 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
+from proxy.policy.fields import never_matches, param_matcher
 from proxy.policy.load import PolicyProblem, cross_file_problems, parse_policy_text
-from proxy.policy.model import BodyKind, FormFieldInjection, Provider, Rule
+from proxy.policy.model import (
+    BodyKind,
+    FormFieldInjection,
+    OAuth2ClientCredentials,
+    OperationRequirement,
+    Provider,
+    Rule,
+)
 from proxy.policy.paths import PathPattern, Segment
 
 SCHEMA_HINT = "see the policy JSON Schema (`opgate policy schema`)"
@@ -78,6 +92,8 @@ def lint_policy_texts(
     for path, text in texts:
         provider, problems = parse_policy_text(text, str(path))
         findings.extend(_from_problem(p) for p in problems)
+        if provider is None and problems:
+            findings.extend(_rules_of_unloadable_file(text, str(path)))
         if provider is not None:
             node = yaml.compose(text, Loader=yaml.SafeLoader)
             assert node is not None  # it parsed into a provider
@@ -95,6 +111,9 @@ def lint_policy_texts(
     for provider, path, node in parsed:
         findings.extend(_shadowed_rules(provider, str(path), node))
         findings.extend(_injection_collisions(provider, str(path), node))
+        for j, rule in enumerate(provider.rules):
+            findings.extend(_field_grammar(rule, str(path), node, j))
+        findings.extend(_key_placement(provider, str(path), node))
         if secrets is not None:
             findings.extend(_unconfigured_secret(provider, str(path), node, secrets))
     findings.extend(_overlaps_across_files(parsed))
@@ -202,6 +221,84 @@ def _injection_collisions(provider: Provider, file: str, root: yaml.Node) -> Ite
                 )
 
 
+def _field_grammar(rule: Rule, file: str, root: yaml.Node, j: int) -> Iterator[Finding]:
+    """Fields the rule's body kind can never hold, or patterns that can never match."""
+    if rule.body is BodyKind.NONE:
+        return
+    json = rule.body is BodyKind.JSON
+    named: list[tuple[tuple[str, int] | tuple[str], str]] = [
+        *_compared_fields(rule),
+        *((("free", i), f) for i, f in enumerate(rule.free)),
+    ]
+    for where, field in named:
+        why = never_matches(field, json=json, role=where[0])
+        if why is not None:
+            yield _at(
+                file,
+                _node(root, ("rules", j, *where)),
+                f"rule {rule.name!r}: {why}; it would refuse or miss every request",
+                "name JSON body fields by pointer (/a/b), form fields by key (a[b])",
+            )
+    for a in rule.params:
+        for b in rule.params:
+            if a != b and param_matcher(a, json=json).fullmatch(b):
+                yield _at(
+                    file,
+                    _node(root, ("rules", j, "params")),
+                    f"rule {rule.name!r} compares {b!r} inside {a!r}, which is compared whole",
+                    f"keep one of {a!r} and {b!r}",
+                )
+
+
+def _key_placement(provider: Provider, file: str, root: yaml.Node) -> Iterator[Finding]:
+    """Every rule that takes an operation must be able to carry its idempotency key."""
+    key = provider.idempotency
+    if key.body_field is not None:
+        for kind in (BodyKind.JSON, BodyKind.FORM):
+            uses = any(
+                r.body is kind and r.operation is OperationRequirement.REQUIRED
+                for r in provider.rules
+            )
+            why = never_matches(key.body_field, json=kind is BodyKind.JSON, role="body_field")
+            if uses and why is not None:
+                yield _at(
+                    file,
+                    _node(root, ("idempotency", "body_field")),
+                    f"idempotency.body_field: {why} (a {kind.value} rule carries the key)",
+                    "give the key's field in the spelling of the rules' body",
+                )
+    if key.header is not None:
+        return
+    for j, rule in enumerate(provider.rules):
+        required = rule.operation is OperationRequirement.REQUIRED and rule.send_key
+        if required and rule.body is BodyKind.NONE:
+            yield _at(
+                file,
+                _node(root, ("rules", j, "body")) or _node(root, ("rules", j)),
+                f"rule {rule.name!r} takes no body and the idempotency key has no header: "
+                "its requests could not carry the key",
+                "give the key a header too (idempotency.header), or give the rule a body",
+            )
+
+
+def _rules_of_unloadable_file(text: str, file: str) -> Iterator[Finding]:
+    """The rule-level findings of a file that failed the schema, for the rules that parse."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return
+    rules = data.get("rules") if isinstance(data, dict) else None
+    if root is None or not isinstance(rules, list):
+        return
+    for j, item in enumerate(rules):
+        try:
+            rule = Rule.model_validate(item)
+        except ValidationError:
+            continue  # its own errors are already reported
+        yield from _field_grammar(rule, file, root, j)
+
+
 def _compared_fields(rule: Rule) -> Iterator[tuple[tuple[str, int] | tuple[str], str]]:
     """Each field the rule compares with the approval, and where it is written."""
     if rule.amount:
@@ -223,16 +320,22 @@ def _unconfigured_secret(
     provider: Provider, file: str, root: yaml.Node, secrets: SecretsCheck
 ) -> Iterator[Finding]:
     credential = provider.credential
-    if credential is None or secrets.configured(credential.secret):
+    if credential is None:
         return
-    yield _at(
-        file,
-        _node(root, ("credential", "secret")),
-        f"secret {credential.secret!r} of provider {provider.provider!r} is not configured",
-        f"set OPGATE_SECRET_{credential.secret.upper()} or write <secrets_dir>/"
-        f"{credential.secret}; until then its requests are refused (credential_unavailable)",
-        Severity.ERROR if secrets.required else Severity.WARNING,
-    )
+    named = [("secret", credential.secret)]
+    if isinstance(credential, OAuth2ClientCredentials) and credential.client_id_secret:
+        named.append(("client_id_secret", credential.client_id_secret))
+    for key, name in named:
+        if secrets.configured(name):
+            continue
+        yield _at(
+            file,
+            _node(root, ("credential", key)),
+            f"secret {name!r} of provider {provider.provider!r} is not configured",
+            f"set OPGATE_SECRET_{name.upper()} or write <secrets_dir>/"
+            f"{name}; until then its requests are refused (credential_unavailable)",
+            Severity.ERROR if secrets.required else Severity.WARNING,
+        )
 
 
 def _overlaps_across_files(parsed: list[tuple[Provider, Path, yaml.Node]]) -> Iterator[Finding]:

@@ -13,15 +13,19 @@ from typing import Annotated, Literal
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
 
+from proxy.policy.amounts import AmountFormat
 from proxy.policy.paths import PathPattern
 
 _NAME = r"^[a-z][a-z0-9_.-]*$"
+_SECRET_NAME = r"^[a-z][a-z0-9_]*$"  # noqa: S105  (the grammar of a secret's name)
 _STATUS_SPEC = re.compile(r"^[1-5]xx$")
 
 
@@ -59,16 +63,83 @@ _PATH_SCHEMA = WithJsonSchema(
 
 
 class CredentialInjection(Strict):
-    """How opgate authenticates to the provider. The secret's value never lives in a policy:
-    ``secret`` names it, and it is read from ``OPGATE_SECRET_<NAME>`` or the secrets directory."""
+    """How opgate authenticates to the provider with a static secret: a bearer token
+    (``Authorization: Bearer ...``) or a provider API-key header (``X-API-Key: ...`` with
+    ``scheme: null``). The secret's value never lives in a policy: ``secret`` names it, and it
+    is read from ``OPGATE_SECRET_<NAME>`` or the secrets directory."""
 
+    kind: Literal["static"] = "static"
     header: str = "Authorization"
     scheme: str | None = "Bearer"
-    secret: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")]
+    secret: Annotated[str, Field(pattern=_SECRET_NAME)]
+
+
+class OAuth2ClientCredentials(Strict):
+    """OAuth 2.0 client credentials (RFC 6749 section 4.4): opgate asks ``token_url`` for an
+    access token with the client id and the secret named ``secret``, caches it until
+    ``refresh_before_seconds`` before it expires, and sends ``Authorization: Bearer <token>``.
+    The token is opgate's alone: agents never see it, and a token endpoint that fails makes the
+    request fail closed (credential_unavailable), never leave unauthenticated."""
+
+    kind: Literal["oauth2_client_credentials"]
+    # absolute, or a path on the provider's upstream (so an upstream override moves it too)
+    token_url: Annotated[str, Field(pattern=r"^(https?://[^/?#]+)?/[^?#]*$")]
+    client_id: Annotated[str, Field(min_length=1)] | None = None
+    # or the name of a secret holding it, so that one policy serves every deployment
+    client_id_secret: Annotated[str, Field(pattern=_SECRET_NAME)] | None = None
+    secret: Annotated[str, Field(pattern=_SECRET_NAME)]  # the client secret's name
+    scope: str | None = None
+    # client_secret_basic (RFC 6749 2.3.1, PayPal's way) or client_secret_post (in the form)
+    client_auth: Literal["client_secret_basic", "client_secret_post"] = "client_secret_basic"
+    refresh_before_seconds: Annotated[float, Field(ge=0, le=3600)] = 60.0
+    header: str = "Authorization"
+    scheme: str | None = "Bearer"
+
+    @model_validator(mode="after")
+    def _one_client_id(self) -> OAuth2ClientCredentials:
+        if (self.client_id is None) == (self.client_id_secret is None):
+            raise ValueError("give exactly one of client_id and client_id_secret")
+        return self
+
+
+def _credential_kind(value: object) -> str:
+    if isinstance(value, dict):
+        return str(value.get("kind", "static"))
+    return str(getattr(value, "kind", "static"))
+
+
+Credential = Annotated[
+    Annotated[CredentialInjection, Tag("static")]
+    | Annotated[OAuth2ClientCredentials, Tag("oauth2_client_credentials")],
+    Discriminator(_credential_kind),
+]
+
+
+class ErrorDialect(StrEnum):
+    """The shape of opgate's refusals on this provider's route: problem+json, or the
+    provider's own error body, so that its SDK raises its own typed error with opgate's code."""
+
+    PROBLEM = "problem"
+    STRIPE = "stripe"
+    PAYPAL = "paypal"
+    SQUARE = "square"
+    ADYEN = "adyen"
 
 
 class Idempotency(Strict):
-    header: str = "Idempotency-Key"
+    """Where the idempotency key travels, and what the provider does with it. The key names
+    the operation (an agent may send the key alone), must equal the approved one
+    (idempotency_key_mismatch), and is set by opgate where it goes: in ``header`` (any name;
+    ``null``: opgate adds none), in the body at ``body_field`` (a form key or a JSON pointer,
+    Square's ``/idempotency_key``), or both."""
+
+    header: str | None = "Idempotency-Key"
+    body_field: str | None = None
+    # The provider's limits on a key, checked when an approval is created (approval_not_sendable)
+    # so that no approved key is refused by the provider after the claim (Adyen: 64).
+    max_length: Annotated[int, Field(ge=1, le=255)] | None = None
+    # A regex character class of the characters the provider accepts, e.g. "A-Za-z0-9_-".
+    characters: Annotated[str, Field(min_length=1)] | None = None
     # True only if the provider returns the first answer for a repeated key instead of acting
     # twice: then an attempt whose outcome is unknown may be re-sent with the same key.
     provider_deduplicates: bool = False
@@ -76,6 +147,31 @@ class Idempotency(Strict):
     # after it a re-send is treated as on a provider that does not deduplicate. None: the
     # provider publishes no window, so deduplication is never relied on past the first send.
     retention_seconds: Annotated[float, Field(gt=0)] | None = None
+
+    @model_validator(mode="after")
+    def _placed(self) -> Idempotency:
+        if self.header is None and self.body_field is None:
+            raise ValueError(
+                "the key needs a place: a header, a body_field, or both (header: null alone "
+                "would name the operation by nothing)"
+            )
+        if self.characters is not None:
+            try:
+                re.compile(f"[{self.characters}]+")
+            except re.error as exc:
+                raise ValueError(f"characters {self.characters!r}: not a character class") from exc
+        return self
+
+    def key_problem(self, key: str) -> str | None:
+        """Why the provider would refuse ``key``; None if it fits its documented limits."""
+        if self.max_length is not None and len(key) > self.max_length:
+            return (
+                f"the idempotency key is {len(key)} characters, the provider takes at most "
+                f"{self.max_length}"
+            )
+        if self.characters is not None and not re.fullmatch(f"[{self.characters}]+", key):
+            return f"the idempotency key holds characters outside [{self.characters}]"
+        return None
 
     @model_validator(mode="after")
     def _retention_declared(self) -> Idempotency:
@@ -197,13 +293,23 @@ class Rule(Strict):
     path: Annotated[PathPattern, _PATH_SCHEMA]
     operation: OperationRequirement = OperationRequirement.REQUIRED
     body: BodyKind = BodyKind.FORM
-    amount: str | None = None  # the field carrying the amount in minor units
+    amount: str | None = None  # the field carrying the amount
+    # minor_units: 1099 (JSON integer, form digits); decimal: "10.99", the approved minor units
+    # in the currency's ISO 4217 exponent (needs `currency`, which gives the exponent)
+    amount_format: AmountFormat = AmountFormat.MINOR_UNITS
     currency: str | None = None
     params: list[str] = Field(default_factory=list)  # must equal the approved values, or be absent
     free: list[str] = Field(default_factory=list)  # fields the agent may set; '*' = any run
     classify: Classification | None = None  # overrides the provider's default
     # False for provider calls that refuse metadata (e.g. Stripe's payment intent cancel).
     inject_metadata: bool = True
+    # Where this call keeps the operation id, when not at the provider's metadata_injection
+    # (PayPal: /purchase_units/0/custom_id on an order, /custom_id on a refund).
+    inject_metadata_at: str | None = None
+    # False for a call the provider takes no idempotency key on (Square's CancelPayment, which
+    # is idempotent by itself): opgate then sends no key, and the agent names the operation by
+    # X-Operation-Id.
+    send_key: bool = True
     reconcile: Reconcile | None = None
     mode: Mode | None = None  # None: the provider's mode
 
@@ -229,6 +335,11 @@ class Rule(Strict):
             self.amount or self.currency or self.params or self.free
         ):
             raise ValueError("a rule with `body: none` cannot read fields from the body")
+        if self.amount_format is AmountFormat.DECIMAL and (not self.amount or not self.currency):
+            raise ValueError(
+                "amount_format: decimal needs `amount` and `currency` (the currency's ISO 4217 "
+                "exponent says how many decimals the amount has)"
+            )
         named = [f for f in (self.amount, self.currency, *self.params) if f is not None]
         if len(named) != len(set(named)):
             raise ValueError("a field is named twice among amount, currency and params")
@@ -265,7 +376,7 @@ class Provider(Strict):
     # "/_..." is reserved for opgate's own endpoints on the agent listener (recovery reads).
     route_prefix: Annotated[str, Field(pattern=r"^/[A-Za-z0-9.-][A-Za-z0-9_.-]*$")]
     upstream: Annotated[str, Field(pattern=r"^https?://[^/?#]+(/[^?#]*)?$")]
-    credential: CredentialInjection | None = None
+    credential: Credential | None = None
     idempotency: Idempotency = Field(default_factory=Idempotency)
     metadata_injection: MetadataInjection | None = None
     timeouts: Timeouts = Field(default_factory=Timeouts)
@@ -282,6 +393,10 @@ class Provider(Strict):
         ]
     )
     classify: Classification = Field(default_factory=Classification)
+    errors: ErrorDialect = ErrorDialect.PROBLEM  # the shape of opgate's refusals
+    # How a currency code leaves (whatever case the agent wrote): Stripe's are lower case,
+    # ISO 4217 codes as PayPal, Square and Adyen take them upper case.
+    currency_case: Literal["lower", "upper"] = "lower"
     mode: Mode = Mode.ENFORCE  # report: shadow mode for every rule that does not say otherwise
     rules: Annotated[list[Rule], Field(min_length=1)]
     forward_proxy: ForwardProxy = Field(default_factory=ForwardProxy)  # forward mode
@@ -318,8 +433,9 @@ class Provider(Strict):
             "authorization",
             "cookie",
             "x-operation-id",
-            self.idempotency.header.lower(),
         }
+        if self.idempotency.header is not None:
+            reserved.add(self.idempotency.header.lower())
         if self.credential is not None:
             reserved.add(self.credential.header.lower())
         listed = sorted(h for h in self.forward_headers if h.lower() in reserved)
@@ -335,7 +451,23 @@ class Provider(Strict):
         injection = self.metadata_injection
         if injection is None or not rule.inject_metadata:
             return None
+        if rule.inject_metadata_at is not None:
+            return rule.inject_metadata_at
         return injection.field if isinstance(injection, FormFieldInjection) else injection.pointer
+
+    def key_field(self, rule: Rule) -> str | None:
+        """The body field carrying the idempotency key on ``rule``, if the key travels there."""
+        if rule.operation is OperationRequirement.NONE or rule.body is BodyKind.NONE:
+            return None
+        return self.idempotency.body_field if rule.send_key else None
+
+    def key_header(self, rule: Rule) -> str | None:
+        """The header carrying the idempotency key on ``rule``, if the key travels there."""
+        return self.idempotency.header if rule.send_key else None
+
+    def currency_spelling(self, currency: str) -> str:
+        """The approved currency as this provider takes it."""
+        return currency.upper() if self.currency_case == "upper" else currency.lower()
 
     def mode_for(self, rule: Rule) -> Mode:
         return rule.mode or self.mode

@@ -17,6 +17,8 @@ from typing import Any
 from aiohttp import web
 
 from proxy.errors import StoreUnavailable
+from proxy.gate.approved import approved_fields
+from proxy.gate.bodies import body_from_fields
 from proxy.gate.checks import Agent
 from proxy.gate.gateway import GATEWAY, Gateway
 from proxy.gate.identity import AmbiguousCredentials, path_operation_id, presented_agent_token
@@ -63,32 +65,27 @@ def recovery_view(gw: Gateway, op: Operation) -> dict[str, Any]:
 def approved_request(provider: Provider, rule: Rule, op: Operation) -> dict[str, Any]:
     """The exact request the approval allows, for an agent to send as it is: "re-send the
     identical request" must not depend on what the agent remembers."""
-    fields: dict[str, Any] = dict(op.params)
-    if rule.amount is not None and op.amount is not None:
-        fields[rule.amount] = op.amount if rule.body is BodyKind.JSON else str(op.amount)
-    if rule.currency is not None and op.currency is not None:
-        fields[rule.currency] = op.currency
+    fields = approved_fields(
+        provider,
+        rule,
+        amount=op.amount,
+        currency=op.currency,
+        params=op.params,
+        idempotency_key=op.idempotency_key,
+    )
+    headers = {"X-Operation-Id": op.operation_id}
+    key_header = provider.key_header(rule)
+    if key_header is not None:
+        headers[key_header] = op.idempotency_key
     request: dict[str, Any] = {
         "method": op.method,
         "path": provider.route_prefix + op.path,
-        "headers": {
-            "X-Operation-Id": op.operation_id,
-            provider.idempotency.header: op.idempotency_key,
-        },
+        "headers": headers,
     }
     if rule.body is BodyKind.FORM:
-        request["form"] = fields
+        request["form"] = dict(body_from_fields(rule.body, fields).form)
     elif rule.body is BodyKind.JSON:
-        document: dict[str, Any] = {}
-        for pointer, value in fields.items():
-            node = document
-            *parents, leaf = [
-                p.replace("~1", "/").replace("~0", "~") for p in pointer.split("/")[1:]
-            ]
-            for name in parents:
-                node = node.setdefault(name, {})
-            node[leaf] = value
-        request["json"] = document
+        request["json"] = body_from_fields(rule.body, fields).json
     return request
 
 

@@ -97,21 +97,26 @@ def test_policy_test_fails_when_a_shipped_expectation_changes(tmp_path: Path) ->
 
 
 def test_shipped_cases_cover_every_rule_and_the_main_rejections() -> None:
-    """Each rule of the shipped policy is matched by some case; the main codes are all tested."""
+    """Each rule of every shipped policy is matched by some case; the main codes are all tested,
+    and each provider's cases refuse a re-planned amount and a key that is not the approved one."""
     policy = load_policy_dir(SHIPPED_POLICIES)
-    rules_hit: set[str] = set()
+    rules_hit: set[tuple[str, str]] = set()
     reasons: set[str] = set()
+    per_provider: dict[str, set[str]] = {}
     for path in case_files(SHIPPED_POLICIES):
         cases, problems = load_cases(path)
         assert problems == []
         assert cases is not None
         for result in run_cases(policy, cases, str(path)):
-            if result.explanation.target is not None:
-                rules_hit.add(result.explanation.target.rule.name)
-            reasons.add(str(result.explanation.outcome()["reason"]))
-    stripe = policy.provider_named("stripe")
-    assert stripe is not None
-    assert rules_hit == {rule.name for rule in stripe.rules}
+            target = result.explanation.target
+            reason = str(result.explanation.outcome()["reason"])
+            if target is not None:
+                rules_hit.add((target.provider.provider, target.rule.name))
+                per_provider.setdefault(target.provider.provider, set()).add(reason)
+            reasons.add(reason)
+    assert rules_hit == {(p.provider, r.name) for p in policy.providers for r in p.rules}
+    for provider in policy.providers:
+        assert {"amount_mismatch", "idempotency_key_mismatch"} <= per_provider[provider.provider]
     assert {
         "amount_mismatch",
         "currency_mismatch",

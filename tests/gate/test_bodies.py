@@ -665,3 +665,23 @@ def test_anything_written_after_the_injected_field_is_flagged(prefix: str, suffi
     assert reads_as_field(FORM, INJECTED + suffix, INJECTED)
     if form_key_readings(prefix) == {("metadata",)}:
         assert reads_as_field(FORM, prefix + "[operation_id]" + suffix, INJECTED)
+
+
+def test_injection_and_rewrites_step_into_array_elements() -> None:
+    """A pointer through an array index (PayPal's /purchase_units/0/custom_id) is set in the
+    element the body has; a missing element is refused, never created or a crash."""
+    from proxy.gate.bodies import inject, with_value
+    from proxy.policy.model import BodyKind as Kind
+
+    body = ParsedBody(Kind.JSON, json={"purchase_units": [{"amount": {"currency_code": "usd"}}]})
+    injected = inject(body, "/purchase_units/0/custom_id", "op_1")
+    assert injected.json == {
+        "purchase_units": [{"amount": {"currency_code": "usd"}, "custom_id": "op_1"}]
+    }
+    rewritten = with_value(body, "/purchase_units/0/amount/currency_code", "USD")
+    assert rewritten.json == {"purchase_units": [{"amount": {"currency_code": "USD"}}]}
+    assert body.json == {"purchase_units": [{"amount": {"currency_code": "usd"}}]}
+    with pytest.raises(BodyRejected):
+        inject(ParsedBody(Kind.JSON, json={"purchase_units": []}), "/purchase_units/0/x", "v")
+    with pytest.raises(BodyRejected):
+        inject(ParsedBody(Kind.JSON, json={"a": [1]}), "/a/0/x", "v")

@@ -187,3 +187,27 @@ def test_credentials_are_printable_ascii(value: str) -> None:
     tokens opgate issues are ASCII, and hashing an undecodable one would fail."""
     assert credential_from(value) is None
     assert presented_agent_token(headers(("Authorization", value)), "Authorization") is None
+
+
+@pytest.mark.parametrize(
+    ("pairs", "expected"),
+    [
+        ((("X-API-Key", "opg_agent"),), "opg_agent"),
+        ((("X-API-Key", "opg_agent"), ("Proxy-Authorization", "Bearer opg_agent")), "opg_agent"),
+        ((("X-API-Key", "Bearer opg_agent"),), "Bearer opg_agent"),
+        ((("X-API-Key", " "),), None),
+    ],
+)
+def test_an_api_key_header_carries_the_token_bare(
+    pairs: tuple[tuple[str, str], ...], expected: str | None
+) -> None:
+    """Where the provider's credential is an API-key header (no scheme), as an SDK's api key
+    sends it, the header's whole value is the agent's token."""
+    assert presented_agent_token(headers(*pairs), "X-API-Key", raw=True) == expected
+
+
+def test_two_different_tokens_through_an_api_key_header_are_ambiguous() -> None:
+    """A bare API-key token and a different proxy token are refused, as with Authorization."""
+    pairs = (("X-API-Key", "opg_a"), ("Proxy-Authorization", "Bearer opg_b"))
+    with pytest.raises(AmbiguousCredentials):
+        presented_agent_token(headers(*pairs), "X-API-Key", raw=True)

@@ -100,18 +100,20 @@ async def test_sdk_refund_named_by_operation_header_without_a_key(
     stripe_gate: Opgate, agent_sdk: stripe.StripeClient, localstripe_url: str
 ) -> None:
     """The SDK invents its own Idempotency-Key when given none: naming the operation with
-    X-Operation-Id is then refused as a key mismatch, and the approved key works."""
+    X-Operation-Id is then refused as a key mismatch (the SDK's InvalidRequestError, told not
+    to retry), and the approved key works."""
     charge = await create_charge(localstripe_url, 2000)
     op = await approve_refund(stripe_gate, charge, None)
-    with pytest.raises(stripe.StripeError) as refused:
+    with pytest.raises(stripe.InvalidRequestError) as refused:
         await asyncio.to_thread(
             agent_sdk.v1.refunds.create,
             params={"charge": charge},
             options={"headers": {"X-Operation-Id": op["operation_id"]}},
         )
-    assert refused.value.http_status == 422
-    assert refused.value.json_body is not None
-    assert refused.value.json_body["code"] == "idempotency_key_mismatch"
+    assert refused.value.http_status == 400
+    assert refused.value.code == "idempotency_key_mismatch"
+    assert refused.value.headers is not None
+    assert refused.value.headers["Stripe-Should-Retry"] == "false"
     assert await list_refunds(localstripe_url, charge=charge) == []
     full = await asyncio.to_thread(
         agent_sdk.v1.refunds.create,
@@ -128,7 +130,8 @@ async def test_sdk_refund_named_by_operation_header_without_a_key(
 async def test_sdk_replanned_refund_is_refused_and_stripe_sees_nothing(
     stripe_gate: Opgate, agent_sdk: stripe.StripeClient, localstripe_url: str
 ) -> None:
-    """A replacement agent that re-plans (another amount, another charge) is refused."""
+    """A replacement agent that re-plans (another amount, another charge) is refused with the
+    SDK's own InvalidRequestError carrying opgate's code and sentence."""
     charge, other = (
         await create_charge(localstripe_url, 2000),
         await create_charge(localstripe_url, 900),
@@ -139,14 +142,16 @@ async def test_sdk_replanned_refund_is_refused_and_stripe_sees_nothing(
         ({"charge": other, "amount": 500}, "parameter_mismatch"),
         ({"charge": charge, "amount": 500, "reverse_transfer": "true"}, "parameter_mismatch"),
     ):
-        with pytest.raises(stripe.StripeError) as refused:
+        with pytest.raises(stripe.InvalidRequestError) as refused:
             await asyncio.to_thread(
                 agent_sdk.v1.refunds.create,
                 params=params,
                 options={"idempotency_key": op["idempotency_key"]},
             )
-        assert refused.value.json_body is not None
-        assert refused.value.json_body["code"] == code
+        assert refused.value.code == code
+        assert refused.value.user_message is not None
+        if code == "amount_mismatch":
+            assert "amount is '700', approved 500" in refused.value.user_message
     assert await list_refunds(localstripe_url, charge=charge) == []
     assert await list_refunds(localstripe_url, charge=other) == []
 
@@ -165,14 +170,13 @@ async def test_sdk_cancels_an_approved_payment_intent(
         currency=None,
         params={},
     )
-    with pytest.raises(stripe.StripeError) as refused:
+    with pytest.raises(stripe.InvalidRequestError) as refused:
         await asyncio.to_thread(
             agent_sdk.v1.payment_intents.cancel,
             other,
             options={"idempotency_key": op["idempotency_key"]},
         )
-    assert refused.value.json_body is not None
-    assert refused.value.json_body["code"] == "target_mismatch"
+    assert refused.value.code == "target_mismatch"
     canceled = await asyncio.to_thread(
         agent_sdk.v1.payment_intents.cancel,
         intent,

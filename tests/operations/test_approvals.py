@@ -133,7 +133,11 @@ def test_json_rules_take_typed_params() -> None:
 
 
 PROBLEMS: list[tuple[str, dict[str, Any], list[str]]] = [
-    ("unknown provider", {"provider": "paypal"}, ["no provider 'paypal' in the loaded policy"]),
+    (
+        "unknown provider",
+        {"provider": "no-such-provider"},
+        ["no provider 'no-such-provider' in the loaded policy"],
+    ),
     (
         "unknown action",
         {"action": "refund.delete"},
@@ -193,6 +197,11 @@ PROBLEMS: list[tuple[str, dict[str, Any], list[str]]] = [
         ["form parameters are text; ['reverse_transfer'] are not strings"],
     ),
     (
+        "an object where a form takes text",
+        {"params": {"charge": {"id": "ch_1"}}},
+        ["form parameters are text; ['charge'] are not strings"],
+    ),
+    (
         "already expired",
         {"ttl_seconds": None, "expires_at": NOW},
         ["the approval has already expired"],
@@ -249,7 +258,6 @@ INVALID_REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ("two-letter currency", {"currency": "us"}),
     ("numeric currency", {"currency": "840"}),
     ("non-text path parameter", {"path_params": {"charge": 1}}),
-    ("nested parameter", {"params": {"charge": {"id": "ch_1"}}}),
     ("ttl as a boolean", {"ttl_seconds": True}),
     ("ttl as a string", {"ttl_seconds": "600"}),
 ]

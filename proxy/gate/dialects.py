@@ -1,0 +1,152 @@
+"""opgate's refusals in a provider's own error shape (``errors:`` in a policy). Pure.
+
+An agent talks to a provider through its SDK, which reads only that provider's error bodies: a
+problem+json answer surfaces as an untyped "invalid response" with no code. In a provider's
+dialect the refusal is that provider's error object carrying opgate's stable code and sentence,
+with the problem+json fields alongside where the shape allows, and a status the SDK maps to the
+typed error that fits (a mismatch is the SDK's invalid-request error, not a server error).
+
+Retrying: a refusal a re-send would only repeat says so the way the SDK reads it (Stripe:
+``Stripe-Should-Retry: false``); ``operation_in_flight`` (409) and a concurrency cap (429) may
+be retried after ``Retry-After``, which every one of these SDKs honours or ignores safely.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from proxy.gate.problem import PROBLEM
+from proxy.policy.model import ErrorDialect
+
+# Answers a re-send of the same request may turn around: a cap, an attempt in flight, and
+# opgate's own unavailability (nothing was sent).
+_RETRYABLE = frozenset({409, 429, 502, 503, 504})
+# Headers of opgate's refusal kept on the dialect's answer.
+_KEPT = ("X-Operation-Id", "X-Operation-Status", "Retry-After")
+
+
+def in_dialect(response: web.StreamResponse, dialect: ErrorDialect) -> web.StreamResponse:
+    """``response`` rewritten in ``dialect`` if it is one of opgate's problem answers."""
+    problem = response.get(PROBLEM) if isinstance(response, web.Response) else None
+    if problem is None or dialect is ErrorDialect.PROBLEM:
+        return response
+    status, body, headers = _RENDERERS[dialect](problem)
+    answer = web.Response(
+        status=status,
+        body=json.dumps(body, allow_nan=False).encode("utf-8"),
+        content_type="application/json",
+    )
+    for name in _KEPT:
+        if name in response.headers:
+            answer.headers[name] = response.headers[name]
+    answer.headers.update(headers)
+    answer[PROBLEM] = problem
+    return answer
+
+
+def _alongside(problem: dict[str, Any]) -> dict[str, Any]:
+    """The problem+json fields, kept next to the provider's own where its shape allows."""
+    return {
+        "type": problem["type"],
+        "title": problem["title"],
+        "status": problem["status"],
+        "detail": problem["detail"],
+        "operation_id": problem["operation_id"],
+        "next_action": problem["next_action"],
+    }
+
+
+def stripe(problem: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """Stripe's ``{"error": {...}}``. stripe-python raises InvalidRequestError only for 400
+    and 404 (a 422 would be a bare APIError), so content refusals become 400; 401, 402, 403,
+    404, 409 and 429 keep their meaning (AuthenticationError, ..., RateLimitError)."""
+    status = problem["status"]
+    kept = {401, 402, 403, 404, 409, 429}
+    sent = status if status in kept or status >= 500 else 400
+    kind = {
+        401: "invalid_request_error",
+        409: "idempotency_error",
+        429: "invalid_request_error",
+    }.get(sent, "api_error" if sent >= 500 else "invalid_request_error")
+    error = {
+        **_alongside(problem),
+        # Stripe's own `type` (the SDK reads it); the problem's URI moves to problem_type
+        "type": kind,
+        "problem_type": problem["type"],
+        "code": problem["code"],
+        "message": f"{problem['title']}: {problem['detail']}",
+        "doc_url": problem["type"],
+    }
+    retry = "true" if sent in _RETRYABLE else "false"
+    return sent, {"error": error}, {"Stripe-Should-Retry": retry}
+
+
+_PAYPAL_NAMES = {
+    400: "INVALID_REQUEST",
+    401: "AUTHENTICATION_FAILURE",
+    403: "NOT_AUTHORIZED",
+    404: "RESOURCE_NOT_FOUND",
+    409: "RESOURCE_CONFLICT",
+    422: "UNPROCESSABLE_ENTITY",
+    429: "RATE_LIMIT_REACHED",
+}
+
+
+def paypal(problem: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """PayPal's ``{"name", "message", "debug_id", "details": [{"issue", "description"}]}``:
+    the SDK's ErrorException carries them; opgate's code is the detail's ``issue``."""
+    status = problem["status"]
+    fallback = "INTERNAL_SERVER_ERROR" if status >= 500 else "INVALID_REQUEST"
+    name = _PAYPAL_NAMES.get(status, fallback)
+    body = {
+        "name": name,
+        "message": f"{problem['title']}: {problem['detail']}",
+        "debug_id": problem["operation_id"] or "opgate",
+        "details": [{"issue": problem["code"], "description": problem["detail"]}],
+        "links": [{"href": problem["type"], "rel": "information_link"}],
+        "code": problem["code"],
+        **_alongside(problem),
+    }
+    return status, body, {}
+
+
+def square(problem: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """Square's ``{"errors": [{"category", "code", "detail"}]}`` (the SDK's ApiError.errors)."""
+    status = problem["status"]
+    category = {401: "AUTHENTICATION_ERROR", 429: "RATE_LIMIT_ERROR"}.get(
+        status, "API_ERROR" if status >= 500 else "INVALID_REQUEST_ERROR"
+    )
+    error = {"category": category, "code": problem["code"], "detail": problem["detail"]}
+    return status, {"errors": [error], "code": problem["code"], **_alongside(problem)}, {}
+
+
+def adyen(problem: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """Adyen's ``{"status", "errorCode", "message", "errorType"}``: the SDK raises its error
+    class for the status (422 AdyenAPIUnprocessableEntity, 401, 403, ...) with errorCode."""
+    status = problem["status"]
+    error_type = {401: "security", 403: "security"}.get(
+        status, "internal" if status >= 500 else "validation"
+    )
+    body = {
+        "status": status,
+        "errorCode": problem["code"],
+        "message": f"{problem['code']}: {problem['detail']}",
+        "errorType": error_type,
+        "pspReference": problem["operation_id"],
+        "code": problem["code"],
+        **_alongside(problem),
+    }
+    return status, body, {}
+
+
+_Render = Callable[[dict[str, Any]], tuple[int, dict[str, Any], dict[str, str]]]
+_RENDERERS: dict[ErrorDialect, _Render] = {
+    ErrorDialect.STRIPE: stripe,
+    ErrorDialect.PAYPAL: paypal,
+    ErrorDialect.SQUARE: square,
+    ErrorDialect.ADYEN: adyen,
+}

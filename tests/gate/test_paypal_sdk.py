@@ -1,0 +1,194 @@
+"""The shipped PayPal policy with the official ``paypal-server-sdk`` as the agent (unmodified;
+its environment's base URI is opgate, its OAuth token the agent's opgate token) and a fake
+PayPal on loopback: opgate gets its own OAuth2 token, the amount is a decimal string in the
+currency's exponent, custom_id carries the operation id, and refusals are the SDK's
+ErrorException with opgate's code as the issue."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from paypalserversdk.configuration import Configuration, Environment, Server
+from paypalserversdk.exceptions.error_exception import ErrorException
+from paypalserversdk.http.auth.o_auth_2 import ClientCredentialsAuthCredentials
+from paypalserversdk.models.amount_with_breakdown import AmountWithBreakdown
+from paypalserversdk.models.checkout_payment_intent import CheckoutPaymentIntent
+from paypalserversdk.models.money import Money
+from paypalserversdk.models.o_auth_token import OAuthToken
+from paypalserversdk.models.order_request import OrderRequest
+from paypalserversdk.models.purchase_unit_request import PurchaseUnitRequest
+from paypalserversdk.models.refund_request import RefundRequest
+from paypalserversdk.paypal_serversdk_client import PaypalServersdkClient
+
+from tests.support.fake_paypal import FakePayPal, running_fake_paypal
+from tests.support.opgate import AGENT_TOKEN, SHIPPED_POLICIES, Opgate, StartOpgate
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def paypal() -> AsyncIterator[FakePayPal]:
+    async with running_fake_paypal() as fake:
+        yield fake
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def paypal_gate(
+    start_opgate: StartOpgate, paypal: FakePayPal, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Opgate]:
+    monkeypatch.setenv("OPGATE_SECRET_PAYPAL_CLIENT_ID", paypal.tokens.client_id)
+    monkeypatch.setenv("OPGATE_SECRET_PAYPAL_CLIENT_SECRET", paypal.tokens.client_secret)
+    async with start_opgate(
+        policy_dir=SHIPPED_POLICIES, upstream_overrides={"paypal": paypal.url}
+    ) as gate:
+        yield gate
+
+
+def sdk(gate: Opgate) -> PaypalServersdkClient:
+    """The agent's SDK: its OAuth token is its opgate token (opgate holds PayPal's client
+    credentials), its environment's base URI is opgate's route."""
+    token = OAuthToken(
+        access_token=AGENT_TOKEN, token_type="Bearer", expiry=int(time.time()) + 3600
+    )
+    config = Configuration(
+        environment=Environment.SANDBOX,
+        client_credentials_auth_credentials=ClientCredentialsAuthCredentials(
+            o_auth_client_id="agent", o_auth_client_secret="unused", o_auth_token=token
+        ),
+    )
+    config.environments = {Environment.SANDBOX: {Server.DEFAULT: f"{gate.agent_url}/paypal"}}
+    return PaypalServersdkClient(config=config)
+
+
+def order(value: str) -> OrderRequest:
+    amount = AmountWithBreakdown(currency_code="USD", value=value)
+    return OrderRequest(
+        intent=CheckoutPaymentIntent.CAPTURE, purchase_units=[PurchaseUnitRequest(amount=amount)]
+    )
+
+
+async def approve_order(gate: Opgate) -> dict[str, Any]:
+    return await gate.approve(
+        provider="paypal",
+        action="order.create",
+        amount=1099,
+        currency="USD",
+        params={"/intent": "CAPTURE"},
+    )
+
+
+async def test_an_approved_order_goes_through_once_with_the_operation_id(
+    paypal_gate: Opgate, paypal: FakePayPal
+) -> None:
+    """CreateOrder "10.99" USD approved as 1099: one order, custom_id is the operation id, the
+    upstream call used opgate's own OAuth2 token, and a re-send is replayed."""
+    op = await approve_order(paypal_gate)
+    client = sdk(paypal_gate)
+
+    def create() -> Any:
+        return client.orders.create_order(
+            {"body": order("10.99"), "paypal_request_id": op["idempotency_key"]}
+        )
+
+    first = await asyncio.to_thread(create)
+    assert first.status_code == 201, first.body
+    assert first.body.purchase_units[0].custom_id == op["operation_id"]
+    [sent] = paypal.posts()
+    assert sent.headers["Authorization"] == f"Bearer {paypal.tokens.issued[0]}"
+    assert sent.headers["PayPal-Request-Id"] == op["idempotency_key"]
+    assert sent.body["purchase_units"][0]["amount"] == {"currency_code": "USD", "value": "10.99"}
+    again = await asyncio.to_thread(create)
+    assert again.body.id == first.body.id
+    assert len(paypal.effects) == 1
+    assert paypal.tokens.requests == 1
+    row = await paypal_gate.operation(op["operation_id"])
+    assert (row["status"], row["provider_response"]["object_id"]) == ("confirmed", first.body.id)
+
+
+@pytest.mark.parametrize("value", ["20.00", "10.990", "10.9"])
+async def test_a_replanned_amount_is_the_sdks_error_exception_with_opgates_code(
+    paypal_gate: Opgate, paypal: FakePayPal, value: str
+) -> None:
+    """Another amount, or the approved one spelt otherwise: ErrorException (422
+    UNPROCESSABLE_ENTITY) whose detail issue is amount_mismatch; PayPal sees nothing."""
+    op = await approve_order(paypal_gate)
+    with pytest.raises(ErrorException) as refused:
+        await asyncio.to_thread(
+            sdk(paypal_gate).orders.create_order,
+            {"body": order(value), "paypal_request_id": op["idempotency_key"]},
+        )
+    assert refused.value.response_code == 422
+    assert refused.value.name == "UNPROCESSABLE_ENTITY"
+    assert refused.value.details[0].issue == "amount_mismatch"
+    assert paypal.posts() == []
+
+
+async def test_capture_and_refund_through_opgate(paypal_gate: Opgate, paypal: FakePayPal) -> None:
+    """An approved capture, then a partial refund of "5.00" with custom_id set by opgate."""
+    op = await approve_order(paypal_gate)
+    created = await asyncio.to_thread(
+        sdk(paypal_gate).orders.create_order,
+        {"body": order("10.99"), "paypal_request_id": op["idempotency_key"]},
+    )
+    capture_op = await paypal_gate.approve(
+        provider="paypal",
+        action="order.capture",
+        path_params={"order": created.body.id},
+        amount=None,
+        currency=None,
+        params={},
+    )
+    captured = await asyncio.to_thread(
+        sdk(paypal_gate).orders.capture_order,
+        {"id": created.body.id, "paypal_request_id": capture_op["idempotency_key"]},
+    )
+    assert captured.status_code == 201, captured.body
+    capture_id = captured.body.purchase_units[0].payments.captures[0].id
+    refund_op = await paypal_gate.approve(
+        provider="paypal",
+        action="capture.refund",
+        path_params={"capture": capture_id},
+        amount=500,
+        currency="USD",
+        params={},
+    )
+    refunded = await asyncio.to_thread(
+        sdk(paypal_gate).payments.refund_captured_payment,
+        {
+            "capture_id": capture_id,
+            "paypal_request_id": refund_op["idempotency_key"],
+            "body": RefundRequest(amount=Money(currency_code="USD", value="5.00")),
+        },
+    )
+    assert refunded.status_code == 201, refunded.body
+    assert refunded.body.custom_id == refund_op["operation_id"]
+    assert [e["kind"] for e in paypal.effects] == ["order", "capture", "refund"]
+
+
+async def test_a_failing_token_endpoint_fails_closed_in_paypals_shape(
+    paypal_gate: Opgate, paypal: FakePayPal
+) -> None:
+    """When PayPal's token endpoint fails, nothing is sent and nothing is claimed: the SDK
+    raises ErrorException with credential_unavailable (503), and the approval still stands."""
+    paypal.tokens.fail_with = 500
+    op = await approve_order(paypal_gate)
+    with pytest.raises(ErrorException) as refused:
+        await asyncio.to_thread(
+            sdk(paypal_gate).orders.create_order,
+            {"body": order("10.99"), "paypal_request_id": op["idempotency_key"]},
+        )
+    assert refused.value.response_code == 503
+    assert refused.value.details[0].issue == "credential_unavailable"
+    assert paypal.posts() == []
+    assert (await paypal_gate.operation(op["operation_id"]))["status"] == "created"
+    paypal.tokens.fail_with = None
+    created = await asyncio.to_thread(
+        sdk(paypal_gate).orders.create_order,
+        {"body": order("10.99"), "paypal_request_id": op["idempotency_key"]},
+    )
+    assert created.status_code == 201
+    answer = created.text if hasattr(created, "text") else str(created.body)
+    assert all(token not in answer for token in paypal.tokens.issued)
