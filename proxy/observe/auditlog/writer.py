@@ -125,6 +125,7 @@ class RequestRecordWriter:
         self._clock = clock
         self._pending: deque[_Pending] = deque()
         self._wakeup = asyncio.Event()
+        self._closing = False
         self._idle = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._last_seq = 0
@@ -184,10 +185,14 @@ class RequestRecordWriter:
         """Write what is queued (for at most ``grace_seconds``), then stop."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.flush(), grace_seconds)
+        # The loop also stops by itself at its next turn: a cancellation alone can be lost
+        # (Python 3.11's wait_for swallows one that arrives as its inner wait completes).
+        self._closing = True
+        self._wakeup.set()
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._task), grace_seconds)
         while self._pending:
             self._note_dropped(self._pending.popleft().record)
         if self._dropped_unrecorded:
@@ -260,7 +265,7 @@ class RequestRecordWriter:
 
     async def _run(self) -> None:
         backoff = _FIRST_BACKOFF_SECONDS
-        while True:
+        while not self._closing:
             self._close_window_if_due(self._clock())
             if not self._pending:
                 self._idle.set()
@@ -279,8 +284,10 @@ class RequestRecordWriter:
                 backoff = _FIRST_BACKOFF_SECONDS
 
     async def _wait_for_work(self) -> None:
+        # asyncio.timeout, not wait_for: a cancellation arriving as the wait ends is not lost
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wakeup.wait(), self._denials.seconds_left(self._clock()))
+            async with asyncio.timeout(self._denials.seconds_left(self._clock())):
+                await self._wakeup.wait()
         self._wakeup.clear()
 
     async def _append_texts(self, entries: list[_Pending]) -> None:
