@@ -155,7 +155,10 @@ class Telemetry:
         instrumentation.on_request_start[:] = [
             self._client_span_while_exporting(hook) for hook in instrumentation.on_request_start
         ]
-        return [instrumentation, _latency_trace_config(on_upstream_done)]
+        # One trace config, not two: aiohttp makes a Trace per config per request and sends
+        # each of its ~10 signals through every one, hooked or not (~6 us per provider call).
+        _add_latency_hooks(instrumentation, on_upstream_done)
+        return [instrumentation]
 
     def _client_span_while_exporting(self, hook: _StartHook) -> _StartHook:
         """While nothing exports, a CLIENT span would be dropped anyway: instead of the
@@ -185,8 +188,10 @@ def _tag_operation(span: trace.Span, params: aiohttp.TraceRequestStartParams) ->
         span.set_attribute("opgate.operation_id", operation_id)
 
 
-def _latency_trace_config(on_done: Callable[[str, str, float], None]) -> aiohttp.TraceConfig:
-    config = aiohttp.TraceConfig()
+def _add_latency_hooks(
+    config: aiohttp.TraceConfig, on_done: Callable[[str, str, float], None]
+) -> None:
+    """The upstream latency histogram's timer, after ``config``'s own hooks."""
 
     async def started(_: Any, ctx: types.SimpleNamespace, params: Any) -> None:
         ctx.opgate_started = time.monotonic()
@@ -201,7 +206,6 @@ def _latency_trace_config(on_done: Callable[[str, str, float], None]) -> aiohttp
     config.on_request_start.append(started)
     config.on_request_end.append(ended)
     config.on_request_exception.append(failed)
-    return config
 
 
 def add_trace_ids(_logger: object, _method: str, event_dict: Any) -> Any:
