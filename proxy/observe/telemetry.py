@@ -9,7 +9,9 @@ its own ``TracerProvider``; nothing is set globally, so in-process instances (te
 While nothing exports, spans are not recorded unless the agent's own traceparent says its trace
 is sampled (``_RecordWhileExporting``): a non-recording span still has valid ids (for the log
 lines and the provider's ``traceparent``) but none of a recorded span's cost, which is most of
-what tracing costs per request. Attaching a processor (an exporter) turns recording on.
+what tracing costs per request. Attaching a processor (an exporter) turns recording on, and
+puts the aiohttp client instrumentation (CLIENT spans) on the egress sessions: until then they
+carry no trace config at all, only ``client_middleware`` (latency, traceparent).
 
 Only W3C ``traceparent``/``tracestate`` are read from the agent: baggage is not, so an agent
 cannot smuggle headers to the provider through the instrumentation's propagation.
@@ -19,8 +21,7 @@ from __future__ import annotations
 
 import os
 import time
-import types
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -47,7 +48,7 @@ from opentelemetry.util.types import Attributes
 from proxy.errors import ConfigurationError
 
 TRACER_NAME = "opgate"
-_StartHook = Callable[[Any, types.SimpleNamespace, Any], Awaitable[object]]
+_UpstreamDone = Callable[[str, str, float], None]
 _AGENT_PROPAGATOR = TraceContextTextMapPropagator()
 
 
@@ -128,6 +129,8 @@ class Telemetry:
     def __init__(self, provider: TracerProvider) -> None:
         self.provider = provider
         self.tracer = provider.get_tracer(TRACER_NAME)
+        # The trace config lists of the sessions ``instrument`` was given.
+        self._traced_sessions: list[list[aiohttp.TraceConfig]] = []
 
     @property
     def exporting(self) -> bool:
@@ -139,40 +142,55 @@ class Telemetry:
         self.provider.add_span_processor(processor)
         if isinstance(self.provider.sampler, _RecordWhileExporting):
             self.provider.sampler.exporting = True
+        self._start_client_spans()
 
-    def client_trace_configs(
-        self, on_upstream_done: Callable[[str, str, float], None]
-    ) -> list[aiohttp.TraceConfig]:
+    def client_middleware(self, on_upstream_done: _UpstreamDone) -> aiohttp.ClientMiddlewareType:
+        """What every provider call passes through: its latency until the answer's headers for
+        the histogram (by origin, ``answer`` or ``error``) and, while nothing exports, the
+        current (server) span's ``traceparent``, so the agent's trace and its sampled flag
+        still reach the provider. (While something exports, the CLIENT span's instrumentation
+        injects its own.) A middleware, not a trace config: aiohttp makes a Trace per config
+        per request and sends ~10 signals through each, ~15 us per call against ~3 here."""
+
+        async def observe(
+            request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
+        ) -> aiohttp.ClientResponse:
+            if not self.exporting:
+                propagate.inject(request.headers)
+            origin, started = str(request.url.origin()), time.monotonic()
+            try:
+                response = await handler(request)
+            except BaseException:  # a timeout arrives as a cancellation
+                on_upstream_done(origin, "error", time.monotonic() - started)
+                raise
+            on_upstream_done(origin, "answer", time.monotonic() - started)
+            return response
+
+        return observe
+
+    def instrument(self, session: aiohttp.ClientSession) -> aiohttp.ClientSession:
         """The aiohttp client instrumentation (a CLIENT span per provider call, its own
-        ``traceparent`` injected) and a timer for the upstream latency histogram."""
-        instrumentation = create_trace_config(
+        ``traceparent`` injected) on ``session``, from the moment something exports: until
+        then ``session`` has no trace config at all, since a span would be dropped anyway."""
+        self._traced_sessions.append(session.trace_configs)  # read by aiohttp per request
+        if self.exporting:
+            self._start_client_spans()
+        return session
+
+    def _start_client_spans(self) -> None:
+        for configs in self._traced_sessions:
+            if not configs:
+                configs.append(self._client_instrumentation())
+
+    def _client_instrumentation(self) -> aiohttp.TraceConfig:
+        config = create_trace_config(
             url_filter=_without_query,
             request_hook=_tag_operation,
             tracer_provider=self.provider,
             sem_conv_opt_in_mode=http_semconv_mode(),
         )
-        # Its end and exception hooks do nothing for a request whose start hook made no span.
-        instrumentation.on_request_start[:] = [
-            self._client_span_while_exporting(hook) for hook in instrumentation.on_request_start
-        ]
-        # One trace config, not two: aiohttp makes a Trace per config per request and sends
-        # each of its ~10 signals through every one, hooked or not (~6 us per provider call).
-        _add_latency_hooks(instrumentation, on_upstream_done)
-        return [instrumentation]
-
-    def _client_span_while_exporting(self, hook: _StartHook) -> _StartHook:
-        """While nothing exports, a CLIENT span would be dropped anyway: instead of the
-        instrumentation's per-call work (URL parsing, attributes, a span, its metrics), the
-        provider gets the current (server) span's context, so the agent's trace and its sampled
-        flag still reach the provider."""
-
-        async def start(session: Any, ctx: types.SimpleNamespace, params: Any) -> None:
-            if self.exporting:
-                await hook(session, ctx, params)
-            else:
-                propagate.inject(params.headers)
-
-        return start
+        config.freeze()  # what the session does with the configs it is created with
+        return config
 
     def agent_context(self, headers: Mapping[str, str]) -> otel_context.Context:
         """The agent's trace context from its traceparent/tracestate, if it sent a valid one."""
@@ -186,26 +204,6 @@ def _tag_operation(span: trace.Span, params: aiohttp.TraceRequestStartParams) ->
     operation_id = params.headers.get("X-Operation-Id")
     if operation_id and span.is_recording():
         span.set_attribute("opgate.operation_id", operation_id)
-
-
-def _add_latency_hooks(
-    config: aiohttp.TraceConfig, on_done: Callable[[str, str, float], None]
-) -> None:
-    """The upstream latency histogram's timer, after ``config``'s own hooks."""
-
-    async def started(_: Any, ctx: types.SimpleNamespace, params: Any) -> None:
-        ctx.opgate_started = time.monotonic()
-        ctx.opgate_origin = str(params.url.origin())
-
-    async def ended(_: Any, ctx: types.SimpleNamespace, params: Any) -> None:
-        on_done(ctx.opgate_origin, "answer", time.monotonic() - ctx.opgate_started)
-
-    async def failed(_: Any, ctx: types.SimpleNamespace, params: Any) -> None:
-        on_done(ctx.opgate_origin, "error", time.monotonic() - ctx.opgate_started)
-
-    config.on_request_start.append(started)
-    config.on_request_end.append(ended)
-    config.on_request_exception.append(failed)
 
 
 def add_trace_ids(_logger: object, _method: str, event_dict: Any) -> Any:
