@@ -18,8 +18,8 @@ import aiohttp
 import asyncpg
 from aiohttp import web
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.trace import Status as SpanStatus
+from opentelemetry.trace import StatusCode
 
 from proxy.errors import StoreUnavailable
 from proxy.observe.audit import AUDIT_SCHEMA_VERSION, REQUEST_OBSERVER, request_path
@@ -355,11 +355,8 @@ async def observe_agent_request(request: web.Request, handler: Any) -> web.Strea
         response: web.StreamResponse = await handler(request)
         return response
     telemetry = observability.telemetry
-    with telemetry.tracer.start_as_current_span(
-        "opgate.agent_request",
-        context=telemetry.agent_context(request.headers),
-        kind=SpanKind.SERVER,
-        attributes=_server_attributes(request),
+    with telemetry.server_span(
+        telemetry.agent_context(request.headers), lambda: _server_attributes(request)
     ) as span:
         token = REQUEST_OBSERVER.set(observability)
         try:

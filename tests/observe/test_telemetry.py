@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import structlog
 from aiohttp import web
+from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -195,3 +196,34 @@ async def test_provider_calls_carry_no_trace_config_until_something_exports() ->
     assert client.context is not None
     assert seen[1].split("-")[2] == format(client.context.span_id, "016x")
     assert len(seen) == 2
+
+
+@pytest.mark.parametrize(
+    "traceparent",
+    [
+        None,
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
+        "00-" + "a" * 32 + "-" + "b" * 16 + "-01",
+    ],
+    ids=["no trace", "unsampled trace", "sampled trace"],
+)
+def test_a_server_span_is_the_one_the_sdk_would_make(traceparent: str | None) -> None:
+    """While nothing exports, the request's span (made without the SDK's sampler when it will
+    not be recorded) has the ids, flags, trace state and recording the SDK's own span has."""
+    telemetry = Telemetry(tracer_provider_from_environment({}))
+    headers = {"tracestate": "vendor=x"}
+    if traceparent is not None:
+        headers["traceparent"] = traceparent
+    parent = telemetry.agent_context(headers)
+    sdk_span = telemetry.tracer.start_span("opgate.agent_request", context=parent)
+    with telemetry.server_span(parent, lambda: {"url.path": "/"}) as span:
+        assert trace.get_current_span() is span
+        made, expected = span.get_span_context(), sdk_span.get_span_context()
+        assert made.is_valid
+        assert span.is_recording() == sdk_span.is_recording()
+        assert made.trace_flags == expected.trace_flags
+        assert made.trace_state == expected.trace_state
+        assert (made.trace_id == expected.trace_id) == (traceparent is not None)
+        assert made.span_id != expected.span_id
+    sdk_span.end()
+    telemetry.shutdown()
