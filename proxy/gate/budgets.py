@@ -16,7 +16,13 @@ from typing import Any
 
 from proxy.gate.decision import Deny
 from proxy.gate.reasons import Reason
-from proxy.policy.budgets import BudgetKey, BudgetMode, budget_problems, budgets_for
+from proxy.policy.budgets import (
+    BudgetKey,
+    BudgetMode,
+    BudgetScope,
+    budget_problems,
+    budgets_for,
+)
 from proxy.policy.model import Mode, Provider, Rule
 from proxy.policy.set import PolicySet
 from proxy.store.operation import Operation
@@ -149,3 +155,43 @@ async def remaining_budget(
     spent_enforced = [s.spent for s in now if s.key.budget.mode is BudgetMode.ENFORCE]
     refusal = exceeded(enforced, spent_enforced, amount)
     return refusal if refusal is not None else now
+
+
+async def budget_standings(
+    store: Store,
+    providers: list[Provider],
+    *,
+    tenant: str | None = None,
+    agent_id: str | None = None,
+) -> list[Standing]:
+    """What is left of each budget of ``providers`` (advisory). A provider budget has one
+    standing; a tenant or agent budget one per key that spent anything in its window, or only
+    the key asked for (``tenant``, with ``agent_id`` for agent budgets), spent or not."""
+    found: list[Standing] = []
+    for provider in providers:
+        for budget in provider.budgets:
+            scope = budget.scope
+            if scope is BudgetScope.PROVIDER or (
+                tenant is not None and (scope is BudgetScope.TENANT or agent_id is not None)
+            ):
+                key = BudgetKey(
+                    provider.provider,
+                    budget,
+                    None if scope is BudgetScope.PROVIDER else tenant,
+                    agent_id if scope is BudgetScope.AGENT else None,
+                )
+                found.extend(await standings(store, [key]))
+                continue
+            by_key = await store.budget_spent_by_key(
+                provider.provider,
+                budget.currency,
+                budget.window_seconds,
+                tenant=True,
+                agent=scope is BudgetScope.AGENT,
+            )
+            found.extend(
+                Standing(BudgetKey(provider.provider, budget, t, a), spent)
+                for t, a, spent in by_key
+                if tenant is None or t == tenant
+            )
+    return found
