@@ -88,13 +88,12 @@ async def _process(
         return _reject(record, target)
     record.agent_id, record.tenant = target.agent.agent_id, target.agent.tenant
     record.provider, record.rule = target.provider.provider, target.rule.name
-    # One agent's requests in flight are capped before its body is read or the database is
-    # touched, so that it cannot hold the pool (or a slow body's connection) against others.
-    slot = gw.in_flight.take(target.agent, gw.settings.max_requests_in_flight_per_agent)
-    if slot is None:
-        cap = gw.settings.max_requests_in_flight_per_agent
-        busy = Deny(Reason.AGENT_CONCURRENCY_EXCEEDED, f"{cap} requests already in flight", 1)
-        return _reject(record, busy)
+    # Requests in flight and request rates (per agent, per tenant) are capped before the body
+    # is read or the database is touched, so that no agent can hold the pool (or a slow
+    # body's connection) against others, nor flood the provider (proxy/gate/limits.py).
+    slot = gw.in_flight.admit(target.agent, target.provider, gw.settings)
+    if isinstance(slot, Deny):
+        return _reject(record, slot)
     try:
         return await _process_admitted(gw, target, request, record, slot)
     finally:
