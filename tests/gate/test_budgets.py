@@ -257,3 +257,32 @@ async def test_an_agent_budget_needs_approvals_for_one_agent(
     assert "agent_id" in refused["detail"]
     assert sent == 200
     assert [(b["agent_id"], b["remaining"]) for b in shown] == [("agent-c", 500)]
+
+
+async def test_the_remaining_budget_is_a_metric(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
+) -> None:
+    """/metrics shows each budget's limit and what is left of it: the whole of a provider
+    budget nothing was spent from, and a tenant's remainder once it spent."""
+    budgets_text = (
+        "budgets:\n  - {scope: tenant, currency: usd, limit: 1200, window: 24h}\n"
+        "  - {scope: provider, currency: eur, limit: 9000, window: 7d}"
+    )
+    budgeted(policy_dir, budgets_text)
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        assert (await send(gate, await gate.approve()))[0] == 200
+        async with gate.http.get(f"{gate.ops_url}/metrics") as response:
+            text = await response.text()
+    lines = set(text.splitlines())
+    assert (
+        'opgate_budget_limit{provider="fault",scope="tenant",currency="usd",window="24h"} 1200'
+        in lines
+    )
+    assert (
+        'opgate_budget_remaining{provider="fault",scope="tenant",currency="usd",window="24h",'
+        'tenant="t1",agent=""} 700' in lines
+    )
+    assert (
+        'opgate_budget_remaining{provider="fault",scope="provider",currency="eur",window="7d",'
+        'tenant="",agent=""} 9000' in lines
+    )
