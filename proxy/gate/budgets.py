@@ -82,10 +82,14 @@ class BudgetClaim:
     keys: list[BudgetKey]
     amount: int
     enforced: list[bool]  # per key: False in shadow mode (the budget's or the rule's)
+    # shadow mode: why the operation could not have been counted (budget_claim)
+    uncounted: Deny | None = None
 
     def judge(self, spent: list[int]) -> tuple[Deny | None, Deny | None]:
         """(refusal, would_deny): what the enforced budgets refuse, and what the reported
         ones (or any, in shadow mode) would have refused."""
+        if self.uncounted is not None:
+            return None, self.uncounted
         enforced = [(k, s) for k, s, e in zip(self.keys, spent, self.enforced, strict=True) if e]
         refusal = exceeded([k for k, _ in enforced], [s for _, s in enforced], self.amount)
         return refusal, None if refusal else exceeded(self.keys, spent, self.amount)
@@ -100,6 +104,7 @@ def budget_claim(provider: Provider, rule: Rule, op: Operation) -> BudgetClaim |
     made before the budget was declared: fail closed)."""
     if not provider.budgets or rule.amount is None:
         return None
+    shadow = provider.mode_for(rule) is Mode.REPORT
     uncountable = budget_problems(
         provider.budgets,
         reads_amount=True,
@@ -108,7 +113,8 @@ def budget_claim(provider: Provider, rule: Rule, op: Operation) -> BudgetClaim |
         agent_id=op.agent_id,
     )
     if uncountable:
-        return Deny(Reason.BUDGET_EXCEEDED, "; ".join(uncountable))
+        refusal = Deny(Reason.BUDGET_EXCEEDED, "; ".join(uncountable))
+        return BudgetClaim([], 0, [], uncounted=refusal) if shadow else refusal
     assert op.amount is not None
     keys = budgets_for(
         provider.provider,
@@ -119,7 +125,6 @@ def budget_claim(provider: Provider, rule: Rule, op: Operation) -> BudgetClaim |
     )
     if not keys:
         return None
-    shadow = provider.mode_for(rule) is Mode.REPORT
     enforced = [not shadow and k.budget.mode is BudgetMode.ENFORCE for k in keys]
     return BudgetClaim(keys, op.amount, enforced)
 

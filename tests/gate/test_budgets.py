@@ -286,3 +286,28 @@ async def test_the_remaining_budget_is_a_metric(
         'opgate_budget_remaining{provider="fault",scope="provider",currency="eur",window="7d",'
         'tenant="",agent=""} 9000' in lines
     )
+
+
+async def test_an_operation_approved_before_its_budget_cannot_escape_it(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
+) -> None:
+    """An operation for any agent, approved before a per-agent budget was declared, cannot be
+    counted against it: its claim is refused budget_exceeded, nothing sent; with the provider
+    in shadow mode it is sent and audited would_deny."""
+    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False))
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        enforced, reported = await gate.approve(), await gate.approve()
+    agent_budget = "budgets: [{scope: agent, currency: usd, limit: 5000, window: 24h}]"
+    budgeted(policy_dir, agent_budget)
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        status, body = await send(gate, enforced)
+    budgeted(policy_dir, agent_budget, mode="report")
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        with capture_logs() as logs:
+            shadowed, _ = await send(gate, reported)
+    assert (status, problem(body)["code"]) == (403, "budget_exceeded")
+    assert "agent_id" in problem(body)["detail"]
+    assert shadowed == 200
+    [record] = [entry for entry in logs if entry["event"] == "request"]
+    assert record["would_deny"] == "budget_exceeded"
+    assert len(fault_provider.effects) == 1
