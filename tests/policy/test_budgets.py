@@ -3,9 +3,12 @@ and every bad key reported as file:line:col."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from proxy.policy.budgets import Budget, BudgetScope, budget_problems, budgets_for, window_seconds
+from proxy.policy.lint import Severity, lint_policy_texts
 from proxy.policy.load import parse_policy_text
 
 HEAD = """\
@@ -190,3 +193,17 @@ def test_an_approval_that_could_not_be_counted_is_named() -> None:
         == []
     )
     assert budget_problems([], reads_amount=True, amount=None, currency=None, agent_id=None) == []
+
+
+def test_policy_check_warns_of_budgets_that_count_nothing() -> None:
+    """Budgets on a provider whose rules read no amount are a warning at the budgets key."""
+    text = (
+        HEAD
+        + "budgets: [{scope: tenant, currency: usd, limit: 5, window: 24h}]\n"
+        + ("rules:\n  - {name: read, method: GET, path: /v1/x, operation: none, body: none}\n")
+    )
+    [finding] = lint_policy_texts([(Path("pay.yaml"), text)])
+    assert (finding.severity, finding.line) == (Severity.WARNING, 5)
+    assert "count nothing" in finding.message
+    counted = HEAD + "budgets: [{scope: tenant, currency: usd, limit: 5, window: 24h}]\n" + RULES
+    assert lint_policy_texts([(Path("pay.yaml"), counted)]) == []
