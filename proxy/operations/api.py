@@ -176,6 +176,9 @@ async def create_operation(request: web.Request) -> web.Response:
         )
     )
     if isinstance(room, Deny):  # advisory: the claim is what holds the budget
+        existing = await gateway.store.load(planned.operation_id)
+        if existing is not None and same_approval(planned, existing.to_public()):
+            return web.json_response(existing.to_public(), status=200)  # a repeat, as below
         return admin_problem(403, room.reason.value, room.detail, **(room.extra or {}))
     try:
         created = await gateway.store.create(planned, actor="admin")

@@ -311,3 +311,18 @@ async def test_an_operation_approved_before_its_budget_cannot_escape_it(
     [record] = [entry for entry in logs if entry["event"] == "request"]
     assert record["would_deny"] == "budget_exceeded"
     assert len(fault_provider.effects) == 1
+
+
+async def test_repeating_an_approval_that_spent_the_budget_returns_it(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
+) -> None:
+    """A create repeated with the same operation id and approval returns the row (200) even
+    once that operation has spent the whole budget; a new one is refused budget_exceeded."""
+    budgeted(policy_dir, tenant_budget(500))
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        op = await gate.approve(operation_id="op-budget-repeat")
+        assert (await send(gate, op))[0] == 200
+        repeated, row = await create(gate, operation_id="op-budget-repeat")
+        fresh, refused = await create(gate)
+    assert (repeated, row["status"]) == (200, "confirmed")
+    assert (fresh, refused["code"]) == (403, "budget_exceeded")
