@@ -113,6 +113,8 @@ async def test_fifty_claims_on_two_processes_never_exceed_the_budget_together(
     assert set(sent_by) == {gate_a.agent_url, gate_b.agent_url}
     refused = [body for _, status, body in answers if status == 403]
     assert {body["error"]["code"] for body in refused} == {"budget_exceeded"}  # type: ignore[index]
+    # in Stripe's error shape too, the remaining budget: nothing
+    assert {body["error"]["budget"]["remaining"] for body in refused} == {0}  # type: ignore[index]
     assert len(await list_refunds(localstripe_url, charge=charge)) == LIMIT // AMOUNT
     conn = await asyncpg.connect(database_url)
     try:
