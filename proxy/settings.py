@@ -73,6 +73,12 @@ class Settings(BaseSettings):
     # recorded outcome); one more is 429. Per process: a replica with W workers admits W times
     # this per agent, a deployment of R such replicas R x W times.
     max_requests_in_flight_per_agent: Annotated[int, Field(ge=1)] = 64
+    # The same for all agents of one tenant together (None: no cap), and request rates per
+    # agent and per tenant over every provider (None: none; a provider's policy can add its
+    # own, `rate_limits`). Per process, like the cap above; one more is 429 rate_limited.
+    max_requests_in_flight_per_tenant: Annotated[int, Field(ge=1)] | None = None
+    requests_per_second_per_agent: Annotated[float, Field(gt=0)] | None = None
+    requests_per_second_per_tenant: Annotated[float, Field(gt=0)] | None = None
     log_level: str = "info"
     # Worker processes sharing the listening sockets (None: one per core). Each has its own
     # pool: the database sees workers x pool_max_size connections.

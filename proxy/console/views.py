@@ -30,6 +30,7 @@ from proxy.console.sessions import (
     open_session,
     role_for,
 )
+from proxy.gate.budgets import budget_standings
 from proxy.gate.gateway import GATEWAY
 from proxy.gate.identity import path_operation_id
 from proxy.operations.api import ResolveRequest
@@ -225,6 +226,12 @@ async def escalations(request: web.Request) -> web.Response:
     return page("escalations.html", **_context(request, rows=rows))
 
 
+async def budgets(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    found = await budget_standings(gw.store, list(gw.policy.providers))
+    return page("budgets.html", **_context(request, rows=[s.to_public() for s in found]))
+
+
 async def resolve(request: web.Request) -> web.Response:
     """A human verdict on an escalated operation, recorded under the signed-in identity."""
     gw = request.app[GATEWAY]
@@ -283,6 +290,7 @@ def console_app() -> web.Application:
     app.router.add_get("/operations/{operation_id}", operation)
     app.router.add_post("/operations/{operation_id}/resolve", resolve)
     app.router.add_get("/escalations", escalations)
+    app.router.add_get("/budgets", budgets)
     app.router.add_get("/audit", audit)
     app.router.add_get("/static/console.css", stylesheet)
     return app

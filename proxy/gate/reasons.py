@@ -53,6 +53,8 @@ class Reason(StrEnum):
     OPERATION_ESCALATED = "operation_escalated"
     # limits
     AGENT_CONCURRENCY_EXCEEDED = "agent_concurrency_exceeded"
+    RATE_LIMITED = "rate_limited"
+    BUDGET_EXCEEDED = "budget_exceeded"
     # could not decide or could not forward
     STORE_UNAVAILABLE = "store_unavailable"
     CREDENTIAL_UNAVAILABLE = "credential_unavailable"
@@ -248,6 +250,17 @@ REASONS: dict[Reason, ReasonInfo] = {
         "This agent has too many requests in flight",
         "Nothing was sent. Wait for an answer to a request in flight, then try again after "
         "Retry-After.",
+    ),
+    Reason.RATE_LIMITED: ReasonInfo(
+        429,
+        "Too many requests from this agent or tenant",
+        "Nothing was sent. Slow down: try again after Retry-After.",
+    ),
+    Reason.BUDGET_EXCEEDED: ReasonInfo(
+        403,
+        "The operation would exceed a spend budget",
+        "Nothing was sent, and re-sending will not help while the budget is spent: the "
+        "remaining budget is attached. Ask for a smaller amount, or wait for the window.",
     ),
     Reason.STORE_UNAVAILABLE: ReasonInfo(
         503,

@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from proxy.errors import AlreadySuperseded, IdempotencyKeyInUse, StoreUnavailable
 from proxy.gate.bodies import BodyRejected, parse_json_object
+from proxy.gate.budgets import budget_standings, remaining_budget
+from proxy.gate.decision import Deny
 from proxy.gate.gateway import GATEWAY
 from proxy.gate.identity import admin_token_matches, credential_from, path_operation_id
 from proxy.gate.problem import admin_problem
@@ -160,6 +162,24 @@ async def create_operation(request: web.Request) -> web.Response:
         refused = supersession_problem(planned, await gateway.store.load(planned.supersedes))
         if refused is not None:
             return admin_problem(409, "supersession_refused", refused)
+    room = (
+        []
+        if planned.amount is None
+        else await remaining_budget(
+            gateway.store,
+            gateway.policy,
+            planned.provider,
+            planned.tenant,
+            planned.agent_id,
+            planned.currency,
+            planned.amount,
+        )
+    )
+    if isinstance(room, Deny):  # advisory: the claim is what holds the budget
+        existing = await gateway.store.load(planned.operation_id)
+        if existing is not None and same_approval(planned, existing.to_public()):
+            return web.json_response(existing.to_public(), status=200)  # a repeat, as below
+        return admin_problem(403, room.reason.value, room.detail, **(room.extra or {}))
     try:
         created = await gateway.store.create(planned, actor="admin")
     except IdempotencyKeyInUse:
@@ -301,6 +321,20 @@ async def resolve_operation(request: web.Request) -> web.Response:
     return web.json_response(recovery_view(gateway, resolved))
 
 
+async def list_budgets(request: web.Request) -> web.Response:
+    """Every budget of the loaded policy and what is left of it now (advisory), per tenant or
+    agent for those scopes: the keys that spent anything in the window, or the one asked for
+    (``?tenant=``, ``&agent_id=``)."""
+    gateway = request.app[GATEWAY]
+    query = query_of(request)
+    wanted = query.get("provider")
+    providers = [p for p in gateway.policy.providers if wanted in (None, p.provider)]
+    found = await budget_standings(
+        gateway.store, providers, tenant=query.get("tenant"), agent_id=query.get("agent_id")
+    )
+    return web.json_response({"budgets": [standing.to_public() for standing in found]})
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -334,5 +368,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/operations/{operation_id}/resolve", resolve_operation)
     app.router.add_get("/v1/operations/{operation_id}", get_operation)
     app.router.add_post("/v1/operations/{operation_id}/revoke", revoke_operation)
+    app.router.add_get("/v1/budgets", list_budgets)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

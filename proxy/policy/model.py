@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from proxy.policy.amounts import AmountFormat
+from proxy.policy.budgets import Budget, RateLimits, no_duplicate_budgets
 from proxy.policy.paths import PathPattern
 
 _NAME = r"^[a-z][a-z0-9_.-]*$"
@@ -400,6 +401,15 @@ class Provider(Strict):
     mode: Mode = Mode.ENFORCE  # report: shadow mode for every rule that does not say otherwise
     rules: Annotated[list[Rule], Field(min_length=1)]
     forward_proxy: ForwardProxy = Field(default_factory=ForwardProxy)  # forward mode
+    # Spend caps per currency and rolling window, enforced at claim (proxy/policy/budgets.py).
+    budgets: list[Budget] = Field(default_factory=list)
+    # Request rates and requests in flight per agent and per tenant on this provider.
+    rate_limits: RateLimits = Field(default_factory=RateLimits)
+
+    @field_validator("budgets")
+    @classmethod
+    def _distinct_budgets(cls, budgets: list[Budget]) -> list[Budget]:
+        return no_duplicate_budgets(budgets)
 
     # A field validator, not a model one: the error then points at `rules:` (not at line 1)
     # and is reported alongside errors in other fields.

@@ -81,6 +81,37 @@ WITH claimed AS (
 )
 SELECT c.*, now() AS read_at FROM claimed c;
 
+-- name: budget_lock
+-- Claims on one budget take turns ($1: its lock name, proxy/policy/budgets.py), in the claim's
+-- transaction and before the sum below: the sum then sees every claim that went before, and
+-- no claim can commit between this one's sum and its UPDATE. Released at commit or rollback.
+SELECT pg_advisory_xact_lock(hashtextextended($1, 0));
+
+-- name: budget_spent
+-- What counts against one budget: the amounts of provider $1's operations in currency $2
+-- (tenant $3 and agent $4, NULL: any) that are dispatched (in flight or unknown: the money
+-- may have moved) or confirmed, whose last attempt was claimed in the last $5 seconds. $6 is
+-- left out (the operation being claimed: a re-send must not count its own amount twice).
+SELECT coalesce(sum(amount), 0)::bigint AS spent FROM operations
+ WHERE provider = $1 AND currency = $2 AND status IN ('dispatched', 'confirmed')
+   AND dispatched_at > now() - make_interval(secs => $5)
+   AND ($3::text IS NULL OR tenant = $3) AND ($4::text IS NULL OR agent_id = $4)
+   AND ($6::text IS NULL OR operation_id <> $6)
+   AND amount IS NOT NULL;
+
+-- name: budget_spent_by_key
+-- The same sums for every tenant ($3 true) and agent ($4 true) that has spent anything in the
+-- window, for reads of the remaining budgets (the API, /metrics); never for a decision.
+SELECT CASE WHEN $3::bool THEN tenant END AS tenant,
+       CASE WHEN $4::bool THEN agent_id END AS agent_id,
+       sum(amount)::bigint AS spent
+  FROM operations
+ WHERE provider = $1 AND currency = $2 AND status IN ('dispatched', 'confirmed')
+   AND dispatched_at > now() - make_interval(secs => $5) AND amount IS NOT NULL
+   AND (NOT $4::bool OR agent_id IS NOT NULL)
+ GROUP BY 1, 2
+ ORDER BY 1, 2;
+
 -- name: settle_operation
 -- dispatched -> confirmed | failed, from the provider's answer only. Any attempt's answer
 -- settles: with a deduplicating provider every attempt reports the same effect.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -60,6 +60,29 @@ class ProviderAnswer:
     object_id: str | None
     content_type: str | None
     body: bytes
+
+
+@dataclass(frozen=True)
+class BudgetSum:
+    """The operations one budget sums over (queries.sql ``budget_spent``), and the advisory
+    lock claims on it take turns on."""
+
+    lock_name: str
+    provider: str
+    currency: str
+    tenant: str | None  # None: every tenant
+    agent_id: str | None  # None: every agent
+    window_seconds: float
+
+
+@dataclass(frozen=True)
+class BudgetedClaim:
+    """A claim made under its budgets' locks: what they had spent before it (the operation
+    itself left out), and the claimed row (None: refused by ``admit``, or a state conflict)."""
+
+    spent: list[int]
+    admitted: bool
+    operation: Operation | None
 
 
 async def _reset_connection(conn: asyncpg.Connection) -> None:
@@ -189,6 +212,92 @@ class Store:
             dedup_window_seconds,
             after_lookup_by,
         )
+
+    async def claim_within_budgets(
+        self,
+        operation_id: str,
+        sums: Sequence[BudgetSum],
+        admit: Callable[[list[int]], bool],
+        *,
+        owner: str,
+        lease_seconds: float,
+        expected_attempts: int,
+        dedup_window_seconds: float | None = None,
+        after_lookup_by: str | None = None,
+    ) -> BudgetedClaim:
+        """``claim`` in one transaction that first takes each budget's lock (in name order:
+        two claims never wait on each other crosswise), then sums what each budget has spent,
+        and claims only if ``admit`` (pure: the gate's decision) accepts those sums. Claims on
+        the same budget, from any number of processes, are serialised: together they can never
+        spend more than ``admit`` allows."""
+
+        async def claim_under_locks(conn: asyncpg.Connection) -> BudgetedClaim:
+            async with conn.transaction():
+                for name in sorted({s.lock_name for s in sums}):
+                    await conn.execute(QUERIES["budget_lock"], name)
+                spent = [
+                    int(
+                        await conn.fetchval(
+                            QUERIES["budget_spent"],
+                            s.provider,
+                            s.currency,
+                            s.tenant,
+                            s.agent_id,
+                            s.window_seconds,
+                            operation_id,
+                        )
+                    )
+                    for s in sums
+                ]
+                if not admit(spent):
+                    return BudgetedClaim(spent, False, None)
+                record = await conn.fetchrow(
+                    QUERIES["claim_operation"],
+                    operation_id,
+                    owner,
+                    lease_seconds,
+                    expected_attempts,
+                    owner,
+                    dedup_window_seconds,
+                    after_lookup_by,
+                )
+            claimed = None if record is None else operation_from_record(record)
+            return BudgetedClaim(spent, True, claimed)
+
+        return await self._run(claim_under_locks)
+
+    async def budget_spent(self, sums: Sequence[BudgetSum]) -> list[int]:
+        """What each budget has spent now, without its lock: advisory (an approval, a read);
+        only a claim decides."""
+
+        async def read(conn: asyncpg.Connection) -> list[int]:
+            return [
+                int(
+                    await conn.fetchval(
+                        QUERIES["budget_spent"],
+                        s.provider,
+                        s.currency,
+                        s.tenant,
+                        s.agent_id,
+                        s.window_seconds,
+                        None,
+                    )
+                )
+                for s in sums
+            ]
+
+        return await self._run(read)
+
+    async def budget_spent_by_key(
+        self, provider: str, currency: str, window_seconds: float, *, tenant: bool, agent: bool
+    ) -> list[tuple[str | None, str | None, int]]:
+        """(tenant, agent id, spent) for every key of a budget that spent anything."""
+        records = await self._run(
+            lambda conn: conn.fetch(
+                QUERIES["budget_spent_by_key"], provider, currency, tenant, agent, window_seconds
+            )
+        )
+        return [(r["tenant"], r["agent_id"], int(r["spent"])) for r in records]
 
     async def settle(
         self, operation_id: str, status: Status, answer: ProviderAnswer, actor: str
