@@ -29,6 +29,19 @@ class AgentConfig(BaseModel):
     id: Annotated[str, Field(min_length=1)]
     tenant: Annotated[str, Field(min_length=1)]
     token_sha256: Annotated[str, Field(pattern=_DIGEST)]
+    # The approver (by name) this agent belongs to: with `four_eyes: true` in the policy, that
+    # approver may not approve the agent's proposals (proxy/operations/proposals.py).
+    owner: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+
+
+class ApproverConfig(BaseModel):
+    """A human (or team) who decides proposals: the operations API and the console know them
+    by their token, and record what they decide under their name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    token_sha256: Annotated[str, Field(pattern=_DIGEST)]
 
 
 def _host_port(value: str) -> str:
@@ -51,6 +64,13 @@ class Settings(BaseSettings):
     # The console's read-only role (proxy/console/): sees everything, changes nothing.
     reviewer_token_sha256: Annotated[str, Field(pattern=_DIGEST)] | None = None
     agents: list[AgentConfig] = Field(default_factory=list)
+    # The approver role: decides agents' proposals (and sees what a reviewer sees).
+    approvers: list[ApproverConfig] = Field(default_factory=list)
+    # A proposal waits this long for a human, then it is expired (neither approvable nor
+    # sendable); once approved, its operation stands this long (checked against the provider's
+    # idempotency-key retention when proposed).
+    proposal_pending_seconds: Annotated[float, Field(gt=0, le=7 * 86400)] = 86400.0
+    proposal_approval_seconds: Annotated[int, Field(gt=0, le=30 * 86400)] = 3600
     secrets_dir: Path | None = None
     # Per provider: send to this base URL instead of the policy's upstream (staging, tests).
     upstream_overrides: dict[str, str] = Field(default_factory=dict)
