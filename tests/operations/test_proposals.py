@@ -17,9 +17,9 @@ from proxy.gate.identity import token_digest
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import (
     ADMIN_TOKEN,
+    AGENT_TOKEN,
     OTHER_TENANT_TOKEN,
     SECOND_AGENT_TOKEN,
-    AGENT_TOKEN,
     Opgate,
     StartOpgate,
     admin_headers,
@@ -280,7 +280,8 @@ async def test_an_approver_token_opens_proposals_only(gate: Opgate) -> None:
     ) as response:
         listed = await response.json()
     assert response.status == 200
-    assert listed["proposals"] and {p["status"] for p in listed["proposals"]} == {"pending"}
+    assert listed["proposals"]
+    assert {p["status"] for p in listed["proposals"]} == {"pending"}
     async with gate.http.get(
         f"{gate.ops_url}/v1/operations", headers=approver_headers()
     ) as response:
