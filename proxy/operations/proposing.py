@@ -16,6 +16,7 @@ from typing import Any
 
 import structlog
 
+from proxy.errors import IdempotencyKeyInUse
 from proxy.gate.checks import Agent
 from proxy.gate.gateway import Gateway
 from proxy.operations.proposals import (
@@ -107,7 +108,12 @@ async def approve_proposal(
     if limited is not None:
         await _record_refusal(gw, proposal, approver, limited.code, limited.detail)
         return limited
-    created = await gw.store.approve_proposal(proposal_id, approver.name, approver.actor, note)
+    try:
+        created = await gw.store.approve_proposal(proposal_id, approver.name, approver.actor, note)
+    except IdempotencyKeyInUse:
+        return Refusal(
+            409, "operation_exists", f"an operation holds {proposal.operation_id}'s id or key"
+        )
     if created is None:  # decided or expired meanwhile: the statement found it not pending
         again = await gw.store.load_proposal(proposal_id)
         assert again is not None  # proposals are never deleted

@@ -401,8 +401,13 @@ class Store:
     async def approve_proposal(
         self, proposal_id: str, approved_by: str, actor: str, note: str | None
     ) -> Operation | None:
-        """The operation created from the pending, unexpired proposal; None if it was not."""
-        return await self._one("proposal_approve", proposal_id, approved_by, actor, note)
+        """The operation created from the pending, unexpired proposal; None if it was not.
+        IdempotencyKeyInUse if an operation already holds its id or its key (the statement
+        then changed nothing)."""
+        try:
+            return await self._one("proposal_approve", proposal_id, approved_by, actor, note)
+        except asyncpg.exceptions.UniqueViolationError as exc:
+            raise IdempotencyKeyInUse(proposal_id) from exc
 
     async def decline_proposal(
         self, proposal_id: str, declined_by: str, actor: str, note: str | None
