@@ -27,7 +27,7 @@ from proxy.gate.checks import Agent
 from proxy.gate.identity import admin_token_matches
 from proxy.operations.approvals import OperationRequest, plan_operation
 from proxy.policy.set import PolicySet
-from proxy.recovery.api import exact_request
+from proxy.recovery.api import proposal_request
 from proxy.recovery.next_action import NextAction
 from proxy.settings import Settings
 from proxy.store.proposal import Proposal, ProposalState
@@ -189,26 +189,6 @@ def four_eyes_problem(
     return (
         f"four eyes: {approver.name} may not approve a proposal of agent {proposal.agent_id}, "
         "which they are bound to; another approver must decide"
-    )
-
-
-def proposal_request(policy: PolicySet, proposal: Proposal) -> dict[str, Any] | None:
-    """The exact request an approval of this proposal lets through (None if the policy no
-    longer has its rule)."""
-    provider = policy.provider_named(proposal.provider)
-    rule = provider.rule_named(proposal.action) if provider is not None else None
-    if provider is None or rule is None:
-        return None
-    return exact_request(
-        provider,
-        rule,
-        operation_id=proposal.operation_id,
-        method=proposal.method,
-        path=proposal.path,
-        amount=proposal.amount,
-        currency=proposal.currency,
-        params=proposal.params,
-        idempotency_key=proposal.idempotency_key,
     )
 
 

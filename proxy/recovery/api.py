@@ -26,9 +26,11 @@ from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.observe.audit import AuditRecord, Decision, emit, request_path
 from proxy.policy.model import BodyKind, Provider, Rule
+from proxy.policy.set import PolicySet
 from proxy.recovery.next_action import NextAction, next_action
 from proxy.recovery.reconcile import reconcile_now
 from proxy.store.operation import Operation
+from proxy.store.proposal import Proposal
 
 RECOVERY_PREFIX = "/_opgate/v1/operations"
 
@@ -75,6 +77,26 @@ def approved_request(provider: Provider, rule: Rule, op: Operation) -> dict[str,
         currency=op.currency,
         params=op.params,
         idempotency_key=op.idempotency_key,
+    )
+
+
+def proposal_request(policy: PolicySet, proposal: Proposal) -> dict[str, Any] | None:
+    """The exact request an approval of this proposal lets through (None if the policy no
+    longer has its rule)."""
+    provider = policy.provider_named(proposal.provider)
+    rule = provider.rule_named(proposal.action) if provider is not None else None
+    if provider is None or rule is None:
+        return None
+    return exact_request(
+        provider,
+        rule,
+        operation_id=proposal.operation_id,
+        method=proposal.method,
+        path=proposal.path,
+        amount=proposal.amount,
+        currency=proposal.currency,
+        params=proposal.params,
+        idempotency_key=proposal.idempotency_key,
     )
 
 

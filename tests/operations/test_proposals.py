@@ -12,14 +12,20 @@ from typing import Any
 
 import asyncpg
 import pytest_asyncio
+from standardwebhooks.webhooks import Webhook
 
 from proxy.gate.identity import token_digest
+
+# the escalation webhooks' receiver, a real aiohttp app (a fixture, used by its name here)
+from tests.recovery.test_webhooks import Receiver
+from tests.recovery.test_webhooks import receiver as webhook_receiver  # noqa: F401
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import (
     ADMIN_TOKEN,
     AGENT_TOKEN,
     OTHER_TENANT_TOKEN,
     SECOND_AGENT_TOKEN,
+    WEBHOOK_SECRET,
     Opgate,
     StartOpgate,
     admin_headers,
@@ -286,3 +292,24 @@ async def test_an_approver_token_opens_proposals_only(gate: Opgate) -> None:
         f"{gate.ops_url}/v1/operations", headers=approver_headers()
     ) as response:
         assert response.status == 401
+
+
+async def test_approvers_are_notified_of_a_new_proposal_by_a_signed_webhook(
+    start_opgate: StartOpgate,
+    policy_dir: Path,
+    webhook_receiver: Receiver,  # noqa: F811  (the imported fixture, by its name)
+) -> None:
+    """A new proposal sends a `proposal_pending` notice, signed the Standard Webhooks way (the
+    reference library verifies it), carrying the proposal and its exact request."""
+    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False))
+    async with start_opgate(
+        background_interval_seconds=0.05, escalation_webhook_url=webhook_receiver.url
+    ) as gate:
+        _, proposed = await propose(gate)
+        await asyncio.wait_for(webhook_receiver.arrived.wait(), 20)
+    body, headers = webhook_receiver.received[0]
+    verified: dict[str, Any] = Webhook(WEBHOOK_SECRET).verify(body, headers)
+    assert verified["event"] == "proposal_pending"
+    assert verified["proposal"]["proposal_id"] == proposed["proposal"]["proposal_id"]
+    assert verified["request"] == proposed["request"]
+    assert headers["webhook-id"] == f"ntf_{verified['notification_id']}"
