@@ -1,315 +1,231 @@
-"""Proposals end to end through real opgate, real PostgreSQL and the fault provider: an agent
-proposes the exact request it intends, a human approves or declines it, and only an approved
-proposal's exact request is ever let through."""
+"""The pure part of proposals: planned as an approval, four eyes, and what the agent is told."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-import pytest_asyncio
-from standardwebhooks.webhooks import Webhook
+import pytest
 
-from proxy.gate.identity import token_digest
-
-# the escalation webhooks' receiver, a real aiohttp app (a fixture, used by its name here)
-from tests.recovery.test_webhooks import Receiver
-from tests.recovery.test_webhooks import receiver as webhook_receiver  # noqa: F401
-from tests.support.fault_provider import FaultProvider
-from tests.support.opgate import (
-    ADMIN_TOKEN,
-    AGENT_TOKEN,
-    OTHER_TENANT_TOKEN,
-    SECOND_AGENT_TOKEN,
-    WEBHOOK_SECRET,
-    Opgate,
-    StartOpgate,
-    admin_headers,
-    fault_policy,
+from proxy.gate.checks import Agent
+from proxy.operations.proposals import (
+    Approver,
+    ProposalInvalid,
+    four_eyes_problem,
+    plan_proposal,
+    proposal_view,
+    read_proposal,
+    replan_problems,
 )
+from proxy.policy.load import load_policy_dir
+from proxy.policy.set import PolicySet
+from proxy.store.proposal import Proposal
+from tests.support.opgate import fault_policy
 
-APPROVER_TOKEN = "opg_test_approver_olga_0123456789"
-OWNER_TOKEN = "opg_test_approver_otto_0123456789"
-PROPOSAL: dict[str, Any] = {
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+AGENT = Agent(agent_id="agent-a", tenant="t1")
+BODY: dict[str, Any] = {
     "provider": "fault",
     "action": "refund.create",
     "amount": 500,
-    "currency": "usd",
+    "currency": "USD",
     "params": {"charge": "ch_1"},
-    "reason": "the customer was charged twice for order 1042",
+    "reason": "a double charge",
 }
 
 
-def approver_headers(token: str = APPROVER_TOKEN) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
+def policy(tmp_path: Path, *, four_eyes: str = "") -> PolicySet:
+    text = fault_policy(deduplicates=True)
+    if four_eyes:
+        text = text.replace("rules:\n", f"{four_eyes}\nrules:\n", 1)
+    (tmp_path / "fault.yaml").write_text(text)
+    return load_policy_dir(tmp_path)
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def gate(
-    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
-) -> AsyncIterator[Opgate]:
-    """opgate before the fault provider, four eyes on, agent-a owned by the approver otto."""
-    policy = fault_policy(deduplicates=False).replace("rules:\n", "four_eyes: true\nrules:\n", 1)
-    (policy_dir / "fault.yaml").write_text(policy)
-    async with start_opgate(
-        upstream_overrides={"fault": fault_provider.url},
-        agents=[
-            {
-                "id": "agent-a",
-                "tenant": "t1",
-                "token_sha256": token_digest(AGENT_TOKEN),
-                "owner": "otto",
-            },
-            {"id": "agent-c", "tenant": "t1", "token_sha256": token_digest(SECOND_AGENT_TOKEN)},
-            {"id": "agent-b", "tenant": "t2", "token_sha256": token_digest(OTHER_TENANT_TOKEN)},
-        ],
-        approvers=[
-            {"name": "olga", "token_sha256": token_digest(APPROVER_TOKEN)},
-            {"name": "otto", "token_sha256": token_digest(OWNER_TOKEN)},
-        ],
-    ) as running:
-        yield running
-
-
-async def propose(
-    gate: Opgate, token: str = AGENT_TOKEN, **fields: Any
-) -> tuple[int, dict[str, Any]]:
-    body = json.dumps({**PROPOSAL, **fields}).encode()
-    status, _, raw = await gate.send(
-        "/_opgate/v1/proposals", data=body, token=token, content_type="application/json"
+def stored(tmp_path: Path, **fields: Any) -> Proposal:
+    planned = plan_proposal(
+        read_proposal(BODY),
+        AGENT,
+        policy(tmp_path),
+        NOW,
+        approval_seconds=600,
+        pending_seconds=3600,
     )
-    return status, json.loads(raw)
+    assert not isinstance(planned, list)
+    op = planned.operation
+    values: dict[str, Any] = {
+        "proposal_id": planned.proposal_id,
+        "operation_id": op.operation_id,
+        "tenant": op.tenant,
+        "agent_id": op.agent_id,
+        "provider": op.provider,
+        "action": op.action,
+        "method": op.method,
+        "path": op.path,
+        "path_params": op.path_params,
+        "amount": op.amount,
+        "currency": op.currency,
+        "params": op.params,
+        "idempotency_key": op.idempotency_key,
+        "reason": planned.reason,
+        "approval_seconds": planned.approval_seconds,
+        "status": "pending",
+        "expires_at": NOW + timedelta(hours=1),
+        "decided_at": None,
+        "decided_by": None,
+        "decision_note": None,
+        "created_at": NOW,
+        "read_at": NOW,
+        **fields,
+    }
+    return Proposal(**values)
 
 
-async def read(gate: Opgate, proposal_id: str, token: str = AGENT_TOKEN) -> tuple[int, Any]:
-    status, _, raw = await gate.send(
-        f"/_opgate/v1/proposals/{proposal_id}",
-        method="GET",
-        data=None,
-        content_type=None,
-        token=token,
+def test_a_proposal_is_planned_as_the_agents_approval(tmp_path: Path) -> None:
+    """The tenant and agent are the token's, the approval reference the proposal id, and the
+    currency canonical: the row an approval will copy."""
+    planned = plan_proposal(
+        read_proposal(BODY), AGENT, policy(tmp_path), NOW, approval_seconds=600, pending_seconds=60
     )
-    return status, json.loads(raw)
+    assert not isinstance(planned, list)
+    op = planned.operation
+    assert (op.tenant, op.agent_id, op.currency, op.path) == ("t1", "agent-a", "usd", "/v1/refunds")
+    assert op.approval_ref == planned.proposal_id
+    assert (planned.approval_seconds, planned.pending_seconds) == (600.0, 60)
 
 
-async def decide(
-    gate: Opgate, proposal_id: str, verdict: str, token: str = APPROVER_TOKEN, **body: Any
-) -> tuple[int, Any]:
-    async with gate.http.post(
-        f"{gate.ops_url}/v1/proposals/{proposal_id}/{verdict}",
-        json=body,
-        headers=approver_headers(token),
-    ) as response:
-        return response.status, await response.json(content_type=None)
-
-
-async def send_exactly(gate: Opgate, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    body = "&".join(f"{k}={v}" for k, v in request["form"].items())
-    status, _, raw = await gate.send(request["path"], data=body, headers=request["headers"])
-    return status, json.loads(raw)
-
-
-async def test_approved_proposal_becomes_the_operation_unchanged_and_is_sendable(
-    gate: Opgate, fault_provider: FaultProvider
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"tenant": "t2"}, "tenant"),
+        ({"agent_id": "agent-z"}, "agent_id"),
+        ({"amount": "500"}, "amount"),
+        ({"reason": ""}, "reason"),
+        ({"reason": "x" * 2001}, "reason"),
+        ({"params": {"charge": None}}, "null"),
+    ],
+    ids=["tenant in body", "agent in body", "string amount", "no reason", "long reason", "null"],
+)
+def test_what_no_proposal_may_hold_is_invalid(
+    tmp_path: Path, change: dict[str, Any], expected: str
 ) -> None:
-    """Proposed -> pending (wait, with the exact request) -> approved: the operation holds the
-    proposal's fields unchanged, the approver and the proposal id, and that request goes
-    through once."""
-    status, proposed = await propose(gate)
-    assert status == 201, proposed
-    assert (proposed["status"], proposed["next_action"]) == ("pending", "wait")
-    request = proposed["request"]
-    assert request["form"] == {"amount": "500", "currency": "usd", "charge": "ch_1"}
-    proposal_id = proposed["proposal"]["proposal_id"]
-    operation_id = proposed["proposal"]["operation_id"]
-    assert request["headers"]["X-Operation-Id"] == operation_id
-    # nothing is sendable while pending: no operation exists yet
-    status, refused = await send_exactly(gate, request)
-    assert (status, refused["code"]) == (404, "operation_unknown")
-
-    status, approved = await decide(gate, proposal_id, "approve", note="checked order 1042")
-    assert status == 201, approved
-    op = approved["operation"]
-    assert op["operation_id"] == operation_id
-    assert (op["tenant"], op["agent_id"], op["provider"], op["action"]) == (
-        "t1",
-        "agent-a",
-        "fault",
-        "refund.create",
-    )
-    assert (op["amount"], op["currency"], op["params"]) == (500, "usd", {"charge": "ch_1"})
-    assert op["idempotency_key"] == request["headers"]["Idempotency-Key"]
-    assert op["approval"]["ref"] == proposal_id
-    assert op["approval"]["approved_by"] == "olga"
-    events = (await gate.operation(operation_id))["events"]
-    assert events[0]["event"] == "created"
-    assert events[0]["actor"] == "human:olga (approver)"
-    assert events[0]["detail"]["proposal_id"] == proposal_id
-
-    status, view = await read(gate, proposal_id)
-    assert (status, view["status"], view["next_action"]) == (200, "approved", "send")
-    assert view["operation_id"] == operation_id
-    assert view["request"] == request  # the very request shown when it was proposed
-    status, _ = await send_exactly(gate, request)
-    assert status == 200
-    assert len(fault_provider.effects) == 1
-    status, view = await read(gate, proposal_id)
-    assert view["next_action"] == "proceed"
-
-
-async def test_a_declined_proposal_is_never_sendable(
-    gate: Opgate, fault_provider: FaultProvider
-) -> None:
-    """Declined: the agent is told new_approval_required, its request is refused with a code
-    and reaches no provider, and it cannot be approved afterwards (409)."""
-    _, proposed = await propose(gate)
-    proposal_id = proposed["proposal"]["proposal_id"]
-    status, declined = await decide(gate, proposal_id, "decline", note="not a duplicate")
-    assert (status, declined["status"]) == (200, "declined")
-    status, view = await read(gate, proposal_id)
-    assert (view["status"], view["next_action"]) == ("declined", "new_approval_required")
-    assert "request" not in view
-    status, refused = await send_exactly(gate, proposed["request"])
-    assert (status, refused["code"]) == (404, "operation_unknown")
-    assert fault_provider.requests == []
-    status, again = await decide(gate, proposal_id, "approve")
-    assert (status, again["code"]) == (409, "proposal_not_pending")
-
-
-async def test_an_expired_proposal_is_neither_approvable_nor_sendable(
-    gate: Opgate, fault_provider: FaultProvider, database_url: str
-) -> None:
-    """A pending proposal past its expiry reads as expired, new_approval_required; approving or
-    declining it is 409 and its request is refused before any provider sees it."""
-    _, proposed = await propose(gate)
-    proposal_id = proposed["proposal"]["proposal_id"]
-    conn = await asyncpg.connect(database_url)
-    try:  # time passes: its expiry moves into the past
-        await conn.execute(
-            "UPDATE proposals SET expires_at = now() - interval '1 second' WHERE proposal_id = $1",
-            proposal_id,
+    """Identity from the body, money as text, a missing or unbounded reason, a null value."""
+    with pytest.raises(ProposalInvalid) as refused:
+        plan_proposal(
+            read_proposal({**BODY, **change}),
+            AGENT,
+            policy(tmp_path),
+            NOW,
+            approval_seconds=600,
+            pending_seconds=60,
         )
-    finally:
-        await conn.close()
-    status, view = await read(gate, proposal_id)
-    assert (view["status"], view["next_action"]) == ("expired", "new_approval_required")
-    for verdict in ("approve", "decline"):
-        status, refused = await decide(gate, proposal_id, verdict)
-        assert (status, refused["code"]) == (409, "proposal_not_pending")
-    status, refused = await send_exactly(gate, proposed["request"])
-    assert (status, refused["code"]) == (404, "operation_unknown")
-    assert fault_provider.requests == []
+    assert expected in str(refused.value)
 
 
-async def test_four_eyes_refuses_the_agents_owner_and_audits_it(gate: Opgate) -> None:
-    """With four_eyes, otto (agent-a's owner) is refused 403 four_eyes_refused, the refusal is
-    on the proposal's record, and another approver can still approve it."""
-    _, proposed = await propose(gate)
-    proposal_id = proposed["proposal"]["proposal_id"]
-    status, refused = await decide(gate, proposal_id, "approve", token=OWNER_TOKEN)
-    assert (status, refused["code"]) == (403, "four_eyes_refused")
-    async with gate.http.get(
-        f"{gate.ops_url}/v1/proposals/{proposal_id}", headers=admin_headers()
-    ) as response:
-        detail = await response.json()
-    assert detail["status"] == "pending"
-    assert [e["event"] for e in detail["events"]] == ["proposed", "approval_refused"]
-    assert detail["events"][1]["actor"] == "human:otto (approver)"
-    status, _ = await decide(gate, proposal_id, "approve")
-    assert status == 201
-
-
-async def test_another_tenant_reads_the_proposal_as_unknown(gate: Opgate) -> None:
-    """Another tenant's agent gets exactly the answer for a proposal id that does not exist."""
-    _, proposed = await propose(gate)
-    proposal_id = proposed["proposal"]["proposal_id"]
-    theirs = await read(gate, proposal_id, token=OTHER_TENANT_TOKEN)
-    absent = await read(gate, "prop_does_not_exist", token=OTHER_TENANT_TOKEN)
-    assert theirs[0] == absent[0] == 404
-    assert theirs[1]["code"] == absent[1]["code"] == "proposal_unknown"
-    assert theirs[1].keys() == absent[1].keys()
-
-
-async def test_two_concurrent_approvals_create_exactly_one_operation(
-    gate: Opgate, database_url: str
-) -> None:
-    """Ten approvals of one proposal raced at once: one 201, the others 409, one operation."""
-    _, proposed = await propose(gate)
-    proposal_id = proposed["proposal"]["proposal_id"]
-    answers = await asyncio.gather(
-        *(
-            decide(gate, proposal_id, "approve", token=token)
-            for token in [APPROVER_TOKEN, ADMIN_TOKEN] * 5
-        )
+def test_an_unsendable_proposal_gets_the_approval_reasons(tmp_path: Path) -> None:
+    """A proposal its rule could not send gets every approval_not_sendable reason, and one
+    standing longer than the provider keeps its key is refused as an approval would be."""
+    planned = plan_proposal(
+        read_proposal({**BODY, "params": {"charge": "ch_1", "nope": "x"}}),
+        AGENT,
+        policy(tmp_path),
+        NOW,
+        approval_seconds=600,
+        pending_seconds=60,
     )
-    statuses = sorted(status for status, _ in answers)
-    assert statuses == [201] + [409] * 9
-    assert {body["code"] for status, body in answers if status == 409} == {"proposal_not_pending"}
-    conn = await asyncpg.connect(database_url)
-    try:
-        count = await conn.fetchval(
-            "SELECT count(*) FROM operations WHERE approval_ref = $1", proposal_id
-        )
-    finally:
-        await conn.close()
-    assert count == 1
-
-
-async def test_malformed_and_unsendable_proposals_are_refused_with_codes(gate: Opgate) -> None:
-    """A body that is no proposal is 400 proposal_invalid, a tenant in the body too (it is the
-    token's), a proposal no request could carry is 422 approval_not_sendable: each audited."""
-    status, body = await propose(gate, tenant="t2")
-    assert (status, body["code"]) == (400, "proposal_invalid")
-    status, body = await propose(gate, reason="")
-    assert (status, body["code"]) == (400, "proposal_invalid")
-    status, body = await propose(gate, amount="500")
-    assert (status, body["code"]) == (400, "proposal_invalid")
-    status, body = await propose(gate, params={"charge": "ch_1", "nope": "x"})
-    assert (status, body["code"]) == (422, "approval_not_sendable")
-    status, _, raw = await gate.send(
-        "/_opgate/v1/proposals", data=b'{"a": 1, "a": 2}', content_type="application/json"
+    assert planned == ["rule refund.create compares no parameters ['nope']"]
+    too_long = plan_proposal(
+        read_proposal(BODY),
+        AGENT,
+        policy(tmp_path),
+        NOW,
+        approval_seconds=2 * 86400,
+        pending_seconds=60,
     )
-    assert (status, json.loads(raw)["code"]) == (400, "proposal_invalid")
-    status, _, raw = await gate.send("/_opgate/v1/proposals", data=json.dumps(PROPOSAL), token=None)
-    assert (status, json.loads(raw)["code"]) == (401, "agent_unauthenticated")
+    assert isinstance(too_long, list)
+    assert "longer than fault keeps an idempotency key" in too_long[0]
 
 
-async def test_an_approver_token_opens_proposals_only(gate: Opgate) -> None:
-    """An approver's token lists proposals but is not an admin token anywhere else (401)."""
-    await propose(gate)
-    async with gate.http.get(
-        f"{gate.ops_url}/v1/proposals", headers=approver_headers()
-    ) as response:
-        listed = await response.json()
-    assert response.status == 200
-    assert listed["proposals"]
-    assert {p["status"] for p in listed["proposals"]} == {"pending"}
-    async with gate.http.get(
-        f"{gate.ops_url}/v1/operations", headers=approver_headers()
-    ) as response:
-        assert response.status == 401
-
-
-async def test_approvers_are_notified_of_a_new_proposal_by_a_signed_webhook(
-    start_opgate: StartOpgate,
-    policy_dir: Path,
-    webhook_receiver: Receiver,  # noqa: F811  (the imported fixture, by its name)
+def test_four_eyes_binds_the_agent_and_its_owner_only_where_the_policy_says(
+    tmp_path: Path,
 ) -> None:
-    """A new proposal sends a `proposal_pending` notice, signed the Standard Webhooks way (the
-    reference library verifies it), carrying the proposal and its exact request."""
-    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False))
-    async with start_opgate(
-        background_interval_seconds=0.05, escalation_webhook_url=webhook_receiver.url
-    ) as gate:
-        _, proposed = await propose(gate)
-        await asyncio.wait_for(webhook_receiver.arrived.wait(), 20)
-    body, headers = webhook_receiver.received[0]
-    verified: dict[str, Any] = Webhook(WEBHOOK_SECRET).verify(body, headers)
-    assert verified["event"] == "proposal_pending"
-    assert verified["proposal"]["proposal_id"] == proposed["proposal"]["proposal_id"]
-    assert verified["request"] == proposed["request"]
-    assert headers["webhook-id"] == f"ntf_{verified['notification_id']}"
+    """Under four_eyes the agent's owner and an approver named as the agent are refused, any
+    other approver is not; without it, nobody is."""
+    proposal = stored(tmp_path)
+    owners = {"agent-a": "otto"}
+    strict = policy(tmp_path, four_eyes="four_eyes: true")
+    for name in ("otto", "agent-a"):
+        assert four_eyes_problem(strict, proposal, Approver(name, "approver"), owners)
+    assert four_eyes_problem(strict, proposal, Approver("olga", "approver"), owners) is None
+    relaxed = policy(tmp_path)
+    assert four_eyes_problem(relaxed, proposal, Approver("otto", "approver"), owners) is None
+
+
+def test_a_rules_four_eyes_overrides_the_providers(tmp_path: Path) -> None:
+    """four_eyes: false on the rule lets the owner approve on a four-eyes provider."""
+    text = fault_policy(deduplicates=True).replace("rules:\n", "four_eyes: true\nrules:\n", 1)
+    text = text.replace(
+        "    method: POST\n    path: /v1/refunds\n",
+        "    method: POST\n    path: /v1/refunds\n    four_eyes: false\n",
+        1,
+    )
+    (tmp_path / "fault.yaml").write_text(text)
+    loaded = load_policy_dir(tmp_path)
+    proposal = stored(tmp_path)
+    assert (
+        four_eyes_problem(loaded, proposal, Approver("otto", "approver"), {"agent-a": "otto"})
+        is None
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "status", "next_action"),
+    [
+        ({}, "pending", "wait"),
+        ({"expires_at": NOW}, "expired", "new_approval_required"),
+        (
+            {"status": "declined", "decided_at": NOW, "decided_by": "olga"},
+            "declined",
+            "new_approval_required",
+        ),
+    ],
+    ids=["pending", "expired at the database's clock", "declined"],
+)
+def test_what_the_agent_is_told(
+    tmp_path: Path, fields: dict[str, Any], status: str, next_action: str
+) -> None:
+    """wait while pending (with the exact request), new_approval_required once declined or
+    expired (and no request)."""
+    view = proposal_view(policy(tmp_path), stored(tmp_path, **fields), None)
+    assert (view["status"], view["next_action"]) == (status, next_action)
+    assert ("request" in view) is (status == "pending")
+
+
+def test_an_approved_proposal_tells_the_operations_next_action(tmp_path: Path) -> None:
+    """Once approved the view is the operation's: its next_action, operation id and request."""
+    proposal = stored(tmp_path, status="approved", decided_at=NOW, decided_by="olga")
+    operation_view = {
+        "operation": {"operation_id": proposal.operation_id},
+        "next_action": "send",
+        "reason": "approved, nothing sent yet",
+        "retry_after_seconds": None,
+        "request": {"path": "/fault/v1/refunds"},
+    }
+    view = proposal_view(policy(tmp_path), proposal, operation_view)
+    assert (view["next_action"], view["operation_id"]) == ("send", proposal.operation_id)
+    assert view["request"] == {"path": "/fault/v1/refunds"}
+
+
+def test_a_policy_that_changed_since_the_proposal_is_caught_at_approval(tmp_path: Path) -> None:
+    """Re-planned under the policy loaded at approval: a parameter the rule no longer compares
+    makes it unsendable; unchanged, nothing is wrong."""
+    proposal = stored(tmp_path)
+    assert replan_problems(proposal, policy(tmp_path), NOW) == []
+    (tmp_path / "fault.yaml").write_text(
+        fault_policy(deduplicates=True).replace("params: [charge]", "params: []")
+    )
+    changed = load_policy_dir(tmp_path)
+    assert replan_problems(proposal, changed, NOW) == [
+        "rule refund.create compares no parameters ['charge']"
+    ]
