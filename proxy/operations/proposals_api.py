@@ -89,9 +89,9 @@ async def _propose(
         return _refuse(record, Reason.PROPOSAL_INVALID, str(exc))
     result = await propose_for_agent(gw, agent, document)
     if isinstance(result, Refusal):
-        record.provider = document.get("provider") if isinstance(document, dict) else None
-        if not isinstance(record.provider, str):
-            record.provider = None
+        named = document.get("provider")  # on record only if it is one: the body is not
+        if isinstance(named, str) and gw.policy.provider_named(named) is not None:
+            record.provider = named
         return _refuse(record, Reason(result.code), result.detail, errors=result.errors)
     record.provider, record.operation_id = result.provider, result.operation_id
     record.status_after = ProposalState.PENDING.value

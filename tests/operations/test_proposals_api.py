@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from standardwebhooks.webhooks import Webhook
 from structlog.testing import capture_logs
 
 from proxy.gate.identity import token_digest
+from proxy.observe.auditlog.verify import verify
 
 # the escalation webhooks' receiver, a real aiohttp app (a fixture, used by its name here)
 from tests.recovery.test_webhooks import Receiver
@@ -334,3 +336,49 @@ async def test_every_proposal_request_leaves_exactly_one_audit_record(gate: Opga
     ]
     assert records[0]["operation_id"] == proposed["proposal"]["operation_id"]
     assert records[3]["tenant"] == "t2"
+
+
+async def test_proposal_decisions_are_chained_audit_records_that_verify(
+    gate: Opgate, database_url: str
+) -> None:
+    """The proposal, the refused and the accepted approval are records of the proposal's own
+    stream, naming the operation; the created transition names the proposal; the whole log
+    still verifies."""
+    _, proposed = await propose(gate)
+    proposal_id = proposed["proposal"]["proposal_id"]
+    operation_id = proposed["proposal"]["operation_id"]
+    await decide(gate, proposal_id, "approve", token=OWNER_TOKEN)  # refused: four eyes
+    await decide(gate, proposal_id, "approve")
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch(
+            "SELECT kind, operation_id, record->>'event' AS event, record->>'actor' AS actor"
+            " FROM audit_log WHERE stream = $1 ORDER BY seq",
+            f"proposals/{proposal_id}",
+        )
+        created = await conn.fetchval(
+            "SELECT record->'detail'->>'proposal_id' FROM audit_log"
+            " WHERE stream = $1 AND record->>'event' = 'created'",
+            operation_id,
+        )
+        report = await verify(
+            conn,
+            datetime(1970, 1, 1, tzinfo=UTC),
+            datetime(9999, 1, 1, tzinfo=UTC),
+            key=None,
+            whole_log=True,
+        )
+    finally:
+        await conn.close()
+    assert [(r["kind"], r["operation_id"], r["event"]) for r in rows] == [
+        ("proposal", operation_id, "proposed"),
+        ("proposal", operation_id, "approval_refused"),
+        ("proposal", operation_id, "approved"),
+    ]
+    assert [r["actor"] for r in rows] == [
+        "agent-a",
+        "human:otto (approver)",
+        "human:olga (approver)",
+    ]
+    assert created == proposal_id
+    assert report.first_break() is None
