@@ -12,7 +12,7 @@ import socket
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -142,6 +142,23 @@ class Settings(BaseSettings):
         if value and ("{trace_id}" not in value or not value.startswith(("https://", "http://"))):
             raise ValueError("an http(s) URL holding {trace_id}")
         return value or None
+
+    @model_validator(mode="after")
+    def _approvers_are_people_not_agents(self) -> Settings:
+        """Each approver is one name with its own token: an agent's token (or the admin's, or
+        the reviewer's) that also approved would let its holder decide proposals under
+        another identity; a name twice would make four eyes ambiguous."""
+        names = [a.name for a in self.approvers]
+        if len(set(names)) != len(names):
+            raise ValueError("approvers: a name is given twice")
+        others = {a.token_sha256 for a in self.agents}
+        others |= {t for t in (self.reviewer_token_sha256, self.admin_token_sha256) if t}
+        tokens = [a.token_sha256 for a in self.approvers]
+        if len(set(tokens)) != len(tokens) or others & set(tokens):
+            raise ValueError(
+                "approvers: each needs a token of its own (not an agent's or another's)"
+            )
+        return self
 
     @field_validator("agent_listen", "ops_listen")
     @classmethod

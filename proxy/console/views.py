@@ -83,10 +83,15 @@ async def signed_in(request: web.Request, handler: Handler) -> web.StreamRespons
             _log.warning("console_csrf_refused", path=request.path, identity=session.identity)
             return _error(403, "Refused", "the form's CSRF token is missing or wrong", session)
         if not _may_post(session.role, request.path):
-            _log.warning("console_role_refused", path=request.path, identity=session.identity)
+            approver = session.role is Role.APPROVER
+            _log.warning(
+                "console_approver_refused" if approver else "console_reviewer_refused",
+                path=request.path,
+                identity=session.identity,
+            )
             what = (
                 "the approver role decides proposals, nothing else"
-                if session.role is Role.APPROVER
+                if approver
                 else "the reviewer role can see everything, change nothing"
             )
             return _error(403, "Refused", what, session)
