@@ -443,13 +443,15 @@ SELECT stream, seq, at, kind, operation_id, record::text AS record, prev_hash, h
 
 -- name: metrics_operations
 -- Scrape-time gauges: unsettled operations by status (the partial index), those dispatched
--- longer than $1 seconds, and open escalations.
+-- longer than $1 seconds, open escalations, and proposals waiting for a human (unexpired).
 SELECT
     count(*) FILTER (WHERE status = 'created') AS created,
     count(*) FILTER (WHERE status = 'dispatched') AS dispatched,
     count(*) FILTER (WHERE status = 'dispatched'
                        AND dispatched_at < now() - make_interval(secs => $1)) AS dispatched_old,
-    count(*) FILTER (WHERE status = 'dispatched' AND escalated_at IS NOT NULL) AS escalated
+    count(*) FILTER (WHERE status = 'dispatched' AND escalated_at IS NOT NULL) AS escalated,
+    (SELECT count(*) FROM proposals
+      WHERE status = 'pending' AND expires_at > now()) AS proposals_pending
   FROM operations WHERE status IN ('created', 'dispatched');
 
 -- name: audit_records_after

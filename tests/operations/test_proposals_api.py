@@ -382,3 +382,19 @@ async def test_proposal_decisions_are_chained_audit_records_that_verify(
     ]
     assert created == proposal_id
     assert report.first_break() is None
+
+
+async def test_the_pending_proposals_are_a_metric(gate: Opgate) -> None:
+    """/metrics counts the proposals waiting for an approver; a decided one no longer counts."""
+
+    async def pending() -> float:
+        async with gate.http.get(f"{gate.ops_url}/metrics") as response:
+            text = await response.text()
+        [line] = [x for x in text.splitlines() if x.startswith("opgate_proposals_pending ")]
+        return float(line.split()[1])
+
+    _, first = await propose(gate)
+    await propose(gate)
+    assert await pending() == 2
+    await decide(gate, first["proposal"]["proposal_id"], "decline")
+    assert await pending() == 1
