@@ -398,3 +398,32 @@ async def test_the_pending_proposals_are_a_metric(gate: Opgate) -> None:
     assert await pending() == 2
     await decide(gate, first["proposal"]["proposal_id"], "decline")
     assert await pending() == 1
+
+
+async def test_approvals_raced_across_two_opgate_instances_create_one_operation(
+    start_opgate: StartOpgate,
+    policy_dir: Path,
+    database_url: str,
+    fault_provider: FaultProvider,
+) -> None:
+    """Two opgate instances on one database, twenty approvals of one proposal split between
+    them and raced: one is created, every other is 409, and one operation row exists."""
+    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False))
+    async with (
+        start_opgate(upstream_overrides={"fault": fault_provider.url}) as one,
+        start_opgate(upstream_overrides={"fault": fault_provider.url}) as two,
+    ):
+        _, proposed = await propose(one)
+        proposal_id = proposed["proposal"]["proposal_id"]
+        answers = await asyncio.gather(
+            *(decide(gate, proposal_id, "approve", token=ADMIN_TOKEN) for gate in [one, two] * 10)
+        )
+    assert sorted(status for status, _ in answers) == [201] + [409] * 19
+    conn = await asyncpg.connect(database_url)
+    try:
+        count = await conn.fetchval(
+            "SELECT count(*) FROM operations WHERE approval_ref = $1", proposal_id
+        )
+    finally:
+        await conn.close()
+    assert count == 1
