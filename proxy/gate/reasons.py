@@ -51,6 +51,10 @@ class Reason(StrEnum):
     OPERATION_FAILED = "operation_failed"
     RECONCILE_REQUIRED = "reconcile_required"
     OPERATION_ESCALATED = "operation_escalated"
+    # proposals (the agent asks a human for the approval of an exact request)
+    PROPOSAL_INVALID = "proposal_invalid"
+    APPROVAL_NOT_SENDABLE = "approval_not_sendable"
+    PROPOSAL_UNKNOWN = "proposal_unknown"
     # limits
     AGENT_CONCURRENCY_EXCEEDED = "agent_concurrency_exceeded"
     RATE_LIMITED = "rate_limited"
@@ -244,6 +248,22 @@ REASONS: dict[Reason, ReasonInfo] = {
         409,
         "The operation is escalated to a human",
         "Do not send; wait for the human verdict (ask the recovery endpoint).",
+    ),
+    Reason.PROPOSAL_INVALID: ReasonInfo(
+        400,
+        "The proposal is not one",
+        "Nothing was proposed. Send provider, action, path_params, amount, currency, params "
+        "and a reason, as the errors say.",
+    ),
+    Reason.APPROVAL_NOT_SENDABLE: ReasonInfo(
+        422,
+        "No request could carry this approval",
+        "Nothing was proposed. Propose what the rule can send (the errors say what cannot).",
+    ),
+    Reason.PROPOSAL_UNKNOWN: ReasonInfo(
+        404,
+        "No such proposal",
+        "Use the proposal id opgate answered when you proposed.",
     ),
     Reason.AGENT_CONCURRENCY_EXCEEDED: ReasonInfo(
         429,

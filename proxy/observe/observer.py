@@ -287,6 +287,11 @@ class Observability:
                 "Dispatched operations escalated to a human and awaiting a verdict.",
                 [((), row["escalated"])],
             ),
+            gauge(
+                "opgate_proposals_pending",
+                "Agents' proposals waiting for an approver (not yet expired).",
+                [((), row["proposals_pending"])],
+            ),
         ]
 
     async def _budget_gauges(self, store: Store) -> list[list[str]]:

@@ -30,6 +30,7 @@ from proxy.operations.approvals import (
     same_approval,
     supersession_problem,
 )
+from proxy.operations.proposals import Approver, approver_for
 from proxy.recovery.api import recovery_view
 from proxy.recovery.reconcile import reconcile_now
 from proxy.store.operation import Status
@@ -41,6 +42,9 @@ _PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 # The web console (proxy/console/) signs its humans in itself: a session cookie, not a bearer
 # token (a browser cannot send one), with its own roles and CSRF checks.
 _CONSOLE_PREFIX = "/console/"
+_PROPOSALS = "/v1/proposals"
+# Who decides a proposal on this request (the admin, or an approver by its token).
+APPROVER = web.RequestKey("opgate_approver", Approver)
 
 
 class RevokeRequest(BaseModel):
@@ -54,13 +58,19 @@ async def require_admin(request: web.Request, handler: Handler) -> web.StreamRes
         return await handler(request)
     values = request.headers.getall("Authorization", [])
     presented = credential_from(values[0]) if len(values) == 1 else None
-    expected = request.app[GATEWAY].settings.admin_token_sha256
-    if not admin_token_matches(presented, expected):
-        _log.warning("ops_unauthorized", path=request.path, method=request.method)
-        response = admin_problem(401, "admin_unauthenticated", "an admin bearer token is required")
-        response.headers["WWW-Authenticate"] = 'Bearer realm="opgate-operations"'
-        return response
-    return await handler(request)
+    settings = request.app[GATEWAY].settings
+    if request.path == _PROPOSALS or request.path.startswith(_PROPOSALS + "/"):
+        # proposals are decided by the admin or an approver, who is who the token says
+        approver = approver_for(presented, settings)
+        if approver is not None:
+            request[APPROVER] = approver
+            return await handler(request)
+    elif admin_token_matches(presented, settings.admin_token_sha256):
+        return await handler(request)
+    _log.warning("ops_unauthorized", path=request.path, method=request.method)
+    response = admin_problem(401, "admin_unauthenticated", "an admin bearer token is required")
+    response.headers["WWW-Authenticate"] = 'Bearer realm="opgate-operations"'
+    return response
 
 
 @web.middleware

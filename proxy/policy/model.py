@@ -313,6 +313,9 @@ class Rule(Strict):
     send_key: bool = True
     reconcile: Reconcile | None = None
     mode: Mode | None = None  # None: the provider's mode
+    # A proposal of this call may not be approved by the approver its agent belongs to (the
+    # agent's `owner`, or an approver named as the agent). None: the provider's four_eyes.
+    four_eyes: bool | None = None
 
     @field_validator("path", mode="before")
     @classmethod
@@ -399,6 +402,8 @@ class Provider(Strict):
     # ISO 4217 codes as PayPal, Square and Adyen take them upper case.
     currency_case: Literal["lower", "upper"] = "lower"
     mode: Mode = Mode.ENFORCE  # report: shadow mode for every rule that does not say otherwise
+    # Proposals (README, Proposals): every rule's four_eyes unless the rule says otherwise.
+    four_eyes: bool = False
     rules: Annotated[list[Rule], Field(min_length=1)]
     forward_proxy: ForwardProxy = Field(default_factory=ForwardProxy)  # forward mode
     # Spend caps per currency and rolling window, enforced at claim (proxy/policy/budgets.py).
@@ -455,6 +460,9 @@ class Provider(Strict):
 
     def rule_named(self, name: str) -> Rule | None:
         return next((rule for rule in self.rules if rule.name == name), None)
+
+    def four_eyes_for(self, rule: Rule) -> bool:
+        return self.four_eyes if rule.four_eyes is None else rule.four_eyes
 
     def metadata_field(self, rule: Rule) -> str | None:
         """The body field opgate sets to the operation id for ``rule``, if any."""
