@@ -51,6 +51,9 @@ class Reason(StrEnum):
     OPERATION_FAILED = "operation_failed"
     RECONCILE_REQUIRED = "reconcile_required"
     OPERATION_ESCALATED = "operation_escalated"
+    # the provider's state, asked before the send (the rule's preconditions)
+    PRECONDITION_FAILED = "precondition_failed"
+    PRECONDITION_UNVERIFIABLE = "precondition_unverifiable"
     # limits
     AGENT_CONCURRENCY_EXCEEDED = "agent_concurrency_exceeded"
     # could not decide or could not forward
@@ -242,6 +245,17 @@ REASONS: dict[Reason, ReasonInfo] = {
         409,
         "The operation is escalated to a human",
         "Do not send; wait for the human verdict (ask the recovery endpoint).",
+    ),
+    Reason.PRECONDITION_FAILED: ReasonInfo(
+        409,
+        "The provider no longer shows what the approval assumed",
+        "Nothing was sent. The lookup's evidence is attached; a new attempt needs a new "
+        "approval, decided on the world as it is now.",
+    ),
+    Reason.PRECONDITION_UNVERIFIABLE: ReasonInfo(
+        503,
+        "The rule's preconditions could not be checked with the provider",
+        "Nothing was sent. Try again later with the same request.",
     ),
     Reason.AGENT_CONCURRENCY_EXCEEDED: ReasonInfo(
         429,

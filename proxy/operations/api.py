@@ -187,7 +187,9 @@ async def get_operation(request: web.Request) -> web.Response:
     if op is None:
         return admin_problem(404, "operation_unknown", "no such operation")
     public = op.to_public()
-    view = recovery_view(gateway, op)  # what a replacement agent would be told, as in lists
+    failures = await gateway.store.precondition_failures([op.operation_id])
+    # what a replacement agent would be told, as in lists
+    view = recovery_view(gateway, op, failures.get(op.operation_id))
     public["next_action"] = view["next_action"]
     public["reason"] = view["reason"]
     public["retry_after_seconds"] = view["retry_after_seconds"]

@@ -1,0 +1,170 @@
+"""Before an operation is first sent, ask the provider whether what the approval assumed still
+holds: the rule's ``preconditions`` (proxy/policy/model.py, the expressions in
+proxy/policy/expressions.py).
+
+An approval is evidence of what was decided then. Between it and the send, a human may have
+refunded the charge from the dashboard, or the intent been captured elsewhere. So, when a
+recheck is due (``RECHECK_TRIGGERS``), each declared lookup is made with opgate's credential
+and its assertions evaluated on the answer:
+
+    every assertion held           -> Held: the claim may go, on the row as it was looked at
+    an assertion is false          -> Failed: 409 precondition_failed, nothing sent, the row
+                                      stays created; the evidence is audited and kept as an
+                                      operation event (the recovery read shows it)
+    a lookup failed, timed out, or
+    its answer cannot be evaluated -> Unverifiable: 503 precondition_unverifiable, nothing sent
+
+The lookup is a network call, so it cannot run inside the claim's transaction: the claim that
+follows a Held requires the row unchanged since it was read for the lookup.
+
+Only the first send is checked: a re-send after an unknown outcome would find the effect of the
+attempt it re-sends (a refunded charge) and is settled by reconciliation instead.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from proxy.gate.gateway import Gateway
+from proxy.gate.lookup import Inconclusive, fetch, render_lookup
+from proxy.policy import expressions
+from proxy.policy.model import PreconditionLookup, Preconditions, Provider, Rule
+from proxy.store.operation import Operation, Status
+
+
+@dataclass(frozen=True)
+class Held:
+    evidence: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Failed:
+    evidence: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Unverifiable:
+    why: str
+    evidence: dict[str, Any]
+
+
+Checked = Held | Failed | Unverifiable
+
+
+# --- when (pure) -----------------------------------------------------------------------------
+def _superseding(preconditions: Preconditions, op: Operation) -> str | None:
+    """A superseding operation follows a failed one: the world moved at least that much."""
+    return "supersedes" if op.supersedes is not None else None
+
+
+def _approval_aged(preconditions: Preconditions, op: Operation) -> str | None:
+    age = op.read_at - op.created_at
+    if age >= timedelta(seconds=preconditions.recheck_after_seconds):
+        return "approval_age"
+    return None
+
+
+# Each says why a recheck is due before this operation's first send (None: not for this
+# reason). An operation approved from a proposal adds its own here.
+RECHECK_TRIGGERS: tuple[Callable[[Preconditions, Operation], str | None], ...] = (
+    _superseding,
+    _approval_aged,
+)
+
+
+def recheck_due(rule: Rule, op: Operation) -> str | None:
+    """Why the rule's preconditions must be checked before ``op`` is sent now, or None."""
+    if rule.preconditions is None or op.status is not Status.CREATED:
+        return None
+    return next((why for t in RECHECK_TRIGGERS if (why := t(rule.preconditions, op))), None)
+
+
+# --- what the answers say (pure) -------------------------------------------------------------
+def approved_values(op: Operation) -> dict[str, Any]:
+    return {
+        "amount": op.amount,
+        "currency": op.currency,
+        "params": op.params,
+        "path_params": op.path_params,
+    }
+
+
+def judge_answer(
+    lookup: PreconditionLookup, path: str, status: int, body: bytes, op: Operation
+) -> Checked:
+    """One lookup's answer against its assertions."""
+    evidence: dict[str, Any] = {"path": path, "provider_status": status}
+    if not 200 <= status < 300:
+        return Unverifiable(f"the lookup of {path} answered {status}", evidence)
+    try:
+        answer = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return Unverifiable(f"the lookup of {path} answered no JSON", evidence)
+    outcomes = [
+        expressions.evaluate(assertion, answer, approved_values(op))
+        for assertion in lookup.assertions()
+    ]
+    evidence["assertions"] = [o.as_evidence() for o in outcomes]
+    if any(o.held is False for o in outcomes):
+        return Failed(evidence)
+    unevaluated = next((o for o in outcomes if o.held is None and not o.skipped), None)
+    if unevaluated is not None:
+        return Unverifiable(f"{unevaluated.text!r}: {unevaluated.why}", evidence)
+    return Held(evidence)
+
+
+def combine(trigger: str, results: list[Checked | str]) -> Checked:
+    """All lookups' verdicts as one (a str: a lookup skipped, the operation lacking a name
+    its template uses). A false assertion anywhere fails the whole: it is a fact about the
+    world, whatever another lookup could not tell."""
+    lookups: list[dict[str, Any]] = [
+        {"path": r, "skipped": "the operation lacks a value it names"}
+        if isinstance(r, str)
+        else r.evidence
+        for r in results
+    ]
+    evidence = {"trigger": trigger, "lookups": lookups}
+    if any(isinstance(r, Failed) for r in results):
+        return Failed(evidence)
+    unverifiable = next((r for r in results if isinstance(r, Unverifiable)), None)
+    if unverifiable is not None:
+        return Unverifiable(unverifiable.why, evidence)
+    return Held(evidence)
+
+
+def failed_detail(evidence: dict[str, Any]) -> str:
+    """The sentence the agent reads: which assertion no longer holds, on which values."""
+    for lookup in evidence.get("lookups", []):
+        for assertion in lookup.get("assertions", []):
+            if assertion.get("held") is False:
+                values = json.dumps(assertion["values"], allow_nan=False, sort_keys=True)
+                return (
+                    f"{lookup['path']}: {assertion['require']} no longer holds ({values}); "
+                    "nothing was sent"
+                )
+    return "a precondition no longer holds; nothing was sent"
+
+
+# --- the lookups (IO) ------------------------------------------------------------------------
+async def check_preconditions(
+    gw: Gateway, provider: Provider, rule: Rule, op: Operation, trigger: str
+) -> Checked:
+    """Each declared lookup, in order, and its assertions; every lookup is made (each says
+    something the evidence should show), and each is bounded by the provider's timeouts."""
+    assert rule.preconditions is not None
+    results: list[Checked | str] = []
+    for lookup in rule.preconditions.lookups:
+        target = render_lookup(lookup, op)
+        if target is None:
+            results.append(lookup.path)
+            continue
+        answer = await fetch(gw, provider, target)
+        if isinstance(answer, Inconclusive):
+            results.append(Unverifiable(answer.why, {"path": target, "error": answer.why}))
+            continue
+        results.append(judge_answer(lookup, target, answer.status, answer.body, op))
+    return combine(trigger, results)
