@@ -94,6 +94,8 @@ _STRING = re.compile(r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"')
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PUNCT = ("==", "!=", "<=", ">=", "<", ">", "+", "[", "]", ",")
 _WORD_LITERALS = {"true": True, "false": False, "null": None}
+_DIGITS = frozenset("0123456789")
+_WORD_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_")
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,7 @@ def _tokens(text: str) -> list[_Token]:
                 raise ExpressionError(f"at {i}: an unterminated or malformed string")
             out.append(_Token("term", m.group(), i, Literal(json.loads(m.group()))))
             i = m.end()
-        elif ch == "-" or ch.isdigit():
+        elif ch == "-" or ch in _DIGITS:
             m = _NUMBER.match(text, i)
             if m is None:
                 raise ExpressionError(f"at {i}: {ch!r} does not start a number")
@@ -135,7 +137,7 @@ def _tokens(text: str) -> list[_Token]:
                 raise ExpressionError(f"at {i}: malformed approved reference")
             out.append(_Token("term", m.group(), i, _approved(m.group(), i)))
             i = m.end()
-        elif ch.isalpha() or ch == "_":
+        elif ch in _WORD_START:
             m = _WORD.match(text, i)
             assert m is not None
             word = m.group()
