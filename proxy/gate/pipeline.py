@@ -45,7 +45,7 @@ from proxy.gate.intake import (
     with_body_key,
 )
 from proxy.gate.limits import Slot
-from proxy.gate.preconditions import Failed, Held, check_preconditions, failed_detail, recheck_due
+from proxy.gate.preconditions import Failed, check_preconditions, recheck_due, refusal
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.gate.resend import ask_before_resend
@@ -290,23 +290,16 @@ async def _check_preconditions(
         return None
     checked = await check_preconditions(gw, target.provider, target.rule, op, trigger)
     record.precondition = checked.evidence
-    if isinstance(checked, Held):
+    deny = refusal(checked)
+    if deny is None:
         return None
-    reason = (
-        Reason.PRECONDITION_FAILED
-        if isinstance(checked, Failed)
-        else Reason.PRECONDITION_UNVERIFIABLE
-    )
     if target.provider.mode_for(target.rule) is Mode.REPORT:
-        record.would_deny = record.would_deny or reason.value
+        record.would_deny = record.would_deny or deny.reason.value
         return None
     if isinstance(checked, Failed):
         await gw.store.record_precondition_failed(
             op.operation_id, gw.settings.instance_id, checked.evidence
         )
-        deny = Deny(reason, failed_detail(checked.evidence))
-    else:
-        deny = Deny(reason, f"nothing was sent: {checked.why}", 1)
     return _reject(record, deny, op, extra={"precondition": checked.evidence})
 
 

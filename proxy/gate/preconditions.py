@@ -24,13 +24,15 @@ attempt it re-sends (a refunded charge) and is settled by reconciliation instead
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from proxy.gate.decision import Deny
 from proxy.gate.gateway import Gateway
 from proxy.gate.lookup import Inconclusive, fetch, render_lookup
+from proxy.gate.reasons import Reason
 from proxy.policy import expressions
 from proxy.policy.model import PreconditionLookup, Preconditions, Provider, Rule
 from proxy.store.operation import Operation, Status
@@ -117,16 +119,39 @@ def judge_answer(
     return Held(evidence)
 
 
-def combine(trigger: str, results: list[Checked | str]) -> Checked:
-    """All lookups' verdicts as one (a str: a lookup skipped, the operation lacking a name
-    its template uses). A false assertion anywhere fails the whole: it is a fact about the
-    world, whatever another lookup could not tell."""
-    lookups: list[dict[str, Any]] = [
-        {"path": r, "skipped": "the operation lacks a value it names"}
-        if isinstance(r, str)
-        else r.evidence
-        for r in results
-    ]
+# A lookup's answer as the provider gave it (status, body), or why there was none.
+Answer = tuple[int, bytes] | Inconclusive
+
+
+def planned_lookups(rule: Rule, op: Operation) -> list[tuple[PreconditionLookup, str | None]]:
+    """Each declared lookup with its path and query for ``op`` (None: skipped, the operation
+    lacks a value its template names)."""
+    assert rule.preconditions is not None
+    return [(lookup, render_lookup(lookup, op)) for lookup in rule.preconditions.lookups]
+
+
+def judge(
+    trigger: str,
+    op: Operation,
+    planned: list[tuple[PreconditionLookup, str | None]],
+    answers: Mapping[str, Answer],
+) -> Checked:
+    """Every planned lookup's answer (``answers``, by target) as one verdict. A false
+    assertion anywhere fails the whole: it is a fact about the world, whatever another lookup
+    could not tell."""
+    results: list[Checked] = []
+    lookups: list[dict[str, Any]] = []
+    for lookup, target in planned:
+        if target is None:
+            lookups.append({"path": lookup.path, "skipped": "the operation lacks a value it names"})
+            continue
+        answer = answers[target]
+        if isinstance(answer, Inconclusive):
+            result: Checked = Unverifiable(answer.why, {"path": target, "error": answer.why})
+        else:
+            result = judge_answer(lookup, target, answer[0], answer[1], op)
+        results.append(result)
+        lookups.append(result.evidence)
     evidence = {"trigger": trigger, "lookups": lookups}
     if any(isinstance(r, Failed) for r in results):
         return Failed(evidence)
@@ -134,6 +159,15 @@ def combine(trigger: str, results: list[Checked | str]) -> Checked:
     if unverifiable is not None:
         return Unverifiable(unverifiable.why, evidence)
     return Held(evidence)
+
+
+def refusal(checked: Checked) -> Deny | None:
+    """What the agent is told when the preconditions do not hold (None: they do)."""
+    if isinstance(checked, Failed):
+        return Deny(Reason.PRECONDITION_FAILED, failed_detail(checked.evidence))
+    if isinstance(checked, Unverifiable):
+        return Deny(Reason.PRECONDITION_UNVERIFIABLE, f"nothing was sent: {checked.why}", 1)
+    return None
 
 
 def failed_detail(evidence: dict[str, Any]) -> str:
@@ -153,18 +187,13 @@ def failed_detail(evidence: dict[str, Any]) -> str:
 async def check_preconditions(
     gw: Gateway, provider: Provider, rule: Rule, op: Operation, trigger: str
 ) -> Checked:
-    """Each declared lookup, in order, and its assertions; every lookup is made (each says
+    """Each declared lookup, in order, then their verdict; every lookup is made (each says
     something the evidence should show), and each is bounded by the provider's timeouts."""
-    assert rule.preconditions is not None
-    results: list[Checked | str] = []
-    for lookup in rule.preconditions.lookups:
-        target = render_lookup(lookup, op)
-        if target is None:
-            results.append(lookup.path)
+    planned = planned_lookups(rule, op)
+    answers: dict[str, Answer] = {}
+    for _, target in planned:
+        if target is None or target in answers:
             continue
-        answer = await fetch(gw, provider, target)
-        if isinstance(answer, Inconclusive):
-            results.append(Unverifiable(answer.why, {"path": target, "error": answer.why}))
-            continue
-        results.append(judge_answer(lookup, target, answer.status, answer.body, op))
-    return combine(trigger, results)
+        got = await fetch(gw, provider, target)
+        answers[target] = got if isinstance(got, Inconclusive) else (got.status, got.body)
+    return judge(trigger, op, planned, answers)
