@@ -56,6 +56,13 @@ def add_policy_commands(commands: Any) -> None:
     source = explain.add_mutually_exclusive_group()
     source.add_argument("--operation", type=Path, help="a YAML file with an operation row")
     source.add_argument("--operation-id", help="read this operation from the database")
+    explain.add_argument(
+        "--lookup",
+        action="append",
+        default=[],
+        metavar="PATH=FILE",
+        help="the provider's JSON answer (200) to a precondition lookup of PATH (repeatable)",
+    )
     explain.add_argument("--database-url", help="default: OPGATE_DATABASE_URL")
     explain.add_argument("--output-json", action="store_true", help="print JSON")
     explain.set_defaults(handler=policy_explain)
@@ -206,7 +213,14 @@ def policy_explain(args: argparse.Namespace) -> int:
         sample = SampleRequest(
             sample.method, sample.path, sample.headers, sample.body, agent or EXPLAIN_AGENT
         )
-        explanation = explain(policy, sample, rows)
+        lookups: dict[str, tuple[int, bytes]] = {}
+        for given in args.lookup:
+            path, sep, file = given.partition("=")
+            if not sep:
+                print(f"opgate: lookup {given!r} is not PATH=FILE", file=sys.stderr)
+                return 2
+            lookups[path] = (200, Path(file).read_bytes())
+        explanation = explain(policy, sample, rows, lookups)
     if args.output_json:
         print(json.dumps(explanation.to_json(), indent=2))
     else:
