@@ -7,6 +7,7 @@ ignored key. The platform team edits these files; opgate never writes them.
 from __future__ import annotations
 
 import re
+import string
 from enum import StrEnum
 from typing import Annotated, Literal
 
@@ -318,6 +319,17 @@ class PreconditionLookup(Strict):
         return [expressions.parse(text) for text in self.require]
 
 
+def _template_names(lookup: PreconditionLookup) -> set[str]:
+    """The names a lookup's path and query templates use."""
+    names: set[str] = set()
+    for template in (lookup.path, *lookup.query.values()):
+        try:
+            names |= {name for _, name, _, _ in string.Formatter().parse(template) if name}
+        except ValueError as exc:
+            raise ValueError(f"precondition lookup template {template!r}: {exc}") from exc
+    return names
+
+
 class Preconditions(Strict):
     """What must still be true at the provider before this rule's operation is first sent:
     the approval is evidence of what was decided then, not of the world now. Checked before
@@ -395,7 +407,15 @@ class Rule(Strict):
         if self.operation is OperationRequirement.NONE:
             raise ValueError("preconditions need `operation: required`: they check an approval")
         errors = []
+        known = {*self.params, *self.path.param_names, "operation_id"}
         for lookup in preconditions.lookups:
+            # A name the rule never approves would skip the lookup on every operation: the
+            # precondition would silently never be checked.
+            for name in sorted(_template_names(lookup) - known):
+                errors.append(
+                    f"precondition lookup {lookup.path}: {{{name}}} is neither among the rule's "
+                    "params nor a path parameter"
+                )
             for assertion in lookup.assertions():
                 for problem in expressions.problems(
                     assertion,

@@ -260,3 +260,25 @@ def test_a_literal_equals_itself_in_the_json_it_came_from(value: Any) -> None:
         return  # a list literal holds scalars only
     outcome = evaluate(parse(f"/v == {json.dumps(value)}"), {"v": value}, {"params": {}})
     assert outcome.held is True
+
+
+def test_a_lookup_template_naming_what_the_rule_never_approves_is_refused() -> None:
+    """A misspelt {chrge} would skip the lookup on every operation: the loader says so."""
+    text = textwrap.dedent("""\
+        version: 1
+        provider: pay
+        route_prefix: /pay
+        upstream: https://pay.example
+        rules:
+          - name: refund.create
+            method: POST
+            path: /v1/refunds
+            params: [charge]
+            preconditions:
+              lookups:
+                - {path: "/v1/charges/{chrge}", query: {x: "{operation_id}"}, require: [/a == 1]}
+        """)
+    provider, found = parse_policy_text(text, "pay.yaml")
+    assert provider is None
+    [message] = [str(p) for p in found]
+    assert "{chrge} is neither among the rule's params nor a path parameter" in message
