@@ -28,7 +28,7 @@ from proxy.observe.audit import AuditRecord, Decision, emit, request_path
 from proxy.policy.model import BodyKind, Provider, Rule
 from proxy.recovery.next_action import NextAction, next_action
 from proxy.recovery.reconcile import reconcile_now
-from proxy.store.operation import Operation
+from proxy.store.operation import Operation, Status
 
 RECOVERY_PREFIX = "/_opgate/v1/operations"
 
@@ -64,6 +64,15 @@ def recovery_view(
         if rule is not None:
             view["request"] = approved_request(provider, rule, op)
     return view
+
+
+async def recovery_views(gw: Gateway, ops: list[Operation]) -> list[dict[str, Any]]:
+    """``recovery_view`` of each, with the evidence of a failed precondition where a created
+    operation has one (its latest ``precondition_failed`` event: one read for all)."""
+    failures = await gw.store.precondition_failures(
+        [op.operation_id for op in ops if op.status is Status.CREATED]
+    )
+    return [recovery_view(gw, op, failures.get(op.operation_id)) for op in ops]
 
 
 def approved_request(provider: Provider, rule: Rule, op: Operation) -> dict[str, Any]:
@@ -185,8 +194,7 @@ async def _read_operation(
             told=Reason.OPERATION_UNKNOWN,
         )
     record.provider, record.status_before = op.provider, op.status.value
-    failures = await gw.store.precondition_failures([operation_id])
-    view = recovery_view(gw, op, failures.get(operation_id))
+    [view] = await recovery_views(gw, [op])
     if view["next_action"] == NextAction.RECONCILE:
         op = await reconcile_now(gw, operation_id) or op
         view = recovery_view(gw, op)
@@ -203,9 +211,7 @@ async def _list_unsettled(
     ops = await gw.store.list_operations(
         agent.tenant, ["created", "dispatched"], agent.agent_id, 200
     )
-    failures = await gw.store.precondition_failures([op.operation_id for op in ops])
-    views = [recovery_view(gw, op, failures.get(op.operation_id)) for op in ops]
-    return web.json_response({"operations": views})
+    return web.json_response({"operations": await recovery_views(gw, ops)})
 
 
 read_operation = recorded(_read_operation)

@@ -210,6 +210,8 @@ class Store:
 
     async def precondition_failures(self, operation_ids: list[str]) -> dict[str, dict[str, Any]]:
         """The latest failed-precondition evidence of each of these operations still created."""
+        if not operation_ids:
+            return {}
         rows = await self._run(lambda c: c.fetch(QUERIES["precondition_failures"], operation_ids))
         return {row["operation_id"]: json.loads(row["detail"]) for row in rows}
 

@@ -106,7 +106,8 @@ async def test_a_superseding_operation_is_checked_and_refused_when_a_human_refun
     start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
 ) -> None:
     """The first operation failed with no effect (reconciled); a human then refunded the charge.
-    The superseding operation, though freshly approved, is asked first and refused."""
+    The superseding operation, though freshly approved, is asked first and refused, and the
+    agent's list of unsettled operations tells it a new approval is needed, with the evidence."""
     text = policy_with_preconditions(recheck=3600, total_timeout=0.3, grace_seconds=0)
     (policy_dir / "fault.yaml").write_text(text)
     async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
@@ -115,9 +116,16 @@ async def test_a_superseding_operation_is_checked_and_refused_when_a_human_refun
         new = await gate.approve(supersedes=old)
         status, _, body = await gate.send(REFUND, data=GOOD_BODY, headers=op_header(new))
         row = await gate.operation(new["operation_id"])
+        _, _, listed = await gate.send(
+            "/_opgate/v1/operations", method="GET", data=None, content_type=None
+        )
     refused = problem(body)
     assert (status, refused["code"]) == (409, "precondition_failed")
     assert refused["precondition"]["trigger"] == "supersedes"
+    [unsettled] = json.loads(listed)["operations"]  # the old one failed: only the new is open
+    assert unsettled["operation"]["operation_id"] == new["operation_id"]
+    assert unsettled["next_action"] == "new_approval_required"
+    assert unsettled["precondition"] == refused["precondition"]
     [_, assertion] = refused["precondition"]["lookups"][0]["assertions"]
     assert assertion["held"] is False
     [seen] = assertion["values"]["/data"]  # the human's refund, no operation id on it
