@@ -201,6 +201,28 @@ async def test_two_concurrent_sends_both_look_up_and_only_one_claims(
     assert (row["status"], row["attempts"]) == ("confirmed", 1)
 
 
+async def test_two_replicas_sending_one_operation_make_one_effect(
+    start_opgate: StartOpgate, policy_dir: Path, stalled_lookups: FaultProvider
+) -> None:
+    """Two opgate replicas on one database each receive the send and each look up (held until
+    both are out); the claim on the shared row lets one send through."""
+    (policy_dir / "fault.yaml").write_text(policy_with_preconditions())
+    overrides = {"upstream_overrides": {"fault": stalled_lookups.url}}
+    async with start_opgate(**overrides) as first, start_opgate(**overrides) as second:
+        op = await first.approve()
+        sends = [
+            asyncio.create_task(gate.send(REFUND, data=GOOD_BODY, headers=op_header(op)))
+            for gate in (first, second)
+        ]
+        await until(lambda: stalled_lookups.stalled == 2, "both replicas' lookups")
+        stalled_lookups.release()
+        answers = await asyncio.gather(*sends)
+        row = await first.operation(op["operation_id"])
+    assert 200 in [status for status, _, _ in answers], answers
+    assert (posts(stalled_lookups), len(stalled_lookups.effects)) == (1, 1)
+    assert (row["status"], row["attempts"]) == ("confirmed", 1)
+
+
 async def test_shadow_mode_sends_and_audits_would_deny(
     start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
 ) -> None:
