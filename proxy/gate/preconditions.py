@@ -33,6 +33,7 @@ from proxy.gate.decision import Deny
 from proxy.gate.gateway import Gateway
 from proxy.gate.lookup import Inconclusive, fetch, render_lookup
 from proxy.gate.reasons import Reason
+from proxy.observe.auditlog.storable import storable
 from proxy.policy import expressions
 from proxy.policy.model import PreconditionLookup, Preconditions, Provider, Rule
 from proxy.store.operation import Operation, Status
@@ -95,6 +96,11 @@ def approved_values(op: Operation) -> dict[str, Any]:
     }
 
 
+def _not_json(constant: str) -> Any:
+    """Python's reader takes NaN and Infinity; JSON has neither, and no store would keep them."""
+    raise ValueError(f"{constant} is not JSON")
+
+
 def judge_answer(
     lookup: PreconditionLookup, path: str, status: int, body: bytes, op: Operation
 ) -> Checked:
@@ -103,14 +109,16 @@ def judge_answer(
     if not 200 <= status < 300:
         return Unverifiable(f"the lookup of {path} answered {status}", evidence)
     try:
-        answer = json.loads(body)
+        answer = json.loads(body, parse_constant=_not_json)
     except (ValueError, UnicodeDecodeError):
         return Unverifiable(f"the lookup of {path} answered no JSON", evidence)
     outcomes = [
         expressions.evaluate(assertion, answer, approved_values(op))
         for assertion in lookup.assertions()
     ]
-    evidence["assertions"] = [o.as_evidence() for o in outcomes]
+    # The values come from the provider: made storable (no NUL, no lone surrogate) before
+    # they reach the audit log, the operation's event or the agent.
+    evidence["assertions"] = storable([o.as_evidence() for o in outcomes])
     if any(o.held is False for o in outcomes):
         return Failed(evidence)
     unevaluated = next((o for o in outcomes if o.held is None and not o.skipped), None)

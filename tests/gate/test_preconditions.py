@@ -302,9 +302,29 @@ def test_judge_answer(status: int, body: dict[str, Any], kind: type) -> None:
     assert isinstance(judged, kind), judged
 
 
-def test_judge_answer_refuses_what_is_not_json() -> None:
-    """An answer that is not JSON cannot be evaluated: unverifiable."""
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"<html>", id="html"),
+        pytest.param(b'{"object": NaN, "data": []}', id="NaN"),
+        pytest.param(b'{"object": "list", "data": [Infinity]}', id="Infinity"),
+        pytest.param(b'{"object": "list", "data": [] ', id="truncated"),
+    ],
+)
+def test_judge_answer_refuses_what_is_not_json(body: bytes) -> None:
+    """An answer that is not JSON (Python's reader would take NaN) cannot be evaluated."""
     rule = refund_rule(0)
     assert rule.preconditions is not None
-    judged = judge_answer(rule.preconditions.lookups[0], "/x", 200, b"<html>", make_op())
+    judged = judge_answer(rule.preconditions.lookups[0], "/x", 200, body, make_op())
     assert isinstance(judged, Unverifiable)
+
+
+def test_evidence_from_the_provider_is_made_storable() -> None:
+    """A NUL or a lone surrogate in the provider's answer is replaced before it is kept."""
+    rule = refund_rule(0)
+    assert rule.preconditions is not None
+    body = rb'{"object": "li\u0000st", "data": ["\ud800"]}'
+    judged = judge_answer(rule.preconditions.lookups[0], "/x", 200, body, make_op())
+    assert isinstance(judged, Failed)
+    values = [a["values"] for a in judged.evidence["assertions"]]
+    assert values == [{"/object": "li\ufffdst"}, {"/data": ["\ufffd"]}]
