@@ -282,3 +282,41 @@ def test_a_lookup_template_naming_what_the_rule_never_approves_is_refused() -> N
     assert provider is None
     [message] = [str(p) for p in found]
     assert "{chrge} is neither among the rule's params nor a path parameter" in message
+
+
+_KEY = st.text(st.sampled_from("abz_.-~/09"), min_size=1, max_size=4)
+_POINTER_TEXT = st.lists(_KEY, min_size=1, max_size=3).map(
+    lambda keys: "".join("/" + k.replace("~", "~0").replace("/", "~1") for k in keys)
+)
+_SCALAR = st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.text(max_size=4)
+_TERM = st.one_of(
+    _POINTER_TEXT.map(lambda t: (t, Pointer(t))),
+    _SCALAR.map(lambda v: (json.dumps(v), Literal(v))),
+    st.sampled_from(["amount", "currency"]).map(lambda f: (f"approved.{f}", Approved(f))),
+    st.sampled_from(["charge", "metadata[order]", "/payment_id"]).map(
+        lambda n: (f"approved.params.{n}", Approved("params", n))
+    ),
+)
+
+
+@given(
+    st.lists(_TERM, min_size=1, max_size=3),
+    st.sampled_from(["==", "!=", "<=", "<", ">=", ">", "in"]),
+    st.lists(_TERM, min_size=1, max_size=3),
+    st.sampled_from([" ", "  "]),
+)
+def test_every_assertion_of_the_grammar_parses_to_its_terms(
+    left: list[tuple[str, Any]], operator: str, right: list[tuple[str, Any]], space: str
+) -> None:
+    """Whatever the terms, an assertion written in the form parses back to exactly them."""
+    text = space.join(
+        [
+            f"{space}+{space}".join(t for t, _ in left),
+            operator,
+            f"{space}+{space}".join(t for t, _ in right),
+        ]
+    )
+    assertion = parse(text)
+    assert assertion.operator == operator
+    assert assertion.left.terms == tuple(term for _, term in left)
+    assert assertion.right.terms == tuple(term for _, term in right)
