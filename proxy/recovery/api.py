@@ -29,7 +29,7 @@ from proxy.policy.model import BodyKind, Provider, Rule
 from proxy.policy.set import PolicySet
 from proxy.recovery.next_action import NextAction, next_action
 from proxy.recovery.reconcile import reconcile_now
-from proxy.store.operation import Operation
+from proxy.store.operation import Operation, Status
 from proxy.store.proposal import Proposal
 
 RECOVERY_PREFIX = "/_opgate/v1/operations"
@@ -47,21 +47,34 @@ def _in_scope(op: Operation, agent: Agent) -> bool:
     return op.tenant == agent.tenant and (op.agent_id is None or op.agent_id == agent.agent_id)
 
 
-def recovery_view(gw: Gateway, op: Operation) -> dict[str, Any]:
+def recovery_view(
+    gw: Gateway, op: Operation, precondition_failure: dict[str, Any] | None = None
+) -> dict[str, Any]:
     provider = gw.policy.provider_named(op.provider)
     window = provider.idempotency.dedup_window_seconds if provider else None
-    advice = next_action(op, dedup_window_seconds=window)
+    advice = next_action(op, dedup_window_seconds=window, precondition_failure=precondition_failure)
     view: dict[str, Any] = {
         "operation": op.to_public(),
         "next_action": advice.action.value,
         "reason": advice.reason,
         "retry_after_seconds": advice.retry_after_seconds,
     }
+    if advice.evidence is not None:
+        view["precondition"] = advice.evidence
     if advice.action in (NextAction.SEND, NextAction.RETRY) and provider is not None:
         rule = provider.rule_named(op.action)
         if rule is not None:
             view["request"] = approved_request(provider, rule, op)
     return view
+
+
+async def recovery_views(gw: Gateway, ops: list[Operation]) -> list[dict[str, Any]]:
+    """``recovery_view`` of each, with the evidence of a failed precondition where a created
+    operation has one (its latest ``precondition_failed`` event: one read for all)."""
+    failures = await gw.store.precondition_failures(
+        [op.operation_id for op in ops if op.status is Status.CREATED]
+    )
+    return [recovery_view(gw, op, failures.get(op.operation_id)) for op in ops]
 
 
 def approved_request(provider: Provider, rule: Rule, op: Operation) -> dict[str, Any]:
@@ -231,7 +244,7 @@ async def _read_operation(
             told=Reason.OPERATION_UNKNOWN,
         )
     record.provider, record.status_before = op.provider, op.status.value
-    view = recovery_view(gw, op)
+    [view] = await recovery_views(gw, [op])
     if view["next_action"] == NextAction.RECONCILE:
         op = await reconcile_now(gw, operation_id) or op
         view = recovery_view(gw, op)
@@ -248,7 +261,7 @@ async def _list_unsettled(
     ops = await gw.store.list_operations(
         agent.tenant, ["created", "dispatched"], agent.agent_id, 200
     )
-    return web.json_response({"operations": [recovery_view(gw, op) for op in ops]})
+    return web.json_response({"operations": await recovery_views(gw, ops)})
 
 
 read_operation = recorded(_read_operation)
