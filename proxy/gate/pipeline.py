@@ -1,7 +1,8 @@
 """One agent request, top to bottom:
 
-identify -> load the row (primary) -> decide (pure checks) -> prepare -> claim -> forward ->
-classify -> record -> answer, with exactly one audit record emitted in a ``finally``.
+identify -> load the row (primary) -> decide (pure checks) -> prepare -> preconditions ->
+claim -> forward -> classify -> record -> answer, with exactly one audit record emitted in a
+``finally``.
 
 Nothing leaves before the claim has committed. Once the claim has committed, the row only
 becomes confirmed or failed from the provider's answer; every other ending leaves it dispatched.
@@ -13,6 +14,8 @@ import asyncio
 import hashlib
 import secrets
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 from aiohttp import web
 
@@ -25,6 +28,7 @@ from proxy.errors import (
 )
 from proxy.gate import upstream
 from proxy.gate.bodies import BodyRejected, ParsedBody, inject, with_value
+from proxy.gate.budgets import budget_claim, budget_sum
 from proxy.gate.checks import concealed, decide, decide_by_state, same_currency
 from proxy.gate.classify import Settled, Unknown, classify_answer
 from proxy.gate.credentials import provider_credential
@@ -42,11 +46,13 @@ from proxy.gate.intake import (
     with_body_key,
 )
 from proxy.gate.limits import Slot
+from proxy.gate.preconditions import Failed, check_preconditions, recheck_due, refusal
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.gate.resend import ask_before_resend
 from proxy.gate.upstream import OutboundRequest, UpstreamResponse
 from proxy.observe.audit import AuditRecord, Decision, emit, request_path
+from proxy.policy.model import Mode
 from proxy.policy.set import PolicySet
 from proxy.store.operation import LastOutcome, Operation
 from proxy.store.store import ProviderAnswer
@@ -87,13 +93,12 @@ async def _process(
         return _reject(record, target)
     record.agent_id, record.tenant = target.agent.agent_id, target.agent.tenant
     record.provider, record.rule = target.provider.provider, target.rule.name
-    # One agent's requests in flight are capped before its body is read or the database is
-    # touched, so that it cannot hold the pool (or a slow body's connection) against others.
-    slot = gw.in_flight.take(target.agent, gw.settings.max_requests_in_flight_per_agent)
-    if slot is None:
-        cap = gw.settings.max_requests_in_flight_per_agent
-        busy = Deny(Reason.AGENT_CONCURRENCY_EXCEEDED, f"{cap} requests already in flight", 1)
-        return _reject(record, busy)
+    # Requests in flight and request rates (per agent, per tenant) are capped before the body
+    # is read or the database is touched, so that no agent can hold the pool (or a slow
+    # body's connection) against others, nor flood the provider (proxy/gate/limits.py).
+    slot = gw.in_flight.admit(target.agent, target.provider, gw.settings)
+    if isinstance(slot, Deny):
+        return _reject(record, slot)
     try:
         return await _process_admitted(gw, target, request, record, slot)
     finally:
@@ -146,8 +151,17 @@ async def _process_admitted(
         return _reject(record, outbound, op)
     if decision.claim is not ClaimKind.NONE:
         assert op is not None
+        # 4b. preconditions: ask the provider whether what the approval assumed still holds
+        # (a lookup, before and outside the claim, which then needs the row unchanged since)
         try:
-            claimed = await _claim(gw, target, op, decision)
+            refused = await _check_preconditions(gw, target, op, record)
+        except StoreUnavailable as exc:
+            return _store_unavailable(record, exc)
+        if refused is not None:
+            return refused
+        unchanged_since = op.updated_at if record.precondition is not None else None
+        try:
+            claimed = await _claim(gw, target, op, decision, record, unchanged_since)
         except StoreUnavailable as exc:
             return _store_unavailable(record, exc)
         if isinstance(claimed, ClaimConflict):
@@ -266,12 +280,44 @@ class ClaimConflict:
     current: Operation
 
 
+async def _check_preconditions(
+    gw: Gateway, target: Target, op: Operation, record: AuditRecord
+) -> web.Response | None:
+    """The rule's preconditions, when a recheck is due (proxy/gate/preconditions.py): None to
+    go on to the claim, else the refusal. In report mode a refusal is only ``would_deny``."""
+    trigger = recheck_due(target.rule, op)
+    if trigger is None:
+        return None
+    checked = await check_preconditions(gw, target.provider, target.rule, op, trigger)
+    record.precondition = checked.evidence
+    deny = refusal(checked)
+    if deny is None:
+        return None
+    if target.provider.mode_for(target.rule) is Mode.REPORT:
+        record.would_deny = record.would_deny or deny.reason.value
+        return None
+    if isinstance(checked, Failed):
+        await gw.store.record_precondition_failed(
+            op.operation_id, gw.settings.instance_id, checked.evidence
+        )
+    return _reject(record, deny, op, extra={"precondition": checked.evidence})
+
+
 async def _claim(
-    gw: Gateway, target: Target, op: Operation, decision: Forward
+    gw: Gateway,
+    target: Target,
+    op: Operation,
+    decision: Forward,
+    record: AuditRecord,
+    unchanged_since: datetime | None = None,
 ) -> Operation | ClaimConflict:
-    """The conditional UPDATE (a re-send after an unknown outcome asks the provider first); on
-    zero rows, re-read the row and say why."""
+    """The conditional UPDATE (a re-send after an unknown outcome asks the provider first),
+    under the locks of the spend budgets it counts against; on zero rows, re-read the row and
+    say why."""
     provider = target.provider
+    budgets = budget_claim(provider, target.rule, op)
+    if isinstance(budgets, Deny):
+        return ClaimConflict(budgets, op)
     lookup_owner = None
     if decision.claim is ClaimKind.RESEND_AFTER_LOOKUP and target.rule.reconcile is not None:
         asked = await ask_before_resend(gw, provider, target.rule.reconcile, op)
@@ -280,14 +326,39 @@ async def _claim(
         if isinstance(asked, Deny):
             return ClaimConflict(asked, op)
         lookup_owner = asked.lookup_owner
-    claimed = await gw.store.claim(
-        op.operation_id,
-        owner=gw.settings.instance_id,
-        lease_seconds=provider.timeouts.total_seconds + gw.settings.lease_margin_seconds,
-        expected_attempts=op.attempts,
-        dedup_window_seconds=provider.idempotency.dedup_window_seconds,
-        after_lookup_by=lookup_owner,
-    )
+    owner, lease = gw.settings.instance_id, provider.timeouts.total_seconds
+    lease += gw.settings.lease_margin_seconds
+    dedup_window = provider.idempotency.dedup_window_seconds
+    if budgets is None:  # the single unlocked statement
+        claimed = await gw.store.claim(
+            op.operation_id,
+            owner=owner,
+            lease_seconds=lease,
+            expected_attempts=op.attempts,
+            dedup_window_seconds=dedup_window,
+            after_lookup_by=lookup_owner,
+            unchanged_since=unchanged_since,
+        )
+    else:
+        made = await gw.store.claim_within_budgets(
+            op.operation_id,
+            [budget_sum(key) for key in budgets.keys],
+            budgets.admits,
+            owner=owner,
+            lease_seconds=lease,
+            expected_attempts=op.attempts,
+            dedup_window_seconds=dedup_window,
+            after_lookup_by=lookup_owner,
+            unchanged_since=unchanged_since,
+        )
+        refusal, would_deny = budgets.judge(made.spent)
+        if refusal is not None:
+            if lookup_owner is not None:
+                await gw.store.release_reconcile(op.operation_id, lookup_owner)
+            return ClaimConflict(refusal, op)
+        if would_deny is not None and record.would_deny is None:  # shadow mode
+            record.would_deny = would_deny.reason.value
+        claimed = made.operation
     if claimed is not None:
         return claimed
     if lookup_owner is not None:
@@ -309,14 +380,18 @@ def _answer_claim_conflict(record: AuditRecord, conflict: ClaimConflict) -> web.
 
 
 def _reject(
-    record: AuditRecord, deny: Deny, op: Operation | None = None, told: Deny | None = None
+    record: AuditRecord,
+    deny: Deny,
+    op: Operation | None = None,
+    told: Deny | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> web.Response:
     """Refuse with ``deny``, or answer ``told`` instead (checks.concealed): the audit record
     keeps the real reason and operation, the agent learns neither, nor the operation's status."""
     record.decision, record.reason = Decision.DENY, deny.reason.value
-    if told is not None:
-        deny, op = told, None
-    extra = None
+    if told is not None:  # nothing of the real refusal is told, its evidence neither
+        deny, op, extra = told, None, None
+    extra = {**(deny.extra or {}), **(extra or {})} or None
     if op is not None and deny.reason is Reason.OPERATION_FAILED and op.provider_status:
         extra = {"provider_response": op.to_public()["provider_response"]}
     return problem_response(

@@ -26,9 +26,11 @@ from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.observe.audit import AuditRecord, Decision, emit, request_path
 from proxy.policy.model import BodyKind, Provider, Rule
+from proxy.policy.set import PolicySet
 from proxy.recovery.next_action import NextAction, next_action
 from proxy.recovery.reconcile import reconcile_now
-from proxy.store.operation import Operation
+from proxy.store.operation import Operation, Status
+from proxy.store.proposal import Proposal
 
 RECOVERY_PREFIX = "/_opgate/v1/operations"
 
@@ -45,16 +47,20 @@ def _in_scope(op: Operation, agent: Agent) -> bool:
     return op.tenant == agent.tenant and (op.agent_id is None or op.agent_id == agent.agent_id)
 
 
-def recovery_view(gw: Gateway, op: Operation) -> dict[str, Any]:
+def recovery_view(
+    gw: Gateway, op: Operation, precondition_failure: dict[str, Any] | None = None
+) -> dict[str, Any]:
     provider = gw.policy.provider_named(op.provider)
     window = provider.idempotency.dedup_window_seconds if provider else None
-    advice = next_action(op, dedup_window_seconds=window)
+    advice = next_action(op, dedup_window_seconds=window, precondition_failure=precondition_failure)
     view: dict[str, Any] = {
         "operation": op.to_public(),
         "next_action": advice.action.value,
         "reason": advice.reason,
         "retry_after_seconds": advice.retry_after_seconds,
     }
+    if advice.evidence is not None:
+        view["precondition"] = advice.evidence
     if advice.action in (NextAction.SEND, NextAction.RETRY) and provider is not None:
         rule = provider.rule_named(op.action)
         if rule is not None:
@@ -62,24 +68,81 @@ def recovery_view(gw: Gateway, op: Operation) -> dict[str, Any]:
     return view
 
 
+async def recovery_views(gw: Gateway, ops: list[Operation]) -> list[dict[str, Any]]:
+    """``recovery_view`` of each, with the evidence of a failed precondition where a created
+    operation has one (its latest ``precondition_failed`` event: one read for all)."""
+    failures = await gw.store.precondition_failures(
+        [op.operation_id for op in ops if op.status is Status.CREATED]
+    )
+    return [recovery_view(gw, op, failures.get(op.operation_id)) for op in ops]
+
+
 def approved_request(provider: Provider, rule: Rule, op: Operation) -> dict[str, Any]:
     """The exact request the approval allows, for an agent to send as it is: "re-send the
     identical request" must not depend on what the agent remembers."""
-    fields = approved_fields(
+    return exact_request(
         provider,
         rule,
+        operation_id=op.operation_id,
+        method=op.method,
+        path=op.path,
         amount=op.amount,
         currency=op.currency,
         params=op.params,
         idempotency_key=op.idempotency_key,
     )
-    headers = {"X-Operation-Id": op.operation_id}
+
+
+def proposal_request(policy: PolicySet, proposal: Proposal) -> dict[str, Any] | None:
+    """The exact request an approval of this proposal lets through (None if the policy no
+    longer has its rule)."""
+    provider = policy.provider_named(proposal.provider)
+    rule = provider.rule_named(proposal.action) if provider is not None else None
+    if provider is None or rule is None:
+        return None
+    return exact_request(
+        provider,
+        rule,
+        operation_id=proposal.operation_id,
+        method=proposal.method,
+        path=proposal.path,
+        amount=proposal.amount,
+        currency=proposal.currency,
+        params=proposal.params,
+        idempotency_key=proposal.idempotency_key,
+    )
+
+
+def exact_request(
+    provider: Provider,
+    rule: Rule,
+    *,
+    operation_id: str,
+    method: str,
+    path: str,
+    amount: int | None,
+    currency: str | None,
+    params: dict[str, Any],
+    idempotency_key: str,
+) -> dict[str, Any]:
+    """The one request these approved fields let through, in the canonical form the checks
+    compare against (``approved_fields``): what an operation allows, and what a proposal
+    would allow once approved."""
+    fields = approved_fields(
+        provider,
+        rule,
+        amount=amount,
+        currency=currency,
+        params=params,
+        idempotency_key=idempotency_key,
+    )
+    headers = {"X-Operation-Id": operation_id}
     key_header = provider.key_header(rule)
     if key_header is not None:
-        headers[key_header] = op.idempotency_key
+        headers[key_header] = idempotency_key
     request: dict[str, Any] = {
-        "method": op.method,
-        "path": provider.route_prefix + op.path,
+        "method": method,
+        "path": provider.route_prefix + path,
         "headers": headers,
     }
     if rule.body is BodyKind.FORM:
@@ -181,7 +244,7 @@ async def _read_operation(
             told=Reason.OPERATION_UNKNOWN,
         )
     record.provider, record.status_before = op.provider, op.status.value
-    view = recovery_view(gw, op)
+    [view] = await recovery_views(gw, [op])
     if view["next_action"] == NextAction.RECONCILE:
         op = await reconcile_now(gw, operation_id) or op
         view = recovery_view(gw, op)
@@ -198,7 +261,7 @@ async def _list_unsettled(
     ops = await gw.store.list_operations(
         agent.tenant, ["created", "dispatched"], agent.agent_id, 200
     )
-    return web.json_response({"operations": [recovery_view(gw, op) for op in ops]})
+    return web.json_response({"operations": await recovery_views(gw, ops)})
 
 
 read_operation = recorded(_read_operation)
