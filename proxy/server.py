@@ -41,6 +41,7 @@ from proxy.gate.identity import AgentDirectory
 from proxy.gate.intake import expect_continue
 from proxy.gate.pipeline import handle_agent_request
 from proxy.gate.upstream import new_client_session
+from proxy.mcp.endpoint import add_mcp_route
 from proxy.observe.observer import (
     Observability,
     add_metrics_route,
@@ -97,6 +98,7 @@ def agent_app(gateway: Gateway) -> web.Application:
     app = web.Application(client_max_size=0, middlewares=[observe_agent_request])
     serve_with(app, gateway)
     add_recovery_routes(app)  # /_opgate/...: opgate's own, never a provider's route prefix
+    add_mcp_route(app)  # /_opgate/mcp: the same operations as MCP tools
     # Every other method and path reaches the pipeline; routing is the policy's job, deny by
     # default.
     app.router.add_route("*", "/{tail:.*}", handle_agent_request, expect_handler=expect_continue)
