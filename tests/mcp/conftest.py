@@ -7,6 +7,12 @@ from typing import Any
 
 import pytest_asyncio
 
+# The HTTP crash handoff's relay and opgate process settings, reused by the MCP one.
+from tests.recovery.test_crash_handoff import (  # noqa: F401 (fixtures, found by name)
+    crash_policy_dir,
+    opgate_env,
+    relay,
+)
 from tests.support.localstripe_server import create_charge
 from tests.support.opgate import ADMIN_TOKEN, SHIPPED_POLICIES, Opgate, StartOpgate
 
