@@ -108,20 +108,25 @@ class McpEndpoint:
             if agent is None or token is None:
                 return _refuse(record, Reason.AGENT_UNAUTHENTICATED, "no valid agent token")
             record.agent_id, record.tenant = agent.agent_id, agent.tenant
+            if request.method != "POST":
+                detail = f"{request.method}: the MCP endpoint takes POST only"
+                return _refuse(record, Reason.MCP_REQUEST_INVALID, detail, status=405)
             body = await _read_message(request, gw.settings.body_read_timeout_seconds)
             if isinstance(body, Deny):
                 return _refuse(record, body.reason, body.detail)
             call = McpCall(gw, agent, token, request.remote, record.path or MCP_PATH)
             response = await self._exchange(request, body, call)
-            record.decision, record.response_status = Decision.ALLOW, response.status
+            record.response_status = response.status
+            if response.status >= 400:  # a message the protocol refuses (JSON-RPC error)
+                record.reason = Reason.MCP_REQUEST_INVALID.value
+            else:
+                record.decision = Decision.ALLOW
             return response
         finally:
             if call is None or not call.recorded:
                 emit(record)
 
-    async def _exchange(
-        self, request: web.Request, body: bytes, call: McpCall
-    ) -> web.StreamResponse:
+    async def _exchange(self, request: web.Request, body: bytes, call: McpCall) -> web.Response:
         """The SDK's ASGI exchange over this aiohttp request."""
         scope: Scope = {
             "type": "http",
@@ -141,23 +146,25 @@ class McpEndpoint:
             "server": None,
             _CALL: call,
         }
-        bridge = _Bridge(request, body)
+        bridge = _Bridge(body)
         observer = REQUEST_OBSERVER.set(request.app.get(OBSERVABILITY))
         try:
             await self.manager.handle_request(scope, bridge.receive, bridge.send)
         finally:
             REQUEST_OBSERVER.reset(observer)
-        return await bridge.finished()
+        return bridge.answer()
 
 
 class _Bridge:
-    """One ASGI request/response over aiohttp: the body is already read; the answer is
-    streamed as the SDK sends it."""
+    """One ASGI request/response over aiohttp. The body is already read; the answer is
+    buffered (JSON mode: each answer is one JSON document), so that a refusal that is not
+    JSON-RPC can still be answered as problem+json."""
 
-    def __init__(self, request: web.Request, body: bytes) -> None:
-        self.request = request
+    def __init__(self, body: bytes) -> None:
         self.body: bytes | None = body
-        self.response: web.StreamResponse | None = None
+        self.status: int | None = None
+        self.headers: list[tuple[str, str]] = []
+        self.chunks: list[bytes] = []
 
     async def receive(self) -> dict[str, Any]:
         if self.body is not None:
@@ -168,19 +175,27 @@ class _Bridge:
 
     async def send(self, message: MutableMapping[str, Any]) -> None:
         if message["type"] == "http.response.start":
-            response = web.StreamResponse(status=message["status"])
-            for name, value in message.get("headers", []):
-                response.headers.add(name.decode("latin-1"), value.decode("latin-1"))
-            await response.prepare(self.request)
-            self.response = response
-        elif message["type"] == "http.response.body" and self.response is not None:
-            await self.response.write(message.get("body", b""))
+            self.status = message["status"]
+            self.headers = [
+                (name.decode("latin-1"), value.decode("latin-1"))
+                for name, value in message.get("headers", [])
+            ]
+        elif message["type"] == "http.response.body":
+            self.chunks.append(message.get("body", b""))
 
-    async def finished(self) -> web.StreamResponse:
-        if self.response is None:  # the SDK ended without an answer: a bug, said as such
+    def answer(self) -> web.Response:
+        if self.status is None:  # the SDK ended without an answer: a bug, said as such
             raise web.HTTPInternalServerError(text="the MCP exchange ended without an answer")
-        await self.response.write_eof()
-        return self.response
+        body = b"".join(self.chunks)
+        response = web.Response(status=self.status, body=body)
+        for name, value in self.headers:
+            if name.lower() != "content-length":
+                response.headers.add(name, value)
+        if self.status >= 400 and response.content_type != "application/json":
+            # the SDK refused the HTTP exchange itself (not a JSON-RPC error): opgate's shape
+            detail = body.decode("utf-8", errors="replace")[:500]
+            return problem_response(Reason.MCP_REQUEST_INVALID, detail, status=self.status)
+        return response
 
 
 async def _read_message(request: web.Request, deadline_seconds: float) -> bytes | Deny:
@@ -202,11 +217,15 @@ async def _read_message(request: web.Request, deadline_seconds: float) -> bytes 
     return b"".join(chunks)
 
 
-def _refuse(record: AuditRecord, reason: Reason, detail: str) -> web.Response:
+def _refuse(
+    record: AuditRecord, reason: Reason, detail: str, *, status: int | None = None
+) -> web.Response:
     record.decision, record.reason = Decision.DENY, reason.value
-    response = problem_response(reason, detail)
+    response = problem_response(reason, detail, status=status)
     if reason is Reason.AGENT_UNAUTHENTICATED:
         response.headers["WWW-Authenticate"] = 'Bearer realm="opgate"'
+    if status == 405:  # stateless: no stream to GET, no session to DELETE
+        response.headers["Allow"] = "POST"
     record.response_status = response.status
     return response
 

@@ -153,3 +153,46 @@ async def test_get_and_list_show_the_row_next_action_and_the_exact_request(
     assert view["request"]["form"] == {"amount": "500", "charge": op["params"]["charge"]}
     ids = [entry["operation"]["operation_id"] for entry in structured(listed)["operations"]]
     assert op["operation_id"] in ids
+
+
+async def test_exchanges_the_endpoint_does_not_serve_are_refused_with_a_record(
+    stripe_gate: Opgate,
+) -> None:
+    """A GET (no stream: stateless) or DELETE is 405, a body that is not JSON is a JSON-RPC
+    parse error, another content type is problem+json: each with mcp_request_invalid on
+    record, and none hangs."""
+    url = f"{stripe_gate.agent_url}/_opgate/mcp"
+    headers = {
+        "Authorization": f"Bearer {AGENT_TOKEN}",
+        "Accept": "application/json, text/event-stream",
+    }
+    sent = [
+        ("GET", None, None),
+        ("DELETE", None, None),
+        ("POST", b"not json", "application/json"),
+        ("POST", b"{}", "text/plain"),
+    ]
+    answers = []
+    with capture_logs() as logs:
+        for method, body, content_type in sent:
+            extra = {"Content-Type": content_type} if content_type else {}
+            async with stripe_gate.http.request(
+                method, url, data=body, headers={**headers, **extra}
+            ) as response:
+                payload = await response.json(content_type=None)
+                answers.append((response.status, response.content_type, payload))
+    assert [(status, kind) for status, kind, _ in answers] == [
+        (405, "application/problem+json"),
+        (405, "application/problem+json"),
+        (400, "application/json"),
+        (400, "application/problem+json"),
+    ]
+    assert answers[0][2]["code"] == answers[3][2]["code"] == "mcp_request_invalid"
+    assert answers[2][2]["error"]["code"] == -32700  # JSON-RPC: parse error
+    records = [entry for entry in logs if entry["event"] == "request"]
+    assert [(r["reason"], r["response_status"]) for r in records] == [
+        ("mcp_request_invalid", 405),
+        ("mcp_request_invalid", 405),
+        ("mcp_request_invalid", 400),
+        ("mcp_request_invalid", 400),
+    ]
