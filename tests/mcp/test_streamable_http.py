@@ -196,3 +196,25 @@ async def test_exchanges_the_endpoint_does_not_serve_are_refused_with_a_record(
         ("mcp_request_invalid", 400),
         ("mcp_request_invalid", 400),
     ]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_every_http_exchange_leaves_exactly_one_audit_record(
+    stripe_gate: Opgate, localstripe_url: str, mode: str
+) -> None:
+    """Handshakes, listings, reads, executions, replays and refusals: as many records as the
+    client made HTTP requests, each from the mcp listener."""
+    op = await approved_refund(stripe_gate, localstripe_url)
+    arguments = {"operation_id": op["operation_id"]}
+    sent: list[str] = []
+    with capture_logs() as logs:
+        async with http_client(stripe_gate.agent_url, AGENT_TOKEN, mode=mode, sent=sent) as client:
+            await client.list_tools()
+            await client.call_tool("get_operation", arguments)
+            await client.call_tool("execute_operation", arguments)
+            await client.call_tool("execute_operation", arguments)
+            await client.call_tool("list_operations", {})
+            await client.call_tool("execute_operation", {"operation_id": "op_absent"})
+    records = [entry for entry in logs if entry["event"] == "request"]
+    assert len(records) == len(sent) >= 6
+    assert {entry["listener"] for entry in records} == {"mcp"}

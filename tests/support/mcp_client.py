@@ -19,14 +19,23 @@ from tests.support.paths import REPO
 
 
 @contextlib.asynccontextmanager
-async def http_client(agent_url: str, token: str, *, mode: str = "auto") -> AsyncIterator[Client]:
+async def http_client(
+    agent_url: str, token: str, *, mode: str = "auto", sent: list[str] | None = None
+) -> AsyncIterator[Client]:
     """``mode``: "auto" (the SDK's default: the 2026-07-28 exchange) or "legacy" (the
-    initialize handshake most deployed clients still use)."""
+    initialize handshake most deployed clients still use). ``sent`` collects the method of
+    every HTTP request the client makes."""
+
+    async def count(request: httpx2.Request) -> None:
+        if sent is not None:
+            sent.append(request.method)
+
     async with (
         httpx2.AsyncClient(
             headers={"Authorization": f"Bearer {token}"},
             timeout=httpx2.Timeout(30.0, read=60.0),
             trust_env=False,
+            event_hooks={"request": [count]},
         ) as http,
         Client(
             streamable_http_client(f"{agent_url}/_opgate/mcp", http_client=http), mode=mode
