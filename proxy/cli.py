@@ -14,6 +14,7 @@ from proxy.authoring.commands import add_policy_commands
 from proxy.observe.auditlog.cli import add_audit_commands
 from proxy.observe.logs import configure_logging
 from proxy.operations.cli import add_ops_commands
+from proxy.operations.proposals_cli import add_proposal_commands
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     mcp.set_defaults(handler=_mcp)
 
     add_ops_commands(commands)
+    add_proposal_commands(commands)  # proposals list, approve, decline
     add_audit_commands(commands)  # audit verify, show, export: proxy/observe/auditlog/cli.py
 
     policy = commands.add_parser("policy", help="policy tools")

@@ -12,7 +12,7 @@ import socket
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -28,6 +28,19 @@ class AgentConfig(BaseModel):
 
     id: Annotated[str, Field(min_length=1)]
     tenant: Annotated[str, Field(min_length=1)]
+    token_sha256: Annotated[str, Field(pattern=_DIGEST)]
+    # The approver (by name) this agent belongs to: with `four_eyes: true` in the policy, that
+    # approver may not approve the agent's proposals (proxy/operations/proposals.py).
+    owner: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+
+
+class ApproverConfig(BaseModel):
+    """A human (or team) who decides proposals: the operations API and the console know them
+    by their token, and record what they decide under their name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, Field(min_length=1, max_length=200)]
     token_sha256: Annotated[str, Field(pattern=_DIGEST)]
 
 
@@ -51,6 +64,13 @@ class Settings(BaseSettings):
     # The console's read-only role (proxy/console/): sees everything, changes nothing.
     reviewer_token_sha256: Annotated[str, Field(pattern=_DIGEST)] | None = None
     agents: list[AgentConfig] = Field(default_factory=list)
+    # The approver role: decides agents' proposals (and sees what a reviewer sees).
+    approvers: list[ApproverConfig] = Field(default_factory=list)
+    # A proposal waits this long for a human, then it is expired (neither approvable nor
+    # sendable); once approved, its operation stands this long (checked against the provider's
+    # idempotency-key retention when proposed).
+    proposal_pending_seconds: Annotated[float, Field(gt=0, le=7 * 86400)] = 86400.0
+    proposal_approval_seconds: Annotated[int, Field(gt=0, le=30 * 86400)] = 3600
     secrets_dir: Path | None = None
     # Per provider: send to this base URL instead of the policy's upstream (staging, tests).
     upstream_overrides: dict[str, str] = Field(default_factory=dict)
@@ -73,6 +93,12 @@ class Settings(BaseSettings):
     # recorded outcome); one more is 429. Per process: a replica with W workers admits W times
     # this per agent, a deployment of R such replicas R x W times.
     max_requests_in_flight_per_agent: Annotated[int, Field(ge=1)] = 64
+    # The same for all agents of one tenant together (None: no cap), and request rates per
+    # agent and per tenant over every provider (None: none; a provider's policy can add its
+    # own, `rate_limits`). Per process, like the cap above; one more is 429 rate_limited.
+    max_requests_in_flight_per_tenant: Annotated[int, Field(ge=1)] | None = None
+    requests_per_second_per_agent: Annotated[float, Field(gt=0)] | None = None
+    requests_per_second_per_tenant: Annotated[float, Field(gt=0)] | None = None
     log_level: str = "info"
     # Worker processes sharing the listening sockets (None: one per core). Each has its own
     # pool: the database sees workers x pool_max_size connections.
@@ -122,6 +148,23 @@ class Settings(BaseSettings):
         if value and ("{trace_id}" not in value or not value.startswith(("https://", "http://"))):
             raise ValueError("an http(s) URL holding {trace_id}")
         return value or None
+
+    @model_validator(mode="after")
+    def _approvers_are_people_not_agents(self) -> Settings:
+        """Each approver is one name with its own token: an agent's token (or the admin's, or
+        the reviewer's) that also approved would let its holder decide proposals under
+        another identity; a name twice would make four eyes ambiguous."""
+        names = [a.name for a in self.approvers]
+        if len(set(names)) != len(names):
+            raise ValueError("approvers: a name is given twice")
+        others = {a.token_sha256 for a in self.agents}
+        others |= {t for t in (self.reviewer_token_sha256, self.admin_token_sha256) if t}
+        tokens = [a.token_sha256 for a in self.approvers]
+        if len(set(tokens)) != len(tokens) or others & set(tokens):
+            raise ValueError(
+                "approvers: each needs a token of its own (not an agent's or another's)"
+            )
+        return self
 
     @field_validator("agent_listen", "ops_listen")
     @classmethod

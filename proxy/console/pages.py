@@ -12,6 +12,7 @@ from typing import Any
 from proxy.gate.gateway import Gateway
 from proxy.observe.auditlog.verify import verify
 from proxy.observe.observer import audit_key
+from proxy.operations.proposals import proposal_view
 from proxy.recovery.api import recovery_view
 from proxy.store.operation import Operation
 from proxy.store.queries import QUERIES
@@ -103,6 +104,13 @@ async def timeline(gw: Gateway, operation_id: str) -> dict[str, Any] | None:
         "transitions": [r for r in records if r["kind"] == "transition"],
         "notices": [dict(n) for n in notices],
     }
+
+
+async def pending_proposals(gw: Gateway) -> list[dict[str, Any]]:
+    """Proposals waiting for a human, oldest first, each with the exact request an approval
+    lets through (the proposal view the agent reads, so the two never differ)."""
+    proposals = await gw.store.list_proposals(None, ["pending"], LIST_LIMIT)
+    return [proposal_view(gw.policy, p, None) for p in proposals]
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """Who is signed in to the console: a token exchanged for a server-side session.
 
-The token decides the role (the admin token, or the reviewer token: both configured by their
-SHA-256); the name typed at sign-in is the identity recorded on what the human does. The
+The token decides the role (the admin token, the reviewer token, or an approver's: all
+configured by their SHA-256); the name typed at sign-in is the identity recorded on what the
+human does, but for an approver, who is the name configured with their token (four eyes
+depends on it). The
 session's cookie value is random and only its SHA-256 is stored (queries.sql
 ``console_session_*``); each session has its own CSRF token, required on every form.
 """
@@ -29,6 +31,7 @@ IDENTITY_MAX = 200
 class Role(StrEnum):
     ADMIN = "admin"  # sees everything, resolves escalations
     REVIEWER = "reviewer"  # sees everything, changes nothing
+    APPROVER = "approver"  # sees everything, decides proposals
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,8 @@ def role_for(token: str, settings: Settings) -> Role | None:
         return Role.ADMIN
     if admin_token_matches(token, settings.reviewer_token_sha256):
         return Role.REVIEWER
+    if any(admin_token_matches(token, a.token_sha256) for a in settings.approvers):
+        return Role.APPROVER
     return None
 
 

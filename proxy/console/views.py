@@ -2,11 +2,13 @@
 
 Every answer carries the security headers (render.py). Every page but sign-in needs a live
 session; every POST needs the session's CSRF token (sign-in: the double-submitted one) and,
-but signing out, the admin role: a reviewer's POST is 403 whatever it asks.
+but signing out, the admin role, or the approver role for a proposal's approve or decline: a
+reviewer's POST is 403 whatever it asks.
 """
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -30,9 +32,12 @@ from proxy.console.sessions import (
     open_session,
     role_for,
 )
+from proxy.gate.budgets import budget_standings
 from proxy.gate.gateway import GATEWAY
 from proxy.gate.identity import path_operation_id
 from proxy.operations.api import ResolveRequest
+from proxy.operations.proposals import REASON_MAX, Approver, approver_for
+from proxy.operations.proposing import Refusal, approve_proposal, decline_proposal
 from proxy.store.operation import Status
 
 PREFIX = "/console"
@@ -44,6 +49,7 @@ _SIGN_IN_PATHS = frozenset({f"{PREFIX}/login"})
 _STATIC_PREFIX = f"{PREFIX}/static/"
 _STYLESHEET = resources.files("proxy.console").joinpath("static/console.css").read_bytes()
 _FORM_MAX = 64 * 1024
+_PROPOSAL_DECISION = re.compile(rf"^{PREFIX}/proposals/[^/]+/(approve|decline)$")
 
 
 class FormRejected(Exception):
@@ -77,12 +83,27 @@ async def signed_in(request: web.Request, handler: Handler) -> web.StreamRespons
         if not session.csrf_matches(form.get("csrf_token")):
             _log.warning("console_csrf_refused", path=request.path, identity=session.identity)
             return _error(403, "Refused", "the form's CSRF token is missing or wrong", session)
-        if session.role is not Role.ADMIN and request.path != f"{PREFIX}/logout":
-            _log.warning("console_reviewer_refused", path=request.path, identity=session.identity)
-            return _error(
-                403, "Refused", "the reviewer role can see everything, change nothing", session
+        if not _may_post(session.role, request.path):
+            approver = session.role is Role.APPROVER
+            _log.warning(
+                "console_approver_refused" if approver else "console_reviewer_refused",
+                path=request.path,
+                identity=session.identity,
             )
+            what = (
+                "the approver role decides proposals, nothing else"
+                if approver
+                else "the reviewer role can see everything, change nothing"
+            )
+            return _error(403, "Refused", what, session)
     return await handler(request)
+
+
+def _may_post(role: Role, path: str) -> bool:
+    """Every role may sign out; an approver may decide proposals; the admin may do anything."""
+    if role is Role.ADMIN or path == f"{PREFIX}/logout":
+        return True
+    return role is Role.APPROVER and _PROPOSAL_DECISION.match(path) is not None
 
 
 async def read_form(request: web.Request) -> dict[str, str]:
@@ -150,7 +171,10 @@ async def login(request: web.Request) -> web.Response:
     role = role_for(form.get("token", ""), gw.settings)
     if role is None:
         _log.warning("console_sign_in_refused", identity=identity)
-        return _login_page(request, "that token is not an admin or reviewer token", 401)
+        return _login_page(request, "that token is not an admin, reviewer or approver token", 401)
+    approver = approver_for(form.get("token", ""), gw.settings)
+    if role is Role.APPROVER and approver is not None:
+        identity = approver.name  # who decides is who the token says: four eyes rests on it
     cookie = await open_session(gw.store, role, identity, gw.settings.console_session_seconds)
     _log.info("console_signed_in", identity=identity, role=role.value)
     response = redirect(f"{PREFIX}/operations")
@@ -225,6 +249,12 @@ async def escalations(request: web.Request) -> web.Response:
     return page("escalations.html", **_context(request, rows=rows))
 
 
+async def budgets(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    found = await budget_standings(gw.store, list(gw.policy.providers))
+    return page("budgets.html", **_context(request, rows=[s.to_public() for s in found]))
+
+
 async def resolve(request: web.Request) -> web.Response:
     """A human verdict on an escalated operation, recorded under the signed-in identity."""
     gw = request.app[GATEWAY]
@@ -260,6 +290,38 @@ async def resolve(request: web.Request) -> web.Response:
     return redirect(f"{PREFIX}/operations/{quote(operation_id, safe='')}")
 
 
+async def proposals(request: web.Request) -> web.Response:
+    rows = await pages.pending_proposals(request.app[GATEWAY])
+    return page("proposals.html", **_context(request, rows=rows))
+
+
+async def decide(request: web.Request) -> web.Response:
+    """Approve or decline a proposal, as the signed-in human; an approval opens the operation
+    it created."""
+    gw = request.app[GATEWAY]
+    session = request[SESSION]
+    proposal_id = path_operation_id(request, "proposal_id")
+    if proposal_id is None:
+        return _error(400, "Bad request", "not a proposal id", session)
+    note = (await read_form(request)).get("note", "").strip() or None
+    if note is not None and len(note) > REASON_MAX:
+        return _error(400, "Not decided", f"a note is at most {REASON_MAX} characters", session)
+    approver = Approver(session.identity, session.role.value)
+    if request.match_info["verdict"] == "approve":
+        created = await approve_proposal(gw, proposal_id, approver, note)
+        if isinstance(created, Refusal):
+            return _error(created.status, "Not approved", _refusal_text(created), session)
+        return redirect(f"{PREFIX}/operations/{quote(created.operation_id, safe='')}")
+    declined = await decline_proposal(gw, proposal_id, approver, note)
+    if isinstance(declined, Refusal):
+        return _error(declined.status, "Not declined", _refusal_text(declined), session)
+    return redirect(f"{PREFIX}/proposals")
+
+
+def _refusal_text(refusal: Refusal) -> str:
+    return f"{refusal.code}: {refusal.detail}"
+
+
 async def audit(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     state = request.app[CHAIN_STATE]
@@ -283,6 +345,9 @@ def console_app() -> web.Application:
     app.router.add_get("/operations/{operation_id}", operation)
     app.router.add_post("/operations/{operation_id}/resolve", resolve)
     app.router.add_get("/escalations", escalations)
+    app.router.add_get("/budgets", budgets)
+    app.router.add_get("/proposals", proposals)
+    app.router.add_post("/proposals/{proposal_id}/{verdict:approve|decline}", decide)
     app.router.add_get("/audit", audit)
     app.router.add_get("/static/console.css", stylesheet)
     return app

@@ -5,8 +5,10 @@ A request starts denied and is only forwarded by getting through every check (se
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from proxy.gate.reasons import Reason
 
@@ -16,6 +18,8 @@ class Deny:
     reason: Reason
     detail: str
     retry_after_seconds: int | None = None
+    # more members of the problem body (budget_exceeded: the remaining budget)
+    extra: Mapping[str, Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

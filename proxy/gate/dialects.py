@@ -57,6 +57,8 @@ def _alongside(problem: dict[str, Any]) -> dict[str, Any]:
         "detail": problem["detail"],
         "operation_id": problem["operation_id"],
         "next_action": problem["next_action"],
+        # budget_exceeded: the remaining budget, whatever the dialect
+        **({"budget": problem["budget"]} if "budget" in problem else {}),
     }
 
 

@@ -26,6 +26,7 @@ from proxy.errors import (
 )
 from proxy.gate import upstream
 from proxy.gate.bodies import BodyRejected, ParsedBody, inject, with_value
+from proxy.gate.budgets import budget_claim, budget_sum
 from proxy.gate.checks import concealed, decide, decide_by_state, same_currency
 from proxy.gate.classify import Settled, Unknown, classify_answer
 from proxy.gate.credentials import provider_credential
@@ -131,13 +132,12 @@ async def _process(
         return _reject(record, target)
     record.agent_id, record.tenant = target.agent.agent_id, target.agent.tenant
     record.provider, record.rule = target.provider.provider, target.rule.name
-    # One agent's requests in flight are capped before its body is read or the database is
-    # touched, so that it cannot hold the pool (or a slow body's connection) against others.
-    slot = gw.in_flight.take(target.agent, gw.settings.max_requests_in_flight_per_agent)
-    if slot is None:
-        cap = gw.settings.max_requests_in_flight_per_agent
-        busy = Deny(Reason.AGENT_CONCURRENCY_EXCEEDED, f"{cap} requests already in flight", 1)
-        return _reject(record, busy)
+    # Requests in flight and request rates (per agent, per tenant) are capped before the body
+    # is read or the database is touched, so that no agent can hold the pool (or a slow
+    # body's connection) against others, nor flood the provider (proxy/gate/limits.py).
+    slot = gw.in_flight.admit(target.agent, target.provider, gw.settings)
+    if isinstance(slot, Deny):
+        return _reject(record, slot)
     try:
         return await _process_admitted(gw, target, incoming, record, slot)
     finally:
@@ -199,7 +199,7 @@ async def _process_admitted(
     if decision.claim is not ClaimKind.NONE:
         assert op is not None
         try:
-            claimed = await _claim(gw, target, op, decision)
+            claimed = await _claim(gw, target, op, decision, record)
         except StoreUnavailable as exc:
             return _store_unavailable(record, exc)
         if isinstance(claimed, ClaimConflict):
@@ -319,11 +319,15 @@ class ClaimConflict:
 
 
 async def _claim(
-    gw: Gateway, target: Target, op: Operation, decision: Forward
+    gw: Gateway, target: Target, op: Operation, decision: Forward, record: AuditRecord
 ) -> Operation | ClaimConflict:
-    """The conditional UPDATE (a re-send after an unknown outcome asks the provider first); on
-    zero rows, re-read the row and say why."""
+    """The conditional UPDATE (a re-send after an unknown outcome asks the provider first),
+    under the locks of the spend budgets it counts against; on zero rows, re-read the row and
+    say why."""
     provider = target.provider
+    budgets = budget_claim(provider, target.rule, op)
+    if isinstance(budgets, Deny):
+        return ClaimConflict(budgets, op)
     lookup_owner = None
     if decision.claim is ClaimKind.RESEND_AFTER_LOOKUP and target.rule.reconcile is not None:
         asked = await ask_before_resend(gw, provider, target.rule.reconcile, op)
@@ -332,14 +336,37 @@ async def _claim(
         if isinstance(asked, Deny):
             return ClaimConflict(asked, op)
         lookup_owner = asked.lookup_owner
-    claimed = await gw.store.claim(
-        op.operation_id,
-        owner=gw.settings.instance_id,
-        lease_seconds=provider.timeouts.total_seconds + gw.settings.lease_margin_seconds,
-        expected_attempts=op.attempts,
-        dedup_window_seconds=provider.idempotency.dedup_window_seconds,
-        after_lookup_by=lookup_owner,
-    )
+    owner, lease = gw.settings.instance_id, provider.timeouts.total_seconds
+    lease += gw.settings.lease_margin_seconds
+    dedup_window = provider.idempotency.dedup_window_seconds
+    if budgets is None:  # the single unlocked statement
+        claimed = await gw.store.claim(
+            op.operation_id,
+            owner=owner,
+            lease_seconds=lease,
+            expected_attempts=op.attempts,
+            dedup_window_seconds=dedup_window,
+            after_lookup_by=lookup_owner,
+        )
+    else:
+        made = await gw.store.claim_within_budgets(
+            op.operation_id,
+            [budget_sum(key) for key in budgets.keys],
+            budgets.admits,
+            owner=owner,
+            lease_seconds=lease,
+            expected_attempts=op.attempts,
+            dedup_window_seconds=dedup_window,
+            after_lookup_by=lookup_owner,
+        )
+        refusal, would_deny = budgets.judge(made.spent)
+        if refusal is not None:
+            if lookup_owner is not None:
+                await gw.store.release_reconcile(op.operation_id, lookup_owner)
+            return ClaimConflict(refusal, op)
+        if would_deny is not None and record.would_deny is None:  # shadow mode
+            record.would_deny = would_deny.reason.value
+        claimed = made.operation
     if claimed is not None:
         return claimed
     if lookup_owner is not None:
@@ -368,7 +395,7 @@ def _reject(
     record.decision, record.reason = Decision.DENY, deny.reason.value
     if told is not None:
         deny, op = told, None
-    extra = None
+    extra = dict(deny.extra) if deny.extra else None
     if op is not None and deny.reason is Reason.OPERATION_FAILED and op.provider_status:
         extra = {"provider_response": op.to_public()["provider_response"]}
     return problem_response(

@@ -51,8 +51,14 @@ class Reason(StrEnum):
     OPERATION_FAILED = "operation_failed"
     RECONCILE_REQUIRED = "reconcile_required"
     OPERATION_ESCALATED = "operation_escalated"
+    # proposals (the agent asks a human for the approval of an exact request)
+    PROPOSAL_INVALID = "proposal_invalid"
+    APPROVAL_NOT_SENDABLE = "approval_not_sendable"
+    PROPOSAL_UNKNOWN = "proposal_unknown"
     # limits
     AGENT_CONCURRENCY_EXCEEDED = "agent_concurrency_exceeded"
+    RATE_LIMITED = "rate_limited"
+    BUDGET_EXCEEDED = "budget_exceeded"
     # could not decide or could not forward
     STORE_UNAVAILABLE = "store_unavailable"
     CREDENTIAL_UNAVAILABLE = "credential_unavailable"
@@ -245,11 +251,38 @@ REASONS: dict[Reason, ReasonInfo] = {
         "The operation is escalated to a human",
         "Do not send; wait for the human verdict (ask the recovery endpoint).",
     ),
+    Reason.PROPOSAL_INVALID: ReasonInfo(
+        400,
+        "The proposal is not one",
+        "Nothing was proposed. Send provider, action, path_params, amount, currency, params "
+        "and a reason, as the errors say.",
+    ),
+    Reason.APPROVAL_NOT_SENDABLE: ReasonInfo(
+        422,
+        "No request could carry this approval",
+        "Nothing was proposed. Propose what the rule can send (the errors say what cannot).",
+    ),
+    Reason.PROPOSAL_UNKNOWN: ReasonInfo(
+        404,
+        "No such proposal",
+        "Use the proposal id opgate answered when you proposed.",
+    ),
     Reason.AGENT_CONCURRENCY_EXCEEDED: ReasonInfo(
         429,
         "This agent has too many requests in flight",
         "Nothing was sent. Wait for an answer to a request in flight, then try again after "
         "Retry-After.",
+    ),
+    Reason.RATE_LIMITED: ReasonInfo(
+        429,
+        "Too many requests from this agent or tenant",
+        "Nothing was sent. Slow down: try again after Retry-After.",
+    ),
+    Reason.BUDGET_EXCEEDED: ReasonInfo(
+        403,
+        "The operation would exceed a spend budget",
+        "Nothing was sent, and re-sending will not help while the budget is spent: the "
+        "remaining budget is attached. Ask for a smaller amount, or wait for the window.",
     ),
     Reason.STORE_UNAVAILABLE: ReasonInfo(
         503,

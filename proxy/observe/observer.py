@@ -30,6 +30,7 @@ from proxy.observe.auditlog.writer import Checkpointer, RequestRecordWriter
 from proxy.observe.metrics import CONTENT_TYPE, Counter, Histogram, exposition, gauge
 from proxy.observe.shared_metrics import Series, SharedCounts
 from proxy.observe.telemetry import Telemetry, tracer_provider_from_environment
+from proxy.policy.budgets import BudgetScope
 from proxy.policy.set import PolicySet
 from proxy.settings import Secrets, Settings
 from proxy.store.queries import QUERIES
@@ -168,6 +169,7 @@ class Observability:
         )
         if now_deciding and policy is not None:  # the reload swaps the set right after this
             self.policy_version = policy.version
+            self._policy = policy
 
     async def close(self) -> None:
         if self._sharing is not None:
@@ -256,6 +258,7 @@ class Observability:
                 )
             )
             blocks.extend(await self._operation_gauges(self._store))
+            blocks.extend(await self._budget_gauges(self._store))
         return exposition(blocks)
 
     async def _operation_gauges(self, store: Store) -> list[list[str]]:
@@ -283,6 +286,54 @@ class Observability:
                 "opgate_escalations_open",
                 "Dispatched operations escalated to a human and awaiting a verdict.",
                 [((), row["escalated"])],
+            ),
+            gauge(
+                "opgate_proposals_pending",
+                "Agents' proposals waiting for an approver (not yet expired).",
+                [((), row["proposals_pending"])],
+            ),
+        ]
+
+    async def _budget_gauges(self, store: Store) -> list[list[str]]:
+        """Each budget's limit, and what is left of it for every key that spent anything in
+        its window (a tenant or agent not listed has all of it). Read without the budget's
+        lock: what a claim would see a moment ago."""
+        limits: list[tuple[list[str], float]] = []
+        remaining: list[tuple[list[str], float]] = []
+        try:
+            for provider in self._policy.providers:
+                for budget in provider.budgets:
+                    scope = budget.scope.value
+                    labels = [provider.provider, scope, budget.currency, budget.window]
+                    limits.append((labels, budget.limit))
+                    spent = await store.budget_spent_by_key(
+                        provider.provider,
+                        budget.currency,
+                        budget.window_seconds,
+                        tenant=budget.scope is not BudgetScope.PROVIDER,
+                        agent=budget.scope is BudgetScope.AGENT,
+                    )
+                    if budget.scope is BudgetScope.PROVIDER and not spent:
+                        spent = [(None, None, 0)]
+                    remaining.extend(
+                        ([*labels, tenant or "", agent or ""], max(0, budget.limit - used))
+                        for tenant, agent, used in spent
+                    )
+        except (StoreUnavailable, asyncpg.PostgresError):
+            return []  # opgate_store_up says why
+        if not limits:
+            return []
+        names = ("provider", "scope", "currency", "window")
+        return [
+            gauge(
+                "opgate_budget_limit", "Each spend budget's limit, in minor units.", limits, names
+            ),
+            gauge(
+                "opgate_budget_remaining",
+                "What is left of a spend budget in its window, in minor units, per tenant or "
+                "agent that spent anything (tenant and agent empty for a provider budget).",
+                remaining,
+                (*names, "tenant", "agent"),
             ),
         ]
 

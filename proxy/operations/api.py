@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from proxy.errors import AlreadySuperseded, IdempotencyKeyInUse, StoreUnavailable
 from proxy.gate.bodies import BodyRejected, parse_json_object
+from proxy.gate.budgets import budget_standings, remaining_budget
+from proxy.gate.decision import Deny
 from proxy.gate.gateway import GATEWAY
 from proxy.gate.identity import admin_token_matches, credential_from, path_operation_id
 from proxy.gate.problem import admin_problem
@@ -28,6 +30,7 @@ from proxy.operations.approvals import (
     same_approval,
     supersession_problem,
 )
+from proxy.operations.proposals import Approver, approver_for
 from proxy.recovery.api import recovery_view
 from proxy.recovery.reconcile import reconcile_now
 from proxy.store.operation import Status
@@ -39,6 +42,9 @@ _PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 # The web console (proxy/console/) signs its humans in itself: a session cookie, not a bearer
 # token (a browser cannot send one), with its own roles and CSRF checks.
 _CONSOLE_PREFIX = "/console/"
+_PROPOSALS = "/v1/proposals"
+# Who decides a proposal on this request (the admin, or an approver by its token).
+APPROVER = web.RequestKey("opgate_approver", Approver)
 
 
 class RevokeRequest(BaseModel):
@@ -52,13 +58,19 @@ async def require_admin(request: web.Request, handler: Handler) -> web.StreamRes
         return await handler(request)
     values = request.headers.getall("Authorization", [])
     presented = credential_from(values[0]) if len(values) == 1 else None
-    expected = request.app[GATEWAY].settings.admin_token_sha256
-    if not admin_token_matches(presented, expected):
-        _log.warning("ops_unauthorized", path=request.path, method=request.method)
-        response = admin_problem(401, "admin_unauthenticated", "an admin bearer token is required")
-        response.headers["WWW-Authenticate"] = 'Bearer realm="opgate-operations"'
-        return response
-    return await handler(request)
+    settings = request.app[GATEWAY].settings
+    if request.path == _PROPOSALS or request.path.startswith(_PROPOSALS + "/"):
+        # proposals are decided by the admin or an approver, who is who the token says
+        approver = approver_for(presented, settings)
+        if approver is not None:
+            request[APPROVER] = approver
+            return await handler(request)
+    elif admin_token_matches(presented, settings.admin_token_sha256):
+        return await handler(request)
+    _log.warning("ops_unauthorized", path=request.path, method=request.method)
+    response = admin_problem(401, "admin_unauthenticated", "an admin bearer token is required")
+    response.headers["WWW-Authenticate"] = 'Bearer realm="opgate-operations"'
+    return response
 
 
 @web.middleware
@@ -160,6 +172,24 @@ async def create_operation(request: web.Request) -> web.Response:
         refused = supersession_problem(planned, await gateway.store.load(planned.supersedes))
         if refused is not None:
             return admin_problem(409, "supersession_refused", refused)
+    room = (
+        []
+        if planned.amount is None
+        else await remaining_budget(
+            gateway.store,
+            gateway.policy,
+            planned.provider,
+            planned.tenant,
+            planned.agent_id,
+            planned.currency,
+            planned.amount,
+        )
+    )
+    if isinstance(room, Deny):  # advisory: the claim is what holds the budget
+        existing = await gateway.store.load(planned.operation_id)
+        if existing is not None and same_approval(planned, existing.to_public()):
+            return web.json_response(existing.to_public(), status=200)  # a repeat, as below
+        return admin_problem(403, room.reason.value, room.detail, **(room.extra or {}))
     try:
         created = await gateway.store.create(planned, actor="admin")
     except IdempotencyKeyInUse:
@@ -301,6 +331,20 @@ async def resolve_operation(request: web.Request) -> web.Response:
     return web.json_response(recovery_view(gateway, resolved))
 
 
+async def list_budgets(request: web.Request) -> web.Response:
+    """Every budget of the loaded policy and what is left of it now (advisory), per tenant or
+    agent for those scopes: the keys that spent anything in the window, or the one asked for
+    (``?tenant=``, ``&agent_id=``)."""
+    gateway = request.app[GATEWAY]
+    query = query_of(request)
+    wanted = query.get("provider")
+    providers = [p for p in gateway.policy.providers if wanted in (None, p.provider)]
+    found = await budget_standings(
+        gateway.store, providers, tenant=query.get("tenant"), agent_id=query.get("agent_id")
+    )
+    return web.json_response({"budgets": [standing.to_public() for standing in found]})
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -334,5 +378,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/operations/{operation_id}/resolve", resolve_operation)
     app.router.add_get("/v1/operations/{operation_id}", get_operation)
     app.router.add_post("/v1/operations/{operation_id}/revoke", revoke_operation)
+    app.router.add_get("/v1/budgets", list_budgets)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

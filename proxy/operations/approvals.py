@@ -28,6 +28,7 @@ from proxy.gate.bodies import BodyRejected, body_from_fields
 from proxy.gate.identity import valid_operation_id
 from proxy.policy import amounts
 from proxy.policy.amounts import AmountFormat
+from proxy.policy.budgets import budget_problems
 from proxy.policy.model import BodyKind, OperationRequirement, Provider, Rule
 from proxy.policy.set import PolicySet
 from proxy.store.operation import Operation, Status
@@ -125,8 +126,20 @@ def plan_operation(
         path = ""
     if (rule.amount is None) and req.amount is not None:
         problems.append(f"rule {rule.name} reads no amount")
-    if (rule.currency is None) and req.currency is not None:
+    # On a budgeted provider, a call whose body carries no currency (a Stripe refund is in
+    # its charge's) is counted in the currency its approval states (proxy/policy/budgets.py).
+    states_currency = bool(provider.budgets) and rule.amount is not None
+    if (rule.currency is None) and req.currency is not None and not states_currency:
         problems.append(f"rule {rule.name} reads no currency")
+    problems.extend(
+        budget_problems(
+            provider.budgets,
+            reads_amount=rule.amount is not None,
+            amount=req.amount,
+            currency=req.currency,
+            agent_id=req.agent_id,
+        )
+    )
     if rule.currency is not None and req.amount is not None and req.currency is None:
         problems.append("an amount needs its currency")
     unknown = sorted(set(req.params) - set(rule.params))

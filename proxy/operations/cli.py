@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from datetime import UTC, datetime
 from typing import Any
@@ -80,6 +81,14 @@ def add_ops_commands(commands: Any) -> None:
     resolve.add_argument("--note", required=True)
     resolve.add_argument("--by", required=True, help="who decided")
     resolve.set_defaults(ops=_resolve)
+
+    budgets = sub.add_parser(
+        "budgets", parents=[json_anywhere], help="spend budgets and what is left of them"
+    )
+    budgets.add_argument("--provider")
+    budgets.add_argument("--tenant")
+    budgets.add_argument("--agent")
+    budgets.set_defaults(ops=_budgets)
 
     ops.set_defaults(handler=run_ops)
 
@@ -175,6 +184,12 @@ def _resolve(args: argparse.Namespace) -> Any:
     return _call(args, "POST", f"/v1/operations/{args.operation_id}/resolve", body)
 
 
+def _budgets(args: argparse.Namespace) -> Any:
+    wanted = {"provider": args.provider, "tenant": args.tenant, "agent_id": args.agent}
+    query = urllib.parse.urlencode({k: v for k, v in wanted.items() if v})
+    return _call(args, "GET", "/v1/budgets" + (f"?{query}" if query else ""))
+
+
 def run_ops(args: argparse.Namespace) -> int:
     try:
         result = args.ops(args)
@@ -207,6 +222,18 @@ COLUMNS = (
     "next_action",
     "attempts",
 )
+BUDGET_COLUMNS = (
+    "provider",
+    "scope",
+    "tenant",
+    "agent_id",
+    "currency",
+    "window",
+    "limit",
+    "spent",
+    "remaining",
+    "mode",
+)
 # An escalation's table says why and since when as well.
 ESCALATION_COLUMNS = (*COLUMNS, "escalated_since", "escalation_reason")
 
@@ -238,6 +265,9 @@ def _age(created_at: str | None, now: datetime) -> str:
 
 def render(result: Any) -> str:
     """A readable table for lists, a key/value block for one operation."""
+    if isinstance(result, dict) and "budgets" in result:
+        budgets: list[dict[str, Any]] = result["budgets"]
+        return _table(budgets, BUDGET_COLUMNS) if budgets else "(none)"
     if isinstance(result, dict) and ("operations" in result or "escalations" in result):
         items: list[dict[str, Any]] = result.get("operations") or result.get("escalations") or []
         now = datetime.now(UTC)

@@ -13,7 +13,9 @@ what loads but cannot be meant:
   deployment's secrets are (``--secrets-dir``), when it is an error;
 - a field a rule can never read: on a JSON rule every field must be a JSON pointer, on a form
   rule a form key; ``*`` where it means nothing (proxy.policy.fields); a parameter compared
-  both whole and element by element; an idempotency key that a rule's requests cannot carry.
+  both whole and element by element; an idempotency key that a rule's requests cannot carry;
+- spend budgets on a provider none of whose rules reads an amount (a warning: they count
+  nothing).
 
 A file that fails the schema still has its rules checked one by one, where they parse: one
 typo does not hide the findings that would follow it.
@@ -114,6 +116,7 @@ def lint_policy_texts(
         for j, rule in enumerate(provider.rules):
             findings.extend(_field_grammar(rule, str(path), node, j))
         findings.extend(_key_placement(provider, str(path), node))
+        findings.extend(_idle_budgets(provider, str(path), node))
         if secrets is not None:
             findings.extend(_unconfigured_secret(provider, str(path), node, secrets))
     findings.extend(_overlaps_across_files(parsed))
@@ -279,6 +282,19 @@ def _key_placement(provider: Provider, file: str, root: yaml.Node) -> Iterator[F
                 "its requests could not carry the key",
                 "give the key a header too (idempotency.header), or give the rule a body",
             )
+
+
+def _idle_budgets(provider: Provider, file: str, root: yaml.Node) -> Iterator[Finding]:
+    """A budget counts the amounts of rules that read one: with none, it caps nothing."""
+    if provider.budgets and all(rule.amount is None for rule in provider.rules):
+        yield _at(
+            file,
+            _node(root, ("budgets",)),
+            f"provider {provider.provider!r} has budgets but no rule reads an amount: "
+            "they count nothing",
+            "name the amount field of the rules that move money (`amount:`)",
+            Severity.WARNING,
+        )
 
 
 def _rules_of_unloadable_file(text: str, file: str) -> Iterator[Finding]:

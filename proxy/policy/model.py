@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from proxy.policy.amounts import AmountFormat
+from proxy.policy.budgets import Budget, RateLimits, no_duplicate_budgets
 from proxy.policy.paths import PathPattern
 
 _NAME = r"^[a-z][a-z0-9_.-]*$"
@@ -312,6 +313,9 @@ class Rule(Strict):
     send_key: bool = True
     reconcile: Reconcile | None = None
     mode: Mode | None = None  # None: the provider's mode
+    # A proposal of this call may not be approved by the approver its agent belongs to (the
+    # agent's `owner`, or an approver named as the agent). None: the provider's four_eyes.
+    four_eyes: bool | None = None
 
     @field_validator("path", mode="before")
     @classmethod
@@ -398,8 +402,19 @@ class Provider(Strict):
     # ISO 4217 codes as PayPal, Square and Adyen take them upper case.
     currency_case: Literal["lower", "upper"] = "lower"
     mode: Mode = Mode.ENFORCE  # report: shadow mode for every rule that does not say otherwise
+    # Proposals (README, Proposals): every rule's four_eyes unless the rule says otherwise.
+    four_eyes: bool = False
     rules: Annotated[list[Rule], Field(min_length=1)]
     forward_proxy: ForwardProxy = Field(default_factory=ForwardProxy)  # forward mode
+    # Spend caps per currency and rolling window, enforced at claim (proxy/policy/budgets.py).
+    budgets: list[Budget] = Field(default_factory=list)
+    # Request rates and requests in flight per agent and per tenant on this provider.
+    rate_limits: RateLimits = Field(default_factory=RateLimits)
+
+    @field_validator("budgets")
+    @classmethod
+    def _distinct_budgets(cls, budgets: list[Budget]) -> list[Budget]:
+        return no_duplicate_budgets(budgets)
 
     # A field validator, not a model one: the error then points at `rules:` (not at line 1)
     # and is reported alongside errors in other fields.
@@ -445,6 +460,9 @@ class Provider(Strict):
 
     def rule_named(self, name: str) -> Rule | None:
         return next((rule for rule in self.rules if rule.name == name), None)
+
+    def four_eyes_for(self, rule: Rule) -> bool:
+        return self.four_eyes if rule.four_eyes is None else rule.four_eyes
 
     def metadata_field(self, rule: Rule) -> str | None:
         """The body field opgate sets to the operation id for ``rule``, if any."""

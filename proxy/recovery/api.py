@@ -27,9 +27,11 @@ from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.observe.audit import AuditRecord, Decision, emit, request_path
 from proxy.policy.model import BodyKind, Provider, Rule
+from proxy.policy.set import PolicySet
 from proxy.recovery.next_action import NextAction, next_action
 from proxy.recovery.reconcile import reconcile_now
 from proxy.store.operation import Operation
+from proxy.store.proposal import Proposal
 
 RECOVERY_PREFIX = "/_opgate/v1/operations"
 
@@ -69,21 +71,69 @@ def recovery_view(gw: Gateway, op: Operation, *, with_request: bool = False) -> 
 def approved_request(provider: Provider, rule: Rule, op: Operation) -> dict[str, Any]:
     """The exact request the approval allows, for an agent to send as it is: "re-send the
     identical request" must not depend on what the agent remembers."""
-    fields = approved_fields(
+    return exact_request(
         provider,
         rule,
+        operation_id=op.operation_id,
+        method=op.method,
+        path=op.path,
         amount=op.amount,
         currency=op.currency,
         params=op.params,
         idempotency_key=op.idempotency_key,
     )
-    headers = {"X-Operation-Id": op.operation_id}
+
+
+def proposal_request(policy: PolicySet, proposal: Proposal) -> dict[str, Any] | None:
+    """The exact request an approval of this proposal lets through (None if the policy no
+    longer has its rule)."""
+    provider = policy.provider_named(proposal.provider)
+    rule = provider.rule_named(proposal.action) if provider is not None else None
+    if provider is None or rule is None:
+        return None
+    return exact_request(
+        provider,
+        rule,
+        operation_id=proposal.operation_id,
+        method=proposal.method,
+        path=proposal.path,
+        amount=proposal.amount,
+        currency=proposal.currency,
+        params=proposal.params,
+        idempotency_key=proposal.idempotency_key,
+    )
+
+
+def exact_request(
+    provider: Provider,
+    rule: Rule,
+    *,
+    operation_id: str,
+    method: str,
+    path: str,
+    amount: int | None,
+    currency: str | None,
+    params: dict[str, Any],
+    idempotency_key: str,
+) -> dict[str, Any]:
+    """The one request these approved fields let through, in the canonical form the checks
+    compare against (``approved_fields``): what an operation allows, and what a proposal
+    would allow once approved."""
+    fields = approved_fields(
+        provider,
+        rule,
+        amount=amount,
+        currency=currency,
+        params=params,
+        idempotency_key=idempotency_key,
+    )
+    headers = {"X-Operation-Id": operation_id}
     key_header = provider.key_header(rule)
     if key_header is not None:
-        headers[key_header] = op.idempotency_key
+        headers[key_header] = idempotency_key
     request: dict[str, Any] = {
-        "method": op.method,
-        "path": provider.route_prefix + op.path,
+        "method": method,
+        "path": provider.route_prefix + path,
         "headers": headers,
     }
     if rule.body is BodyKind.FORM:

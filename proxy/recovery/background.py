@@ -19,6 +19,7 @@ import structlog
 from proxy.errors import StoreUnavailable
 from proxy.gate.gateway import Gateway
 from proxy.gate.upstream import new_client_session
+from proxy.recovery.api import proposal_request
 from proxy.recovery.reconcile import longest_lease_seconds, reconcile_claimed, reconcile_owner
 from proxy.recovery.webhooks import (
     WEBHOOK_KEY_SECRET,
@@ -34,6 +35,7 @@ _MAX_BACKOFF_SECONDS = 300.0
 _EVENTS = {
     "escalated": "operation_escalated",
     "settled_by_provider": "operation_settled_by_provider",
+    "proposal_pending": "proposal_pending",  # an agent's proposal waits for an approver
 }
 
 
@@ -58,15 +60,12 @@ async def notify_pass(gw: Gateway, http: aiohttp.ClientSession, url: str) -> int
     """Deliver due escalation notifications (at least once; receivers dedupe on the id)."""
     due = await gw.store.claim_notifications(20, _NOTIFY_LEASE_SECONDS)
     for notification in due:
-        op = await gw.store.load(notification["operation_id"])
-        if op is None:
+        payload = await _notice(gw, notification)
+        if payload is None:
             continue
-        payload: dict[str, Any] = {
-            "notification_id": notification["notification_id"],
-            "event": _EVENTS[notification["kind"]],
-            "operation": op.to_public(),
-            "events": await gw.store.events(op.operation_id),
-        }
+        subject = {"operation_id": notification["operation_id"]}
+        if notification["proposal_id"] is not None:
+            subject = {"proposal_id": notification["proposal_id"]}
         body = json.dumps(payload, default=str, allow_nan=False).encode("utf-8")
         # Read per notice, so a rotated key takes effect; without one nothing leaves unsigned:
         # the notice waits (with the reason on record) until a key is configured.
@@ -81,9 +80,7 @@ async def notify_pass(gw: Gateway, http: aiohttp.ClientSession, url: str) -> int
             await gw.store.notification_failed(
                 notification["notification_id"], _MAX_BACKOFF_SECONDS, problem
             )
-            _log.error(
-                "escalation_notify_unsigned_refused", operation_id=op.operation_id, error=problem
-            )
+            _log.error("escalation_notify_unsigned_refused", **subject, error=problem)
             continue
         # the same id on every retry of a notice: the receiver deduplicates on it
         message_id = f"ntf_{notification['notification_id']}"
@@ -101,15 +98,39 @@ async def notify_pass(gw: Gateway, http: aiohttp.ClientSession, url: str) -> int
             ) as response:
                 if 200 <= response.status < 300:
                     await gw.store.notification_delivered(notification["notification_id"])
-                    _log.info("escalation_notified", operation_id=op.operation_id)
+                    _log.info("escalation_notified", **subject)
                     continue
                 error = f"webhook answered {response.status}"
         except (aiohttp.ClientError, TimeoutError) as exc:
             error = f"{type(exc).__name__}: {exc}"
         backoff = min(_MAX_BACKOFF_SECONDS, 2.0 ** notification["attempts"])
         await gw.store.notification_failed(notification["notification_id"], backoff, error)
-        _log.warning("escalation_notify_failed", operation_id=op.operation_id, error=error)
+        _log.warning("escalation_notify_failed", **subject, error=error)
     return len(due)
+
+
+async def _notice(gw: Gateway, notification: dict[str, Any]) -> dict[str, Any] | None:
+    """The notice's body: the operation and its events, or the proposal waiting for an
+    approver with the exact request an approval lets through (its view, as the console's)."""
+    if notification["proposal_id"] is not None:
+        proposal = await gw.store.load_proposal(notification["proposal_id"])
+        if proposal is None:
+            return None
+        return {
+            "notification_id": notification["notification_id"],
+            "event": _EVENTS[notification["kind"]],
+            "proposal": proposal.to_public(),
+            "request": proposal_request(gw.policy, proposal),
+        }
+    op = await gw.store.load(notification["operation_id"])
+    if op is None:
+        return None
+    return {
+        "notification_id": notification["notification_id"],
+        "event": _EVENTS[notification["kind"]],
+        "operation": op.to_public(),
+        "events": await gw.store.events(op.operation_id),
+    }
 
 
 async def run_background(gw: Gateway, stop: asyncio.Event) -> None:

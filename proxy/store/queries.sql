@@ -81,6 +81,37 @@ WITH claimed AS (
 )
 SELECT c.*, now() AS read_at FROM claimed c;
 
+-- name: budget_lock
+-- Claims on one budget take turns ($1: its lock name, proxy/policy/budgets.py), in the claim's
+-- transaction and before the sum below: the sum then sees every claim that went before, and
+-- no claim can commit between this one's sum and its UPDATE. Released at commit or rollback.
+SELECT pg_advisory_xact_lock(hashtextextended($1, 0));
+
+-- name: budget_spent
+-- What counts against one budget: the amounts of provider $1's operations in currency $2
+-- (tenant $3 and agent $4, NULL: any) that are dispatched (in flight or unknown: the money
+-- may have moved) or confirmed, whose last attempt was claimed in the last $5 seconds. $6 is
+-- left out (the operation being claimed: a re-send must not count its own amount twice).
+SELECT coalesce(sum(amount), 0)::bigint AS spent FROM operations
+ WHERE provider = $1 AND currency = $2 AND status IN ('dispatched', 'confirmed')
+   AND dispatched_at > now() - make_interval(secs => $5)
+   AND ($3::text IS NULL OR tenant = $3) AND ($4::text IS NULL OR agent_id = $4)
+   AND ($6::text IS NULL OR operation_id <> $6)
+   AND amount IS NOT NULL;
+
+-- name: budget_spent_by_key
+-- The same sums for every tenant ($3 true) and agent ($4 true) that has spent anything in the
+-- window, for reads of the remaining budgets (the API, /metrics); never for a decision.
+SELECT CASE WHEN $3::bool THEN tenant END AS tenant,
+       CASE WHEN $4::bool THEN agent_id END AS agent_id,
+       sum(amount)::bigint AS spent
+  FROM operations
+ WHERE provider = $1 AND currency = $2 AND status IN ('dispatched', 'confirmed')
+   AND dispatched_at > now() - make_interval(secs => $5) AND amount IS NOT NULL
+   AND (NOT $4::bool OR agent_id IS NOT NULL)
+ GROUP BY 1, 2
+ ORDER BY 1, 2;
+
 -- name: settle_operation
 -- dispatched -> confirmed | failed, from the provider's answer only. Any attempt's answer
 -- settles: with a deduplicating provider every attempt reports the same effect.
@@ -271,7 +302,7 @@ UPDATE operations SET reconcile_owner = NULL, reconcile_lease_until = NULL, upda
  WHERE operation_id = $1 AND reconcile_owner = $2;
 
 -- name: claim_notifications
--- Escalation notifications due for delivery, leased so one replica sends each at a time.
+-- Notifications (of an operation's escalation or of a pending proposal) due for delivery, leased so one replica sends each at a time.
 WITH due AS (
     SELECT notification_id FROM escalation_notifications
      WHERE delivered_at IS NULL AND next_attempt_at <= now()
@@ -281,7 +312,7 @@ WITH due AS (
 UPDATE escalation_notifications n
    SET lease_until = now() + make_interval(secs => $2), attempts = attempts + 1
   FROM due WHERE n.notification_id = due.notification_id
-RETURNING n.notification_id, n.operation_id, n.attempts, n.kind;
+RETURNING n.notification_id, n.operation_id, n.proposal_id, n.attempts, n.kind;
 
 -- name: notification_delivered
 UPDATE escalation_notifications SET delivered_at = now(), lease_until = NULL, last_error = NULL
@@ -443,13 +474,15 @@ SELECT stream, seq, at, kind, operation_id, record::text AS record, prev_hash, h
 
 -- name: metrics_operations
 -- Scrape-time gauges: unsettled operations by status (the partial index), those dispatched
--- longer than $1 seconds, and open escalations.
+-- longer than $1 seconds, open escalations, and proposals waiting for a human (unexpired).
 SELECT
     count(*) FILTER (WHERE status = 'created') AS created,
     count(*) FILTER (WHERE status = 'dispatched') AS dispatched,
     count(*) FILTER (WHERE status = 'dispatched'
                        AND dispatched_at < now() - make_interval(secs => $1)) AS dispatched_old,
-    count(*) FILTER (WHERE status = 'dispatched' AND escalated_at IS NOT NULL) AS escalated
+    count(*) FILTER (WHERE status = 'dispatched' AND escalated_at IS NOT NULL) AS escalated,
+    (SELECT count(*) FROM proposals
+      WHERE status = 'pending' AND expires_at > now()) AS proposals_pending
   FROM operations WHERE status IN ('created', 'dispatched');
 
 -- name: audit_records_after
@@ -528,3 +561,130 @@ SELECT notification_id, kind, created_at, attempts, delivered_at, last_error
 SELECT checkpoint_id, at, writer, jsonb_array_length(heads) AS heads, mac
   FROM audit_checkpoints ORDER BY checkpoint_id DESC LIMIT 1;
 -- ============================================================================== end console
+
+-- ================================================================================ proposals
+-- Proposals (migration 0009, proxy/operations/proposals.py): an agent asks for the approval of
+-- the exact request it intends; a human approves or declines it. Each transition is one
+-- conditional statement that writes its proposal_events row (chained into the audit log by
+-- the trigger) in the same round trip. A pending proposal past expires_at is expired: no
+-- transition takes it out of pending any more.
+
+-- name: proposal_create
+-- A new pending proposal, validated as an approval ($1 proposal id, $2..$14 the operation it
+-- would create, $15 the agent's reason, $16 seconds the approved operation stands, $17
+-- seconds the proposal waits for a human). Its `proposed` event keeps the whole request (the
+-- key only as its SHA-256), and approvers' notice is queued in the same statement.
+WITH proposed AS (
+    INSERT INTO proposals (
+        proposal_id, operation_id, tenant, agent_id, provider, action, method, path,
+        path_params, amount, currency, params, idempotency_key, reason, approval_seconds,
+        expires_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, $12::jsonb, $13, $15, $16,
+            now() + make_interval(secs => $17))
+    RETURNING *
+), event AS (
+    INSERT INTO proposal_events (proposal_id, event, from_status, to_status, actor, detail)
+    SELECT proposal_id, 'proposed', NULL, 'pending', $14,
+           jsonb_build_object(
+               'operation_id', operation_id, 'tenant', tenant, 'agent_id', agent_id,
+               'provider', provider, 'action', action,
+               'target', jsonb_build_object('method', method, 'path', path),
+               'path_params', path_params, 'amount', amount, 'currency', currency,
+               'params', params, 'reason', reason, 'expires_at', to_jsonb(expires_at),
+               'approval_seconds', approval_seconds,
+               'idempotency_key_sha256',
+               encode(sha256(convert_to(idempotency_key, 'UTF8')), 'hex'))
+    FROM proposed
+), notification AS (
+    INSERT INTO escalation_notifications (proposal_id, kind)
+    SELECT proposal_id, 'proposal_pending' FROM proposed
+)
+SELECT p.*, now() AS read_at FROM proposed p;
+
+-- name: proposal_load
+-- One proposal, with the database's clock (expiry is decided against it).
+SELECT p.*, now() AS read_at FROM proposals p WHERE p.proposal_id = $1;
+
+-- name: proposal_list
+-- Proposals of a tenant ($1, NULL for all) in the states $2 (pending, expired, approved,
+-- declined: expired is a pending one past its expiry), oldest first, at most $3.
+SELECT p.*, now() AS read_at FROM proposals p
+ WHERE ($1::text IS NULL OR p.tenant = $1)
+   AND (CASE WHEN p.status = 'pending' AND p.expires_at <= now() THEN 'expired'
+             ELSE p.status END) = ANY($2::text[])
+ ORDER BY p.created_at, p.proposal_id
+ LIMIT $3;
+
+-- name: proposal_approve
+-- pending and unexpired -> approved, and the operation row created from the proposal as it
+-- was proposed (approval_ref: the proposal id; approved_by: $2, the approver's identity;
+-- standing approval_seconds from now), with both events, in one statement: two approvals
+-- racing serialise on the proposal's row lock and the second finds it approved (zero rows), so
+-- one proposal creates at most one operation. $3 is the actor, $4 the approver's note.
+WITH approved AS (
+    UPDATE proposals
+       SET status = 'approved', decided_at = now(), decided_by = $2, decision_note = $4
+     WHERE proposal_id = $1 AND status = 'pending' AND expires_at > now()
+    RETURNING *
+), created AS (
+    INSERT INTO operations (
+        operation_id, tenant, agent_id, provider, action, method, path, path_params,
+        amount, currency, params, idempotency_key, approval_ref, approved_by, expires_at)
+    SELECT operation_id, tenant, agent_id, provider, action, method, path, path_params,
+           amount, currency, params, idempotency_key, proposal_id, $2,
+           now() + make_interval(secs => approval_seconds)
+      FROM approved
+    RETURNING *
+), event AS (
+    INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
+    SELECT operation_id, 'created', NULL, 'created', $3,
+           -- as create_operation's, and the proposal it came from
+           jsonb_build_object(
+               'approval_ref', approval_ref, 'proposal_id', approval_ref,
+               'supersedes', supersedes,
+               'approved_by', approved_by, 'tenant', tenant, 'agent_id', agent_id,
+               'provider', provider, 'action', action,
+               'target', jsonb_build_object('method', method, 'path', path),
+               'path_params', path_params, 'amount', amount, 'currency', currency,
+               'params', params, 'expires_at', to_jsonb(expires_at),
+               'idempotency_key_sha256',
+               encode(sha256(convert_to(idempotency_key, 'UTF8')), 'hex'))
+    FROM created
+), decided AS (
+    INSERT INTO proposal_events (proposal_id, event, from_status, to_status, actor, detail)
+    SELECT proposal_id, 'approved', 'pending', 'approved', $3,
+           jsonb_build_object('approved_by', $2::text, 'operation_id', operation_id,
+                              'note', $4::text)
+    FROM approved
+)
+SELECT c.*, now() AS read_at FROM created c;
+
+-- name: proposal_decline
+-- pending and unexpired -> declined ($2 who, $3 the actor, $4 the note). No operation is ever
+-- created for it: nothing the agent sends can be let through.
+WITH declined AS (
+    UPDATE proposals
+       SET status = 'declined', decided_at = now(), decided_by = $2, decision_note = $4
+     WHERE proposal_id = $1 AND status = 'pending' AND expires_at > now()
+    RETURNING *
+), decided AS (
+    INSERT INTO proposal_events (proposal_id, event, from_status, to_status, actor, detail)
+    SELECT proposal_id, 'declined', 'pending', 'declined', $3,
+           jsonb_build_object('declined_by', $2::text, 'note', $4::text)
+    FROM declined
+)
+SELECT d.*, now() AS read_at FROM declined d;
+
+-- name: proposal_refusal
+-- An approval refused before any transition (four eyes, no longer sendable, a limit): on the
+-- proposal's audit stream too, its status unchanged ($2 actor, $3 code, $4 detail).
+INSERT INTO proposal_events (proposal_id, event, from_status, to_status, actor, detail)
+SELECT proposal_id, 'approval_refused', status, status, $2,
+       jsonb_build_object('code', $3::text, 'detail', $4::text)
+  FROM proposals WHERE proposal_id = $1;
+
+-- name: proposal_events
+-- One proposal's decisions, oldest first.
+SELECT event_id, at, event, from_status, to_status, actor, detail::text AS detail
+  FROM proposal_events WHERE proposal_id = $1 ORDER BY event_id;
+-- ============================================================================ end proposals

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -17,6 +17,7 @@ import asyncpg
 
 from proxy.errors import AlreadySuperseded, IdempotencyKeyInUse, StoreUnavailable
 from proxy.store.operation import Operation, Status
+from proxy.store.proposal import Proposal
 from proxy.store.queries import QUERIES
 
 T = TypeVar("T")
@@ -55,11 +56,45 @@ class NewOperation:
 
 
 @dataclass(frozen=True)
+class NewProposal:
+    """A proposal to insert: the operation its approval creates, exactly, and why."""
+
+    proposal_id: str
+    operation: NewOperation
+    reason: str
+    approval_seconds: float
+    pending_seconds: float
+
+
+@dataclass(frozen=True)
 class ProviderAnswer:
     status: int
     object_id: str | None
     content_type: str | None
     body: bytes
+
+
+@dataclass(frozen=True)
+class BudgetSum:
+    """The operations one budget sums over (queries.sql ``budget_spent``), and the advisory
+    lock claims on it take turns on."""
+
+    lock_name: str
+    provider: str
+    currency: str
+    tenant: str | None  # None: every tenant
+    agent_id: str | None  # None: every agent
+    window_seconds: float
+
+
+@dataclass(frozen=True)
+class BudgetedClaim:
+    """A claim made under its budgets' locks: what they had spent before it (the operation
+    itself left out), and the claimed row (None: refused by ``admit``, or a state conflict)."""
+
+    spent: list[int]
+    admitted: bool
+    operation: Operation | None
 
 
 async def _reset_connection(conn: asyncpg.Connection) -> None:
@@ -189,6 +224,92 @@ class Store:
             dedup_window_seconds,
             after_lookup_by,
         )
+
+    async def claim_within_budgets(
+        self,
+        operation_id: str,
+        sums: Sequence[BudgetSum],
+        admit: Callable[[list[int]], bool],
+        *,
+        owner: str,
+        lease_seconds: float,
+        expected_attempts: int,
+        dedup_window_seconds: float | None = None,
+        after_lookup_by: str | None = None,
+    ) -> BudgetedClaim:
+        """``claim`` in one transaction that first takes each budget's lock (in name order:
+        two claims never wait on each other crosswise), then sums what each budget has spent,
+        and claims only if ``admit`` (pure: the gate's decision) accepts those sums. Claims on
+        the same budget, from any number of processes, are serialised: together they can never
+        spend more than ``admit`` allows."""
+
+        async def claim_under_locks(conn: asyncpg.Connection) -> BudgetedClaim:
+            async with conn.transaction():
+                for name in sorted({s.lock_name for s in sums}):
+                    await conn.execute(QUERIES["budget_lock"], name)
+                spent = [
+                    int(
+                        await conn.fetchval(
+                            QUERIES["budget_spent"],
+                            s.provider,
+                            s.currency,
+                            s.tenant,
+                            s.agent_id,
+                            s.window_seconds,
+                            operation_id,
+                        )
+                    )
+                    for s in sums
+                ]
+                if not admit(spent):
+                    return BudgetedClaim(spent, False, None)
+                record = await conn.fetchrow(
+                    QUERIES["claim_operation"],
+                    operation_id,
+                    owner,
+                    lease_seconds,
+                    expected_attempts,
+                    owner,
+                    dedup_window_seconds,
+                    after_lookup_by,
+                )
+            claimed = None if record is None else operation_from_record(record)
+            return BudgetedClaim(spent, True, claimed)
+
+        return await self._run(claim_under_locks)
+
+    async def budget_spent(self, sums: Sequence[BudgetSum]) -> list[int]:
+        """What each budget has spent now, without its lock: advisory (an approval, a read);
+        only a claim decides."""
+
+        async def read(conn: asyncpg.Connection) -> list[int]:
+            return [
+                int(
+                    await conn.fetchval(
+                        QUERIES["budget_spent"],
+                        s.provider,
+                        s.currency,
+                        s.tenant,
+                        s.agent_id,
+                        s.window_seconds,
+                        None,
+                    )
+                )
+                for s in sums
+            ]
+
+        return await self._run(read)
+
+    async def budget_spent_by_key(
+        self, provider: str, currency: str, window_seconds: float, *, tenant: bool, agent: bool
+    ) -> list[tuple[str | None, str | None, int]]:
+        """(tenant, agent id, spent) for every key of a budget that spent anything."""
+        records = await self._run(
+            lambda conn: conn.fetch(
+                QUERIES["budget_spent_by_key"], provider, currency, tenant, agent, window_seconds
+            )
+        )
+        return [(r["tenant"], r["agent_id"], int(r["spent"])) for r in records]
 
     async def settle(
         self, operation_id: str, status: Status, answer: ProviderAnswer, actor: str
@@ -346,6 +467,78 @@ class Store:
             for r in records
         ]
 
+    async def _proposal(self, query: str, *args: Any) -> Proposal | None:
+        record = await self._run(lambda conn: conn.fetchrow(QUERIES[query], *args))
+        return None if record is None else proposal_from_record(record)
+
+    async def create_proposal(self, new: NewProposal) -> Proposal:
+        op = new.operation
+        created = await self._proposal(
+            "proposal_create",
+            new.proposal_id,
+            op.operation_id,
+            op.tenant,
+            op.agent_id,
+            op.provider,
+            op.action,
+            op.method,
+            op.path,
+            _jsonb(op.path_params),
+            op.amount,
+            op.currency,
+            _jsonb(op.params),
+            op.idempotency_key,
+            op.agent_id,
+            new.reason,
+            new.approval_seconds,
+            new.pending_seconds,
+        )
+        assert created is not None  # an INSERT with no condition returns its row
+        return created
+
+    async def load_proposal(self, proposal_id: str) -> Proposal | None:
+        return await self._proposal("proposal_load", proposal_id)
+
+    async def list_proposals(
+        self, tenant: str | None, states: list[str], limit: int = 100
+    ) -> list[Proposal]:
+        records = await self._run(
+            lambda conn: conn.fetch(QUERIES["proposal_list"], tenant, states, limit)
+        )
+        return [proposal_from_record(r) for r in records]
+
+    async def approve_proposal(
+        self, proposal_id: str, approved_by: str, actor: str, note: str | None
+    ) -> Operation | None:
+        """The operation created from the pending, unexpired proposal; None if it was not.
+        IdempotencyKeyInUse if an operation already holds its id or its key (the statement
+        then changed nothing)."""
+        try:
+            return await self._one("proposal_approve", proposal_id, approved_by, actor, note)
+        except asyncpg.exceptions.UniqueViolationError as exc:
+            raise IdempotencyKeyInUse(proposal_id) from exc
+
+    async def decline_proposal(
+        self, proposal_id: str, declined_by: str, actor: str, note: str | None
+    ) -> Proposal | None:
+        return await self._proposal("proposal_decline", proposal_id, declined_by, actor, note)
+
+    async def record_proposal_refusal(
+        self, proposal_id: str, actor: str, code: str, detail: str
+    ) -> None:
+        await self._run(
+            lambda conn: conn.execute(
+                QUERIES["proposal_refusal"], proposal_id, actor, code, detail[:2000]
+            )
+        )
+
+    async def proposal_events(self, proposal_id: str) -> list[dict[str, Any]]:
+        records = await self._run(lambda conn: conn.fetch(QUERIES["proposal_events"], proposal_id))
+        return [
+            {**dict(r), "at": r["at"].isoformat(), "detail": json.loads(r["detail"])}
+            for r in records
+        ]
+
     async def ping(self) -> None:
         """Raises StoreUnavailable unless the database answers as a primary."""
         in_recovery = await self._run(lambda conn: conn.fetchval(QUERIES["ping"]))
@@ -394,6 +587,33 @@ def operation_from_record(record: asyncpg.Record) -> Operation:
         escalated_at=record["escalated_at"],
         escalation_reason=record["escalation_reason"],
         resolution_note=record["resolution_note"],
+        read_at=record["read_at"],
+    )
+
+
+def proposal_from_record(record: asyncpg.Record) -> Proposal:
+    return Proposal(
+        proposal_id=record["proposal_id"],
+        operation_id=record["operation_id"],
+        tenant=record["tenant"],
+        agent_id=record["agent_id"],
+        provider=record["provider"],
+        action=record["action"],
+        method=record["method"],
+        path=record["path"],
+        path_params=json.loads(record["path_params"]),
+        amount=record["amount"],
+        currency=record["currency"],
+        params=json.loads(record["params"]),
+        idempotency_key=record["idempotency_key"],
+        reason=record["reason"],
+        approval_seconds=record["approval_seconds"],
+        status=record["status"],
+        expires_at=record["expires_at"],
+        decided_at=record["decided_at"],
+        decided_by=record["decided_by"],
+        decision_note=record["decision_note"],
+        created_at=record["created_at"],
         read_at=record["read_at"],
     )
 

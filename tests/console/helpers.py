@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
+import shutil
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from proxy.gate.identity import token_digest
 from tests.support.opgate import Opgate
@@ -13,6 +16,18 @@ from tests.support.opgate import Opgate
 REVIEWER_TOKEN = "opg_test_reviewer_token_0123456789"
 REVIEWER_DIGEST = token_digest(REVIEWER_TOKEN)
 TRACE_TEMPLATE = "https://jaeger.example/trace/{trace_id}"
+# Debian's chromium driven by Selenium through Debian's chromium-driver (its path given, so
+# Selenium Manager downloads nothing).
+CHROMIUM = shutil.which("chromium")
+CHROMEDRIVER = shutil.which("chromedriver") or (
+    "/usr/bin/chromedriver" if Path("/usr/bin/chromedriver").exists() else None
+)
+# for the browser tests' modules: pytestmark = NEEDS_BROWSER
+NEEDS_BROWSER = pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None,
+    reason="Debian's chromium and chromium-driver are not installed"
+    " (apt-get install -y chromium chromium-driver; .ci/run installs them)",
+)
 _CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 

@@ -8,54 +8,26 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import pytest
 import pytest_asyncio
 
-from tests.console.helpers import REVIEWER_DIGEST, REVIEWER_TOKEN, TRACE_TEMPLATE, escalated
+from tests.console.helpers import (
+    NEEDS_BROWSER,
+    REVIEWER_DIGEST,
+    REVIEWER_TOKEN,
+    TRACE_TEMPLATE,
+    escalated,
+)
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import ADMIN_TOKEN, Opgate, StartOpgate, fault_policy
 from tests.support.paths import REPO
 
-CHROMIUM = shutil.which("chromium")
-CHROMEDRIVER = shutil.which("chromedriver") or (
-    "/usr/bin/chromedriver" if Path("/usr/bin/chromedriver").exists() else None
-)
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None or CHROMEDRIVER is None,
-    reason="Debian's chromium and chromium-driver are not installed"
-    " (apt-get install -y chromium chromium-driver; .ci/run installs them)",
-)
+pytestmark = NEEDS_BROWSER
 GOOD_BODY = "amount=500&currency=usd&charge=ch_1"
 T = TypeVar("T")
-
-
-@pytest.fixture
-def chrome() -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",  # as root in a container; the browser only ever opens loopback pages
-        "--disable-dev-shm-usage",
-        "--disable-gpu",
-        "--window-size=1360,860",
-        "--no-first-run",
-        "--disable-extensions",
-    ):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
-    driver.set_page_load_timeout(30)
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -6,11 +6,12 @@ import asyncio
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from tests.support.fault_provider import FaultMode, FaultProvider
 from tests.support.killable_opgate import REPO
-from tests.support.opgate import ADMIN_TOKEN, Opgate
+from tests.support.opgate import ADMIN_TOKEN, Opgate, StartOpgate, fault_policy
 
 
 async def ops(gate: Opgate, *args: str, token: str = ADMIN_TOKEN) -> tuple[int, str, str]:
@@ -154,3 +155,25 @@ async def test_json_is_accepted_after_the_subcommand_too(fault_gate: Opgate) -> 
     code, out, err = await ops(fault_gate, "show", op["operation_id"], "--json")
     assert code == 0, err
     assert json.loads(out)["operation_id"] == op["operation_id"]
+
+
+async def test_budgets_lists_what_is_left_of_each_budget(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
+) -> None:
+    """`opgate ops budgets` prints each budget with its limit, spent and remaining amounts,
+    for the tenant asked about even before it spent anything."""
+    text = fault_policy(deduplicates=False).replace(
+        "rules:\n", "budgets: [{scope: tenant, currency: usd, limit: 1200, window: 24h}]\nrules:\n"
+    )
+    (policy_dir / "fault.yaml").write_text(text)
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        code, out, err = await ops(gate, "budgets", "--tenant", "t2")
+        listed = await ops_json(gate, "budgets", "--tenant", "t2")
+    assert code == 0, err
+    head, row = out.splitlines()
+    assert head.split() == [
+        "PROVIDER", "SCOPE", "TENANT", "AGENT_ID", "CURRENCY", "WINDOW", "LIMIT", "SPENT",
+        "REMAINING", "MODE",
+    ]  # fmt: skip
+    assert row.split() == ["fault", "tenant", "t2", "usd", "24h", "1200", "0", "1200", "enforce"]
+    assert [(b["tenant"], b["remaining"]) for b in listed["budgets"]] == [("t2", 1200)]

@@ -69,3 +69,25 @@ async def test_the_plpgsql_record_hash_is_the_verifiers(
     assert bytes(sql_hash) == record_hash(
         GENESIS, "s\u00e9", 7, at, "transition", operation_id, stored
     )
+
+
+async def test_proposal_constraints_hold_in_the_schema(database_url: str) -> None:
+    """Migration 0009: a notice is about an operation or a proposal, never both nor neither;
+    a proposal's decision time goes with its status; the console knows the approver role."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        with pytest.raises(asyncpg.exceptions.CheckViolationError):
+            await conn.execute("INSERT INTO escalation_notifications (kind) VALUES ('escalated')")
+        with pytest.raises(asyncpg.exceptions.CheckViolationError):
+            await conn.execute(
+                "INSERT INTO proposals (proposal_id, operation_id, tenant, agent_id, provider,"
+                " action, method, path, idempotency_key, reason, approval_seconds, expires_at,"
+                " status) VALUES ('p', 'o', 't', 'a', 'fault', 'r', 'POST', '/', 'k', 'why', 60,"
+                " now(), 'approved')"
+            )
+        await conn.execute(
+            "INSERT INTO console_sessions (session_digest, role, identity, csrf_token,"
+            " expires_at) VALUES ('d', 'approver', 'olga', 'c', now())"
+        )
+    finally:
+        await conn.close()

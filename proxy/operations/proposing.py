@@ -1,0 +1,197 @@
+"""Proposals, the acts: an agent proposes, a human approves or declines. Each is one function
+that any front end calls (the agents' API, the operations API, the console, and tools such as
+an MCP server's ``propose_operation``), answering the result or a ``Refusal`` with a stable
+code; the front end only renders it.
+
+    propose_for_agent(gw, agent, document)   the agent's proposal -> Proposal | Refusal
+    approve_proposal(gw, id, approver, note) -> Operation | Refusal
+    decline_proposal(gw, id, approver, note) -> Proposal | Refusal
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+
+from proxy.errors import IdempotencyKeyInUse
+from proxy.gate.budgets import remaining_budget
+from proxy.gate.checks import Agent
+from proxy.gate.decision import Deny
+from proxy.gate.gateway import Gateway
+from proxy.operations.proposals import (
+    Approver,
+    ProposalInvalid,
+    agent_owners,
+    four_eyes_problem,
+    plan_proposal,
+    read_proposal,
+    replan_problems,
+)
+from proxy.store.operation import Operation
+from proxy.store.proposal import Proposal, ProposalState
+from proxy.store.store import NewOperation
+
+_log = structlog.get_logger("opgate.proposals")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a proposal act was refused: an HTTP status, a stable code (README, Proposals), a
+    sentence, and every problem where there are several."""
+
+    status: int
+    code: str
+    detail: str
+    errors: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. the remaining budget
+
+
+async def spend_limits_problem(gw: Gateway, planned: NewOperation, *, at: str) -> Refusal | None:
+    """The limits no approval may exceed (spend budgets, checked early at proposal and at
+    approval time; ``at`` says which), or None when the operation is within them. Budgets are
+    enforced atomically when a request claims its operation; this early check only refuses
+    sooner, and with the remaining budget."""
+    if planned.amount is None:
+        return None
+    room = await remaining_budget(
+        gw.store,
+        gw.policy,
+        planned.provider,
+        planned.tenant,
+        planned.agent_id,
+        planned.currency,
+        planned.amount,
+    )
+    if not isinstance(room, Deny):
+        return None
+    detail = f"at {at} time: {room.detail}"
+    return Refusal(403, room.reason.value, detail, extra=dict(room.extra or {}))
+
+
+async def propose_for_agent(
+    gw: Gateway, agent: Agent, document: dict[str, Any]
+) -> Proposal | Refusal:
+    """Store ``document`` (a proposal's JSON body) as a pending proposal of ``agent``, if it is
+    one and its approval could be sent; the approvers are notified."""
+    try:
+        request = read_proposal(document)
+        planned = plan_proposal(
+            request,
+            agent,
+            gw.policy,
+            datetime.now(UTC),
+            approval_seconds=gw.settings.proposal_approval_seconds,
+            pending_seconds=gw.settings.proposal_pending_seconds,
+        )
+    except ProposalInvalid as exc:
+        return Refusal(400, "proposal_invalid", "the proposal is invalid", exc.errors)
+    if isinstance(planned, list):
+        return Refusal(422, "approval_not_sendable", "; ".join(planned), planned)
+    limited = await spend_limits_problem(gw, planned.operation, at="proposal")
+    if limited is not None:
+        return limited
+    proposal = await gw.store.create_proposal(planned)
+    _log.info(
+        "proposal_created",
+        proposal_id=proposal.proposal_id,
+        agent_id=agent.agent_id,
+        action=proposal.action,
+    )
+    return proposal
+
+
+async def approve_proposal(
+    gw: Gateway, proposal_id: str, approver: Approver, note: str | None
+) -> Operation | Refusal:
+    """Approve a pending, unexpired proposal: its operation is created in the same statement,
+    unchanged, with the approver as ``approved_by`` and the proposal id as ``approval_ref``."""
+    proposal = await gw.store.load_proposal(proposal_id)
+    if proposal is None:
+        return Refusal(404, "proposal_unknown", f"no proposal {proposal_id}")
+    if proposal.state is not ProposalState.PENDING:
+        return _not_pending(proposal)
+    refused = four_eyes_problem(gw.policy, proposal, approver, agent_owners(gw.settings))
+    if refused is not None:
+        await _record_refusal(gw, proposal, approver, "four_eyes_refused", refused)
+        return Refusal(403, "four_eyes_refused", refused)
+    problems = replan_problems(proposal, gw.policy, datetime.now(UTC))
+    if problems:
+        await _record_refusal(gw, proposal, approver, "approval_not_sendable", "; ".join(problems))
+        return Refusal(422, "approval_not_sendable", "; ".join(problems), problems)
+    limited = await spend_limits_problem(gw, _as_operation(proposal, approver), at="approval")
+    if limited is not None:
+        await _record_refusal(gw, proposal, approver, limited.code, limited.detail)
+        return limited
+    try:
+        created = await gw.store.approve_proposal(proposal_id, approver.name, approver.actor, note)
+    except IdempotencyKeyInUse:
+        return Refusal(
+            409, "operation_exists", f"an operation holds {proposal.operation_id}'s id or key"
+        )
+    if created is None:  # decided or expired meanwhile: the statement found it not pending
+        again = await gw.store.load_proposal(proposal_id)
+        assert again is not None  # proposals are never deleted
+        return _not_pending(again)
+    _log.info(
+        "proposal_approved",
+        proposal_id=proposal_id,
+        operation_id=created.operation_id,
+        by=approver.actor,
+    )
+    return created
+
+
+async def decline_proposal(
+    gw: Gateway, proposal_id: str, approver: Approver, note: str | None
+) -> Proposal | Refusal:
+    """Decline a pending, unexpired proposal: no operation will ever exist for it."""
+    declined = await gw.store.decline_proposal(proposal_id, approver.name, approver.actor, note)
+    if declined is not None:
+        _log.info("proposal_declined", proposal_id=proposal_id, by=approver.actor)
+        return declined
+    existing = await gw.store.load_proposal(proposal_id)
+    if existing is None:
+        return Refusal(404, "proposal_unknown", f"no proposal {proposal_id}")
+    return _not_pending(existing)
+
+
+def _not_pending(proposal: Proposal) -> Refusal:
+    state = proposal.state
+    by = f" by {proposal.decided_by}" if proposal.decided_by else ""
+    return Refusal(
+        409, "proposal_not_pending", f"{proposal.proposal_id} is {state.value}{by}: not decidable"
+    )
+
+
+async def _record_refusal(
+    gw: Gateway, proposal: Proposal, approver: Approver, code: str, detail: str
+) -> None:
+    """A refused approval is a decision too: on the proposal's audit stream, status unchanged."""
+    await gw.store.record_proposal_refusal(proposal.proposal_id, approver.actor, code, detail)
+    _log.warning(
+        "proposal_approval_refused", proposal_id=proposal.proposal_id, by=approver.actor, code=code
+    )
+
+
+def _as_operation(proposal: Proposal, approver: Approver) -> NewOperation:
+    """The operation an approval would create, for the limits to judge."""
+    return NewOperation(
+        operation_id=proposal.operation_id,
+        tenant=proposal.tenant,
+        agent_id=proposal.agent_id,
+        provider=proposal.provider,
+        action=proposal.action,
+        method=proposal.method,
+        path=proposal.path,
+        path_params=dict(proposal.path_params),
+        amount=proposal.amount,
+        currency=proposal.currency,
+        params=dict(proposal.params),
+        idempotency_key=proposal.idempotency_key,
+        approval_ref=proposal.proposal_id,
+        approved_by=approver.name,
+        expires_at=proposal.read_at,  # not judged: the limits read amounts, not expiries
+    )

@@ -1,0 +1,72 @@
+"""The proposal row as the store returns it: an agent's request for the approval of one exact
+request, and its human decision."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+
+class ProposalState(StrEnum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    DECLINED = "declined"
+    # not stored: a pending proposal past its expiry (queries.sql, proposals)
+    EXPIRED = "expired"
+
+
+@dataclass(frozen=True)
+class Proposal:
+    proposal_id: str
+    operation_id: str
+    tenant: str
+    agent_id: str
+    provider: str
+    action: str
+    method: str
+    path: str
+    path_params: dict[str, str]
+    amount: int | None
+    currency: str | None
+    params: dict[str, Any]
+    idempotency_key: str
+    reason: str
+    approval_seconds: float
+    status: str
+    expires_at: datetime
+    decided_at: datetime | None
+    decided_by: str | None
+    decision_note: str | None
+    created_at: datetime
+    # the database's clock when the row was read: expiry is decided against it
+    read_at: datetime
+
+    @property
+    def state(self) -> ProposalState:
+        if self.status == ProposalState.PENDING and self.expires_at <= self.read_at:
+            return ProposalState.EXPIRED
+        return ProposalState(self.status)
+
+    def to_public(self) -> dict[str, Any]:
+        return {
+            "proposal_id": self.proposal_id,
+            "operation_id": self.operation_id,
+            "tenant": self.tenant,
+            "agent_id": self.agent_id,
+            "provider": self.provider,
+            "action": self.action,
+            "target": {"method": self.method, "path": self.path, "path_params": self.path_params},
+            "amount": self.amount,
+            "currency": self.currency,
+            "params": self.params,
+            "reason": self.reason,
+            "status": self.state.value,
+            "expires_at": self.expires_at.isoformat(),
+            "approval_seconds": self.approval_seconds,
+            "decided_at": self.decided_at.isoformat() if self.decided_at else None,
+            "decided_by": self.decided_by,
+            "decision_note": self.decision_note,
+            "created_at": self.created_at.isoformat(),
+        }
