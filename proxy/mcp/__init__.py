@@ -3,6 +3,6 @@ opgate composes for ``execute_operation`` (compose), the tool calls against the 
 the Streamable HTTP endpoint on the agent listener (endpoint) and the stdio relay that local
 agent runtimes spawn (stdio). Every mutating call goes through ``proxy.gate.pipeline``.
 
-May import: recovery, gate, observe, policy, store, settings, errors. Never operations or
-authoring. Imported by: the process (server, cli).
+May import: operations (proposals), recovery, gate, observe, policy, store, settings, errors.
+Never authoring or console. Imported by: the process (server, cli).
 """

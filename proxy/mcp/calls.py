@@ -25,11 +25,17 @@ from proxy.mcp.compose import compose_request
 from proxy.mcp.tools import (
     EXECUTE_OPERATION,
     GET_OPERATION,
+    GET_PROPOSAL,
     LIST_OPERATIONS,
+    PROPOSE_OPERATION,
     Answered,
     ToolError,
 )
 from proxy.observe.audit import AuditRecord, Decision, emit
+from proxy.operations.proposals import proposal_view
+from proxy.operations.proposals_api import PROPOSAL_RULE
+from proxy.operations.proposing import Refusal as ProposalRefusal
+from proxy.operations.proposing import propose_for_agent
 from proxy.recovery.api import (
     RECOVERY_RULE,
     Refusal,
@@ -39,6 +45,7 @@ from proxy.recovery.api import (
     unsettled_views,
 )
 from proxy.store.operation import Operation
+from proxy.store.proposal import Proposal, ProposalState
 
 LISTENER = "mcp"
 # The rule name of the records MCP writes itself (refusals before a request was composed).
@@ -69,6 +76,10 @@ async def call_tool(call: McpCall, name: str, arguments: Mapping[str, Any] | Non
         return await _recorded_read(call, lambda record: _get(call, args, record))
     if name == LIST_OPERATIONS:
         return await _recorded_read(call, lambda record: _list(call, args, record))
+    if name == PROPOSE_OPERATION:
+        return await _recorded_read(call, lambda record: _propose(call, args, record))
+    if name == GET_PROPOSAL:
+        return await _recorded_read(call, lambda record: _get_proposal(call, args, record))
     record = _record(call, MCP_RULE)
     return _refuse(call, record, Deny(Reason.NO_MATCHING_RULE, f"no tool named {name!r}"))
 
@@ -77,8 +88,8 @@ async def call_tool(call: McpCall, name: str, arguments: Mapping[str, Any] | Non
 
 
 async def _recorded_read(call: McpCall, read: Callable[[AuditRecord], Awaitable[Answer]]) -> Answer:
-    """A read like the recovery read: one record, a slot of the agent's requests in flight
-    (a read may ask the provider, when it reconciles)."""
+    """A call answered by opgate itself, like the recovery read: one record, a slot of the
+    agent's requests in flight (a read may ask the provider, when it reconciles)."""
     gw = call.gateway
     record = _record(call, RECOVERY_RULE)
     cap = gw.settings.max_requests_in_flight_per_agent
@@ -119,6 +130,55 @@ async def _list(call: McpCall, args: dict[str, Any], record: AuditRecord) -> Ans
         return _refuse(call, record, refused)
     views = await unsettled_views(call.gateway, call.agent, with_request=True)
     return Answered({"operations": views})
+
+
+# -- proposals ---------------------------------------------------------------------------
+
+
+async def _propose(call: McpCall, args: dict[str, Any], record: AuditRecord) -> Answer:
+    """As ``POST /_opgate/v1/proposals``: validated as an approval is, stored pending."""
+    record.rule = PROPOSAL_RULE
+    result = await propose_for_agent(call.gateway, call.agent, args)
+    if isinstance(result, ProposalRefusal):
+        named = args.get("provider")  # on record only if it is one: the arguments are not
+        if isinstance(named, str) and call.gateway.policy.provider_named(named) is not None:
+            record.provider = named
+        extra: dict[str, Any] = {"errors": result.errors} if result.errors else {}
+        deny = Deny(Reason(result.code), result.detail)
+        return _refuse(call, record, deny, extra={**extra, **result.extra})
+    record.provider, record.operation_id = result.provider, result.operation_id
+    record.status_after = ProposalState.PENDING.value
+    return Answered(await _proposal_view(call.gateway, result))
+
+
+async def _get_proposal(call: McpCall, args: dict[str, Any], record: AuditRecord) -> Answer:
+    """As ``GET /_opgate/v1/proposals/{id}``: the agent's own proposals only."""
+    record.rule = PROPOSAL_RULE
+    proposal_id = args.pop("proposal_id", None)
+    refused = _unexpected(args)
+    if refused is not None:
+        return _refuse(call, record, refused)
+    if not isinstance(proposal_id, str) or not valid_operation_id(proposal_id):
+        return _refuse(call, record, Deny(Reason.PROPOSAL_UNKNOWN, "not a proposal id"))
+    unknown = Deny(Reason.PROPOSAL_UNKNOWN, f"no proposal {proposal_id}")
+    proposal = await call.gateway.store.load_proposal(proposal_id)
+    if proposal is None:
+        return _refuse(call, record, unknown)
+    if proposal.tenant != call.agent.tenant or proposal.agent_id != call.agent.agent_id:
+        # the same answer for "absent" and "not yours": no probing other tenants' ids
+        scope = Deny(Reason.OPERATION_SCOPE_MISMATCH, unknown.detail)
+        return _refuse(call, record, scope, told=unknown.reason)
+    record.provider, record.operation_id = proposal.provider, proposal.operation_id
+    record.status_after = proposal.state.value
+    return Answered(await _proposal_view(call.gateway, proposal))
+
+
+async def _proposal_view(gw: Gateway, proposal: Proposal) -> dict[str, Any]:
+    operation = None
+    if proposal.state is ProposalState.APPROVED:
+        op = await gw.store.load(proposal.operation_id)
+        operation = None if op is None else recovery_view(gw, op, with_request=True)
+    return proposal_view(gw.policy, proposal, operation)
 
 
 # -- execute ------------------------------------------------------------------------------
@@ -245,6 +305,7 @@ def _refuse(
     *,
     told: Reason | None = None,
     op: Operation | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> ToolError:
     """Refuse with ``deny`` on record; the agent is told ``told`` instead where the truth
     would reveal another scope's operation (then nothing of the row either)."""
@@ -260,6 +321,7 @@ def _refuse(
         deny.detail,
         operation_id=op.operation_id if op is not None and told is None else None,
         retry_after=deny.retry_after_seconds,
+        extra=extra or None,
     )
     record.response_status = response.status
     _emit(call, record)

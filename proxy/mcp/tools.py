@@ -19,6 +19,8 @@ from proxy.recovery.next_action import NextAction
 LIST_OPERATIONS = "list_operations"
 GET_OPERATION = "get_operation"
 EXECUTE_OPERATION = "execute_operation"
+PROPOSE_OPERATION = "propose_operation"
+GET_PROPOSAL = "get_proposal"
 
 _OPERATION_ID = {
     "type": "string",
@@ -55,6 +57,21 @@ _PROVIDER_RESPONSE = {
         "body": {"description": "The provider's body: JSON when it sent JSON, else text."},
     },
     "required": ["status", "replayed", "content_type", "body"],
+}
+
+_PROPOSAL_VIEW = {
+    "type": "object",
+    "properties": {
+        "proposal": {"type": "object"},
+        "status": {"type": "string", "enum": ["pending", "approved", "declined", "expired"]},
+        "operation_id": {
+            "type": ["string", "null"],
+            "description": "Once approved: the operation to get and execute.",
+        },
+        **_RECOVERY,
+        "request": {"type": "object"},
+    },
+    "required": ["proposal", "status", "operation_id", "next_action", "reason"],
 }
 
 TOOLS = (
@@ -129,6 +146,61 @@ TOOLS = (
         },
         annotations=types.ToolAnnotations(
             read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=True
+        ),
+    ),
+    types.Tool(
+        name=PROPOSE_OPERATION,
+        title="Ask a human to approve an exact request",
+        description=(
+            "Propose the exact request you intend (provider, action, amount, currency, "
+            "parameters) and why. A human approves or declines it; nothing is sent. Read the "
+            "outcome with get_proposal: once approved it names the operation to execute."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "provider": {"type": "string", "minLength": 1, "maxLength": 128},
+                "action": {
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": 128,
+                    "description": "The policy rule's name, e.g. refund.create.",
+                },
+                "path_params": {"type": "object", "additionalProperties": {"type": "string"}},
+                "amount": {"type": ["integer", "null"], "minimum": 0},
+                "currency": {"type": ["string", "null"], "pattern": "^[A-Za-z]{3}$"},
+                "params": {"type": "object"},
+                "reason": {"type": "string", "minLength": 1},
+            },
+            "required": ["provider", "action", "reason"],
+            "additionalProperties": False,
+        },
+        output_schema=_PROPOSAL_VIEW,
+        # it adds a pending proposal and changes nothing else; each call is a new proposal
+        annotations=types.ToolAnnotations(
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=False,
+            open_world_hint=False,
+        ),
+    ),
+    types.Tool(
+        name=GET_PROPOSAL,
+        title="Read one of my proposals",
+        description=(
+            "A proposal's state and next_action: wait while pending; once approved, the "
+            "operation's own next_action and operation_id; new_approval_required if declined "
+            "or expired."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {"proposal_id": {"type": "string", "minLength": 1, "maxLength": 255}},
+            "required": ["proposal_id"],
+            "additionalProperties": False,
+        },
+        output_schema=_PROPOSAL_VIEW,
+        annotations=types.ToolAnnotations(
+            read_only_hint=True, idempotent_hint=True, open_world_hint=False
         ),
     ),
 )

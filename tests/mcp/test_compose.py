@@ -92,12 +92,13 @@ def test_tool_errors_carry_the_code_and_answers_their_json() -> None:
 
 
 def test_only_the_execute_tool_may_change_anything() -> None:
-    """Annotations: the reads are read-only; execute is destructive and idempotent."""
+    """Annotations: the reads are read-only; only execute is destructive (proposing adds a
+    proposal and changes nothing else)."""
     hints = {tool.name: tool.annotations for tool in TOOLS}
     assert all(h is not None for h in hints.values())
-    assert [name for name, h in hints.items() if h and not h.read_only_hint] == [
-        "execute_operation"
-    ]
+    writers = [name for name, h in hints.items() if h and not h.read_only_hint]
+    assert writers == ["execute_operation", "propose_operation"]
+    assert [name for name, h in hints.items() if h and h.destructive_hint] == ["execute_operation"]
 
 
 def test_the_relay_accepts_the_listener_or_the_endpoint_address() -> None:

@@ -18,12 +18,18 @@ MODES = ["auto", "legacy"]  # the 2026-07-28 single exchange, and the initialize
 async def test_the_tools_are_listed_with_truthful_annotations_and_output_schemas(
     stripe_gate: Opgate, mode: str
 ) -> None:
-    """Reads are read-only; execute is destructive and idempotent; every tool has an output
-    schema."""
+    """Reads are read-only; execute is destructive and idempotent; proposing adds a proposal
+    (not destructive, not idempotent); every tool has an output schema."""
     async with http_client(stripe_gate.agent_url, AGENT_TOKEN, mode=mode) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
-    assert set(tools) == {"list_operations", "get_operation", "execute_operation"}
-    for name in ("list_operations", "get_operation"):
+    assert set(tools) == {
+        "list_operations",
+        "get_operation",
+        "execute_operation",
+        "propose_operation",
+        "get_proposal",
+    }
+    for name in ("list_operations", "get_operation", "get_proposal"):
         annotations = tools[name].annotations
         assert annotations is not None
         assert annotations.read_only_hint is True
@@ -33,6 +39,13 @@ async def test_the_tools_are_listed_with_truthful_annotations_and_output_schemas
         False,
         True,
         True,
+    )
+    propose = tools["propose_operation"].annotations
+    assert propose is not None
+    assert (propose.read_only_hint, propose.destructive_hint, propose.idempotent_hint) == (
+        False,
+        False,
+        False,
     )
     assert all(tool.output_schema for tool in tools.values())
     assert tools["execute_operation"].input_schema["required"] == ["operation_id"]
