@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -16,7 +17,13 @@ from tests.mcp.conftest import revoke
 from tests.recovery.test_reconcile import eventually
 from tests.support.fault_provider import FaultMode, FaultProvider
 from tests.support.mcp_client import http_client, refused_code, structured
-from tests.support.opgate import AGENT_TOKEN, OTHER_TENANT_TOKEN, Opgate
+from tests.support.opgate import (
+    AGENT_TOKEN,
+    OTHER_TENANT_TOKEN,
+    Opgate,
+    StartOpgate,
+    fault_policy,
+)
 
 APPROVED_FORM = "amount=500&currency=usd&charge=ch_1"
 
@@ -222,3 +229,56 @@ async def test_a_free_field_the_rule_allows_is_sent(
     assert sent.fields["reason"] == "duplicate"
     assert sent.fields["amount"] == "500"
     assert effect.id == structured(result)["provider_response"]["body"]["id"]
+
+
+def with_policy_lines(policy_dir: Path, lines: str) -> None:
+    """The fault policy with provider-level ``lines`` (budgets, rate limits) added."""
+    text = fault_policy(deduplicates=False).replace("rules:\n", f"{lines}\nrules:\n", 1)
+    (policy_dir / "fault.yaml").write_text(text)
+
+
+async def test_a_spent_budget_is_refused_alike(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
+) -> None:
+    """A claim the tenant's budget cannot cover is refused budget_exceeded through HTTP and
+    through MCP alike (the budget is checked in the claim, for either)."""
+    with_policy_lines(
+        policy_dir, "budgets: [{scope: tenant, currency: usd, limit: 700, window: 24h}]"
+    )
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        first, second = await gate.approve(), await gate.approve()
+        async with http_client(gate.agent_url, AGENT_TOKEN) as client:
+            spent = await client.call_tool(
+                "execute_operation", {"operation_id": first["operation_id"]}
+            )
+        via_http = await http_code(gate, second)
+        via_mcp = await mcp_code(gate, second)
+    assert structured(spent)["next_action"] == "proceed"
+    assert via_http == via_mcp == "budget_exceeded"
+    assert len(fault_provider.effects) == 1
+
+
+async def test_an_agent_over_its_in_flight_limit_is_refused_alike(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
+) -> None:
+    """With one request of the agent allowed in flight at the provider and one held there,
+    another operation's request is refused rate_limited through HTTP and MCP alike."""
+    with_policy_lines(policy_dir, "rate_limits: {per_agent: {in_flight: 1}}")
+    fault_provider.mode = FaultMode.STALL_AFTER_COMMIT
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        held_op, other = await gate.approve(), await gate.approve()
+        async with http_client(gate.agent_url, AGENT_TOKEN) as client:
+            held = asyncio.create_task(
+                client.call_tool("execute_operation", {"operation_id": held_op["operation_id"]})
+            )
+
+            async def stalled() -> bool:
+                return fault_provider.stalled == 1
+
+            await eventually(stalled)
+            via_http = await http_code(gate, other)
+            via_mcp = await mcp_code(gate, other)
+            fault_provider.release()
+            await held
+    assert via_http == via_mcp == "rate_limited"
+    assert len(fault_provider.effects) == 1
