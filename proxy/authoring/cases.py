@@ -1,10 +1,11 @@
 """Policy test cases: ``<name>.tests.yaml`` next to the policies, run by ``opgate policy test``.
 
-A case is a request as an agent sends it, the operation row the store holds (if any), and the
-decision expected in the audit record's words (``allow``/``deny``/``replay``, the reason code,
-``would_deny`` in shadow mode). Cases run through ``proxy.authoring.explain``, i.e. the
-pipeline's own intake and checks: a case that passes here is decided the same way by a running
-opgate.
+A case is a request as an agent sends it, the operation row the store holds (if any), the
+provider's answers to the rule's precondition lookups (if any), and the decision expected in
+the audit record's words (``allow``/``deny``/``replay``, the reason code, ``would_deny`` in
+shadow mode). Cases run through ``proxy.authoring.explain``, i.e. the pipeline's own intake,
+checks and precondition judgement: a case that passes here is decided the same way by a
+running opgate.
 
 Pure but for ``load_cases`` (reads files).
 """
@@ -24,6 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from proxy.authoring.explain import Explanation, SampleRequest, explain
 from proxy.gate.checks import Agent
 from proxy.gate.decision import ClaimKind
+from proxy.gate.lookup import Inconclusive
+from proxy.gate.preconditions import Answer
 from proxy.gate.reasons import Reason
 from proxy.policy.load import TESTS_SUFFIX, PolicyProblem, parse_yaml_model
 from proxy.policy.set import PolicySet
@@ -93,6 +96,10 @@ class CaseOperation(_Strict):
     last_outcome: LastOutcome | None = None
     response_status: int | None = None  # a settled operation's stored answer
     response_body: str | None = None
+    # How long ago it was approved (a rule's preconditions are asked for past its
+    # recheck_after_seconds), and the operation it supersedes (they are then always asked).
+    approved_seconds_ago: Annotated[float, Field(ge=0)] = 300.0
+    supersedes: str | None = None
 
     def row(self, policy: PolicySet, tenant: str, provider_hint: str | None) -> Operation:
         """The Operation the store would return; a rule it cannot name leaves path unrendered."""
@@ -131,12 +138,29 @@ class CaseOperation(_Strict):
             "provider_status": self.response_status,
             "response_body": self.response_body.encode() if self.response_body else None,
             "reconcile_attempts": 0,
-            "created_at": CASE_TIME - timedelta(minutes=5),
-            "updated_at": CASE_TIME - timedelta(minutes=5),
+            "supersedes": self.supersedes,
+            "created_at": CASE_TIME - timedelta(seconds=self.approved_seconds_ago),
+            "updated_at": CASE_TIME - timedelta(seconds=self.approved_seconds_ago),
             "read_at": CASE_TIME,
         }
         known = {f.name for f in dataclasses.fields(Operation)}
         return Operation(**{k: v for k, v in fields.items() if k in known})
+
+
+class CaseLookup(_Strict):
+    """The provider's answer to a precondition lookup: a status and a JSON body (or a raw
+    one), or ``error`` (the lookup failed or timed out: no answer at all)."""
+
+    status: Annotated[int, Field(ge=100, le=599)] = 200
+    json_body: Any = Field(default=None, alias="json")
+    body: str | None = None
+    error: str | None = None
+
+    def answer(self) -> Answer:
+        if self.error is not None:
+            return Inconclusive(self.error)
+        raw = self.body.encode() if self.body is not None else json.dumps(self.json_body).encode()
+        return (self.status, raw)
 
 
 class Expectation(_Strict):
@@ -151,6 +175,9 @@ class Case(_Strict):
     agent: CaseAgent = Field(default_factory=CaseAgent)
     request: CaseRequest
     operation: CaseOperation | None = None
+    # Answers to the rule's precondition lookups, by path and query as opgate would ask
+    # (e.g. /v1/charges/ch_1); without them a due precondition is not evaluated.
+    lookups: dict[str, CaseLookup] = Field(default_factory=dict)
     expect: Expectation
 
 
@@ -185,7 +212,8 @@ def run_case(policy: PolicySet, case: Case, file: str = "") -> CaseResult:
         route = policy.route(sample.path.partition("?")[0])
         hint = route.provider.provider if route else None
         rows.append(case.operation.row(policy, agent.tenant, hint))
-    explanation = explain(policy, sample, rows)
+    lookups = {path: lookup.answer() for path, lookup in case.lookups.items()}
+    explanation = explain(policy, sample, rows, lookups)
     got = explanation.outcome()
     expect = case.expect
     passed = (

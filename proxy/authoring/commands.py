@@ -56,6 +56,13 @@ def add_policy_commands(commands: Any) -> None:
     source = explain.add_mutually_exclusive_group()
     source.add_argument("--operation", type=Path, help="a YAML file with an operation row")
     source.add_argument("--operation-id", help="read this operation from the database")
+    explain.add_argument(
+        "--lookup",
+        action="append",
+        default=[],
+        metavar="PATH=FILE",
+        help="the provider's JSON answer (200) to a precondition lookup of PATH (repeatable)",
+    )
     explain.add_argument("--database-url", help="default: OPGATE_DATABASE_URL")
     explain.add_argument("--output-json", action="store_true", help="print JSON")
     explain.set_defaults(handler=policy_explain)
@@ -184,9 +191,16 @@ def policy_explain(args: argparse.Namespace) -> int:
         agent_id, _, tenant = args.agent.partition(":")
         agent = Agent(agent_id=agent_id, tenant=tenant or agent_id)
     sample = SampleRequest(args.method.upper(), args.path, tuple(headers), body)
+    lookups: dict[str, tuple[int, bytes]] = {}
+    for given in args.lookup:
+        path, sep, file = given.partition("=")
+        if not sep:
+            print(f"opgate: lookup {given!r} is not PATH=FILE", file=sys.stderr)
+            return 2
+        lookups[path] = (200, Path(file).read_bytes())
 
     if args.operation_id is not None:
-        explanation = asyncio.run(_explain_from_database(args, policy, sample, agent))
+        explanation = asyncio.run(_explain_from_database(args, policy, sample, agent, lookups))
     else:
         rows = []
         if args.operation is not None:
@@ -206,7 +220,7 @@ def policy_explain(args: argparse.Namespace) -> int:
         sample = SampleRequest(
             sample.method, sample.path, sample.headers, sample.body, agent or EXPLAIN_AGENT
         )
-        explanation = explain(policy, sample, rows)
+        explanation = explain(policy, sample, rows, lookups)
     if args.output_json:
         print(json.dumps(explanation.to_json(), indent=2))
     else:
@@ -215,7 +229,7 @@ def policy_explain(args: argparse.Namespace) -> int:
 
 
 async def _explain_from_database(
-    args: argparse.Namespace, policy: Any, sample: Any, agent: Any
+    args: argparse.Namespace, policy: Any, sample: Any, agent: Any, lookups: Any
 ) -> Any:
     from proxy.authoring.explain_api import explain_with_store
     from proxy.settings import load_settings
@@ -226,6 +240,8 @@ async def _explain_from_database(
     async with database_dsn(settings.database_url, settings.data_dir) as dsn:
         store = await Store.open(dsn, min_size=1, max_size=1)
         try:
-            return await explain_with_store(policy, store, sample, args.operation_id, agent)
+            return await explain_with_store(
+                policy, store, sample, args.operation_id, agent, lookups
+            )
         finally:
             await store.close()

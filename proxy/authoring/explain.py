@@ -5,15 +5,20 @@ a live one (``proxy.gate.intake``: identify, body, facts, operation reference;
 ``proxy.gate.checks``: ``evaluate``), so an explanation cannot drift from what the proxy does.
 Used by ``opgate policy explain``, ``opgate policy test`` and ``POST /v1/explain``.
 
+The rule's preconditions are their own stage, after the checks: when a recheck is due, the
+lookup answers are taken from ``lookups`` (a test case gives them, keyed by the lookup's path
+and query); without an answer for every lookup the stage is shown as not evaluated.
+
 What it does not cover: the steps after the decision that need the outside world (the provider
 credential, the claim's race with another replica, the provider's answer).
 """
 
 from __future__ import annotations
 
+import json
 import secrets
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -31,8 +36,17 @@ from proxy.gate.intake import (
     request_facts,
     with_body_key,
 )
+from proxy.gate.preconditions import (
+    Answer,
+    Checked,
+    judge,
+    planned_lookups,
+    recheck_due,
+    refusal,
+)
 from proxy.gate.reasons import REASONS
 from proxy.observe.audit import Decision as AuditDecision
+from proxy.policy.model import Mode
 from proxy.policy.set import PolicySet
 from proxy.store.operation import Operation
 
@@ -63,6 +77,26 @@ Admitted = tuple[Target, ParsedBody]  # stage 1 passed: the target and its parse
 
 
 @dataclass(frozen=True)
+class PreconditionStage:
+    """The rule's preconditions for this request: why they were due, and their verdict on the
+    answers given (None: not evaluated, ``missing`` lookups had no answer)."""
+
+    trigger: str
+    checked: Checked | None
+    missing: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        checked = self.checked
+        result = "not evaluated" if checked is None else type(checked).__name__.lower()
+        return {
+            "trigger": self.trigger,
+            "result": result,
+            "missing_answers": list(self.missing),
+            "evidence": checked.evidence if checked is not None else None,
+        }
+
+
+@dataclass(frozen=True)
 class Explanation:
     policy_version: str
     target: Target | None  # None when the request was refused before a rule matched
@@ -70,6 +104,7 @@ class Explanation:
     operation: Operation | None
     verdict: Verdict | None
     decision: Decision
+    preconditions: PreconditionStage | None = None  # None: none were due
 
     def outcome(self) -> dict[str, Any]:
         """The decision in the audit record's words: decision, reason, would_deny, claim."""
@@ -98,6 +133,7 @@ class Explanation:
                 for result in (verdict.results if verdict else ())
             ],
             "state": describe(verdict.state) if verdict and verdict.state else None,
+            "preconditions": self.preconditions.to_json() if self.preconditions else None,
             **self.outcome(),
         }
 
@@ -123,16 +159,20 @@ def describe(decision: Decision) -> dict[str, Any]:
 
 
 def explain(
-    policy: PolicySet, sample: SampleRequest, rows: Iterable[Operation] = ()
+    policy: PolicySet,
+    sample: SampleRequest,
+    rows: Iterable[Operation] = (),
+    lookups: Mapping[str, Answer] | None = None,
 ) -> Explanation:
-    """Decide ``sample`` against ``policy``; ``rows`` stand in for the operation store."""
+    """Decide ``sample`` against ``policy``; ``rows`` stand in for the operation store and
+    ``lookups`` for the provider's answers to precondition lookups (by path and query)."""
     front = admit(policy, sample)
     if isinstance(front, Explanation):
         return front
     target, _ = front
     reference = operation_reference(target)
     op = next((row for row in rows if reference and reference.names(row)), None)
-    return conclude(policy, front, op)
+    return conclude(policy, front, op, lookups)
 
 
 def admit(policy: PolicySet, sample: SampleRequest) -> Admitted | Explanation:
@@ -151,14 +191,40 @@ def admit(policy: PolicySet, sample: SampleRequest) -> Admitted | Explanation:
     return keyed, body
 
 
-def conclude(policy: PolicySet, admitted: Admitted, op: Operation | None) -> Explanation:
+def conclude(
+    policy: PolicySet,
+    admitted: Admitted,
+    op: Operation | None,
+    lookups: Mapping[str, Answer] | None = None,
+) -> Explanation:
     target, body = admitted
     verdict = evaluate(
         request_facts(target, body),
         op,
         operation_lookup_failed=target.named_operation_id is not None,
     )
-    return Explanation(policy.version, target, None, op, verdict, verdict.decision)
+    decision = verdict.decision
+    stage = None
+    trigger = recheck_due(target.rule, op) if op is not None else None
+    if op is not None and trigger is not None and isinstance(decision, Forward):
+        stage = _preconditions(target, op, trigger, lookups or {})
+        deny = refusal(stage.checked) if stage.checked is not None else None
+        if deny is not None and target.provider.mode_for(target.rule) is Mode.REPORT:
+            decision = replace(decision, would_deny=decision.would_deny or deny)
+        elif deny is not None:
+            decision = deny
+    return Explanation(policy.version, target, None, op, verdict, decision, stage)
+
+
+def _preconditions(
+    target: Target, op: Operation, trigger: str, lookups: Mapping[str, Answer]
+) -> PreconditionStage:
+    """The pipeline's precondition stage on answers given instead of asked for."""
+    planned = planned_lookups(target.rule, op)
+    missing = tuple(t for _, t in planned if t is not None and t not in lookups)
+    if missing:
+        return PreconditionStage(trigger, None, missing)
+    return PreconditionStage(trigger, judge(trigger, op, planned, lookups))
 
 
 def _authenticated(sample: SampleRequest) -> tuple[AgentDirectory, CIMultiDictProxy[str]]:
@@ -195,8 +261,30 @@ def render_text(explanation: Explanation) -> str:
     if data["state"]:
         state = data["state"]
         lines.append(f"state: {state['decision']} {state['reason'] or state['claim'] or ''}")
+    if data["preconditions"]:
+        lines.extend(_precondition_lines(data["preconditions"]))
     lines.append(f"decision: {_summary(data)}")
     return "\n".join(lines)
+
+
+def _precondition_lines(stage: dict[str, Any]) -> list[str]:
+    lines = [f"preconditions: due ({stage['trigger']}), {stage['result']}"]
+    for path in stage["missing_answers"]:
+        lines.append(f"  no answer given for {path}")
+    for lookup in (stage["evidence"] or {}).get("lookups", []):
+        lines.append(f"  lookup {lookup['path']}: {lookup.get('provider_status', '')}".rstrip())
+        if "skipped" in lookup or "error" in lookup:
+            lines.append(f"    {lookup.get('skipped') or lookup.get('error')}")
+        for assertion in lookup.get("assertions", []):
+            held = assertion.get("held")
+            mark = (
+                "skipped"
+                if "skipped" in assertion
+                else {True: "holds", False: "fails"}.get(held, "unevaluable")
+            )
+            values = json.dumps(assertion["values"], sort_keys=True)
+            lines.append(f"    {mark:<11} {assertion['require']}  {values}")
+    return lines
 
 
 def _summary(data: dict[str, Any]) -> str:

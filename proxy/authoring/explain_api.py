@@ -3,22 +3,26 @@
 
 Body (JSON): ``method``, ``path`` (with the route prefix), optional ``headers`` (object),
 ``body`` (text), ``operation_id`` (added as ``X-Operation-Id`` unless the request names an
-operation itself) and ``agent`` (``{"id", "tenant"}``; default: the operation's, else a
-placeholder agent). Nothing is claimed, sent or recorded.
+operation itself), ``agent`` (``{"id", "tenant"}``; default: the operation's, else a
+placeholder agent) and ``lookups`` (answers to the rule's precondition lookups, by path and
+query, as in a test case: the provider is not asked). Nothing is claimed, sent or recorded.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from proxy.authoring.cases import CaseLookup
 from proxy.authoring.explain import EXPLAIN_AGENT, Explanation, SampleRequest, admit, conclude
 from proxy.gate.bodies import BodyRejected, parse_json_object
 from proxy.gate.checks import Agent
 from proxy.gate.gateway import GATEWAY
 from proxy.gate.intake import load_operation
+from proxy.gate.preconditions import Answer
 from proxy.gate.problem import admin_problem
 from proxy.policy.set import PolicySet
 from proxy.store.store import Store
@@ -38,6 +42,7 @@ class ExplainRequest(BaseModel):
     body: str = ""
     operation_id: str | None = None
     agent: ExplainAgent | None = None
+    lookups: dict[str, CaseLookup] = Field(default_factory=dict)
 
 
 async def explain_with_store(
@@ -46,6 +51,7 @@ async def explain_with_store(
     sample: SampleRequest,
     operation_id: str | None,
     agent: Agent | None,
+    lookups: Mapping[str, Answer] | None = None,
 ) -> Explanation:
     """Explain ``sample``, reading its operation from the store as the pipeline does."""
     if operation_id is not None:
@@ -61,7 +67,7 @@ async def explain_with_store(
     if isinstance(front, Explanation):
         return front
     op = await load_operation(store, front[0])
-    return conclude(policy, front, op)
+    return conclude(policy, front, op, lookups)
 
 
 async def explain_request(request: web.Request) -> web.Response:
@@ -84,7 +90,10 @@ async def explain_request(request: web.Request) -> web.Response:
     )
     agent = Agent(agent_id=asked.agent.id, tenant=asked.agent.tenant) if asked.agent else None
     policy = gateway.policy  # one set for the whole explanation, as for a request
-    explanation = await explain_with_store(policy, gateway.store, sample, asked.operation_id, agent)
+    lookups = {path: given.answer() for path, given in asked.lookups.items()}
+    explanation = await explain_with_store(
+        policy, gateway.store, sample, asked.operation_id, agent, lookups
+    )
     return web.json_response(explanation.to_json())
 
 

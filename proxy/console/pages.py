@@ -1,5 +1,5 @@
 """What each console page shows, read from the store and the process: plain dicts for the
-templates. The operation views are the operations API's (``recovery_view``: the row and its
+templates. The operation views are the operations API's (``recovery_views``: the row and its
 ``next_action``), so the console and the API never disagree."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from proxy.gate.gateway import Gateway
 from proxy.observe.auditlog.verify import verify
 from proxy.observe.observer import audit_key
 from proxy.operations.proposals import proposal_view
-from proxy.recovery.api import recovery_view
+from proxy.recovery.api import recovery_views
 from proxy.store.operation import Operation
 from proxy.store.queries import QUERIES
 from proxy.store.store import operation_from_record
@@ -44,13 +44,14 @@ class Filters:
     age: str = ""
 
 
-def summary(gw: Gateway, op: Operation) -> dict[str, Any]:
-    """One operation as a list row: the API's view plus what a human scans for."""
-    view = recovery_view(gw, op)
-    view["age_seconds"] = (op.read_at - op.created_at).total_seconds()
-    if op.escalated_at is not None:
-        view["escalated_seconds"] = (op.read_at - op.escalated_at).total_seconds()
-    return view
+async def summaries(gw: Gateway, ops: list[Operation]) -> list[dict[str, Any]]:
+    """Each operation as a list row: the API's view plus what a human scans for."""
+    views = await recovery_views(gw, ops)
+    for op, view in zip(ops, views, strict=True):
+        view["age_seconds"] = (op.read_at - op.created_at).total_seconds()
+        if op.escalated_at is not None:
+            view["escalated_seconds"] = (op.read_at - op.escalated_at).total_seconds()
+    return views
 
 
 async def operations(gw: Gateway, filters: Filters) -> list[dict[str, Any]]:
@@ -64,12 +65,12 @@ async def operations(gw: Gateway, filters: Filters) -> list[dict[str, Any]]:
             LIST_LIMIT,
         )
     )
-    return [summary(gw, operation_from_record(r)) for r in records]
+    return await summaries(gw, [operation_from_record(r) for r in records])
 
 
 async def escalations(gw: Gateway) -> list[dict[str, Any]]:
     records = await gw.store.run(lambda conn: conn.fetch(QUERIES["console_escalated"], LIST_LIMIT))
-    return [summary(gw, operation_from_record(r)) for r in records]
+    return await summaries(gw, [operation_from_record(r) for r in records])
 
 
 async def timeline(gw: Gateway, operation_id: str) -> dict[str, Any] | None:
@@ -97,7 +98,7 @@ async def timeline(gw: Gateway, operation_id: str) -> dict[str, Any] | None:
         for r in audit_rows
     ]
     return {
-        "view": summary(gw, op),
+        "view": (await summaries(gw, [op]))[0],
         "events": events,
         "lookups": [e for e in events if e["event"] in LOOKUP_EVENTS],
         "requests": [r for r in records if r["kind"] == "request"],

@@ -25,6 +25,8 @@ from proxy.policy.model import ErrorDialect
 # Answers a re-send of the same request may turn around: a cap, an attempt in flight, and
 # opgate's own unavailability (nothing was sent).
 _RETRYABLE = frozenset({409, 429, 502, 503, 504})
+# 409s a re-send only repeats: the provider's state refused it, and will again.
+_FINAL = frozenset({"precondition_failed"})
 # Headers of opgate's refusal kept on the dialect's answer.
 _KEPT = ("X-Operation-Id", "X-Operation-Status", "Retry-After")
 
@@ -49,8 +51,9 @@ def in_dialect(response: web.StreamResponse, dialect: ErrorDialect) -> web.Strea
 
 
 def _alongside(problem: dict[str, Any]) -> dict[str, Any]:
-    """The problem+json fields, kept next to the provider's own where its shape allows."""
-    return {
+    """The problem+json fields, kept next to the provider's own where its shape allows (a
+    failed precondition's evidence too: what the provider showed is the refusal's reason)."""
+    fields = {
         "type": problem["type"],
         "title": problem["title"],
         "status": problem["status"],
@@ -60,6 +63,9 @@ def _alongside(problem: dict[str, Any]) -> dict[str, Any]:
         # budget_exceeded: the remaining budget, whatever the dialect
         **({"budget": problem["budget"]} if "budget" in problem else {}),
     }
+    if "precondition" in problem:
+        fields["precondition"] = problem["precondition"]
+    return fields
 
 
 def stripe(problem: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
@@ -83,7 +89,7 @@ def stripe(problem: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]
         "message": f"{problem['title']}: {problem['detail']}",
         "doc_url": problem["type"],
     }
-    retry = "true" if sent in _RETRYABLE else "false"
+    retry = "true" if sent in _RETRYABLE and problem["code"] not in _FINAL else "false"
     return sent, {"error": error}, {"Stripe-Should-Retry": retry}
 
 

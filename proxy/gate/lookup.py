@@ -27,7 +27,7 @@ from proxy.gate import upstream
 from proxy.gate.credentials import provider_credential
 from proxy.gate.decision import Deny
 from proxy.gate.gateway import Gateway
-from proxy.policy.model import Provider, Reconcile, ReconcileLookup
+from proxy.policy.model import PreconditionLookup, Provider, Reconcile, ReconcileLookup
 from proxy.store.operation import Operation
 
 _log = structlog.get_logger("opgate.lookup")
@@ -69,7 +69,7 @@ class Asked:
         )
 
 
-def render_lookup(lookup: ReconcileLookup, op: Operation) -> str | None:
+def render_lookup(lookup: ReconcileLookup | PreconditionLookup, op: Operation) -> str | None:
     """The lookup's path and query for ``op``; None if it names a value the operation lacks."""
     values = {
         **{k: str(v) for k, v in op.params.items()},
@@ -138,9 +138,11 @@ async def ask_provider(
     return asked
 
 
-async def _look_up(
-    gw: Gateway, provider: Provider, target: str, lookup: ReconcileLookup, op: Operation
-) -> LookupResult:
+async def fetch(
+    gw: Gateway, provider: Provider, target: str
+) -> upstream.UpstreamResponse | Inconclusive:
+    """GET ``target`` on the provider with opgate's credential: its answer, or why there is
+    none (the credential, the connection or the timeout failed)."""
     headers: CIMultiDict[str] = CIMultiDict({"Accept": "application/json"})
     base = gw.upstream_base(provider.provider, provider.upstream)
     credential = await provider_credential(gw.credentials, gw.client, provider, base)
@@ -149,7 +151,7 @@ async def _look_up(
     headers.update(credential)
     outbound = upstream.OutboundRequest(
         method="GET",
-        url=gw.upstream_base(provider.provider, provider.upstream) + target,
+        url=base + target,
         headers=headers,
         body=b"",
         connect_timeout=provider.timeouts.connect_seconds,
@@ -157,9 +159,17 @@ async def _look_up(
         max_response_bytes=provider.limits.max_response_body_bytes,
     )
     try:
-        answer = await upstream.send(gw.client, outbound)
+        return await upstream.send(gw.client, outbound)
     except UpstreamError as exc:
         return Inconclusive(f"{type(exc).__name__}: {exc}")
+
+
+async def _look_up(
+    gw: Gateway, provider: Provider, target: str, lookup: ReconcileLookup, op: Operation
+) -> LookupResult:
+    answer = await fetch(gw, provider, target)
+    if isinstance(answer, Inconclusive):
+        return answer
     result = interpret_lookup(lookup, answer.status, answer.body, op.operation_id)
     _log.info(
         "provider_lookup",

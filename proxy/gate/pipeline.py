@@ -1,7 +1,8 @@
 """One agent request, top to bottom:
 
-identify -> load the row (primary) -> decide (pure checks) -> prepare -> claim -> forward ->
-classify -> record -> answer, with exactly one audit record emitted in a ``finally``.
+identify -> load the row (primary) -> decide (pure checks) -> prepare -> preconditions ->
+claim -> forward -> classify -> record -> answer, with exactly one audit record emitted in a
+``finally``.
 
 Nothing leaves before the claim has committed. Once the claim has committed, the row only
 becomes confirmed or failed from the provider's answer; every other ending leaves it dispatched.
@@ -13,6 +14,8 @@ import asyncio
 import hashlib
 import secrets
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 from aiohttp import web
 from multidict import CIMultiDictProxy
@@ -47,11 +50,13 @@ from proxy.gate.intake import (
     with_body_key,
 )
 from proxy.gate.limits import Slot
+from proxy.gate.preconditions import Failed, check_preconditions, recheck_due, refusal
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.gate.resend import ask_before_resend
 from proxy.gate.upstream import OutboundRequest, UpstreamResponse
 from proxy.observe.audit import AuditRecord, Decision, emit, request_path
+from proxy.policy.model import Mode
 from proxy.policy.set import PolicySet
 from proxy.store.operation import LastOutcome, Operation
 from proxy.store.store import ProviderAnswer
@@ -152,8 +157,8 @@ async def _process_admitted(
     slot: Slot,
 ) -> web.StreamResponse:
     if isinstance(incoming, ComposedRequest):  # what read_body refuses, refused alike
-        refused = refuse_before_reading(target, len(incoming.body))
-        body = refused or parse_request_body(target, incoming.body)
+        unreadable = refuse_before_reading(target, len(incoming.body))
+        body = unreadable or parse_request_body(target, incoming.body)
     else:
         body = await read_body(incoming, target, gw.settings.body_read_timeout_seconds)
     if isinstance(body, Deny):
@@ -198,8 +203,17 @@ async def _process_admitted(
         return _reject(record, outbound, op)
     if decision.claim is not ClaimKind.NONE:
         assert op is not None
+        # 4b. preconditions: ask the provider whether what the approval assumed still holds
+        # (a lookup, before and outside the claim, which then needs the row unchanged since)
         try:
-            claimed = await _claim(gw, target, op, decision, record)
+            refused = await _check_preconditions(gw, target, op, record)
+        except StoreUnavailable as exc:
+            return _store_unavailable(record, exc)
+        if refused is not None:
+            return refused
+        unchanged_since = op.updated_at if record.precondition is not None else None
+        try:
+            claimed = await _claim(gw, target, op, decision, record, unchanged_since)
         except StoreUnavailable as exc:
             return _store_unavailable(record, exc)
         if isinstance(claimed, ClaimConflict):
@@ -318,8 +332,36 @@ class ClaimConflict:
     current: Operation
 
 
+async def _check_preconditions(
+    gw: Gateway, target: Target, op: Operation, record: AuditRecord
+) -> web.Response | None:
+    """The rule's preconditions, when a recheck is due (proxy/gate/preconditions.py): None to
+    go on to the claim, else the refusal. In report mode a refusal is only ``would_deny``."""
+    trigger = recheck_due(target.rule, op)
+    if trigger is None:
+        return None
+    checked = await check_preconditions(gw, target.provider, target.rule, op, trigger)
+    record.precondition = checked.evidence
+    deny = refusal(checked)
+    if deny is None:
+        return None
+    if target.provider.mode_for(target.rule) is Mode.REPORT:
+        record.would_deny = record.would_deny or deny.reason.value
+        return None
+    if isinstance(checked, Failed):
+        await gw.store.record_precondition_failed(
+            op.operation_id, gw.settings.instance_id, checked.evidence
+        )
+    return _reject(record, deny, op, extra={"precondition": checked.evidence})
+
+
 async def _claim(
-    gw: Gateway, target: Target, op: Operation, decision: Forward, record: AuditRecord
+    gw: Gateway,
+    target: Target,
+    op: Operation,
+    decision: Forward,
+    record: AuditRecord,
+    unchanged_since: datetime | None = None,
 ) -> Operation | ClaimConflict:
     """The conditional UPDATE (a re-send after an unknown outcome asks the provider first),
     under the locks of the spend budgets it counts against; on zero rows, re-read the row and
@@ -347,6 +389,7 @@ async def _claim(
             expected_attempts=op.attempts,
             dedup_window_seconds=dedup_window,
             after_lookup_by=lookup_owner,
+            unchanged_since=unchanged_since,
         )
     else:
         made = await gw.store.claim_within_budgets(
@@ -358,6 +401,7 @@ async def _claim(
             expected_attempts=op.attempts,
             dedup_window_seconds=dedup_window,
             after_lookup_by=lookup_owner,
+            unchanged_since=unchanged_since,
         )
         refusal, would_deny = budgets.judge(made.spent)
         if refusal is not None:
@@ -388,14 +432,18 @@ def _answer_claim_conflict(record: AuditRecord, conflict: ClaimConflict) -> web.
 
 
 def _reject(
-    record: AuditRecord, deny: Deny, op: Operation | None = None, told: Deny | None = None
+    record: AuditRecord,
+    deny: Deny,
+    op: Operation | None = None,
+    told: Deny | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> web.Response:
     """Refuse with ``deny``, or answer ``told`` instead (checks.concealed): the audit record
     keeps the real reason and operation, the agent learns neither, nor the operation's status."""
     record.decision, record.reason = Decision.DENY, deny.reason.value
-    if told is not None:
-        deny, op = told, None
-    extra = dict(deny.extra) if deny.extra else None
+    if told is not None:  # nothing of the real refusal is told, its evidence neither
+        deny, op, extra = told, None, None
+    extra = {**(deny.extra or {}), **(extra or {})} or None
     if op is not None and deny.reason is Reason.OPERATION_FAILED and op.provider_status:
         extra = {"provider_response": op.to_public()["provider_response"]}
     return problem_response(

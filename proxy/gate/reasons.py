@@ -55,6 +55,9 @@ class Reason(StrEnum):
     PROPOSAL_INVALID = "proposal_invalid"
     APPROVAL_NOT_SENDABLE = "approval_not_sendable"
     PROPOSAL_UNKNOWN = "proposal_unknown"
+    # the provider's state, asked before the send (the rule's preconditions)
+    PRECONDITION_FAILED = "precondition_failed"
+    PRECONDITION_UNVERIFIABLE = "precondition_unverifiable"
     # limits
     AGENT_CONCURRENCY_EXCEEDED = "agent_concurrency_exceeded"
     RATE_LIMITED = "rate_limited"
@@ -266,6 +269,17 @@ REASONS: dict[Reason, ReasonInfo] = {
         404,
         "No such proposal",
         "Use the proposal id opgate answered when you proposed.",
+    ),
+    Reason.PRECONDITION_FAILED: ReasonInfo(
+        409,
+        "The provider no longer shows what the approval assumed",
+        "Nothing was sent. The lookup's evidence is attached; a new attempt needs a new "
+        "approval, decided on the world as it is now.",
+    ),
+    Reason.PRECONDITION_UNVERIFIABLE: ReasonInfo(
+        503,
+        "The rule's preconditions could not be checked with the provider",
+        "Nothing was sent. Try again later with the same request.",
     ),
     Reason.AGENT_CONCURRENCY_EXCEEDED: ReasonInfo(
         429,

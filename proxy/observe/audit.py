@@ -69,6 +69,9 @@ class AuditRecord:
     # Shadow mode (`mode: report`): the code an enforcing rule would have refused with, though
     # the request was decided as `decision` (forwarded or replayed). Null otherwise.
     would_deny: str | None = None
+    # The rule's precondition lookups made before the claim and what each assertion read on
+    # the provider's answer (proxy/gate/preconditions.py); null when none was due.
+    precondition: dict[str, Any] | None = None
     # Forward-proxy mode (listener "forward"): the host:port the agent addressed; for a CONNECT
     # record, how it was tunnelled ("inspected" or "pass_through") and, for pass-through, the
     # bytes each way (nothing else about an opaque tunnel is known).
@@ -86,8 +89,9 @@ class AuditRecord:
     trace_id: str | None = None
 
     def fields(self) -> dict[str, Any]:
-        # Every field is a scalar: a shallow copy is what asdict's recursive copy would give,
-        # at a fraction of its cost (this runs once per request).
+        # Every field is a scalar or (precondition) a dict never changed once set: a shallow
+        # copy is what asdict's recursive copy would give, at a fraction of its cost (this
+        # runs once per request).
         data = dict(vars(self))
         data.pop("started_monotonic")
         data["latency_ms"] = round((time.monotonic() - self.started_monotonic) * 1000, 3)

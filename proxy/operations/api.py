@@ -31,7 +31,7 @@ from proxy.operations.approvals import (
     supersession_problem,
 )
 from proxy.operations.proposals import Approver, approver_for
-from proxy.recovery.api import recovery_view
+from proxy.recovery.api import recovery_view, recovery_views
 from proxy.recovery.reconcile import reconcile_now
 from proxy.store.operation import Status
 
@@ -217,7 +217,7 @@ async def get_operation(request: web.Request) -> web.Response:
     if op is None:
         return admin_problem(404, "operation_unknown", "no such operation")
     public = op.to_public()
-    view = recovery_view(gateway, op)  # what a replacement agent would be told, as in lists
+    [view] = await recovery_views(gateway, [op])  # what a replacement agent would be told
     public["next_action"] = view["next_action"]
     public["reason"] = view["reason"]
     public["retry_after_seconds"] = view["retry_after_seconds"]
@@ -270,7 +270,7 @@ async def list_operations(request: web.Request) -> web.Response:
     ops = await gateway.store.list_operations(
         query.get("tenant"), _STATUS_FILTERS[wanted], None, limit
     )
-    return web.json_response({"operations": [recovery_view(gateway, op) for op in ops]})
+    return web.json_response({"operations": await recovery_views(gateway, ops)})
 
 
 async def reconcile_operation(request: web.Request) -> web.Response:

@@ -30,7 +30,7 @@ from proxy.policy.set import PolicySet
 from proxy.recovery.api import proposal_request
 from proxy.recovery.next_action import NextAction
 from proxy.settings import Settings
-from proxy.store.proposal import Proposal, ProposalState
+from proxy.store.proposal import PROPOSAL_ID_PREFIX, Proposal, ProposalState
 from proxy.store.store import NewProposal
 
 REASON_MAX = 2000
@@ -63,7 +63,7 @@ class ProposalInvalid(ValueError):
 
 
 def new_proposal_id() -> str:
-    return "prop_" + secrets.token_hex(12)
+    return PROPOSAL_ID_PREFIX + secrets.token_hex(12)
 
 
 def read_proposal(document: dict[str, Any]) -> ProposalRequest:

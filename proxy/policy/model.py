@@ -7,6 +7,7 @@ ignored key. The platform team edits these files; opgate never writes them.
 from __future__ import annotations
 
 import re
+import string
 from enum import StrEnum
 from typing import Annotated, Literal
 
@@ -21,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from proxy.policy import expressions
 from proxy.policy.amounts import AmountFormat
 from proxy.policy.budgets import Budget, RateLimits, no_duplicate_budgets
 from proxy.policy.paths import PathPattern
@@ -288,6 +290,57 @@ class Reconcile(Strict):
     escalated_retry_seconds: Annotated[float, Field(gt=0, le=86400)] = 300.0
 
 
+class PreconditionLookup(Strict):
+    """One provider lookup and what its answer must still show before the operation is sent.
+
+    ``path`` and ``query`` are templates like a reconcile lookup's (approved ``params``,
+    ``path_params``, ``operation_id``); a lookup whose names the operation lacks is skipped.
+    Each ``require`` is an assertion in the expression form (proxy/policy/expressions.py):
+    JSON pointers into the answer, literals and ``approved.<field>``, e.g.
+    ``/amount_refunded + approved.amount <= /amount``. All must hold."""
+
+    path: Annotated[str, Field(pattern=r"^/")]
+    query: dict[str, str] = Field(default_factory=dict)
+    require: Annotated[list[str], Field(min_length=1)]
+
+    @field_validator("require")
+    @classmethod
+    def _parsed(cls, require: list[str]) -> list[str]:
+        errors = []
+        for text in require:
+            try:
+                expressions.parse(text)
+            except expressions.ExpressionError as exc:
+                errors.append(f"{text!r}: {exc}")
+        if errors:
+            raise ValueError("; ".join(errors))
+        return require
+
+    def assertions(self) -> list[expressions.Assertion]:
+        return [expressions.parse(text) for text in self.require]
+
+
+def _template_names(lookup: PreconditionLookup) -> set[str]:
+    """The names a lookup's path and query templates use."""
+    names: set[str] = set()
+    for template in (lookup.path, *lookup.query.values()):
+        try:
+            names |= {name for _, name, _, _ in string.Formatter().parse(template) if name}
+        except ValueError as exc:
+            raise ValueError(f"precondition lookup template {template!r}: {exc}") from exc
+    return names
+
+
+class Preconditions(Strict):
+    """What must still be true at the provider before this rule's operation is first sent:
+    the approval is evidence of what was decided then, not of the world now. Checked before
+    the first send of an approval older than ``recheck_after_seconds`` (0: always), and always
+    before a superseding operation's first send (see proxy/gate/preconditions.py)."""
+
+    lookups: Annotated[list[PreconditionLookup], Field(min_length=1)]
+    recheck_after_seconds: Annotated[float, Field(ge=0, le=86400 * 30)] = 0.0
+
+
 class Rule(Strict):
     name: Annotated[str, Field(pattern=_NAME)]
     method: Literal["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
@@ -312,6 +365,7 @@ class Rule(Strict):
     # X-Operation-Id.
     send_key: bool = True
     reconcile: Reconcile | None = None
+    preconditions: Preconditions | None = None
     mode: Mode | None = None  # None: the provider's mode
     # A proposal of this call may not be approved by the approver its agent belongs to (the
     # agent's `owner`, or an approver named as the agent). None: the provider's four_eyes.
@@ -347,7 +401,36 @@ class Rule(Strict):
         named = [f for f in (self.amount, self.currency, *self.params) if f is not None]
         if len(named) != len(set(named)):
             raise ValueError("a field is named twice among amount, currency and params")
+        if self.preconditions is not None:
+            self._check_preconditions(self.preconditions)
         return self
+
+    def _check_preconditions(self, preconditions: Preconditions) -> None:
+        """Every assertion against what this rule approves: an approved value it never has,
+        or types that can never compare, is an error now rather than a refusal later."""
+        if self.operation is OperationRequirement.NONE:
+            raise ValueError("preconditions need `operation: required`: they check an approval")
+        errors = []
+        known = {*self.params, *self.path.param_names, "operation_id"}
+        for lookup in preconditions.lookups:
+            # A name the rule never approves would skip the lookup on every operation: the
+            # precondition would silently never be checked.
+            for name in sorted(_template_names(lookup) - known):
+                errors.append(
+                    f"precondition lookup {lookup.path}: {{{name}}} is neither among the rule's "
+                    "params nor a path parameter"
+                )
+            for assertion in lookup.assertions():
+                for problem in expressions.problems(
+                    assertion,
+                    has_amount=self.amount is not None,
+                    has_currency=self.currency is not None,
+                    params=frozenset(self.params),
+                    path_params=frozenset(self.path.param_names),
+                ):
+                    errors.append(f"precondition {assertion.text!r}: {problem}")
+        if errors:
+            raise ValueError("; ".join(errors))
 
 
 # --- forward-proxy mode ---

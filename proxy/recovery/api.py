@@ -30,7 +30,7 @@ from proxy.policy.model import BodyKind, Provider, Rule
 from proxy.policy.set import PolicySet
 from proxy.recovery.next_action import NextAction, next_action
 from proxy.recovery.reconcile import reconcile_now
-from proxy.store.operation import Operation
+from proxy.store.operation import Operation, Status
 from proxy.store.proposal import Proposal
 
 RECOVERY_PREFIX = "/_opgate/v1/operations"
@@ -48,24 +48,46 @@ def in_scope(op: Operation, agent: Agent) -> bool:
     return op.tenant == agent.tenant and (op.agent_id is None or op.agent_id == agent.agent_id)
 
 
-def recovery_view(gw: Gateway, op: Operation, *, with_request: bool = False) -> dict[str, Any]:
+def recovery_view(
+    gw: Gateway,
+    op: Operation,
+    precondition_failure: dict[str, Any] | None = None,
+    *,
+    with_request: bool = False,
+) -> dict[str, Any]:
     """The row and its next action; the exact request where the agent is to send it (send,
     retry), or always (``with_request``: for a client that executes it through opgate)."""
     provider = gw.policy.provider_named(op.provider)
     window = provider.idempotency.dedup_window_seconds if provider else None
-    advice = next_action(op, dedup_window_seconds=window)
+    advice = next_action(op, dedup_window_seconds=window, precondition_failure=precondition_failure)
     view: dict[str, Any] = {
         "operation": op.to_public(),
         "next_action": advice.action.value,
         "reason": advice.reason,
         "retry_after_seconds": advice.retry_after_seconds,
     }
+    if advice.evidence is not None:
+        view["precondition"] = advice.evidence
     wanted = with_request or advice.action in (NextAction.SEND, NextAction.RETRY)
     if wanted and provider is not None:
         rule = provider.rule_named(op.action)
         if rule is not None:
             view["request"] = approved_request(provider, rule, op)
     return view
+
+
+async def recovery_views(
+    gw: Gateway, ops: list[Operation], *, with_request: bool = False
+) -> list[dict[str, Any]]:
+    """``recovery_view`` of each, with the evidence of a failed precondition where a created
+    operation has one (its latest ``precondition_failed`` event: one read for all)."""
+    failures = await gw.store.precondition_failures(
+        [op.operation_id for op in ops if op.status is Status.CREATED]
+    )
+    return [
+        recovery_view(gw, op, failures.get(op.operation_id), with_request=with_request)
+        for op in ops
+    ]
 
 
 def approved_request(provider: Provider, rule: Rule, op: Operation) -> dict[str, Any]:
@@ -255,7 +277,7 @@ async def operation_view(
         detail = f"no operation {operation_id}"
         return Refusal(Reason.OPERATION_SCOPE_MISMATCH, detail, Reason.OPERATION_UNKNOWN)
     record.provider, record.status_before = op.provider, op.status.value
-    view = recovery_view(gw, op, with_request=with_request)
+    [view] = await recovery_views(gw, [op], with_request=with_request)
     if view["next_action"] == NextAction.RECONCILE:
         op = await reconcile_now(gw, operation_id) or op
         view = recovery_view(gw, op, with_request=with_request)
@@ -270,7 +292,7 @@ async def unsettled_views(
     ops = await gw.store.list_operations(
         agent.tenant, ["created", "dispatched"], agent.agent_id, 200
     )
-    return [recovery_view(gw, op, with_request=with_request) for op in ops]
+    return await recovery_views(gw, ops, with_request=with_request)
 
 
 async def _list_unsettled(

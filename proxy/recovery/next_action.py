@@ -11,8 +11,10 @@ row to what it may do next. The agent's memory and judgement are not inputs.
     reconcile              unknown outcome and a re-send could duplicate (or the approval no
                            longer stands): opgate asks the provider, at the rule's pace;
                            ask again after ``retry_after_seconds``
-    new_approval_required  failed with no effect (or never sent and no longer approved):
-                           a new attempt needs a new approved operation that supersedes this one
+    new_approval_required  failed with no effect (or never sent and no longer approved, or
+                           never sent because the rule's preconditions no longer held at the
+                           provider: ``evidence`` says what the lookup showed): a new attempt
+                           needs a new approved operation that supersedes this one
     escalated              a human must decide
 """
 
@@ -22,6 +24,7 @@ import math
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
 from proxy.store.operation import LastOutcome, Operation, Status
 
@@ -41,11 +44,19 @@ class Advice:
     action: NextAction
     reason: str
     retry_after_seconds: int | None = None
+    evidence: dict[str, Any] | None = None  # what a failed precondition's lookup showed
 
 
-def next_action(op: Operation, *, dedup_window_seconds: float | None) -> Advice:
+def next_action(
+    op: Operation,
+    *,
+    dedup_window_seconds: float | None,
+    precondition_failure: dict[str, Any] | None = None,
+) -> Advice:
     """``dedup_window_seconds``: how long after creation the provider deduplicates a re-send
-    with the operation's key (None: it does not)."""
+    with the operation's key (None: it does not). ``precondition_failure``: the evidence of
+    the latest failed precondition of a created operation (its ``precondition_failed`` event),
+    if any."""
     if op.status is Status.CONFIRMED:
         return Advice(NextAction.PROCEED, f"confirmed ({op.settled_reason or 'provider_answer'})")
     if op.status is Status.FAILED:
@@ -64,6 +75,12 @@ def next_action(op: Operation, *, dedup_window_seconds: float | None) -> Advice:
             return Advice(
                 NextAction.NEW_APPROVAL_REQUIRED,
                 "nothing was sent, and the approval was revoked or has expired",
+            )
+        if precondition_failure is not None:
+            return Advice(
+                NextAction.NEW_APPROVAL_REQUIRED,
+                "nothing was sent: the provider no longer shows what the approval assumed",
+                evidence=precondition_failure,
             )
         return Advice(NextAction.SEND, "nothing was sent yet: send exactly the approved request")
     if op.lease_is_live():

@@ -8,6 +8,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+# A proposal's id, and so the approval_ref of the operation its approval creates, starts so: an
+# operation approved from a proposal is rechecked against the provider before its first send.
+PROPOSAL_ID_PREFIX = "prop_"
+
 
 class ProposalState(StrEnum):
     PENDING = "pending"

@@ -53,6 +53,8 @@ SELECT c.*, now() AS read_at FROM created c;
 --   not deduplicate; counted from creation, before which the key was never sent), or
 --   the caller ($7) holds a live reconciliation lease under which the provider's complete
 --   list showed no effect (the lease is consumed: no other attempt could start meanwhile).
+-- $8, when given: the row's updated_at when it was read for the rule's precondition lookup
+-- (proxy/gate/preconditions.py); the claim then requires the row unchanged since.
 WITH claimed AS (
     UPDATE operations
        SET status = 'dispatched', attempts = attempts + 1, dispatched_at = now(),
@@ -69,6 +71,7 @@ WITH claimed AS (
                            OR ($6::float8 IS NOT NULL
                                AND now() < created_at + make_interval(secs => $6))))
                      OR (reconcile_owner = $7 AND reconcile_lease_until > now()))))
+       AND ($8::timestamptz IS NULL OR updated_at = $8)
     RETURNING *
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
@@ -111,6 +114,23 @@ SELECT CASE WHEN $3::bool THEN tenant END AS tenant,
    AND (NOT $4::bool OR agent_id IS NOT NULL)
  GROUP BY 1, 2
  ORDER BY 1, 2;
+-- name: record_precondition_failed
+-- The rule's preconditions did not hold before the first send: nothing was sent and the row
+-- stays created (no transition); the lookup's evidence ($3) is kept as its event, which the
+-- recovery read answers from (new_approval_required). Only while the row is still created.
+INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
+SELECT operation_id, 'precondition_failed', 'created', 'created', $2, $3::jsonb
+  FROM operations WHERE operation_id = $1 AND status = 'created'
+RETURNING event_id;
+
+-- name: precondition_failures
+-- The latest precondition_failed evidence of each of the operations $1 that are still
+-- created (what their recovery read shows).
+SELECT DISTINCT ON (e.operation_id) e.operation_id, e.detail
+  FROM operation_events e JOIN operations o USING (operation_id)
+ WHERE e.operation_id = ANY($1::text[]) AND e.event = 'precondition_failed'
+   AND o.status = 'created'
+ ORDER BY e.operation_id, e.event_id DESC;
 
 -- name: settle_operation
 -- dispatched -> confirmed | failed, from the provider's answer only. Any attempt's answer

@@ -210,10 +210,12 @@ class Store:
         expected_attempts: int,
         dedup_window_seconds: float | None = None,
         after_lookup_by: str | None = None,
+        unchanged_since: datetime | None = None,
     ) -> Operation | None:
         """A first attempt (the row is created) or a re-send of the attempt numbered
         ``expected_attempts``; the statement itself decides whether a re-send may go
-        (queries.sql ``claim_operation``)."""
+        (queries.sql ``claim_operation``). ``unchanged_since``: the row's ``updated_at`` as a
+        precondition lookup saw it; the claim then needs it unchanged."""
         return await self._one(
             "claim_operation",
             operation_id,
@@ -223,6 +225,7 @@ class Store:
             owner,
             dedup_window_seconds,
             after_lookup_by,
+            unchanged_since,
         )
 
     async def claim_within_budgets(
@@ -236,6 +239,7 @@ class Store:
         expected_attempts: int,
         dedup_window_seconds: float | None = None,
         after_lookup_by: str | None = None,
+        unchanged_since: datetime | None = None,
     ) -> BudgetedClaim:
         """``claim`` in one transaction that first takes each budget's lock (in name order:
         two claims never wait on each other crosswise), then sums what each budget has spent,
@@ -272,6 +276,7 @@ class Store:
                     owner,
                     dedup_window_seconds,
                     after_lookup_by,
+                    unchanged_since,
                 )
             claimed = None if record is None else operation_from_record(record)
             return BudgetedClaim(spent, True, claimed)
@@ -310,6 +315,28 @@ class Store:
             )
         )
         return [(r["tenant"], r["agent_id"], int(r["spent"])) for r in records]
+
+    async def record_precondition_failed(
+        self, operation_id: str, actor: str, evidence: dict[str, Any]
+    ) -> bool:
+        """Keep a failed precondition's evidence as the operation's event (False: the row is
+        no longer created, and nothing was recorded)."""
+        event_id = await self._run(
+            lambda c: c.fetchval(
+                QUERIES["record_precondition_failed"],
+                operation_id,
+                actor,
+                _jsonb(evidence),
+            )
+        )
+        return event_id is not None
+
+    async def precondition_failures(self, operation_ids: list[str]) -> dict[str, dict[str, Any]]:
+        """The latest failed-precondition evidence of each of these operations still created."""
+        if not operation_ids:
+            return {}
+        rows = await self._run(lambda c: c.fetch(QUERIES["precondition_failures"], operation_ids))
+        return {row["operation_id"]: json.loads(row["detail"]) for row in rows}
 
     async def settle(
         self, operation_id: str, status: Status, answer: ProviderAnswer, actor: str

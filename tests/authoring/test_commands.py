@@ -165,3 +165,30 @@ def test_policy_explain_lists_every_check_and_the_decision(tmp_path: Path) -> No
         ["pass", "no_unexpected_fields"],
     ]
     assert lines[-1] == "decision: deny amount_mismatch (422): amount is '700', approved 500"
+
+
+def test_policy_explain_shows_the_precondition_stage_on_a_given_lookup_answer(
+    tmp_path: Path,
+) -> None:
+    """explain --lookup gives the provider's answer: the stage and each assertion are printed,
+    and the decision is the stage's refusal."""
+    operation = tmp_path / "op.yaml"
+    operation.write_text(
+        "action: refund.create\namount: 500\nparams: {charge: ch_1}\napproved_seconds_ago: 900\n"
+    )
+    answer = tmp_path / "charge.json"
+    answer.write_text(
+        json.dumps({"status": "succeeded", "refunded": True, "amount": 500, "amount_refunded": 500})
+    )
+    result = run_cli(
+        "policy", "explain", "POST", "/stripe/v1/refunds",
+        "--policy-dir", str(SHIPPED_POLICIES),
+        "--form", "charge=ch_1", "--form", "amount=500",
+        "--operation", str(operation),
+        "--lookup", f"/v1/charges/ch_1={answer}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "preconditions: due (approval_age), failed" in lines
+    assert "  lookup /v1/charges/ch_1: 200" in lines
+    assert lines[-1].startswith("decision: deny precondition_failed (409): /v1/charges/ch_1:")

@@ -3,10 +3,12 @@ against the live policy and the operation read from the database, changing nothi
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from tests.gate.test_preconditions import policy_with_preconditions
 from tests.support.fault_provider import FaultProvider
-from tests.support.opgate import Opgate, admin_headers
+from tests.support.opgate import Opgate, StartOpgate, admin_headers
 
 
 async def explain(gate: Opgate, body: dict[str, Any], token: bool = True) -> tuple[int, Any]:
@@ -92,3 +94,28 @@ async def test_an_explain_request_that_does_not_parse_one_way_is_refused(
     ) as response:
         status, body = response.status, await response.json(content_type=None)
     assert (status, body["code"]) == (400, "invalid_request")
+
+
+async def test_precondition_lookups_are_judged_on_the_answers_given_not_asked_for(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
+) -> None:
+    """The rule asks the provider before every send: explain judges the lookup answer given in
+    the request (a refund already made: precondition_failed) and asks the provider nothing."""
+    (policy_dir / "fault.yaml").write_text(policy_with_preconditions())
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        op = await gate.approve()
+        status, body = await explain(
+            gate,
+            {
+                "method": "POST",
+                "path": "/fault/v1/refunds",
+                "headers": {"Content-Type": "application/x-www-form-urlencoded"},
+                "body": "amount=500&currency=usd&charge=ch_1",
+                "operation_id": op["operation_id"],
+                "lookups": {"/v1/refunds?charge=ch_1": {"json": {"object": "list", "data": [1]}}},
+            },
+        )
+    assert status == 200, body
+    assert (body["decision"], body["reason"]) == ("deny", "precondition_failed")
+    assert body["preconditions"]["result"] == "failed"
+    assert fault_provider.requests == []

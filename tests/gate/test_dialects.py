@@ -47,6 +47,8 @@ def test_a_providers_own_answer_is_never_rewritten() -> None:
         (Reason.OPERATION_UNKNOWN, 404, "invalid_request_error", "false"),
         (Reason.AGENT_UNAUTHENTICATED, 401, "invalid_request_error", "false"),
         (Reason.OPERATION_IN_FLIGHT, 409, "idempotency_error", "true"),
+        (Reason.PRECONDITION_FAILED, 409, "idempotency_error", "false"),
+        (Reason.PRECONDITION_UNVERIFIABLE, 503, "api_error", "true"),
         (Reason.CREDENTIAL_UNAVAILABLE, 503, "api_error", "true"),
     ],
 )

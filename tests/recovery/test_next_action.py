@@ -163,3 +163,20 @@ def test_past_the_key_retention_the_agent_is_told_to_reconcile_not_retry() -> No
         created_at=NOW - timedelta(days=2),
     )
     assert next_action(op, dedup_window_seconds=86400).action is NextAction.RECONCILE
+
+
+def test_a_failed_precondition_asks_for_a_new_approval_with_its_evidence() -> None:
+    """A created operation whose precondition failed is not to be sent as it is: the agent is
+    told a new approval is needed and shown what the provider's lookup said."""
+    evidence = {"trigger": "approval_age", "lookups": [{"path": "/v1/charges/ch_1"}]}
+    advice = next_action(operation(), dedup_window_seconds=None, precondition_failure=evidence)
+    assert (advice.action, advice.evidence) == (NextAction.NEW_APPROVAL_REQUIRED, evidence)
+    assert next_action(operation(), dedup_window_seconds=None).action is NextAction.SEND
+
+
+def test_a_failed_precondition_matters_only_while_nothing_was_sent() -> None:
+    """Once dispatched or settled, the row's own state decides; the old evidence is not read."""
+    evidence = {"lookups": []}
+    op = operation(status=Status.DISPATCHED, lease_until=LIVE)
+    advice = next_action(op, dedup_window_seconds=None, precondition_failure=evidence)
+    assert (advice.action, advice.evidence) == (NextAction.WAIT, None)

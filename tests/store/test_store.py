@@ -255,3 +255,35 @@ async def test_on_demand_lookups_are_paced_per_operation(store: Store) -> None:
     assert taken is not None
     await store.reconcile_inconclusive("op_paced", "one", 600, {"lookups": []}, expected_attempts=1)
     assert await store.claim_reconcile_one("op_paced", "two", 30) is None
+
+
+async def test_a_claim_after_a_lookup_needs_the_row_unchanged_since(store: Store) -> None:
+    """A claim given the updated_at its precondition lookup saw fails once the row changed
+    (its updated_at is no longer the one seen), and goes while it is as it was."""
+    created = await store.create(new_operation("op_pre"), actor="test")
+    assert created is not None
+    seen = created.updated_at
+    claimed = await store.claim(
+        "op_pre", owner="a", lease_seconds=30, expected_attempts=0, unchanged_since=seen
+    )
+    assert claimed is not None
+    await store.create(new_operation("op_pre2"), actor="test")
+    before = await store.load("op_pre2")
+    assert before is not None
+    stale = before.updated_at - timedelta(microseconds=1)
+    refused = await store.claim(
+        "op_pre2", owner="a", lease_seconds=30, expected_attempts=0, unchanged_since=stale
+    )
+    assert refused is None
+
+
+async def test_a_failed_precondition_is_kept_only_while_the_row_is_created(store: Store) -> None:
+    """The evidence is an event of a created row; a dispatched row records none, and the
+    latest failure of each created row is what precondition_failures returns."""
+    await store.create(new_operation("op_pf"), actor="test")
+    assert await store.record_precondition_failed("op_pf", "test", {"n": 1})
+    assert await store.record_precondition_failed("op_pf", "test", {"n": 2})
+    assert await store.precondition_failures(["op_pf", "op_none"]) == {"op_pf": {"n": 2}}
+    await store.claim("op_pf", owner="a", lease_seconds=30, expected_attempts=0)
+    assert not await store.record_precondition_failed("op_pf", "test", {"n": 3})
+    assert await store.precondition_failures(["op_pf"]) == {}

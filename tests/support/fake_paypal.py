@@ -6,7 +6,9 @@ https://developer.paypal.com/api/rest/reference/idempotency/):
 - ``PayPal-Request-Id`` returns a request's first answer for 6 hours (Orders v2), not after;
 - amounts are decimal strings in the currency's exponent; anything else is a 422
   UNPROCESSABLE_ENTITY that does nothing; an unknown order or capture is a 404;
-- orders keep each purchase unit's ``custom_id``; refunds keep theirs.
+- orders keep each purchase unit's ``custom_id``; refunds keep theirs;
+- a capture can be read (GET /v2/payments/captures/{id}); a refund makes it ``REFUNDED`` or
+  ``PARTIALLY_REFUNDED`` (a refund of the full amount, or of less).
 """
 
 from __future__ import annotations
@@ -59,6 +61,11 @@ class FakePayPal(FakeProvider):
             if order is None:
                 return json_answer(_error(404, "RESOURCE_NOT_FOUND", "INVALID_RESOURCE_ID"))
             return web.json_response(order)
+        if request.method == "GET" and request.path.startswith("/v2/payments/captures/"):
+            capture = self.captures.get(request.path.rsplit("/", 1)[1])
+            if capture is None:
+                return json_answer(_error(404, "RESOURCE_NOT_FOUND", "INVALID_RESOURCE_ID"))
+            return web.json_response(capture)
         if request.method != "POST":
             return json_answer(_error(404, "RESOURCE_NOT_FOUND", "NOT_FOUND"))
         key = request.headers.get("PayPal-Request-Id")
@@ -118,6 +125,8 @@ class FakePayPal(FakeProvider):
                 "amount": amount,
                 "custom_id": body.get("custom_id"),
             }
+            full = amount["value"] == capture["amount"]["value"]
+            capture["status"] = "REFUNDED" if full else "PARTIALLY_REFUNDED"
             self.effects.append({"kind": "refund", **refund})
             return Answer(201, refund)
         return _error(404, "RESOURCE_NOT_FOUND", "NOT_FOUND")

@@ -1,0 +1,339 @@
+"""Preconditions through the real pipeline against the fault provider: when they are asked,
+what a failed, hanging or racing lookup does, and shadow mode (proxy/gate/preconditions.py).
+The pure parts (triggers, judging an answer) are tested here too, without sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from structlog.testing import capture_logs
+
+from proxy.gate.preconditions import Failed, Held, Unverifiable, judge_answer, recheck_due
+from proxy.policy.load import parse_policy_text
+from proxy.policy.model import Rule
+from proxy.store.operation import Status
+from tests.gate.test_bounded_resources import until
+from tests.gate.test_checks import make_operation as make_op
+from tests.gate.test_pipeline import GOOD_BODY, op_header
+from tests.support.fault_provider import FaultMode, FaultProvider
+from tests.support.opgate import StartOpgate, admin_headers, fault_policy, problem
+
+REFUND = "/fault/v1/refunds"
+# The fault provider lists every refund it made: none may exist before ours.
+NOT_YET_REFUNDED = """
+    preconditions:
+      recheck_after_seconds: {recheck}
+      lookups:
+        - path: /v1/refunds
+          query: {{charge: "{{charge}}"}}
+          require: ['/object == "list"', "/data == []"]"""
+
+
+def policy_with_preconditions(recheck: float = 0, mode: str | None = None, **kw: Any) -> str:
+    """The suite's fault policy, its refund rule asking the provider first."""
+    text = fault_policy(deduplicates=False, **kw)
+    marker = "\n  - name: refund.cancel"
+    text = text.replace(marker, NOT_YET_REFUNDED.format(recheck=recheck) + marker, 1)
+    if mode is not None:
+        text = text.replace("provider: fault\n", f"provider: fault\nmode: {mode}\n")
+    return text
+
+
+def posts(provider: FaultProvider) -> int:
+    return sum(1 for r in provider.requests if r.method == "POST")
+
+
+def gets(provider: FaultProvider) -> list[str]:
+    return [r.query_string for r in provider.requests if r.method == "GET"]
+
+
+@pytest.fixture
+def stalled_lookups(fault_provider: FaultProvider) -> Iterator[FaultProvider]:
+    """Every GET (the precondition's lookup) takes the list when it arrives and answers it only
+    once released; POSTs go as the mode says."""
+    fault_provider.chooser = lambda r: FaultMode.STALL_AFTER_COMMIT if r.method == "GET" else None
+    yield fault_provider
+    fault_provider.chooser = None
+    fault_provider.release()
+
+
+async def refund_directly(provider: FaultProvider) -> None:
+    """A human refunds the charge at the provider, not through opgate."""
+    async with (
+        aiohttp.ClientSession(trust_env=False) as session,
+        session.post(
+            f"{provider.url}/v1/refunds",
+            data={"charge": "ch_1", "amount": "500", "currency": "usd"},
+        ) as response,
+    ):
+        assert response.status == 200
+
+
+# --- through the pipeline --------------------------------------------------------------------
+
+
+async def test_a_lookup_that_times_out_refuses_and_sends_nothing(
+    start_opgate: StartOpgate, policy_dir: Path, stalled_lookups: FaultProvider
+) -> None:
+    """The lookup hangs past the provider's timeout: 503 precondition_unverifiable, no POST at
+    the provider, the row still created and sendable."""
+    (policy_dir / "fault.yaml").write_text(policy_with_preconditions(total_timeout=0.3))
+    async with start_opgate(upstream_overrides={"fault": stalled_lookups.url}) as gate:
+        op = await gate.approve()
+        with capture_logs() as logs:
+            status, headers, body = await gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))
+        row = await gate.operation(op["operation_id"])
+    refused = problem(body)
+    assert (status, refused["code"]) == (503, "precondition_unverifiable")
+    assert "UpstreamTimeout" in refused["detail"]
+    assert refused["precondition"]["lookups"][0]["path"] == "/v1/refunds?charge=ch_1"
+    assert headers["Retry-After"] == "1"
+    assert (posts(stalled_lookups), len(stalled_lookups.effects)) == (0, 0)
+    assert (row["status"], row["attempts"], row["next_action"]) == ("created", 0, "send")
+    [audit] = [e for e in logs if e["event"] == "request"]
+    assert (audit["decision"], audit["reason"]) == ("deny", "precondition_unverifiable")
+
+
+async def test_a_superseding_operation_is_checked_and_refused_when_a_human_refunded_meanwhile(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
+) -> None:
+    """The first operation failed with no effect (reconciled); a human then refunded the charge.
+    The superseding operation, though freshly approved, is asked first and refused, and the
+    agent's list of unsettled operations tells it a new approval is needed, with the evidence."""
+    text = policy_with_preconditions(recheck=3600, total_timeout=0.3, grace_seconds=0)
+    (policy_dir / "fault.yaml").write_text(text)
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        old = await superseded_after_no_effect(gate, fault_provider)
+        await refund_directly(fault_provider)
+        new = await gate.approve(supersedes=old)
+        status, _, body = await gate.send(REFUND, data=GOOD_BODY, headers=op_header(new))
+        row = await gate.operation(new["operation_id"])
+        _, _, listed = await gate.send(
+            "/_opgate/v1/operations", method="GET", data=None, content_type=None
+        )
+    refused = problem(body)
+    assert (status, refused["code"]) == (409, "precondition_failed")
+    assert refused["precondition"]["trigger"] == "supersedes"
+    [unsettled] = json.loads(listed)["operations"]  # the old one failed: only the new is open
+    assert unsettled["operation"]["operation_id"] == new["operation_id"]
+    assert unsettled["next_action"] == "new_approval_required"
+    assert unsettled["precondition"] == refused["precondition"]
+    [_, assertion] = refused["precondition"]["lookups"][0]["assertions"]
+    assert assertion["held"] is False
+    [seen] = assertion["values"]["/data"]  # the human's refund, no operation id on it
+    assert (seen["id"], seen["metadata"]) == (fault_provider.effects[0].id, {})
+    assert len(fault_provider.effects) == 1
+    assert (row["status"], row["next_action"]) == ("created", "new_approval_required")
+    assert [e["event"] for e in row["events"]] == ["created", "precondition_failed"]
+
+
+async def test_a_superseding_operation_is_sent_once_when_nothing_happened_meanwhile(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
+) -> None:
+    """Same, but nobody refunded: the lookup shows no refund and the new operation goes once."""
+    text = policy_with_preconditions(recheck=3600, total_timeout=0.3, grace_seconds=0)
+    (policy_dir / "fault.yaml").write_text(text)
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        old = await superseded_after_no_effect(gate, fault_provider)
+        lookups_before = len(gets(fault_provider))
+        new = await gate.approve(supersedes=old)
+        status, headers, _ = await gate.send(REFUND, data=GOOD_BODY, headers=op_header(new))
+        row = await gate.operation(new["operation_id"])
+    assert (status, headers["X-Operation-Status"]) == (200, "confirmed")
+    assert len(gets(fault_provider)) == lookups_before + 1  # asked once, before the send
+    [effect] = fault_provider.effects
+    assert effect.operation_id == new["operation_id"]
+    assert (row["status"], row["attempts"]) == ("confirmed", 1)
+
+
+async def superseded_after_no_effect(gate: Any, provider: FaultProvider) -> str:
+    """An operation whose attempt timed out with nothing done, then reconciled as failed with
+    no effect: the kind a new approval may supersede. Returns its id."""
+    op = await gate.approve()
+    provider.mode = FaultMode.STALL
+    status, _, _ = await gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))
+    assert status == 504
+    provider.release()
+    provider.mode = FaultMode.OK
+    async with gate.http.post(
+        f"{gate.ops_url}/v1/operations/{op['operation_id']}/reconcile", headers=admin_headers()
+    ) as response:
+        assert response.status == 200
+    row = await gate.operation(op["operation_id"])
+    assert (row["status"], row["settled_reason"]) == ("failed", "no_effect")
+    assert provider.effects == []
+    operation_id: str = op["operation_id"]
+    return operation_id
+
+
+async def test_two_concurrent_sends_both_look_up_and_only_one_claims(
+    start_opgate: StartOpgate, policy_dir: Path, stalled_lookups: FaultProvider
+) -> None:
+    """Two sends of one operation both pass the lookup (held until both are out), then race to
+    claim: one is sent, the other is refused or replayed, and the provider has one refund."""
+    (policy_dir / "fault.yaml").write_text(policy_with_preconditions())
+    async with start_opgate(upstream_overrides={"fault": stalled_lookups.url}) as gate:
+        op = await gate.approve()
+        sends = [
+            asyncio.create_task(gate.send(REFUND, data=GOOD_BODY, headers=op_header(op)))
+            for _ in range(2)
+        ]
+        # both lookups are out before either answers
+        await until(lambda: stalled_lookups.stalled == 2, "two lookups at the provider")
+        stalled_lookups.release()
+        answers = await asyncio.gather(*sends)
+        row = await gate.operation(op["operation_id"])
+    statuses = sorted(status for status, _, _ in answers)
+    assert statuses in ([200, 200], [200, 409]), answers
+    if statuses == [200, 409]:
+        loser = next(body for status, _, body in answers if status == 409)
+        assert problem(loser)["code"] == "operation_in_flight"
+    assert len(gets(stalled_lookups)) == 2
+    assert (posts(stalled_lookups), len(stalled_lookups.effects)) == (1, 1)
+    assert (row["status"], row["attempts"]) == ("confirmed", 1)
+
+
+async def test_two_replicas_sending_one_operation_make_one_effect(
+    start_opgate: StartOpgate, policy_dir: Path, stalled_lookups: FaultProvider
+) -> None:
+    """Two opgate replicas on one database each receive the send and each look up (held until
+    both are out); the claim on the shared row lets one send through."""
+    (policy_dir / "fault.yaml").write_text(policy_with_preconditions())
+    overrides = {"upstream_overrides": {"fault": stalled_lookups.url}}
+    async with start_opgate(**overrides) as first, start_opgate(**overrides) as second:
+        op = await first.approve()
+        sends = [
+            asyncio.create_task(gate.send(REFUND, data=GOOD_BODY, headers=op_header(op)))
+            for gate in (first, second)
+        ]
+        await until(lambda: stalled_lookups.stalled == 2, "both replicas' lookups")
+        stalled_lookups.release()
+        answers = await asyncio.gather(*sends)
+        row = await first.operation(op["operation_id"])
+    assert 200 in [status for status, _, _ in answers], answers
+    assert (posts(stalled_lookups), len(stalled_lookups.effects)) == (1, 1)
+    assert (row["status"], row["attempts"]) == ("confirmed", 1)
+
+
+async def test_shadow_mode_sends_and_audits_would_deny(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
+) -> None:
+    """In report mode a failed precondition is only audited (would_deny) and the request goes;
+    the operation keeps no failure."""
+    (policy_dir / "fault.yaml").write_text(policy_with_preconditions(mode="report"))
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        await refund_directly(fault_provider)
+        op = await gate.approve()
+        with capture_logs() as logs:
+            status, _, _ = await gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))
+        row = await gate.operation(op["operation_id"])
+    assert status == 200
+    assert len(fault_provider.effects) == 2
+    [audit] = [e for e in logs if e["event"] == "request"]
+    assert (audit["decision"], audit["would_deny"]) == ("allow", "precondition_failed")
+    assert audit["precondition"]["lookups"][0]["assertions"][1]["held"] is False
+    assert "precondition_failed" not in [e["event"] for e in row["events"]]
+
+
+# --- pure ------------------------------------------------------------------------------------
+
+
+def refund_rule(recheck: float) -> Rule:
+    provider, found = parse_policy_text(policy_with_preconditions(recheck), "fault.yaml")
+    assert provider is not None, found
+    rule = provider.rule_named("refund.create")
+    assert rule is not None
+    return rule
+
+
+@pytest.mark.parametrize(
+    ("recheck", "age", "supersedes", "status", "expected"),
+    [
+        pytest.param(0, 0, None, Status.CREATED, "approval_age", id="always"),
+        pytest.param(300, 299, None, Status.CREATED, None, id="young approval"),
+        pytest.param(300, 300, None, Status.CREATED, "approval_age", id="old approval"),
+        pytest.param(300, 1, "op_old", Status.CREATED, "supersedes", id="superseding"),
+        pytest.param(0, 600, None, Status.DISPATCHED, None, id="a re-send is not checked"),
+    ],
+)
+def test_recheck_due(
+    recheck: float, age: int, supersedes: str | None, status: Status, expected: str | None
+) -> None:
+    """A recheck is due before a created operation's send when its approval is old enough or
+    it supersedes another; never before a re-send."""
+    op = make_op(status=status, supersedes=supersedes)
+    op = replace(op, created_at=op.read_at - timedelta(seconds=age))
+    assert recheck_due(refund_rule(recheck), op) == expected
+
+
+def test_an_operation_approved_from_a_proposal_is_always_rechecked() -> None:
+    """A proposal was decided on the world as the agent saw it when proposing: its operation's
+    first send is rechecked even when its approval is young."""
+    op = make_op()
+    young = replace(op, created_at=op.read_at, approval_ref="prop_0123456789abcdef01234567")
+    assert recheck_due(refund_rule(300), young) == "proposal"
+    assert recheck_due(refund_rule(300), replace(young, approval_ref="ticket-1")) is None
+
+
+def test_a_rule_without_preconditions_never_rechecks() -> None:
+    """No preconditions, no lookup, whatever the operation."""
+    rule = refund_rule(0).model_copy(update={"preconditions": None})
+    assert recheck_due(rule, make_op(supersedes="op_old")) is None
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "kind"),
+    [
+        pytest.param(200, {"object": "list", "data": []}, Held, id="held"),
+        pytest.param(200, {"object": "list", "data": [{"id": "re_1"}]}, Failed, id="refunded"),
+        pytest.param(200, {"object": "list"}, Unverifiable, id="absent pointer"),
+        pytest.param(200, {"object": "x"}, Failed, id="false beats absent"),
+        pytest.param(500, {"data": []}, Unverifiable, id="provider error"),
+        pytest.param(404, {}, Unverifiable, id="not found"),
+    ],
+)
+def test_judge_answer(status: int, body: dict[str, Any], kind: type) -> None:
+    """An answer's status and values decide held, failed or unverifiable."""
+    rule = refund_rule(0)
+    assert rule.preconditions is not None
+    lookup = rule.preconditions.lookups[0]
+    judged = judge_answer(
+        lookup, "/v1/refunds?charge=ch_1", status, json.dumps(body).encode(), make_op()
+    )
+    assert isinstance(judged, kind), judged
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"<html>", id="html"),
+        pytest.param(b'{"object": NaN, "data": []}', id="NaN"),
+        pytest.param(b'{"object": "list", "data": [Infinity]}', id="Infinity"),
+        pytest.param(b'{"object": "list", "data": [] ', id="truncated"),
+    ],
+)
+def test_judge_answer_refuses_what_is_not_json(body: bytes) -> None:
+    """An answer that is not JSON (Python's reader would take NaN) cannot be evaluated."""
+    rule = refund_rule(0)
+    assert rule.preconditions is not None
+    judged = judge_answer(rule.preconditions.lookups[0], "/x", 200, body, make_op())
+    assert isinstance(judged, Unverifiable)
+
+
+def test_evidence_from_the_provider_is_made_storable() -> None:
+    """A NUL or a lone surrogate in the provider's answer is replaced before it is kept."""
+    rule = refund_rule(0)
+    assert rule.preconditions is not None
+    body = rb'{"object": "li\u0000st", "data": ["\ud800"]}'
+    judged = judge_answer(rule.preconditions.lookups[0], "/x", 200, body, make_op())
+    assert isinstance(judged, Failed)
+    values = [a["values"] for a in judged.evidence["assertions"]]
+    assert values == [{"/object": "li\ufffdst"}, {"/data": ["\ufffd"]}]
