@@ -142,8 +142,10 @@ async def running(
         )
         credentials = CredentialSource(settings.secrets_dir)
         observability = Observability(settings, policy, credentials)
-        client = new_client_session(
-            observability.client_trace_configs(), connector=reverse_connector(settings)
+        client = observability.instrument(
+            new_client_session(
+                observability.client_middlewares(), connector=reverse_connector(settings)
+            )
         )
         gateway = Gateway(
             settings=settings,

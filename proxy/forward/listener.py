@@ -100,13 +100,14 @@ def new_forward_client(gateway: Gateway, settings: Settings) -> aiohttp.ClientSe
         lambda host: allowed_classes_for_host(gateway.policy, settings.upstream_overrides, host),
     )
     observability = gateway.observability
-    return new_client_session(
+    session = new_client_session(
         # the same CLIENT span, traceparent and latency histogram as reverse mode
-        observability.client_trace_configs() if observability is not None else None,
+        observability.client_middlewares() if observability is not None else (),
         connector=aiohttp.TCPConnector(
             limit=0, ssl=context, resolver=resolver, use_dns_cache=False
         ),
     )
+    return observability.instrument(session) if observability is not None else session
 
 
 def forward_app(listener: ForwardListener) -> web.Application:

@@ -10,6 +10,7 @@ without aiohttp's own re-send turned off.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -44,14 +45,14 @@ class UpstreamResponse:
 
 
 def new_client_session(
-    trace_configs: list[aiohttp.TraceConfig] | None = None,
+    middlewares: Sequence[aiohttp.ClientMiddlewareType] = (),
     *,
     connector: aiohttp.BaseConnector | None = None,
 ) -> aiohttp.ClientSession:
     """An egress session that sends each request at most once. ``connector`` replaces the
     default one (forward mode brings its own TLS context and checked resolver)."""
     session = aiohttp.ClientSession(
-        trace_configs=trace_configs,  # tracing and latency metrics (proxy/observe/telemetry.py)
+        middlewares=middlewares,  # tracing and latency metrics (proxy/observe/telemetry.py)
         auto_decompress=False,
         # The agent's environment (HTTP_PROXY...) must not route opgate's own egress.
         trust_env=False,

@@ -18,8 +18,8 @@ import aiohttp
 import asyncpg
 from aiohttp import web
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.trace import Status as SpanStatus
+from opentelemetry.trace import StatusCode
 
 from proxy.errors import StoreUnavailable
 from proxy.observe.audit import AUDIT_SCHEMA_VERSION, REQUEST_OBSERVER, request_path
@@ -114,8 +114,13 @@ class Observability:
         )
         self._sharing: asyncio.Task[None] | None = None
 
-    def client_trace_configs(self) -> list[aiohttp.TraceConfig]:
-        return self.telemetry.client_trace_configs(self._observe_upstream)
+    def client_middlewares(self) -> tuple[aiohttp.ClientMiddlewareType, ...]:
+        """For every egress session to providers: the latency histogram, the traceparent."""
+        return (self.telemetry.client_middleware(self._observe_upstream),)
+
+    def instrument(self, session: aiohttp.ClientSession) -> aiohttp.ClientSession:
+        """``session`` gets CLIENT spans whenever something exports (telemetry.py)."""
+        return self.telemetry.instrument(session)
 
     def _observe_upstream(self, origin: str, outcome: str, seconds: float) -> None:
         self.upstream_seconds.observe(seconds, origin, outcome)
@@ -401,11 +406,8 @@ async def observe_agent_request(request: web.Request, handler: Any) -> web.Strea
         response: web.StreamResponse = await handler(request)
         return response
     telemetry = observability.telemetry
-    with telemetry.tracer.start_as_current_span(
-        "opgate.agent_request",
-        context=telemetry.agent_context(request.headers),
-        kind=SpanKind.SERVER,
-        attributes=_server_attributes(request),
+    with telemetry.server_span(
+        telemetry.agent_context(request.headers), lambda: _server_attributes(request)
     ) as span:
         token = REQUEST_OBSERVER.set(observability)
         try:

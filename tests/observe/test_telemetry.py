@@ -12,8 +12,12 @@ from pathlib import Path
 import pytest
 import structlog
 from aiohttp import web
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from proxy.errors import ConfigurationError
+from proxy.gate.upstream import new_client_session
 from proxy.observe.logs import log_processors
 from proxy.observe.telemetry import Telemetry, tracer_provider_from_environment
 from tests.support.fault_provider import FaultProvider
@@ -146,3 +150,80 @@ def test_client_spans_use_the_stable_http_conventions_unless_asked_for_both() ->
     assert http_semconv_mode({"OTEL_SEMCONV_STABILITY_OPT_IN": "http"}) is _StabilityMode.HTTP
     dup = {"OTEL_SEMCONV_STABILITY_OPT_IN": "database, http/dup"}
     assert http_semconv_mode(dup) is _StabilityMode.HTTP_DUP
+
+
+async def test_provider_calls_carry_no_trace_config_until_something_exports() -> None:
+    """An egress session has no aiohttp trace config while nothing exports (its middleware
+    still times every call and passes the trace on); once a processor is attached, the same
+    session makes a CLIENT span per call."""
+    app = web.Application()
+    seen: list[str] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        seen.append(request.headers["traceparent"])
+        return web.Response(text="{}")
+
+    app.router.add_get("/v1/x", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    await web.SockSite(runner, sock).start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1/x"
+    telemetry = Telemetry(tracer_provider_from_environment({}))
+    timed: list[str] = []
+    middleware = telemetry.client_middleware(lambda _origin, outcome, _s: timed.append(outcome))
+    session = telemetry.instrument(new_client_session((middleware,)))
+    exporter = InMemorySpanExporter()
+    try:
+        with telemetry.tracer.start_as_current_span("opgate.agent_request"):
+            async with session.get(url) as response:
+                assert response.status == 200
+        assert session.trace_configs == []
+        telemetry.add_span_processor(SimpleSpanProcessor(exporter))
+        assert len(session.trace_configs) == 1
+        with telemetry.tracer.start_as_current_span("opgate.agent_request"):
+            async with session.get(url) as response:
+                assert response.status == 200
+    finally:
+        await session.close()
+        await runner.cleanup()
+        telemetry.shutdown()
+    assert timed == ["answer", "answer"]
+    kinds = sorted(span.kind.name for span in exporter.get_finished_spans())
+    assert kinds == ["CLIENT", "INTERNAL"]
+    [client] = [s for s in exporter.get_finished_spans() if s.kind.name == "CLIENT"]
+    assert client.context is not None
+    assert seen[1].split("-")[2] == format(client.context.span_id, "016x")
+    assert len(seen) == 2
+
+
+@pytest.mark.parametrize(
+    "traceparent",
+    [
+        None,
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
+        "00-" + "a" * 32 + "-" + "b" * 16 + "-01",
+    ],
+    ids=["no trace", "unsampled trace", "sampled trace"],
+)
+def test_a_server_span_is_the_one_the_sdk_would_make(traceparent: str | None) -> None:
+    """While nothing exports, the request's span (made without the SDK's sampler when it will
+    not be recorded) has the ids, flags, trace state and recording the SDK's own span has."""
+    telemetry = Telemetry(tracer_provider_from_environment({}))
+    headers = {"tracestate": "vendor=x"}
+    if traceparent is not None:
+        headers["traceparent"] = traceparent
+    parent = telemetry.agent_context(headers)
+    sdk_span = telemetry.tracer.start_span("opgate.agent_request", context=parent)
+    with telemetry.server_span(parent, lambda: {"url.path": "/"}) as span:
+        assert trace.get_current_span() is span
+        made, expected = span.get_span_context(), sdk_span.get_span_context()
+        assert made.is_valid
+        assert span.is_recording() == sdk_span.is_recording()
+        assert made.trace_flags == expected.trace_flags
+        assert made.trace_state == expected.trace_state
+        assert (made.trace_id == expected.trace_id) == (traceparent is not None)
+        assert made.span_id != expected.span_id
+    sdk_span.end()
+    telemetry.shutdown()

@@ -4,6 +4,7 @@ statement, and races are decided by the database, not by opgate."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
@@ -11,9 +12,10 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
-from proxy.errors import IdempotencyKeyInUse
-from proxy.store.operation import Status
-from proxy.store.store import NewOperation, ProviderAnswer, Store
+from proxy.errors import IdempotencyKeyInUse, StoreUnavailable
+from proxy.store.operation import Operation, Status
+from proxy.store.queries import QUERIES
+from proxy.store.store import NewOperation, ProviderAnswer, Store, operation_from_record
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -255,6 +257,54 @@ async def test_on_demand_lookups_are_paced_per_operation(store: Store) -> None:
     assert taken is not None
     await store.reconcile_inconclusive("op_paced", "one", 600, {"lookups": []}, expected_attempts=1)
     assert await store.claim_reconcile_one("op_paced", "two", 30) is None
+
+
+async def test_a_row_becomes_the_operation_its_dataclass_would_build(
+    store: Store, database_url: str
+) -> None:
+    """The conversion that skips the frozen dataclass's __init__ gives an equal Operation, with
+    decoded JSON columns, a Status and nothing but the dataclass's own fields."""
+    await store.create(new_operation("op_convert"), actor="test")
+    conn = await asyncpg.connect(database_url)
+    try:
+        row = await conn.fetchrow(QUERIES["load_operation"], "op_convert")
+    finally:
+        await conn.close()
+    assert row is not None
+    op = operation_from_record(row)
+    names = [f.name for f in dataclasses.fields(Operation)]
+    built = Operation(
+        **{name: row[name] for name in names}
+        | {"path_params": {}, "params": {"charge": "ch_1"}, "status": Status.CREATED}
+    )
+    assert op == built
+    assert vars(op).keys() == set(names)
+    assert isinstance(op.status, Status)
+    assert op.params == {"charge": "ch_1"}
+
+
+async def test_a_full_pool_still_fails_closed_after_the_acquire_timeout(database_url: str) -> None:
+    """With every connection held, a store call waits the acquire timeout and then raises
+    StoreUnavailable: skipping the wait's timer when a connection is idle does not remove it."""
+    small = await Store.open(database_url, min_size=1, max_size=1, acquire_timeout=0.2)
+    held = asyncio.Event()
+    done = asyncio.Event()
+
+    async def hold(conn: asyncpg.Connection) -> None:
+        held.set()
+        await done.wait()
+
+    try:
+        holder = asyncio.create_task(small.run(hold))
+        await held.wait()
+        with pytest.raises(StoreUnavailable):
+            await small.load("op_nothing")
+        done.set()
+        await holder
+        assert await small.load("op_nothing") is None  # the freed connection is taken again
+    finally:
+        done.set()
+        await small.close()
 
 
 async def test_a_claim_after_a_lookup_needs_the_row_unchanged_since(store: Store) -> None:

@@ -86,10 +86,23 @@ class Redactor:
         return value
 
     def mapping(self, data: Mapping[str, Any]) -> dict[str, Any]:
-        return {
-            key: REDACTED if self.is_sensitive(str(key)) else self.value(value)
-            for key, value in data.items()
-        }
+        # A record's values are mostly scalars, None and strings holding no secret: those are
+        # copied as they are without a call each (this runs for every request's record).
+        texts = self._secrets and "\x00".join(v for v in data.values() if type(v) is str)
+        clean = not texts or not any(secret in texts for secret in self._secrets)
+        redacted: dict[str, Any] = {}
+        known = self._sensitive
+        for key, value in data.items():
+            sensitive = known.get(key)
+            if sensitive is None:
+                sensitive = self.is_sensitive(str(key))
+            if sensitive:
+                redacted[key] = REDACTED
+            elif value is None or type(value) in _SCALARS or (clean and type(value) is str):
+                redacted[key] = value
+            else:
+                redacted[key] = self.value(value)
+        return redacted
 
 
 # The process's redactor for log lines: structlog's configuration is process-wide too.
