@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import AsyncIterator, MutableMapping
+from importlib.metadata import version
 from typing import Any
 
 import mcp.types as types
@@ -53,7 +54,9 @@ def mcp_server(name: str = "opgate") -> Server[Any]:
         call: McpCall = ctx.request.scope[_CALL]
         return tool_result(await call_tool(call, params.name, params.arguments))
 
-    return Server(name, on_list_tools=list_tools, on_call_tool=on_call_tool)
+    return Server(
+        name, version=version("opgate"), on_list_tools=list_tools, on_call_tool=on_call_tool
+    )
 
 
 class McpEndpoint:

@@ -3,6 +3,8 @@ localstripe: the tools, their annotations, and an approved refund executed exact
 
 from __future__ import annotations
 
+from importlib.metadata import version
+
 import pytest
 from structlog.testing import capture_logs
 
@@ -49,6 +51,30 @@ async def test_the_tools_are_listed_with_truthful_annotations_and_output_schemas
     )
     assert all(tool.output_schema for tool in tools.values())
     assert tools["execute_operation"].input_schema["required"] == ["operation_id"]
+
+
+async def test_the_handshake_names_opgate_and_its_version(stripe_gate: Opgate) -> None:
+    """A client that asks who it talks to learns opgate and the version that answers."""
+    handshake = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "test", "version": "1"},
+        },
+    }
+    async with stripe_gate.http.post(
+        f"{stripe_gate.agent_url}/_opgate/mcp",
+        json=handshake,
+        headers={
+            "Authorization": f"Bearer {AGENT_TOKEN}",
+            "Accept": "application/json, text/event-stream",
+        },
+    ) as response:
+        answer = await response.json()
+    assert answer["result"]["serverInfo"] == {"name": "opgate", "version": version("opgate")}
 
 
 @pytest.mark.parametrize("mode", MODES)
