@@ -59,6 +59,15 @@ def _parser() -> argparse.ArgumentParser:
     ca_init.add_argument("--ca-dir", type=Path, help="default: <data_dir>/ca")
     ca_init.set_defaults(handler=_ca_init)
 
+    mcp = commands.add_parser(
+        "mcp", help="serve opgate's operations as MCP tools over stdio, relayed to an opgate"
+    )
+    mcp.add_argument("--url", required=True, help="the opgate agent listener, http://HOST:PORT")
+    mcp.add_argument(
+        "--token", help="the agent's opgate token (default: $OPGATE_AGENT_TOKEN, kept out of ps)"
+    )
+    mcp.set_defaults(handler=_mcp)
+
     add_ops_commands(commands)
     add_proposal_commands(commands)  # proposals list, approve, decline
     add_audit_commands(commands)  # audit verify, show, export: proxy/observe/auditlog/cli.py
@@ -133,6 +142,21 @@ def _serve(args: argparse.Namespace) -> int:
     except ListenFailed as exc:
         print(f"opgate: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _mcp(args: argparse.Namespace) -> int:
+    import os
+
+    import anyio
+
+    from proxy.mcp.stdio import serve_stdio
+
+    token = args.token or os.environ.get("OPGATE_AGENT_TOKEN")
+    if not token:
+        print("opgate mcp: give --token or set OPGATE_AGENT_TOKEN", file=sys.stderr)
+        return 2
+    anyio.run(serve_stdio, args.url, token)
     return 0
 
 

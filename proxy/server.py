@@ -41,6 +41,7 @@ from proxy.gate.identity import AgentDirectory
 from proxy.gate.intake import expect_continue
 from proxy.gate.pipeline import handle_agent_request
 from proxy.gate.upstream import new_client_session
+from proxy.mcp.endpoint import add_mcp_route
 from proxy.observe.observer import (
     Observability,
     add_metrics_route,
@@ -99,6 +100,7 @@ def agent_app(gateway: Gateway) -> web.Application:
     serve_with(app, gateway)
     add_recovery_routes(app)  # /_opgate/...: opgate's own, never a provider's route prefix
     add_agent_proposal_routes(app)  # /_opgate/v1/proposals: agents ask a human to approve
+    add_mcp_route(app)  # /_opgate/mcp: the same operations as MCP tools
     # Every other method and path reaches the pipeline; routing is the policy's job, deny by
     # default.
     app.router.add_route("*", "/{tail:.*}", handle_agent_request, expect_handler=expect_continue)

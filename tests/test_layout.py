@@ -30,6 +30,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "operations": {"recovery", "gate", "observe", "policy", "store"} | BASE,
     "authoring": {"gate", "observe", "policy", "store"} | BASE,
     "console": {"operations", "recovery", "gate", "observe", "policy", "store"} | BASE,
+    "mcp": {"operations", "recovery", "gate", "observe", "policy", "store"} | BASE,
 }
 
 

@@ -11,6 +11,8 @@ from typing import Any
 from aiohttp import web
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
+from proxy.policy.amounts import decimal_spelling
+
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
     "frame-ancestors 'none'; base-uri 'none'"
@@ -60,8 +62,22 @@ def trace_url(template: str | None, trace_id: Any) -> str | None:
     return template.replace("{trace_id}", trace_id)
 
 
+def money(minor_units: Any, currency: Any) -> str:
+    """An amount as a human reads it, in its currency's ISO 4217 exponent ("82000.00 USD",
+    never "8200000 usd": an approver must not misread it by a factor of a hundred). Where the
+    exponent is unknown, the minor units, said to be so."""
+    if not isinstance(minor_units, int) or isinstance(minor_units, bool):
+        return ""
+    code = currency if isinstance(currency, str) else None
+    spelt = decimal_spelling(minor_units, code)
+    if spelt is None or code is None:
+        return f"{minor_units} minor units {code or ''}".rstrip()
+    return f"{spelt} {code.upper()}"
+
+
 _templates.filters["age"] = age
 _templates.filters["moment"] = moment
+_templates.filters["money"] = money
 
 
 def page(name: str, status: int = 200, **context: Any) -> web.Response:

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from aiohttp import web
+from multidict import CIMultiDictProxy
 
 from proxy.errors import (
     StoreUnavailable,
@@ -40,8 +41,11 @@ from proxy.gate.headers import outbound_headers, response_headers
 from proxy.gate.intake import (
     Target,
     identify,
+    identify_request,
     load_operation,
+    parse_request_body,
     read_body,
+    refuse_before_reading,
     request_facts,
     with_body_key,
 )
@@ -83,12 +87,52 @@ async def handle_agent_request(request: web.Request) -> web.StreamResponse:
         emit(record)
 
 
+@dataclass(frozen=True)
+class ComposedRequest:
+    """A request opgate composed itself from an approved row (MCP's ``execute_operation``).
+    It enters at stage 1 like one that arrived over HTTP: identified by the same rules, its
+    body parsed by the same parser, decided, claimed and forwarded by the same stages."""
+
+    method: str
+    raw_target: str  # the path and query, as an agent would have sent them
+    headers: CIMultiDictProxy[str]  # the agent's token among them, as an agent sends it
+    body: bytes
+
+
+async def handle_composed_request(
+    gateway: Gateway, composed: ComposedRequest, *, listener: str, source: str | None
+) -> web.StreamResponse:
+    """``composed`` through the pipeline, with its one audit record naming ``listener``.
+    Refusals stay opgate's problem+json: the caller is opgate's own front end, not a provider's
+    SDK, so no provider dialect applies."""
+    policy = gateway.policy
+    record = AuditRecord(
+        request_id=secrets.token_hex(8),
+        source=source,
+        method=composed.method,
+        path=request_path(composed.raw_target),
+        policy_version=policy.version,
+        listener=listener,
+    )
+    try:
+        response = await _process(gateway, policy, composed, record)
+        record.response_status = response.status
+        return response
+    finally:
+        emit(record)
+
+
 async def _process(
-    gw: Gateway, policy: PolicySet, request: web.Request, record: AuditRecord
+    gw: Gateway, policy: PolicySet, incoming: web.Request | ComposedRequest, record: AuditRecord
 ) -> web.StreamResponse:
     # 1. identify the agent and the operation; read and parse the body strictly. Only `policy`
     # (the set captured at the start) is used: a reload mid-request must not mix two sets.
-    target = identify(policy, gw.agents, request)
+    if isinstance(incoming, ComposedRequest):
+        target = identify_request(
+            policy, gw.agents, incoming.method, incoming.raw_target, incoming.headers
+        )
+    else:
+        target = identify(policy, gw.agents, incoming)
     if isinstance(target, Deny):
         return _reject(record, target)
     record.agent_id, record.tenant = target.agent.agent_id, target.agent.tenant
@@ -100,15 +144,23 @@ async def _process(
     if isinstance(slot, Deny):
         return _reject(record, slot)
     try:
-        return await _process_admitted(gw, target, request, record, slot)
+        return await _process_admitted(gw, target, incoming, record, slot)
     finally:
         slot.release()  # a no-op while a forwarded request's outcome is still being recorded
 
 
 async def _process_admitted(
-    gw: Gateway, target: Target, request: web.Request, record: AuditRecord, slot: Slot
+    gw: Gateway,
+    target: Target,
+    incoming: web.Request | ComposedRequest,
+    record: AuditRecord,
+    slot: Slot,
 ) -> web.StreamResponse:
-    body = await read_body(request, target, gw.settings.body_read_timeout_seconds)
+    if isinstance(incoming, ComposedRequest):  # what read_body refuses, refused alike
+        unreadable = refuse_before_reading(target, len(incoming.body))
+        body = unreadable or parse_request_body(target, incoming.body)
+    else:
+        body = await read_body(incoming, target, gw.settings.body_read_timeout_seconds)
     if isinstance(body, Deny):
         response = _reject(record, body)
         if body.reason is Reason.BODY_TIMEOUT:

@@ -67,6 +67,8 @@ class Reason(StrEnum):
     CREDENTIAL_UNAVAILABLE = "credential_unavailable"
     OUTCOME_UNKNOWN = "outcome_unknown"
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+    # the MCP endpoint (/_opgate/mcp)
+    MCP_REQUEST_INVALID = "mcp_request_invalid"
 
 
 @dataclass(frozen=True)
@@ -316,5 +318,11 @@ REASONS: dict[Reason, ReasonInfo] = {
         502,
         "The provider could not be reached",
         "Try again later.",
+    ),
+    Reason.MCP_REQUEST_INVALID: ReasonInfo(
+        400,
+        "The MCP exchange is not one opgate serves",
+        "POST one JSON-RPC message as application/json; the endpoint is stateless: no GET "
+        "stream, no session to delete.",
     ),
 }

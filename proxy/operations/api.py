@@ -26,6 +26,7 @@ from proxy.gate.identity import admin_token_matches, credential_from, path_opera
 from proxy.gate.problem import admin_problem
 from proxy.operations.approvals import (
     OperationRequest,
+    holds_nul,
     plan_operation,
     same_approval,
     supersession_problem,
@@ -121,7 +122,7 @@ async def read_document(request: web.Request) -> dict[str, Any]:
         document = parse_json_object(await request.read())
     except BodyRejected as exc:
         raise BadInput("invalid_request", str(exc)) from exc
-    if _holds_nul(document):
+    if holds_nul(document):
         raise BadInput("invalid_request", "text may not hold a NUL character")
     return document
 
@@ -144,19 +145,9 @@ def query_of(request: web.Request) -> dict[str, str]:
     except UnicodeDecodeError as exc:
         raise BadInput("invalid_request", "the query is not UTF-8") from exc
     query = dict(pairs)
-    if len(query) != len(pairs) or _holds_nul(query):
+    if len(query) != len(pairs) or holds_nul(query):
         raise BadInput("invalid_request", "a query parameter is repeated or holds a NUL")
     return query
-
-
-def _holds_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_holds_nul(item) for item in value)
-    return False
 
 
 async def create_operation(request: web.Request) -> web.Response:

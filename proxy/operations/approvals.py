@@ -289,3 +289,15 @@ def same_approval(new: NewOperation, existing: dict[str, Any]) -> bool:
         and new.params == existing["params"]
         and new.approval_ref == existing["approval"]["ref"]
     )
+
+
+def holds_nul(value: Any) -> bool:
+    """Whether a NUL is anywhere in a JSON value, keys included: PostgreSQL can store one
+    neither in text nor in jsonb, so such a document is refused before it reaches the store."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(holds_nul(k) or holds_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(holds_nul(item) for item in value)
+    return False

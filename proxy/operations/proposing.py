@@ -21,6 +21,7 @@ from proxy.gate.budgets import remaining_budget
 from proxy.gate.checks import Agent
 from proxy.gate.decision import Deny
 from proxy.gate.gateway import Gateway
+from proxy.operations.approvals import holds_nul
 from proxy.operations.proposals import (
     Approver,
     ProposalInvalid,
@@ -76,6 +77,8 @@ async def propose_for_agent(
 ) -> Proposal | Refusal:
     """Store ``document`` (a proposal's JSON body) as a pending proposal of ``agent``, if it is
     one and its approval could be sent; the approvers are notified."""
+    if holds_nul(document):
+        return Refusal(400, "proposal_invalid", "text may not hold a NUL character")
     try:
         request = read_proposal(document)
         planned = plan_proposal(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -43,13 +44,19 @@ def _agent(gw: Gateway, request: web.Request) -> Agent | None:
     return gw.agents.lookup(token) if token else None
 
 
-def _in_scope(op: Operation, agent: Agent) -> bool:
+def in_scope(op: Operation, agent: Agent) -> bool:
     return op.tenant == agent.tenant and (op.agent_id is None or op.agent_id == agent.agent_id)
 
 
 def recovery_view(
-    gw: Gateway, op: Operation, precondition_failure: dict[str, Any] | None = None
+    gw: Gateway,
+    op: Operation,
+    precondition_failure: dict[str, Any] | None = None,
+    *,
+    with_request: bool = False,
 ) -> dict[str, Any]:
+    """The row and its next action; the exact request where the agent is to send it (send,
+    retry), or always (``with_request``: for a client that executes it through opgate)."""
     provider = gw.policy.provider_named(op.provider)
     window = provider.idempotency.dedup_window_seconds if provider else None
     advice = next_action(op, dedup_window_seconds=window, precondition_failure=precondition_failure)
@@ -61,20 +68,26 @@ def recovery_view(
     }
     if advice.evidence is not None:
         view["precondition"] = advice.evidence
-    if advice.action in (NextAction.SEND, NextAction.RETRY) and provider is not None:
+    wanted = with_request or advice.action in (NextAction.SEND, NextAction.RETRY)
+    if wanted and provider is not None:
         rule = provider.rule_named(op.action)
         if rule is not None:
             view["request"] = approved_request(provider, rule, op)
     return view
 
 
-async def recovery_views(gw: Gateway, ops: list[Operation]) -> list[dict[str, Any]]:
+async def recovery_views(
+    gw: Gateway, ops: list[Operation], *, with_request: bool = False
+) -> list[dict[str, Any]]:
     """``recovery_view`` of each, with the evidence of a failed precondition where a created
     operation has one (its latest ``precondition_failed`` event: one read for all)."""
     failures = await gw.store.precondition_failures(
         [op.operation_id for op in ops if op.status is Status.CREATED]
     )
-    return [recovery_view(gw, op, failures.get(op.operation_id)) for op in ops]
+    return [
+        recovery_view(gw, op, failures.get(op.operation_id), with_request=with_request)
+        for op in ops
+    ]
 
 
 def approved_request(provider: Provider, rule: Rule, op: Operation) -> dict[str, Any]:
@@ -231,37 +244,61 @@ async def _read_operation(
             Reason.OPERATION_ID_INVALID,
             "an operation id is 1-255 printable ASCII characters",
         )
-    record.operation_id = operation_id
-    op = await gw.store.load(operation_id)
-    if op is None:
-        return _refuse(record, Reason.OPERATION_UNKNOWN, f"no operation {operation_id}")
-    if not _in_scope(op, agent):
-        # the same answer for "absent" and "not yours": no probing other tenants' ids
-        return _refuse(
-            record,
-            Reason.OPERATION_SCOPE_MISMATCH,
-            f"no operation {operation_id}",
-            told=Reason.OPERATION_UNKNOWN,
-        )
-    record.provider, record.status_before = op.provider, op.status.value
-    [view] = await recovery_views(gw, [op])
-    if view["next_action"] == NextAction.RECONCILE:
-        op = await reconcile_now(gw, operation_id) or op
-        view = recovery_view(gw, op)
-    record.status_after = op.status.value
+    view = await operation_view(gw, agent, operation_id, record)
+    if isinstance(view, Refusal):
+        return _refuse(record, view.reason, view.detail, told=view.told)
     response = web.json_response(view)
     if view["retry_after_seconds"]:
         response.headers["Retry-After"] = str(view["retry_after_seconds"])
     return response
 
 
-async def _list_unsettled(
-    gw: Gateway, request: web.Request, agent: Agent, record: AuditRecord
-) -> web.Response:
+@dataclass(frozen=True)
+class Refusal:
+    """Why a read is refused (on record) and what the agent is told."""
+
+    reason: Reason
+    detail: str
+    told: Reason
+
+
+async def operation_view(
+    gw: Gateway, agent: Agent, operation_id: str, record: AuditRecord, *, with_request: bool = False
+) -> dict[str, Any] | Refusal:
+    """The recovery view of ``operation_id`` for ``agent`` (reconciled first where it says
+    reconcile), filling ``record``; the same refusal for "absent" and "not yours"."""
+    record.operation_id = operation_id
+    op = await gw.store.load(operation_id)
+    if op is None:
+        reason = Reason.OPERATION_UNKNOWN
+        return Refusal(reason, f"no operation {operation_id}", reason)
+    if not in_scope(op, agent):
+        # the same answer for "absent" and "not yours": no probing other tenants' ids
+        detail = f"no operation {operation_id}"
+        return Refusal(Reason.OPERATION_SCOPE_MISMATCH, detail, Reason.OPERATION_UNKNOWN)
+    record.provider, record.status_before = op.provider, op.status.value
+    [view] = await recovery_views(gw, [op], with_request=with_request)
+    if view["next_action"] == NextAction.RECONCILE:
+        op = await reconcile_now(gw, operation_id) or op
+        view = recovery_view(gw, op, with_request=with_request)
+    record.status_after = op.status.value
+    return view
+
+
+async def unsettled_views(
+    gw: Gateway, agent: Agent, *, with_request: bool = False
+) -> list[dict[str, Any]]:
+    """The agent's operations that are not settled yet, each with its next action."""
     ops = await gw.store.list_operations(
         agent.tenant, ["created", "dispatched"], agent.agent_id, 200
     )
-    return web.json_response({"operations": await recovery_views(gw, ops)})
+    return await recovery_views(gw, ops, with_request=with_request)
+
+
+async def _list_unsettled(
+    gw: Gateway, request: web.Request, agent: Agent, record: AuditRecord
+) -> web.Response:
+    return web.json_response({"operations": await unsettled_views(gw, agent)})
 
 
 read_operation = recorded(_read_operation)

@@ -97,6 +97,26 @@ class BudgetedClaim:
     operation: Operation | None
 
 
+async def _budgets_spent(
+    conn: asyncpg.Connection, sums: Sequence[BudgetSum], *, excluding: str | None
+) -> list[int]:
+    """What each budget has spent (queries.sql ``budget_spent``), leaving out the operation
+    ``excluding`` (the one being claimed: a re-send counts once)."""
+    spent = []
+    for s in sums:
+        value = await conn.fetchval(
+            QUERIES["budget_spent"],
+            s.provider,
+            s.currency,
+            s.tenant,
+            s.agent_id,
+            s.window_seconds,
+            excluding,
+        )
+        spent.append(int(value))
+    return spent
+
+
 async def _reset_connection(conn: asyncpg.Connection) -> None:
     """Replaces asyncpg's default reset (advisory unlock, CLOSE ALL, UNLISTEN, RESET ALL: one
     extra round trip per request). opgate never leaves session state behind: no LISTEN, no
@@ -256,20 +276,7 @@ class Store:
             async with conn.transaction():
                 for name in sorted({s.lock_name for s in sums}):
                     await conn.execute(QUERIES["budget_lock"], name)
-                spent = [
-                    int(
-                        await conn.fetchval(
-                            QUERIES["budget_spent"],
-                            s.provider,
-                            s.currency,
-                            s.tenant,
-                            s.agent_id,
-                            s.window_seconds,
-                            operation_id,
-                        )
-                    )
-                    for s in sums
-                ]
+                spent = await _budgets_spent(conn, sums, excluding=operation_id)
                 if not admit(spent):
                     return BudgetedClaim(spent, False, None)
                 record = await conn.fetchrow(
@@ -291,24 +298,7 @@ class Store:
     async def budget_spent(self, sums: Sequence[BudgetSum]) -> list[int]:
         """What each budget has spent now, without its lock: advisory (an approval, a read);
         only a claim decides."""
-
-        async def read(conn: asyncpg.Connection) -> list[int]:
-            return [
-                int(
-                    await conn.fetchval(
-                        QUERIES["budget_spent"],
-                        s.provider,
-                        s.currency,
-                        s.tenant,
-                        s.agent_id,
-                        s.window_seconds,
-                        None,
-                    )
-                )
-                for s in sums
-            ]
-
-        return await self._run(read)
+        return await self._run(lambda conn: _budgets_spent(conn, sums, excluding=None))
 
     async def budget_spent_by_key(
         self, provider: str, currency: str, window_seconds: float, *, tenant: bool, agent: bool

@@ -43,6 +43,9 @@ async def test_a_reviewer_sees_what_is_left_of_each_budget(
         re.sub(r"<[^>]+>", " ", row).split()
         for row in re.findall(r"<tr>(.*?)</tr>", html, re.DOTALL)
     ]
-    assert ["fault", "provider", "usd", "7d", "9000", "500", "8500", "enforce"] in rows
-    assert ["fault", "tenant", "t1", "usd", "24h", "1200", "500", "700", "enforce"] in rows
+    usd = ["USD"]  # amounts as a human reads them, in the currency's exponent
+    provider_row = ["fault", "provider", "usd", "7d", "90.00", *usd, "5.00", *usd, "85.00", *usd]
+    tenant_row = ["fault", "tenant", "t1", "usd", "24h", "12.00", *usd, "5.00", *usd, "7.00", *usd]
+    assert [*provider_row, "enforce"] in rows
+    assert [*tenant_row, "enforce"] in rows
     assert 'href="/console/budgets"' in html

@@ -281,6 +281,22 @@ async def test_malformed_and_unsendable_proposals_are_refused_with_codes(gate: O
     assert (status, json.loads(raw)["code"]) == (401, "agent_unauthenticated")
 
 
+async def test_a_nul_anywhere_in_a_proposal_is_refused_and_audited(gate: Opgate) -> None:
+    """PostgreSQL stores a NUL neither in text nor in jsonb: a proposal holding one, in its
+    reason, a parameter's value or a parameter's name, is 400 proposal_invalid with its audit
+    record, never a 500 from the store."""
+    cases = [
+        {"reason": "refund\x00 it"},
+        {"params": {"charge": "ch_\x001"}},
+        {"params": {"charge": "ch_1", "\x00": "x"}},
+    ]
+    with capture_logs() as logs:
+        answers = [await propose(gate, **fields) for fields in cases]
+    assert [(status, body["code"]) for status, body in answers] == [(400, "proposal_invalid")] * 3
+    records = [e for e in logs if e["event"] == "request"]
+    assert [(r["decision"], r["reason"]) for r in records] == [("deny", "proposal_invalid")] * 3
+
+
 async def test_an_approver_token_opens_proposals_only(gate: Opgate) -> None:
     """An approver's token lists proposals but is not an admin token anywhere else (401)."""
     await propose(gate)

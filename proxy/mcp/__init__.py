@@ -1,0 +1,8 @@
+"""opgate's operations as MCP tools: the tools and their schemas (tools), the approved request
+opgate composes for ``execute_operation`` (compose), the tool calls against the gateway (calls),
+the Streamable HTTP endpoint on the agent listener (endpoint) and the stdio relay that local
+agent runtimes spawn (stdio). Every mutating call goes through ``proxy.gate.pipeline``.
+
+May import: operations (proposals), recovery, gate, observe, policy, store, settings, errors.
+Never authoring or console. Imported by: the process (server, cli).
+"""

@@ -1,0 +1,333 @@
+"""The tool calls, against the gateway. Each call leaves exactly one audit record (listener
+``mcp``): a read's own, like the recovery read's; an execution's is the pipeline's, since the
+request it sends is decided, claimed and forwarded there like any agent request.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from proxy.errors import StoreUnavailable
+from proxy.gate.checks import Agent
+from proxy.gate.decision import Deny
+from proxy.gate.gateway import Gateway
+from proxy.gate.identity import valid_operation_id
+from proxy.gate.pipeline import handle_composed_request
+from proxy.gate.problem import PROBLEM, problem_response
+from proxy.gate.reasons import Reason
+from proxy.mcp.compose import compose_request
+from proxy.mcp.tools import (
+    EXECUTE_OPERATION,
+    GET_OPERATION,
+    GET_PROPOSAL,
+    LIST_OPERATIONS,
+    PROPOSE_OPERATION,
+    Answered,
+    ToolError,
+)
+from proxy.observe.audit import AuditRecord, Decision, emit
+from proxy.operations.proposals import proposal_view
+from proxy.operations.proposals_api import PROPOSAL_RULE
+from proxy.operations.proposing import Refusal as ProposalRefusal
+from proxy.operations.proposing import propose_for_agent
+from proxy.recovery.api import (
+    RECOVERY_RULE,
+    Refusal,
+    in_scope,
+    operation_view,
+    recovery_view,
+    unsettled_views,
+)
+from proxy.store.operation import Operation
+from proxy.store.proposal import Proposal, ProposalState
+
+LISTENER = "mcp"
+# The rule name of the records MCP writes itself (refusals before a request was composed).
+MCP_RULE = "mcp"
+
+
+@dataclass
+class McpCall:
+    """The MCP exchange a tool call arrived in: who is calling, from where, and whether its
+    audit record has been written (the endpoint writes one for exchanges no tool recorded)."""
+
+    gateway: Gateway
+    agent: Agent
+    token: str
+    source: str | None
+    path: str
+    recorded: bool = False
+
+
+Answer = Answered | ToolError
+
+
+async def call_tool(call: McpCall, name: str, arguments: Mapping[str, Any] | None) -> Answer:
+    args = dict(arguments or {})
+    if name == EXECUTE_OPERATION:
+        return await _execute(call, args)
+    if name == GET_OPERATION:
+        return await _recorded_read(call, lambda record: _get(call, args, record))
+    if name == LIST_OPERATIONS:
+        return await _recorded_read(call, lambda record: _list(call, args, record))
+    if name == PROPOSE_OPERATION:
+        return await _recorded_read(call, lambda record: _propose(call, args, record))
+    if name == GET_PROPOSAL:
+        return await _recorded_read(call, lambda record: _get_proposal(call, args, record))
+    record = _record(call, MCP_RULE)
+    return _refuse(call, record, Deny(Reason.NO_MATCHING_RULE, f"no tool named {name!r}"))
+
+
+# -- reads --------------------------------------------------------------------------------
+
+
+async def _recorded_read(call: McpCall, read: Callable[[AuditRecord], Awaitable[Answer]]) -> Answer:
+    """A call answered by opgate itself, like the recovery read: one record, a slot of the
+    agent's requests in flight (a read may ask the provider, when it reconciles)."""
+    gw = call.gateway
+    record = _record(call, RECOVERY_RULE)
+    cap = gw.settings.max_requests_in_flight_per_agent
+    slot = gw.in_flight.take(call.agent, cap)
+    if slot is None:
+        busy = Deny(Reason.AGENT_CONCURRENCY_EXCEEDED, f"{cap} requests in flight", 1)
+        return _refuse(call, record, busy)
+    try:
+        answer = await read(record)
+    except StoreUnavailable as exc:
+        record.decision = Decision.ERROR
+        return _refuse(call, record, Deny(Reason.STORE_UNAVAILABLE, str(exc)))
+    finally:
+        slot.release()
+    if isinstance(answer, Answered):
+        record.decision, record.response_status = Decision.ALLOW, 200
+        _emit(call, record)
+    return answer
+
+
+async def _get(call: McpCall, args: dict[str, Any], record: AuditRecord) -> Answer:
+    operation_id = args.pop("operation_id", None)
+    refused = _unexpected(args) or _invalid_operation_id(operation_id)
+    if refused is not None:
+        return _refuse(call, record, refused)
+    assert isinstance(operation_id, str)
+    gw, agent = call.gateway, call.agent
+    view = await operation_view(gw, agent, operation_id, record, with_request=True)
+    if isinstance(view, Refusal):
+        told = view.told if view.told is not view.reason else None
+        return _refuse(call, record, Deny(view.reason, view.detail), told=told)
+    return Answered(view)
+
+
+async def _list(call: McpCall, args: dict[str, Any], record: AuditRecord) -> Answer:
+    refused = _unexpected(args)
+    if refused is not None:
+        return _refuse(call, record, refused)
+    views = await unsettled_views(call.gateway, call.agent, with_request=True)
+    return Answered({"operations": views})
+
+
+# -- proposals ---------------------------------------------------------------------------
+
+
+async def _propose(call: McpCall, args: dict[str, Any], record: AuditRecord) -> Answer:
+    """As ``POST /_opgate/v1/proposals``: validated as an approval is, stored pending."""
+    record.rule = PROPOSAL_RULE
+    result = await propose_for_agent(call.gateway, call.agent, args)
+    if isinstance(result, ProposalRefusal):
+        named = args.get("provider")  # on record only if it is one: the arguments are not
+        if isinstance(named, str) and call.gateway.policy.provider_named(named) is not None:
+            record.provider = named
+        extra: dict[str, Any] = {"errors": result.errors} if result.errors else {}
+        deny = Deny(Reason(result.code), result.detail)
+        return _refuse(call, record, deny, extra={**extra, **result.extra})
+    record.provider, record.operation_id = result.provider, result.operation_id
+    record.status_after = ProposalState.PENDING.value
+    return Answered(await _proposal_view(call.gateway, result))
+
+
+async def _get_proposal(call: McpCall, args: dict[str, Any], record: AuditRecord) -> Answer:
+    """As ``GET /_opgate/v1/proposals/{id}``: the agent's own proposals only."""
+    record.rule = PROPOSAL_RULE
+    proposal_id = args.pop("proposal_id", None)
+    refused = _unexpected(args)
+    if refused is not None:
+        return _refuse(call, record, refused)
+    if not isinstance(proposal_id, str) or not valid_operation_id(proposal_id):
+        return _refuse(call, record, Deny(Reason.PROPOSAL_UNKNOWN, "not a proposal id"))
+    unknown = Deny(Reason.PROPOSAL_UNKNOWN, f"no proposal {proposal_id}")
+    proposal = await call.gateway.store.load_proposal(proposal_id)
+    if proposal is None:
+        return _refuse(call, record, unknown)
+    if proposal.tenant != call.agent.tenant or proposal.agent_id != call.agent.agent_id:
+        # the same answer for "absent" and "not yours": no probing other tenants' ids
+        scope = Deny(Reason.OPERATION_SCOPE_MISMATCH, unknown.detail)
+        return _refuse(call, record, scope, told=unknown.reason)
+    record.provider, record.operation_id = proposal.provider, proposal.operation_id
+    record.status_after = proposal.state.value
+    return Answered(await _proposal_view(call.gateway, proposal))
+
+
+async def _proposal_view(gw: Gateway, proposal: Proposal) -> dict[str, Any]:
+    operation = None
+    if proposal.state is ProposalState.APPROVED:
+        op = await gw.store.load(proposal.operation_id)
+        operation = None if op is None else recovery_view(gw, op, with_request=True)
+    return proposal_view(gw.policy, proposal, operation)
+
+
+# -- execute ------------------------------------------------------------------------------
+
+
+async def _execute(call: McpCall, args: dict[str, Any]) -> Answer:
+    gw = call.gateway
+    record = _record(call, MCP_RULE)
+    operation_id = args.pop("operation_id", None)
+    free_fields = args.pop("free_fields", None) or {}
+    refused = _unexpected(args) or _invalid_operation_id(operation_id)
+    if refused is None and not isinstance(free_fields, dict):
+        refused = Deny(Reason.BODY_INVALID, "free_fields is an object: field -> value")
+    if refused is not None:
+        return _refuse(call, record, refused)
+    assert isinstance(operation_id, str)
+    record.operation_id = operation_id
+    try:
+        op = await gw.store.load(operation_id)
+    except StoreUnavailable as exc:
+        record.decision = Decision.ERROR
+        return _refuse(call, record, Deny(Reason.STORE_UNAVAILABLE, f"nothing was sent: {exc}"))
+    unknown = Deny(Reason.OPERATION_UNKNOWN, f"no operation {operation_id}")
+    if op is None:
+        return _refuse(call, record, unknown)
+    if not in_scope(op, call.agent):  # told exactly what an absent id is told
+        scope = Deny(Reason.OPERATION_SCOPE_MISMATCH, unknown.detail)
+        return _refuse(call, record, scope, told=unknown.reason)
+    provider = gw.policy.provider_named(op.provider)
+    rule = provider.rule_named(op.action) if provider else None
+    if provider is None or rule is None:
+        why = f"the policy has no {op.provider} rule {op.action} any more"
+        return _refuse(call, record, Deny(Reason.NO_MATCHING_RULE, why), op=op)
+    composed = compose_request(provider, rule, op, call.token, free_fields)
+    if isinstance(composed, Deny):
+        return _refuse(call, record, composed, op=op)
+    # From here on the pipeline writes the record: the composed request is an agent request.
+    call.recorded = True
+    response = await handle_composed_request(gw, composed, listener=LISTENER, source=call.source)
+    return await _answer(gw, op.operation_id, response)
+
+
+async def _answer(gw: Gateway, operation_id: str, response: web.StreamResponse) -> Answer:
+    """The pipeline's answer, with the row as it is now and what to do next."""
+    assert isinstance(response, web.Response)  # the pipeline answers with whole responses
+    try:
+        current = await gw.store.load(operation_id)
+    except StoreUnavailable:
+        current = None
+    recovery = recovery_view(gw, current) if current is not None else None
+    problem = response.get(PROBLEM)
+    if problem is not None:
+        if recovery is not None:
+            problem = {**problem, "recovery": _recovery_fields(recovery)}
+        return ToolError(problem)
+    body = response.body if isinstance(response.body, bytes) else b""
+    content_type = response.headers.get("Content-Type")
+    provider_response = {
+        "status": response.status,
+        "replayed": response.headers.get("Idempotent-Replayed") == "true",
+        "content_type": content_type,
+        "body": _decoded(content_type, body),
+    }
+    content: dict[str, Any] = {"provider_response": provider_response}
+    if recovery is not None:
+        content.update(operation=recovery["operation"], **_recovery_fields(recovery))
+    else:  # the store went away after the answer: the answer still stands
+        content.update(operation={}, next_action="wait", reason="the row could not be read")
+    return Answered(content, failed=response.status >= 400)
+
+
+def _recovery_fields(view: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "next_action": view["next_action"],
+        "reason": view["reason"],
+        "retry_after_seconds": view["retry_after_seconds"],
+    }
+
+
+def _decoded(content_type: str | None, body: bytes) -> Any:
+    media = (content_type or "").partition(";")[0].strip().lower()
+    if media == "application/json" or media.endswith("+json"):
+        try:
+            return json.loads(body)
+        except ValueError:
+            pass
+    return body.decode("utf-8", errors="replace")
+
+
+# -- refusals and records ---------------------------------------------------------------------
+
+
+def _unexpected(args: dict[str, Any]) -> Deny | None:
+    if args:
+        names = ", ".join(sorted(args))
+        return Deny(Reason.PARAMETER_UNEXPECTED, f"this tool takes no argument {names}")
+    return None
+
+
+def _invalid_operation_id(value: Any) -> Deny | None:
+    if isinstance(value, str) and valid_operation_id(value):
+        return None
+    return Deny(Reason.OPERATION_ID_INVALID, "an operation id is 1-255 printable ASCII characters")
+
+
+def _record(call: McpCall, rule: str) -> AuditRecord:
+    return AuditRecord(
+        request_id=secrets.token_hex(8),
+        source=call.source,
+        method="POST",
+        path=call.path,
+        policy_version=call.gateway.policy.version,
+        listener=LISTENER,
+        agent_id=call.agent.agent_id,
+        tenant=call.agent.tenant,
+        rule=rule,
+    )
+
+
+def _refuse(
+    call: McpCall,
+    record: AuditRecord,
+    deny: Deny,
+    *,
+    told: Reason | None = None,
+    op: Operation | None = None,
+    extra: dict[str, Any] | None = None,
+) -> ToolError:
+    """Refuse with ``deny`` on record; the agent is told ``told`` instead where the truth
+    would reveal another scope's operation (then nothing of the row either)."""
+    if record.decision != Decision.ERROR:
+        record.decision = Decision.DENY
+    record.reason = deny.reason.value
+    if op is not None:
+        record.operation_id, record.provider = op.operation_id, op.provider
+        record.status_before = record.status_after = op.status.value
+    shown = told or deny.reason
+    response = problem_response(
+        shown,
+        deny.detail,
+        operation_id=op.operation_id if op is not None and told is None else None,
+        retry_after=deny.retry_after_seconds,
+        extra=extra or None,
+    )
+    record.response_status = response.status
+    _emit(call, record)
+    return ToolError(response[PROBLEM])
+
+
+def _emit(call: McpCall, record: AuditRecord) -> None:
+    call.recorded = True
+    emit(record)

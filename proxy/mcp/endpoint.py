@@ -1,0 +1,239 @@
+"""MCP over Streamable HTTP at ``/_opgate/mcp`` on the agent listener.
+
+The official SDK speaks the protocol (both eras: the ``initialize`` handshake and the
+2026-07-28 single exchange, JSON-RPC framing, version negotiation, input checks); opgate only
+carries its ASGI exchange over aiohttp, in stateless JSON mode: one POST, one JSON answer, no
+session to keep or to lose when a process dies. Bridging keeps every protocol rule in the SDK
+instead of re-implementing a moving specification here.
+
+The agent's opgate token is checked before the SDK sees a byte; a refused exchange is
+problem+json with its audit record. Each exchange leaves exactly one audit record: a tool
+call's (``calls``), or the endpoint's own for protocol messages (listing tools, handshakes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator, MutableMapping
+from importlib.metadata import version
+from typing import Any
+
+import mcp.types as types
+from aiohttp import web
+from mcp.server.lowlevel import Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+
+from proxy.gate.decision import Deny
+from proxy.gate.gateway import GATEWAY
+from proxy.gate.identity import AmbiguousCredentials, presented_agent_token
+from proxy.gate.problem import problem_response
+from proxy.gate.reasons import Reason
+from proxy.mcp.calls import LISTENER, MCP_RULE, McpCall, call_tool
+from proxy.mcp.tools import TOOLS, tool_result
+from proxy.observe.audit import REQUEST_OBSERVER, AuditRecord, Decision, emit, request_path
+from proxy.observe.observer import OBSERVABILITY
+
+MCP_PATH = "/_opgate/mcp"
+MAX_MESSAGE_BYTES = 1 << 20  # one JSON-RPC message; the tools' arguments are small
+_CALL = "opgate.mcp_call"  # the ASGI scope key the tool handlers find their McpCall under
+
+Scope = MutableMapping[str, Any]
+
+
+def mcp_server(name: str = "opgate") -> Server[Any]:
+    """The SDK server with opgate's tools; a call finds its gateway and agent in its HTTP
+    exchange (``McpCall``), put there by the endpoint after the token was checked."""
+
+    async def list_tools(
+        ctx: Any, params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=list(TOOLS))
+
+    async def on_call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        call: McpCall = ctx.request.scope[_CALL]
+        return tool_result(await call_tool(call, params.name, params.arguments))
+
+    return Server(
+        name, version=version("opgate"), on_list_tools=list_tools, on_call_tool=on_call_tool
+    )
+
+
+class McpEndpoint:
+    def __init__(self) -> None:
+        self.manager = StreamableHTTPSessionManager(
+            mcp_server(),
+            json_response=True,
+            stateless=True,
+            max_request_body_size=MAX_MESSAGE_BYTES,
+        )
+
+    async def running(self, app: web.Application) -> AsyncIterator[None]:
+        """``cleanup_ctx``: the SDK's task group lives as long as the listener, in a task of
+        its own (aiohttp may start and clean up in different tasks; a task group may not)."""
+        started, stop = asyncio.Event(), asyncio.Event()
+
+        async def run() -> None:
+            async with self.manager.run():
+                started.set()
+                await stop.wait()
+
+        task = asyncio.create_task(run())
+        ready = asyncio.create_task(started.wait())
+        await asyncio.wait((task, ready), return_when=asyncio.FIRST_COMPLETED)
+        if task.done():  # it could not start: say why, at start-up
+            ready.cancel()
+            task.result()
+        try:
+            yield
+        finally:
+            stop.set()
+            await task
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        gw = request.app[GATEWAY]
+        record = AuditRecord(
+            request_id=secrets.token_hex(8),
+            source=request.remote,
+            method=request.method,
+            path=request_path(request.raw_path),
+            policy_version=gw.policy.version,
+            listener=LISTENER,
+            rule=MCP_RULE,
+        )
+        call: McpCall | None = None
+        try:
+            try:
+                token = presented_agent_token(request.headers, "Authorization")
+            except AmbiguousCredentials as exc:
+                return _refuse(record, Reason.AMBIGUOUS_REQUEST, str(exc))
+            agent = gw.agents.lookup(token) if token else None
+            if agent is None or token is None:
+                return _refuse(record, Reason.AGENT_UNAUTHENTICATED, "no valid agent token")
+            record.agent_id, record.tenant = agent.agent_id, agent.tenant
+            if request.method != "POST":
+                detail = f"{request.method}: the MCP endpoint takes POST only"
+                return _refuse(record, Reason.MCP_REQUEST_INVALID, detail, status=405)
+            body = await _read_message(request, gw.settings.body_read_timeout_seconds)
+            if isinstance(body, Deny):
+                return _refuse(record, body.reason, body.detail)
+            call = McpCall(gw, agent, token, request.remote, record.path or MCP_PATH)
+            response = await self._exchange(request, body, call)
+            record.response_status = response.status
+            if response.status >= 400:  # a message the protocol refuses (JSON-RPC error)
+                record.reason = Reason.MCP_REQUEST_INVALID.value
+            else:
+                record.decision = Decision.ALLOW
+            return response
+        finally:
+            if call is None or not call.recorded:
+                emit(record)
+
+    async def _exchange(self, request: web.Request, body: bytes, call: McpCall) -> web.Response:
+        """The SDK's ASGI exchange over this aiohttp request."""
+        scope: Scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": f"{request.version.major}.{request.version.minor}",
+            "method": request.method,
+            "scheme": "http",
+            "path": request.path,
+            "raw_path": request.raw_path.partition("?")[0].encode("latin-1"),
+            "query_string": request.query_string.encode("latin-1"),
+            "root_path": "",
+            "headers": [
+                (name.lower().encode("latin-1"), value.encode("latin-1"))
+                for name, value in request.headers.items()
+            ],
+            "client": None,
+            "server": None,
+            _CALL: call,
+        }
+        bridge = _Bridge(body)
+        observer = REQUEST_OBSERVER.set(request.app.get(OBSERVABILITY))
+        try:
+            await self.manager.handle_request(scope, bridge.receive, bridge.send)
+        finally:
+            REQUEST_OBSERVER.reset(observer)
+        return bridge.answer()
+
+
+class _Bridge:
+    """One ASGI request/response over aiohttp. The body is already read; the answer is
+    buffered (JSON mode: each answer is one JSON document), so that a refusal that is not
+    JSON-RPC can still be answered as problem+json."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body: bytes | None = body
+        self.status: int | None = None
+        self.headers: list[tuple[str, str]] = []
+        self.chunks: list[bytes] = []
+
+    async def receive(self) -> dict[str, Any]:
+        if self.body is not None:
+            body, self.body = self.body, None
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()  # the SDK watches for a hang-up: this one never comes
+        raise AssertionError("unreachable")
+
+    async def send(self, message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            self.headers = [
+                (name.decode("latin-1"), value.decode("latin-1"))
+                for name, value in message.get("headers", [])
+            ]
+        elif message["type"] == "http.response.body":
+            self.chunks.append(message.get("body", b""))
+
+    def answer(self) -> web.Response:
+        if self.status is None:  # the SDK ended without an answer: a bug, said as such
+            raise web.HTTPInternalServerError(text="the MCP exchange ended without an answer")
+        body = b"".join(self.chunks)
+        response = web.Response(status=self.status, body=body)
+        for name, value in self.headers:
+            if name.lower() != "content-length":
+                response.headers.add(name, value)
+        if self.status >= 400 and response.content_type != "application/json":
+            # the SDK refused the HTTP exchange itself (not a JSON-RPC error): opgate's shape
+            detail = body.decode("utf-8", errors="replace")[:500]
+            return problem_response(Reason.MCP_REQUEST_INVALID, detail, status=self.status)
+        return response
+
+
+async def _read_message(request: web.Request, deadline_seconds: float) -> bytes | Deny:
+    """The whole message, bounded in size and in time (as the pipeline reads a body)."""
+    too_large = Deny(Reason.BODY_TOO_LARGE, f"more than {MAX_MESSAGE_BYTES} bytes")
+    if request.content_length is not None and request.content_length > MAX_MESSAGE_BYTES:
+        return too_large
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(deadline_seconds):
+            while chunk := await request.content.read(64 * 1024):
+                size += len(chunk)
+                if size > MAX_MESSAGE_BYTES:
+                    return too_large
+                chunks.append(chunk)
+    except TimeoutError:
+        return Deny(Reason.BODY_TIMEOUT, f"the message did not arrive within {deadline_seconds} s")
+    return b"".join(chunks)
+
+
+def _refuse(
+    record: AuditRecord, reason: Reason, detail: str, *, status: int | None = None
+) -> web.Response:
+    record.decision, record.reason = Decision.DENY, reason.value
+    response = problem_response(reason, detail, status=status)
+    if reason is Reason.AGENT_UNAUTHENTICATED:
+        response.headers["WWW-Authenticate"] = 'Bearer realm="opgate"'
+    if status == 405:  # stateless: no stream to GET, no session to DELETE
+        response.headers["Allow"] = "POST"
+    record.response_status = response.status
+    return response
+
+
+def add_mcp_route(app: web.Application) -> None:
+    endpoint = McpEndpoint()
+    app.router.add_route("*", MCP_PATH, endpoint.handle)
+    app.cleanup_ctx.append(endpoint.running)
