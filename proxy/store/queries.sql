@@ -356,15 +356,21 @@ SELECT pg_is_in_recovery() AS in_recovery;
 
 -- ===================================================================================== audit
 -- The tamper-evident audit log (migration 0003, docs/audit.md, proxy/observe/auditlog/). Chaining is
--- done by the audit_log trigger; these queries only append, checkpoint and read.
+-- done in the database (the audit_log trigger, and opgate_audit_append_batch for a larger
+-- batch: migration 0010); these queries only append, checkpoint and read.
 
 -- name: audit_append_batch
 -- Records of one stream ($1, kind $2), in order: a JSON array of record objects ($3). One
--- statement per batch; the trigger chains each row.
+-- statement per batch; the trigger chains each row (a few records: see the next query).
 INSERT INTO audit_log (stream, seq, kind, operation_id, record, prev_hash, hash)
 SELECT $1, 0, $2, r.value ->> 'operation_id', r.value, '\x', '\x'
   FROM jsonb_array_elements($3::jsonb) WITH ORDINALITY AS r (value, position)
  ORDER BY r.position;
+
+-- name: audit_append_many
+-- The same for a larger batch: chained by one function (migration 0010) that locks and moves
+-- the stream's head once, instead of the trigger moving it once per row.
+SELECT opgate_audit_append_batch($1, $2, $3::jsonb);
 
 -- name: audit_set_instance_policy
 -- The policy set this instance ($1) now decides with ($2): transition records name it.

@@ -19,6 +19,7 @@ import pytest
 from structlog.testing import capture_logs
 from yarl import URL
 
+from proxy.observe.auditlog.records import MANY_RECORDS
 from proxy.observe.auditlog.verify import verify
 from proxy.observe.auditlog.writer import RequestRecordWriter
 from proxy.store.store import Store
@@ -176,6 +177,37 @@ async def test_nul_and_lone_surrogates_anywhere_in_a_record_are_stored(
     assert stored["odd"]["destination"] == "h\ufffd.test"
     assert stored["odd"]["detail"] == {"k\ufffd": ["\ufffd", "ok"]}
     assert stored["after"]["path"] == "/fine"
+    assert await verified_ok(database_url)
+
+
+async def test_a_few_records_wait_for_others_and_a_flush_does_not(database_url: str) -> None:
+    """While records keep coming (one was just stored), a record queued alone waits for others
+    to join it: with more queued after a database round trip, all are stored by one statement
+    (one transaction's time); a flush does not wait out the linger, with or without company."""
+    stream = "requests/linger-test"
+    store = await Store.open(database_url, min_size=1, max_size=2)
+    writer = RequestRecordWriter(store, stream, linger_seconds=FLUSH_DEADLINE * 3)
+    writer.start()
+    conn = await asyncpg.connect(database_url)
+    try:
+        await asyncio.wait_for(writer.flush(), FLUSH_DEADLINE)  # the started record
+        writer.submit({"request_id": "first"})
+        await conn.fetchval("SELECT 1")  # the writer has had its turns meanwhile
+        for i in range(MANY_RECORDS - 1):
+            writer.submit({"request_id": f"r{i}"})
+        await asyncio.wait_for(writer.flush(), FLUSH_DEADLINE)
+        rows = await conn.fetch(
+            "SELECT DISTINCT at FROM audit_log WHERE stream = $1 AND seq > 1", stream
+        )
+        assert len(rows) == 1
+        writer.submit({"request_id": "alone"})
+        await asyncio.wait_for(writer.flush(), FLUSH_DEADLINE)
+        count = await conn.fetchval("SELECT count(*) FROM audit_log WHERE stream = $1", stream)
+        assert count == 1 + MANY_RECORDS + 1
+    finally:
+        await conn.close()
+        await writer.close()
+        await store.close()
     assert await verified_ok(database_url)
 
 

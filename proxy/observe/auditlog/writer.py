@@ -50,6 +50,12 @@ _log = structlog.get_logger("opgate.audit_writer")
 _FIRST_BACKOFF_SECONDS = 0.05
 _MAX_BACKOFF_SECONDS = 5.0
 STALL_SECONDS = 5.0
+# How long a few waiting records wait for others to join them while records keep coming (the
+# last batch was stored less than this long ago): a batch of records.MANY_RECORDS or more is
+# chained by PostgreSQL in one statement, at a fraction of the CPU of a commit per record or
+# two (bench/README.md). Nobody waits on this write (the log line has gone out); a quiet
+# writer's record is stored at once.
+LINGER_SECONDS = 0.02
 # SQLSTATE classes one record can cause: data exception (22: NUL, bad escapes, a value out of
 # range), integrity constraint violation (23), program limit exceeded (54: an index row too
 # large). Anything else (connection, timeout, lock, read-only standby...) is the database's
@@ -111,6 +117,7 @@ class RequestRecordWriter:
         max_pending: int = 10_000,
         batch_size: int = 500,
         stall_seconds: float = STALL_SECONDS,
+        linger_seconds: float = LINGER_SECONDS,
         redact: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         denials: DenialCounter | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -120,6 +127,9 @@ class RequestRecordWriter:
         self.max_pending = max_pending
         self._batch_size = batch_size
         self.stall_seconds = stall_seconds
+        self._linger_seconds = linger_seconds
+        self._flushes = 0  # flushes waiting: the writer does not linger for them
+        self._last_stored: float | None = None  # event loop time a batch was last stored
         self._redact = redact or (lambda record: record)
         self._denials = denials or DenialCounter()
         self._clock = clock
@@ -178,8 +188,13 @@ class RequestRecordWriter:
     async def flush(self) -> None:
         """End the open denial window and wait until every record so far is stored."""
         self._close_window()
-        while self._pending:
-            await self._idle.wait()
+        self._flushes += 1
+        self._wakeup.set()
+        try:
+            while self._pending:
+                await self._idle.wait()
+        finally:
+            self._flushes -= 1
 
     async def close(self, grace_seconds: float = 5.0) -> None:
         """Write what is queued (for at most ``grace_seconds``), then stop."""
@@ -271,6 +286,7 @@ class RequestRecordWriter:
                 self._idle.set()
                 await self._wait_for_work()
                 continue
+            await self._linger()
             batch = list(itertools.islice(self._pending, self._batch_size))
             try:
                 for entry in batch:
@@ -282,6 +298,22 @@ class RequestRecordWriter:
                 backoff = min(backoff * 2, _MAX_BACKOFF_SECONDS)
             else:
                 backoff = _FIRST_BACKOFF_SECONDS
+
+    async def _linger(self) -> None:
+        """While fewer than records.MANY_RECORDS wait, wait up to ``linger_seconds`` for more
+        if records keep coming (not for a flush, nor when closing)."""
+        last = self._last_stored
+        if last is None or asyncio.get_running_loop().time() - last >= self._linger_seconds:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._linger_seconds):
+                while (
+                    len(self._pending) < records.MANY_RECORDS
+                    and not self._flushes
+                    and not self._closing
+                ):
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
 
     async def _wait_for_work(self) -> None:
         # asyncio.timeout, not wait_for: a cancellation arriving as the wait ends is not lost
@@ -341,6 +373,7 @@ class RequestRecordWriter:
             if entry.stands_in:
                 self.unstorable += 1
         self.written += len(entries)
+        self._last_stored = asyncio.get_running_loop().time()
         if self._stall_reported:
             self._stall_reported = False
             _log.info("audit_writer_recovered", stream=self._stream, pending=len(self._pending))

@@ -1,0 +1,175 @@
+"""PostgreSQL's own CPU per approved operation, measured alone (bench/README.md).
+
+One client, prepared statements, autocommit, on a scratch database migrated up to ``--upto``
+(so one sitting can compare two schemas: the migrations before and after a change). For each
+of ``--operations`` fresh operations: create (not counted), then load + claim + settle, the
+statements of an approved operation's first send; then ``--records`` request records
+appended in batches of ``--batch``, as the audit writer does. Reports the backend's CPU from
+/proc (user + system, so the WAL flush of each commit counts) per operation and per record.
+
+    python bench/pg_transitions.py --dsn postgresql://postgres@127.0.0.1:5432/postgres --upto 9
+    python bench/pg_transitions.py --dsn postgresql://postgres@127.0.0.1:5432/postgres --upto 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import asyncpg
+
+from proxy.observe.auditlog import records
+from proxy.store.migrate import load_migrations
+from proxy.store.queries import QUERIES
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def backend_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
+
+
+async def scratch(dsn: str, upto: int, extra_sql: list[str]) -> tuple[str, str]:
+    name = f"opgate_pgbench_{secrets.token_hex(4)}"
+    admin = await asyncpg.connect(dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    target = dsn.rsplit("/", 1)[0] + "/" + name
+    conn = await asyncpg.connect(target)
+    try:
+        for migration in load_migrations():
+            if migration.number <= upto:
+                await conn.execute(migration.sql)
+        await conn.execute(QUERIES["audit_set_instance_policy"], "bench", "sha256:bench")
+        for sql in extra_sql:
+            await conn.execute(sql)
+    finally:
+        await conn.close()
+    return name, target
+
+
+async def measure(
+    target: str,
+    operations: int,
+    record_count: int,
+    batch: int,
+    settings: dict[str, str],
+    untriggered: bool,
+) -> dict[str, float]:
+    conn = await asyncpg.connect(
+        target, server_settings={"opgate.instance_id": "bench", **settings}
+    )
+    try:
+        if untriggered:  # for the analysis only: what the transition records cost
+            await conn.execute(
+                "ALTER TABLE operation_events DISABLE TRIGGER operation_events_audit"
+            )
+        pid = await conn.fetchval("SELECT pg_backend_pid()")
+        expires = datetime.now(UTC) + timedelta(hours=1)
+        ids = [f"op_{secrets.token_hex(8)}" for _ in range(operations)]
+        create = await conn.prepare(QUERIES["create_operation"])
+        for i, operation_id in enumerate(ids):
+            await create.fetchrow(
+                operation_id,
+                "t",
+                "agent",
+                "stripe",
+                "charge",
+                "POST",
+                "/v1/charges",
+                "{}",
+                100,
+                "usd",
+                '{"amount": 100}',
+                f"key-{operation_id}",
+                f"ref-{i}",
+                "human",
+                expires,
+                "bench",
+                None,
+            )
+        load = await conn.prepare(QUERIES["load_operation"])
+        claim = await conn.prepare(QUERIES["claim_operation"])
+        settle = await conn.prepare(QUERIES["settle_operation"])
+        spent = {"load": 0.0, "claim": 0.0, "settle": 0.0}
+        for operation_id in ids:
+            at = backend_cpu(pid)
+            await load.fetchrow(operation_id)
+            after_load = backend_cpu(pid)
+            claimed = await claim.fetchrow(
+                operation_id, "bench", 30.0, 0, "bench", 86400.0, None, None
+            )
+            assert claimed is not None
+            after_claim = backend_cpu(pid)
+            settled = await settle.fetchrow(
+                operation_id, "confirmed", 200, "ch_1", "application/json", b"{}", "bench"
+            )
+            assert settled is not None
+            spent["load"] += after_load - at
+            spent["claim"] += after_claim - after_load
+            spent["settle"] += backend_cpu(pid) - after_claim
+        per_operation = sum(spent.values()) / operations
+        record = {
+            "schema_version": 1,
+            "record_type": "request",
+            "decision": "allow",
+            "operation_id": None,
+            "path": "/v1/charges",
+            "status": 200,
+        }
+        texts = [json.dumps({**record, "instance_seq": n + 1}) for n in range(record_count)]
+        before = backend_cpu(pid)
+        for start in range(0, record_count, batch):
+            await records.append_texts(
+                conn, "requests/bench", "request", texts[start : start + batch]
+            )
+        per_record = (backend_cpu(pid) - before) / record_count
+        return {
+            "per_operation_us": per_operation * 1e6,
+            **{f"{name}_us": value / operations * 1e6 for name, value in spent.items()},
+            "per_record_us": per_record * 1e6,
+        }
+    finally:
+        await conn.close()
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dsn", required=True)
+    parser.add_argument("--upto", type=int, required=True, help="last migration applied")
+    parser.add_argument("--operations", type=int, default=3000)
+    parser.add_argument("--records", type=int, default=20000)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument(
+        "--setting", action="append", default=[], help="NAME=VALUE, a server setting (analysis)"
+    )
+    parser.add_argument("--sql", action="append", default=[], help="run after the migrations")
+    parser.add_argument(
+        "--no-transition-records", action="store_true", help="analysis: the trigger disabled"
+    )
+    args = parser.parse_args()
+    name, target = await scratch(args.dsn, args.upto, args.sql)
+    try:
+        settings = dict(item.split("=", 1) for item in args.setting)
+        result = await measure(
+            target, args.operations, args.records, args.batch, settings, args.no_transition_records
+        )
+    finally:
+        admin = await asyncpg.connect(args.dsn)
+        try:
+            await admin.execute(f'DROP DATABASE "{name}"')
+        finally:
+            await admin.close()
+    print(json.dumps({"upto": args.upto, **{k: round(v, 1) for k, v in result.items()}}))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
