@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import shutil
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -50,17 +51,28 @@ async def in_browser(step: Callable[[], T]) -> T:
 
 def navigate(driver: Any, action: Callable[[], object]) -> None:
     """Do what leaves the page (a click, a form submission) and wait, bounded, until the next
-    page has replaced it: a click returns before the browser has navigated."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
+    page has replaced it and loaded: a click returns before the browser has navigated.
+
+    The old page is marked with a window property a new document cannot have. (Waiting for an
+    old element to go stale is not enough: while the page unloads, Chromium may answer the
+    staleness probe with "Node with given id does not belong to the document", an unknown
+    error rather than a stale reference.)"""
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    old = driver.find_element(By.TAG_NAME, "html")
+    marker = secrets.token_hex(8)
+    driver.execute_script("window.opgateTestPage = arguments[0];", marker)
     action()
-    WebDriverWait(driver, 15).until(expected_conditions.staleness_of(old))
-    WebDriverWait(driver, 15).until(
-        lambda d: d.execute_script("return document.readyState") == "complete"
-    )
+
+    def replaced(d: Any) -> bool:
+        return bool(
+            d.execute_script(
+                "return window.opgateTestPage === undefined && document.readyState === 'complete';"
+            )
+        )
+
+    # while the old document unloads, a script may fail to run: that is "not yet"
+    WebDriverWait(driver, 15, ignored_exceptions=(WebDriverException,)).until(replaced)
 
 
 def click(driver: Any, element: Any) -> None:
