@@ -14,6 +14,7 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -191,20 +192,28 @@ def _budgets(args: argparse.Namespace) -> Any:
 
 
 def run_ops(args: argparse.Namespace) -> int:
+    return run_api_call(args, "opgate ops", args.ops, render)
+
+
+def run_api_call(
+    args: argparse.Namespace,
+    command: str,
+    call: Callable[[argparse.Namespace], Any],
+    table: Callable[[Any], str],
+) -> int:
+    """One call of an operations API command: its answer printed (a table, or JSON with
+    --json), or the API's code and sentence (or why opgate cannot be reached) on stderr."""
     try:
-        result = args.ops(args)
+        result = call(args)
     except ApiError as exc:
         detail = exc.body.get("detail") if isinstance(exc.body, dict) else exc.body
         code = exc.body.get("code") if isinstance(exc.body, dict) else exc.status
-        print(f"opgate ops: {code}: {detail}", file=sys.stderr)
+        print(f"{command}: {code}: {detail}", file=sys.stderr)
         return 1
     except urllib.error.URLError as exc:
-        print(f"opgate ops: cannot reach {args.url}: {exc.reason}", file=sys.stderr)
+        print(f"{command}: cannot reach {args.url}: {exc.reason}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print(render(result))
+    print(json.dumps(result, indent=2) if args.json else table(result))
     return 0
 
 

@@ -11,12 +11,11 @@ import argparse
 import json
 import os
 import sys
-import urllib.error
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from proxy.operations.cli import ApiError, _age, _call, _cell, _table
+from proxy.operations.cli import _age, _call, _cell, _table, run_api_call
 
 COLUMNS = (
     "proposal_id",
@@ -86,18 +85,7 @@ def run_proposals(args: argparse.Namespace) -> int:
     if not args.token:
         print("opgate proposals: set OPGATE_APPROVER_TOKEN or --token", file=sys.stderr)
         return 1
-    try:
-        result = args.proposals(args)
-    except ApiError as exc:
-        detail = exc.body.get("detail") if isinstance(exc.body, dict) else exc.body
-        code = exc.body.get("code") if isinstance(exc.body, dict) else exc.status
-        print(f"opgate proposals: {code}: {detail}", file=sys.stderr)
-        return 1
-    except urllib.error.URLError as exc:
-        print(f"opgate proposals: cannot reach {args.url}: {exc.reason}", file=sys.stderr)
-        return 1
-    print(json.dumps(result, indent=2) if args.json else render(result))
-    return 0
+    return run_api_call(args, "opgate proposals", args.proposals, render)
 
 
 def _row(view: dict[str, Any], now: datetime) -> dict[str, Any]:

@@ -50,7 +50,9 @@ class Refusal:
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. the remaining budget
 
 
-async def spend_limits_problem(gw: Gateway, planned: NewOperation, *, at: str) -> Refusal | None:
+async def spend_limits_problem(
+    gw: Gateway, planned: NewOperation | Proposal, *, at: str
+) -> Refusal | None:
     """The limits no approval may exceed (spend budgets, checked early at proposal and at
     approval time; ``at`` says which), or None when the operation is within them. Budgets are
     enforced atomically when a request claims its operation; this early check only refuses
@@ -124,7 +126,7 @@ async def approve_proposal(
     if problems:
         await _record_refusal(gw, proposal, approver, "approval_not_sendable", "; ".join(problems))
         return Refusal(422, "approval_not_sendable", "; ".join(problems), problems)
-    limited = await spend_limits_problem(gw, _as_operation(proposal, approver), at="approval")
+    limited = await spend_limits_problem(gw, proposal, at="approval")
     if limited is not None:
         await _record_refusal(gw, proposal, approver, limited.code, limited.detail)
         return limited
@@ -176,25 +178,4 @@ async def _record_refusal(
     await gw.store.record_proposal_refusal(proposal.proposal_id, approver.actor, code, detail)
     _log.warning(
         "proposal_approval_refused", proposal_id=proposal.proposal_id, by=approver.actor, code=code
-    )
-
-
-def _as_operation(proposal: Proposal, approver: Approver) -> NewOperation:
-    """The operation an approval would create, for the limits to judge."""
-    return NewOperation(
-        operation_id=proposal.operation_id,
-        tenant=proposal.tenant,
-        agent_id=proposal.agent_id,
-        provider=proposal.provider,
-        action=proposal.action,
-        method=proposal.method,
-        path=proposal.path,
-        path_params=dict(proposal.path_params),
-        amount=proposal.amount,
-        currency=proposal.currency,
-        params=dict(proposal.params),
-        idempotency_key=proposal.idempotency_key,
-        approval_ref=proposal.proposal_id,
-        approved_by=approver.name,
-        expires_at=proposal.read_at,  # not judged: the limits read amounts, not expiries
     )
