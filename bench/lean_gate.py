@@ -52,6 +52,7 @@ from typing import Any
 
 import aiohttp
 import asyncpg
+import uvloop
 from aiohttp import web
 
 CREATE_TABLES = """
@@ -434,6 +435,7 @@ def main() -> None:
     parser.add_argument("--provider", default="bench")
     parser.add_argument("--route-prefix", default="/bench")
     parser.add_argument("--pool-size", type=int, default=10, help="as opgate's pool_max_size")
+    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     args = parser.parse_args()
     credential = os.environ.get("LEAN_GATE_CREDENTIAL", "")
     if not credential:
@@ -456,6 +458,7 @@ def main() -> None:
         port=args.port,
         access_log=None,
         print=None,
+        loop=uvloop.new_event_loop() if args.loop == "uvloop" else None,  # as opgate's
     )
 
 

@@ -130,6 +130,28 @@ REQUEST_OBSERVER: ContextVar[RequestObserver | None] = ContextVar(
 )
 
 
+class _AuditLogger:
+    """The audit line's bound logger, made once per structlog configuration: a lazy
+    ``get_logger`` per request builds a logger factory's logger, a wrapper and a bind each
+    time. A configuration change (tests capture lines by reconfiguring) makes a new one."""
+
+    def __init__(self) -> None:
+        self._made_for: tuple[Any, ...] = ()  # held, so that no id is reused meanwhile
+        self._logger: Any = None
+
+    def get(self) -> Any:
+        config = tuple(structlog.get_config().values())
+        if len(config) != len(self._made_for) or any(
+            now is not then for now, then in zip(config, self._made_for, strict=True)
+        ):
+            self._logger = structlog.get_logger(AUDIT_LOGGER).bind()
+            self._made_for = config
+        return self._logger
+
+
+_audit_logger = _AuditLogger()
+
+
 def emit(record: AuditRecord) -> None:
     fields = record.fields()
     observer = REQUEST_OBSERVER.get()
@@ -139,7 +161,7 @@ def emit(record: AuditRecord) -> None:
     redacted = redact_record(fields)
     token = ALREADY_REDACTED.set(True)
     try:
-        structlog.get_logger(AUDIT_LOGGER).info(**redacted)  # the event: "request"
+        _audit_logger.get().info(**redacted)  # the event: "request"
     finally:
         ALREADY_REDACTED.reset(token)
     if observer is not None:

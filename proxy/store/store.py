@@ -129,6 +129,8 @@ class Store:
     def __init__(self, pool: asyncpg.Pool, acquire_timeout: float) -> None:
         self._pool = pool
         self._acquire_timeout = acquire_timeout
+        self._max_size = pool.get_max_size()
+        self._held = 0  # connections this store's calls hold now (every acquire is in _run)
 
     @classmethod
     async def open(
@@ -157,6 +159,9 @@ class Store:
                 # 0 behind PgBouncer's transaction pooling, where a named prepared statement
                 # may live on another server connection than the next query's
                 statement_cache_size=statement_cache_size,
+                # Idle connections are kept (at most max_size): closing them after a while
+                # costs a timer armed on every release and cancelled on every acquire.
+                max_inactive_connection_lifetime=0,
             )
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"cannot open the database pool: {exc}") from exc
@@ -178,12 +183,17 @@ class Store:
         # waited for (taking it does not suspend; a reconnect and every statement have their
         # own timeouts), and asyncpg's wait_for around the acquire and the release, ~8 us of
         # each of a request's store calls, is skipped.
-        wait = None if self._pool.get_idle_size() else self._acquire_timeout
+        # Every connection of the pool is acquired here, so fewer held than the pool's size
+        # means a free one (asyncpg's get_idle_size walks every connection to say so).
+        wait = None if self._held < self._max_size else self._acquire_timeout
+        self._held += 1
         try:
             async with self._pool.acquire(timeout=wait) as conn:
                 return await call(conn)
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(str(exc) or type(exc).__name__) from exc
+        finally:
+            self._held -= 1
 
     async def _one(self, query: str, *args: Any) -> Operation | None:
         record = await self._run(lambda conn: conn.fetchrow(QUERIES[query], *args))

@@ -4,14 +4,17 @@ exactly the documented fields, in the log line and (the same fields) in the audi
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
+import structlog
 from structlog.testing import capture_logs
 
 from proxy.gate.reasons import Reason
+from proxy.observe.audit import AuditRecord, emit
 from tests.gate.test_pipeline import GOOD_BODY, REFUND, REJECTIONS, op_header
 from tests.observe.test_audit_doc import documented_request_fields
 from tests.support.fault_provider import FaultMode, FaultProvider
@@ -271,3 +274,33 @@ async def test_a_recovery_read_leaves_one_request_record(
 
     record = await _one_record(fault_gate, database_url, read)
     assert record["operation_id"] == op["operation_id"]
+
+
+def test_the_audit_line_follows_each_logging_configuration() -> None:
+    """The audit line's logger is made once per structlog configuration, and a new
+    configuration (here a capture, then another renderer) is followed from the next line on."""
+    saved = structlog.get_config()
+    lines: list[str] = []
+
+    class ListLogger:
+        def info(self, message: str) -> None:
+            lines.append(message)
+
+    try:
+        with capture_logs() as captured:
+            emit(AuditRecord(request_id="first"))
+        assert [entry["request_id"] for entry in captured] == ["first"]
+        structlog.configure(
+            processors=[structlog.processors.JSONRenderer()],
+            logger_factory=lambda *args: ListLogger(),
+            wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+        )
+        emit(AuditRecord(request_id="second"))
+        emit(AuditRecord(request_id="third"))
+        assert [json.loads(line)["request_id"] for line in lines] == ["second", "third"]
+        with capture_logs() as captured:
+            emit(AuditRecord(request_id="fourth"))
+        assert [entry["request_id"] for entry in captured] == ["fourth"]
+        assert len(lines) == 2
+    finally:
+        structlog.configure(**saved)
