@@ -251,6 +251,7 @@ def start_service(
     *,
     env: dict[str, str] | None = None,
     logs: Path,
+    cwd: Path = REPO,
 ) -> Service:
     """Starts a server whose stdout goes to /dev/null (opgate's audit line: one JSON line per
     request, rendered and written all the same, so its cost is measured) and whose stderr goes to
@@ -258,7 +259,7 @@ def start_service(
     stderr_path = logs / f"{name}.stderr.log"
     with stderr_path.open("wb") as stderr:
         process = subprocess.Popen(
-            list(argv), stdout=subprocess.DEVNULL, stderr=stderr, env=env, cwd=REPO
+            list(argv), stdout=subprocess.DEVNULL, stderr=stderr, env=env, cwd=cwd
         )
     service = Service(name, process, stderr_path)
     stack.callback(stop_process, process)
@@ -339,11 +340,11 @@ def psql(url: str, sql: str) -> str:
 
 
 @contextlib.contextmanager
-def bench_database(admin_url: str, keep: bool) -> Iterator[str]:
+def bench_database(admin_url: str, keep: bool, suffix: str = "") -> Iterator[str]:
     """A fresh database for this run, dropped afterwards (FORCE: opgate may still be connected
     if it failed to stop)."""
-    name = f"opgate_bench_{os.getpid()}"
-    _BENCH_DATABASE[:] = [name]
+    name = f"opgate_bench_{os.getpid()}{suffix}"
+    _BENCH_DATABASE.append(name)
     psql(admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     psql(admin_url, f"CREATE DATABASE {name}")
     try:
@@ -475,7 +476,7 @@ def postgres_kind(pid: int) -> str:
     except (OSError, UnicodeDecodeError):
         return "postgres"
     match = _PG_BACKEND_TITLE.match(title)
-    if match is None or not _BENCH_DATABASE or match.group(1) == _BENCH_DATABASE[0]:
+    if match is None or not _BENCH_DATABASE or match.group(1) in _BENCH_DATABASE:
         return "postgres"
     return OTHER_DATABASES
 

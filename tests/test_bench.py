@@ -256,3 +256,28 @@ def test_a_broken_or_short_lean_chain_invalidates_the_row() -> None:
     assert runner.chain_problems(good | {"distinct_hashes": 1}, answered=10) == [
         "audit chain: repeated hashes"
     ]
+
+
+def test_the_ab_summary_is_the_median_of_each_side_and_their_ratio() -> None:
+    """bench/ab.py reports each side's median burst and B's medians over A's."""
+    sys.path.insert(0, str(REPO / "bench"))  # ab.py imports run.py as the script folder's own
+    try:
+        ab = bench_module("ab")
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+
+    def burst(opgate_ms: float) -> dict[str, float]:
+        return {"rps": 100.0, "opgate_ms": opgate_ms, "pg_ms": 1.0, "machine_ms": 2.0}
+
+    a = ab.Side("A", REPO, "postgresql://a", samples={"b": [burst(3.0), burst(1.0), burst(2.0)]})
+    b = ab.Side("B", REPO, "postgresql://b", samples={"b": [burst(9.0), burst(1.5), burst(1.0)]})
+    args = ab.argparse.Namespace(a_env=[], b_env=["OPGATE_EVENT_LOOP=asyncio"], rounds=3, seconds=1)
+    result = ab.summarise([a, b], ["b"], args)
+    assert result["medians"]["A"]["b"]["opgate_ms"] == 2.0
+    assert result["medians"]["B"]["b"]["opgate_ms"] == 1.5
+    assert result["b_over_a"]["b"] == {
+        "rps": 1.0,
+        "opgate_ms": 0.75,
+        "pg_ms": 1.0,
+        "machine_ms": 1.0,
+    }
