@@ -1,7 +1,7 @@
 """Two opgates, A and B, measured interleaved: the A/B of one change, in one sitting.
 
     python bench/ab.py --a-tree ../before --b-tree . [--rounds 8] [--seconds 3]
-    python bench/ab.py --a-env OPGATE_EVENT_LOOP=asyncio --b-env OPGATE_EVENT_LOOP=uvloop
+    python bench/ab.py --a-env OPGATE_POOL_MAX_SIZE=4   # two settings, one tree
 
 On a shared 2-core VM the CPU per request drifts by 20% or more between runs minutes apart,
 which hides a 5-10% change between two full ``bench/run.py`` runs. Here both opgates run at
@@ -112,14 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=8, help="bursts per side and row")
     parser.add_argument("--seconds", type=int, default=3, help="seconds per burst")
     parser.add_argument("--rows", default="b,a", help="b (operation), a (read)")
-    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     parser.add_argument("--python", default=run.default_python())
     parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     args = parser.parse_args(argv)
-    config = replace(
-        run.parse_args(["--python", args.python, "--admin-url", args.admin_url]),
-        loop=args.loop,
-    )
+    config = run.parse_args(["--python", args.python, "--admin-url", args.admin_url])
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     envs = {
         "A": dict(item.split("=", 1) for item in args.a_env),
@@ -139,8 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         provider_port = run.free_port()
         provider = run.start_service(
             stack, "ab-provider",
-            [config.python, str(run.BENCH_DIR / "provider.py"), "--port", str(provider_port),
-             "--loop", config.loop],
+            [config.python, str(run.BENCH_DIR / "provider.py"), "--port", str(provider_port)],
             logs=run.RESULTS_DIR,
         )  # fmt: skip
         provider_url = f"http://127.0.0.1:{provider_port}"
@@ -155,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         for index, side in enumerate(sides):
             side.next_id = RANGE_BASE * (index + 1) * 10
             start_side(
-                stack, side, config, {"OPGATE_EVENT_LOOP": config.loop} | envs[side.name],
+                stack, side, config, envs[side.name],
                 policy_dir, tmp, TOKEN[0], secret,
             )  # fmt: skip
         for side in sides:  # warm-up, not counted

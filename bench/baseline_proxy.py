@@ -16,7 +16,6 @@ import argparse
 from collections.abc import AsyncIterator
 
 import aiohttp
-import uvloop
 from aiohttp import web
 
 CLIENT = web.AppKey("client", aiohttp.ClientSession)
@@ -72,7 +71,6 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True, help="the provider's base URL")
-    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     args = parser.parse_args()
     web.run_app(
         baseline_app(args.upstream),
@@ -80,7 +78,6 @@ def main() -> None:
         port=args.port,
         access_log=None,
         print=None,
-        loop=uvloop.new_event_loop() if args.loop == "uvloop" else None,  # as opgate's
         auto_decompress=False,
     )
 

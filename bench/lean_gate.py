@@ -52,7 +52,6 @@ from typing import Any
 
 import aiohttp
 import asyncpg
-import uvloop
 from aiohttp import web
 
 CREATE_TABLES = """
@@ -435,7 +434,6 @@ def main() -> None:
     parser.add_argument("--provider", default="bench")
     parser.add_argument("--route-prefix", default="/bench")
     parser.add_argument("--pool-size", type=int, default=10, help="as opgate's pool_max_size")
-    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     args = parser.parse_args()
     credential = os.environ.get("LEAN_GATE_CREDENTIAL", "")
     if not credential:
@@ -458,7 +456,6 @@ def main() -> None:
         port=args.port,
         access_log=None,
         print=None,
-        loop=uvloop.new_event_loop() if args.loop == "uvloop" else None,  # as opgate's
     )
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import itertools
 
-import uvloop
 from aiohttp import web
 
 _REFUND_IDS = itertools.count(1)
@@ -49,17 +48,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     args = parser.parse_args()
     # No access log: a log line per request would be the provider's largest cost.
-    web.run_app(
-        provider_app(),
-        host=args.host,
-        port=args.port,
-        access_log=None,
-        print=None,
-        loop=uvloop.new_event_loop() if args.loop == "uvloop" else None,  # as opgate's
-    )
+    web.run_app(provider_app(), host=args.host, port=args.port, access_log=None, print=None)
 
 
 if __name__ == "__main__":

@@ -177,7 +177,6 @@ class Config:
     pinned_workers_counts: tuple[int, ...] = (1, 2)  # workers rows with the CPU split
     workers_cpus: tuple[int, ...] = ()  # the opgate workers' cores in the split; () = first half
     workers_connections: int = 0  # wrk connections of the workers rows; 0 = --connections
-    loop: str = "uvloop"  # the event loop of every server the run starts (opgate's default)
 
 
 @dataclass
@@ -1002,15 +1001,14 @@ def run(config: Config) -> dict[str, Any]:
         )
         provider = start_service(
             stack, "provider",
-            [config.python, str(BENCH_DIR / "provider.py"), "--port", str(provider_port),
-             "--loop", config.loop],
+            [config.python, str(BENCH_DIR / "provider.py"), "--port", str(provider_port)],
             logs=RESULTS_DIR,
         )  # fmt: skip
         provider_url = f"http://127.0.0.1:{provider_port}"
         baseline = start_service(
             stack, "baseline",
             [config.python, str(BENCH_DIR / "baseline_proxy.py"),
-             "--port", str(baseline_port), "--upstream", provider_url, "--loop", config.loop],
+             "--port", str(baseline_port), "--upstream", provider_url],
             logs=RESULTS_DIR,
         )  # fmt: skip
         baseline_url = f"http://127.0.0.1:{baseline_port}"
@@ -1024,7 +1022,7 @@ def run(config: Config) -> dict[str, Any]:
         provider_secret = "sk_bench_" + secrets.token_hex(8)
         env = opgate_environment(
             db_url, policy_dir, tmp / "opgate-data", agent_port, ops_port, agent_token,
-            provider_secret, config.loop,
+            provider_secret,
         )  # fmt: skip
         opgate = start_service(
             stack, "opgate", [config.python, "-m", "proxy", "serve"], env=env, logs=RESULTS_DIR
@@ -1042,8 +1040,7 @@ def run(config: Config) -> dict[str, Any]:
                 [config.python, str(BENCH_DIR / "lean_gate.py"), "--port", str(lean_port),
                  "--database-url", db_url, "--upstream", provider_url,
                  "--agent-token-sha256", sha256(agent_token), "--agent-id", AGENT_ID,
-                 "--tenant", TENANT, "--provider", PROVIDER, "--route-prefix", "/bench",
-                 "--loop", config.loop],
+                 "--tenant", TENANT, "--provider", PROVIDER, "--route-prefix", "/bench"],
                 env=os.environ | {"LEAN_GATE_CREDENTIAL": provider_secret},
                 logs=RESULTS_DIR,
             )  # fmt: skip
@@ -1189,7 +1186,6 @@ def opgate_environment(
     ops_port: int,
     agent_token: str,
     provider_secret: str,
-    loop: str = "uvloop",
 ) -> dict[str, str]:
     """opgate's whole configuration, from nothing but this run: every ``OPGATE_*`` of the
     caller's environment is dropped, so that an opgate configured in the same shell (or a
@@ -1205,7 +1201,6 @@ def opgate_environment(
         "OPGATE_AGENT_LISTEN": f"127.0.0.1:{agent_port}",
         "OPGATE_OPS_LISTEN": f"127.0.0.1:{ops_port}",
         "OPGATE_FORWARD_LISTEN": "",  # empty: forward-proxy mode off (proxy/settings.py)
-        "OPGATE_EVENT_LOOP": loop,  # every server of the run on the same loop (--loop)
         "OPGATE_ADMIN_TOKEN_SHA256": sha256(secrets.token_urlsafe(24)),
         "OPGATE_AGENTS": json.dumps(
             [{"id": AGENT_ID, "tenant": TENANT, "token_sha256": sha256(agent_token)}]
@@ -1967,13 +1962,6 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     )
     parser.add_argument("--no-lean", action="store_true", help="skip the lean gate rows")
     parser.add_argument(
-        "--loop",
-        choices=("uvloop", "asyncio"),
-        default="uvloop",
-        help="the event loop of every server the run starts: opgate (OPGATE_EVENT_LOOP), the "
-        "baseline, the lean gate and the provider alike, so that no ratio measures the loop",
-    )
-    parser.add_argument(
         "--fixed-rates",
         default="200,500",
         help="open-loop rates in requests/s, comma-separated ('none' skips them)",
@@ -2021,7 +2009,6 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         fixed_pin=not args.no_fixed_pin,
         pinned_workers_counts=counts_list(args.pinned_workers_counts),
         workers_cpus=cpu_list(args.workers_cpus),
-        loop=args.loop,
         workers_connections=args.workers_connections,
     )
 

@@ -113,7 +113,7 @@ def _serve(args: argparse.Namespace) -> int:
     from proxy.errors import ListenFailed
     from proxy.policy.load import PolicyLoadError
     from proxy.policy.reload import load_validated_policy
-    from proxy.server import run_server
+    from proxy.server import serve
     from proxy.workers import effective_workers, run_supervisor
 
     settings = _settings(args, {"workers": args.workers})
@@ -131,7 +131,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         workers = effective_workers(settings)
         if workers == 1:
-            run_server(settings)
+            asyncio.run(serve(settings))
         else:
             # Validate the policy once up front: workers that cannot start would only respawn.
             load_validated_policy(settings.policy_dir)

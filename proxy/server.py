@@ -203,7 +203,6 @@ async def running(
                 forward_url=forward_url,
                 policy_version=policy.version,
                 providers=[p.provider for p in policy.providers],
-                event_loop=type(asyncio.get_running_loop()).__module__.partition(".")[0],
             )
             stop_background = asyncio.Event()
             background = asyncio.create_task(run_background(gateway, stop_background))
@@ -289,17 +288,6 @@ async def _relay_hangups(hangup: asyncio.Event, run: Running) -> None:
         hangup.clear()
         if run.reloader is not None:
             run.reloader.request_reload()
-
-
-def run_server(settings: Settings, sockets: dict[str, socket.socket] | None = None) -> None:
-    """``serve`` on the event loop ``settings.event_loop`` names, until it returns."""
-    loop_factory = None
-    if settings.event_loop == "uvloop":
-        import uvloop
-
-        loop_factory = uvloop.new_event_loop
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        runner.run(serve(settings, sockets))
 
 
 async def serve(settings: Settings, sockets: dict[str, socket.socket] | None = None) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import (
@@ -100,10 +100,6 @@ class Settings(BaseSettings):
     requests_per_second_per_agent: Annotated[float, Field(gt=0)] | None = None
     requests_per_second_per_tenant: Annotated[float, Field(gt=0)] | None = None
     log_level: str = "info"
-    # The event loop the server runs on. uvloop (libuv) does the loop's and the sockets' work
-    # in C: 10-20% less CPU per request and a shorter wait at low load (bench/README.md);
-    # "asyncio" is the standard library's, for a platform where uvloop misbehaves.
-    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     # Worker processes sharing the listening sockets (None: one per core). Each has its own
     # pool: the database sees workers x pool_max_size connections.
     workers: Annotated[int, Field(ge=1, le=256)] | None = None

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import structlog
 
-from proxy.server import bind_listener, run_server
+from proxy.server import bind_listener, serve
 from proxy.settings import Settings
 
 _log = structlog.get_logger("opgate.workers")
@@ -157,7 +157,7 @@ def _fork_worker(
     )
     code = 0
     try:
-        run_server(worker_settings, sockets)
+        asyncio.run(serve(worker_settings, sockets))
     except BaseException:  # a worker reports and exits; the supervisor replaces it
         _log.exception("worker_failed", worker=index)
         code = 1

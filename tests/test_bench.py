@@ -271,7 +271,7 @@ def test_the_ab_summary_is_the_median_of_each_side_and_their_ratio() -> None:
 
     a = ab.Side("A", REPO, "postgresql://a", samples={"b": [burst(3.0), burst(1.0), burst(2.0)]})
     b = ab.Side("B", REPO, "postgresql://b", samples={"b": [burst(9.0), burst(1.5), burst(1.0)]})
-    args = ab.argparse.Namespace(a_env=[], b_env=["OPGATE_EVENT_LOOP=asyncio"], rounds=3, seconds=1)
+    args = ab.argparse.Namespace(a_env=[], b_env=["OPGATE_POOL_MAX_SIZE=4"], rounds=3, seconds=1)
     result = ab.summarise([a, b], ["b"], args)
     assert result["medians"]["A"]["b"]["opgate_ms"] == 2.0
     assert result["medians"]["B"]["b"]["opgate_ms"] == 1.5
