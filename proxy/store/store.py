@@ -159,9 +159,6 @@ class Store:
                 # 0 behind PgBouncer's transaction pooling, where a named prepared statement
                 # may live on another server connection than the next query's
                 statement_cache_size=statement_cache_size,
-                # Idle connections are kept (at most max_size): closing them after a while
-                # costs a timer armed on every release and cancelled on every acquire.
-                max_inactive_connection_lifetime=0,
             )
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"cannot open the database pool: {exc}") from exc
