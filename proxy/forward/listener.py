@@ -16,7 +16,6 @@ The pipeline learns about forward mode from ``request[FORWARDED]`` only (intake.
 from __future__ import annotations
 
 import asyncio
-import secrets
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
@@ -423,7 +422,6 @@ async def _checked_addresses(
 
 def _record(request: web.Request, listener: ForwardListener) -> AuditRecord:
     return AuditRecord(
-        request_id=secrets.token_hex(8),
         listener="forward",
         source=request.remote,
         method=request.method,

@@ -14,7 +14,6 @@ tests/gate/test_framing.py rather than silently answering text/plain again.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -44,7 +43,6 @@ def agent_malformed_answer(gateway: Gateway, listener: str) -> MalformedAnswer:
 
     def answer(reason: str) -> web.Response:
         record = AuditRecord(
-            request_id=secrets.token_hex(8),
             listener=listener,
             policy_version=gateway.policy.version,
         )

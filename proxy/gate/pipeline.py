@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import secrets
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -67,7 +66,6 @@ async def handle_agent_request(request: web.Request) -> web.StreamResponse:
     policy = gateway.policy  # this request is decided by the set it started with
     forwarded = request.get(FORWARDED)  # forward-proxy mode: which listener, which origin
     record = AuditRecord(
-        request_id=secrets.token_hex(8),
         source=request.remote,
         method=request.method,
         # as sent: decoded, a path can hold what no log or database should (a NUL)
@@ -107,7 +105,6 @@ async def handle_composed_request(
     SDK, so no provider dialect applies."""
     policy = gateway.policy
     record = AuditRecord(
-        request_id=secrets.token_hex(8),
         source=source,
         method=composed.method,
         path=request_path(composed.raw_target),

@@ -6,7 +6,6 @@ request it sends is decided, claimed and forwarded there like any agent request.
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -286,7 +285,6 @@ def _invalid_operation_id(value: Any) -> Deny | None:
 
 def _record(call: McpCall, rule: str) -> AuditRecord:
     return AuditRecord(
-        request_id=secrets.token_hex(8),
         source=call.source,
         method="POST",
         path=call.path,

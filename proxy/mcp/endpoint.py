@@ -14,7 +14,6 @@ call's (``calls``), or the endpoint's own for protocol messages (listing tools, 
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections.abc import AsyncIterator, MutableMapping
 from importlib.metadata import version
 from typing import Any
@@ -93,7 +92,6 @@ class McpEndpoint:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         gw = request.app[GATEWAY]
         record = AuditRecord(
-            request_id=secrets.token_hex(8),
             source=request.remote,
             method=request.method,
             path=request_path(request.raw_path),

@@ -11,6 +11,7 @@ on: the log line and the stored record carry the same number.
 
 from __future__ import annotations
 
+import secrets
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -35,9 +36,14 @@ class Decision:
     ERROR = "error"  # could not decide or could not forward (store down, outcome unknown...)
 
 
+def new_request_id() -> str:
+    """A request's id in its record: random, so no two requests share one across processes."""
+    return secrets.token_hex(8)
+
+
 @dataclass
 class AuditRecord:
-    request_id: str
+    request_id: str = field(default_factory=new_request_id)
     started_monotonic: float = field(default_factory=time.monotonic, repr=False)
     time: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
     schema_version: int = AUDIT_SCHEMA_VERSION

@@ -10,7 +10,6 @@ one, and an agent polling fast cannot multiply lookups or exhaust the tries into
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -178,7 +177,6 @@ def recorded(read: Read) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handler(request: web.Request) -> web.Response:
         gw = request.app[GATEWAY]
         record = AuditRecord(
-            request_id=secrets.token_hex(8),
             source=request.remote,
             method=request.method,
             path=request_path(request.raw_path),

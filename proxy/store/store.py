@@ -117,6 +117,29 @@ async def _budgets_spent(
     return spent
 
 
+def _claim_arguments(
+    operation_id: str,
+    owner: str,
+    lease_seconds: float,
+    expected_attempts: int,
+    dedup_window_seconds: float | None,
+    after_lookup_by: str | None,
+    unchanged_since: datetime | None,
+) -> tuple[Any, ...]:
+    """queries.sql ``claim_operation``'s $1-$8, in order (the owner is also the event's actor),
+    for the claim alone and the claim under budget locks alike."""
+    return (
+        operation_id,
+        owner,
+        lease_seconds,
+        expected_attempts,
+        owner,
+        dedup_window_seconds,
+        after_lookup_by,
+        unchanged_since,
+    )
+
+
 async def _reset_connection(conn: asyncpg.Connection) -> None:
     """Replaces asyncpg's default reset (advisory unlock, CLOSE ALL, UNLISTEN, RESET ALL: one
     extra round trip per request). opgate never leaves session state behind: no LISTEN, no
@@ -250,14 +273,15 @@ class Store:
         precondition lookup saw it; the claim then needs it unchanged."""
         return await self._one(
             "claim_operation",
-            operation_id,
-            owner,
-            lease_seconds,
-            expected_attempts,
-            owner,
-            dedup_window_seconds,
-            after_lookup_by,
-            unchanged_since,
+            *_claim_arguments(
+                operation_id,
+                owner,
+                lease_seconds,
+                expected_attempts,
+                dedup_window_seconds,
+                after_lookup_by,
+                unchanged_since,
+            ),
         )
 
     async def claim_within_budgets(
@@ -288,14 +312,15 @@ class Store:
                     return BudgetedClaim(spent, False, None)
                 record = await conn.fetchrow(
                     QUERIES["claim_operation"],
-                    operation_id,
-                    owner,
-                    lease_seconds,
-                    expected_attempts,
-                    owner,
-                    dedup_window_seconds,
-                    after_lookup_by,
-                    unchanged_since,
+                    *_claim_arguments(
+                        operation_id,
+                        owner,
+                        lease_seconds,
+                        expected_attempts,
+                        dedup_window_seconds,
+                        after_lookup_by,
+                        unchanged_since,
+                    ),
                 )
             claimed = None if record is None else operation_from_record(record)
             return BudgetedClaim(spent, True, claimed)
