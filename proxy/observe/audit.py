@@ -6,7 +6,7 @@ in, only named facts; the forwarded body appears only as its SHA-256.
 
 ``emit`` first lets the request's observer number the record (``instance_seq``) or count it
 into a ``denials`` record (``aggregated``), then writes the log line, then hands the record
-on: the log line and the stored record carry the same number.
+on: the log line and the stored record carry the same number, and are the same JSON.
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from typing import Any, Protocol
 
 import structlog
 
+from proxy.observe.auditlog.records import record_text
 from proxy.observe.auditlog.redact import ALREADY_REDACTED, redact_record
 from proxy.observe.auditlog.storable import bounded_path, storable
+from proxy.observe.logs import PrerenderedWriter, prerendered_writer
 
 AUDIT_LOGGER = "opgate.audit"
 AUDIT_SCHEMA_VERSION = 1
@@ -127,8 +129,9 @@ class RequestObserver(Protocol):
         """Number the record (``instance_seq``) or count it (``aggregated``), before it is
         logged."""
 
-    def observe(self, fields: dict[str, Any]) -> None:
-        """Span attributes, metrics, the audit table: after it is logged."""
+    def observe(self, fields: dict[str, Any], stored_json: str | None) -> None:
+        """Span attributes, metrics, the audit table (``stored_json``: what is stored, None
+        where JSON cannot hold the record): after it is logged."""
 
 
 REQUEST_OBSERVER: ContextVar[RequestObserver | None] = ContextVar(
@@ -137,25 +140,46 @@ REQUEST_OBSERVER: ContextVar[RequestObserver | None] = ContextVar(
 
 
 class _AuditLogger:
-    """The audit line's bound logger, made once per structlog configuration: a lazy
-    ``get_logger`` per request builds a logger factory's logger, a wrapper and a bind each
-    time. A configuration change (tests capture lines by reconfiguring) makes a new one."""
+    """The audit line's writer, made once per structlog configuration: under the one
+    ``configure_logging`` installed, the record's stored JSON with the line's own fields
+    (logs.py); under any other, a bound logger (a lazy ``get_logger`` per request would build
+    a logger factory's logger, a wrapper and a bind each time). A configuration change (tests
+    capture lines by reconfiguring) is followed from the next line on."""
 
     def __init__(self) -> None:
         self._made_for: tuple[Any, ...] = ()  # held, so that no id is reused meanwhile
         self._logger: Any = None
+        self._prerendered: PrerenderedWriter | None = None
 
-    def get(self) -> Any:
-        config = tuple(structlog.get_config().values())
-        if len(config) != len(self._made_for) or any(
-            now is not then for now, then in zip(config, self._made_for, strict=True)
+    def write(self, fields: dict[str, Any], stored_json: str | None) -> None:
+        config = structlog.get_config()
+        values = tuple(config.values())
+        if len(values) != len(self._made_for) or any(
+            now is not then for now, then in zip(values, self._made_for, strict=True)
         ):
             self._logger = structlog.get_logger(AUDIT_LOGGER).bind()
-            self._made_for = config
-        return self._logger
+            self._prerendered = prerendered_writer(config)
+            self._made_for = values
+        if self._prerendered is not None and stored_json is not None:
+            self._prerendered(stored_json, fields)
+            return
+        token = ALREADY_REDACTED.set(True)
+        try:
+            self._logger.info(**fields)  # the event: "request"
+        finally:
+            ALREADY_REDACTED.reset(token)
 
 
 _audit_logger = _AuditLogger()
+
+
+def stored_json(fields: dict[str, Any]) -> str | None:
+    """The JSON a record is stored as (auditlog/records.py), or None where JSON cannot hold
+    it (the writer then stores a placeholder, and the log line is rendered by structlog)."""
+    try:
+        return record_text(fields)
+    except (ValueError, TypeError, RecursionError):
+        return None
 
 
 def emit(record: AuditRecord) -> None:
@@ -163,12 +187,10 @@ def emit(record: AuditRecord) -> None:
     observer = REQUEST_OBSERVER.get()
     if observer is not None:
         observer.admit(fields)
-    # Redacted once, here, for every sink: the log line, the span, the audit log.
+    # Redacted once and turned into JSON once, here, for every sink: the log line, the span,
+    # the audit log.
     redacted = redact_record(fields)
-    token = ALREADY_REDACTED.set(True)
-    try:
-        _audit_logger.get().info(**redacted)  # the event: "request"
-    finally:
-        ALREADY_REDACTED.reset(token)
+    text = stored_json(redacted)
+    _audit_logger.write(redacted, text)
     if observer is not None:
-        observer.observe(redacted)
+        observer.observe(redacted, text)

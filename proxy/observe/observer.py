@@ -209,9 +209,10 @@ class Observability:
             f" oldest for {writer.oldest_pending_seconds:.1f} s, {writer.dropped} dropped"
         )
 
-    def observe(self, fields: dict[str, Any]) -> None:
-        """One canonical request record, redacted already (audit.emit): span attributes,
-        counters, the audit log."""
+    def observe(self, fields: dict[str, Any], stored_json: str | None) -> None:
+        """One canonical request record, redacted already and made the JSON it is stored as
+        (audit.emit; None where JSON cannot hold it): span attributes, counters, the audit
+        log."""
         span = trace.get_current_span()
         if span.is_recording():
             span.set_attributes(
@@ -228,7 +229,7 @@ class Observability:
             str(fields.get("rule") or ""),
         )
         if self.writer is not None:
-            self.writer.submit(fields, redacted=True)
+            self.writer.submit(fields, redacted=True, text=stored_json)
 
     async def metrics_text(self) -> str:
         own: list[Series] = [self.requests, self.upstream_seconds, self.reload_failures]

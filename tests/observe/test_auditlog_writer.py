@@ -211,6 +211,57 @@ async def test_a_few_records_wait_for_others_and_a_flush_does_not(database_url: 
     assert await verified_ok(database_url)
 
 
+class _CountedWakeups(asyncio.Event):
+    """The writer's wakeup, counting the sets that could end a wait (the event was clear)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wakeups = 0
+
+    def set(self) -> None:
+        if not self.is_set():
+            self.wakeups += 1
+        super().set()
+
+
+async def test_a_lingering_writer_is_woken_by_a_full_batch_not_by_each_record(
+    database_url: str,
+) -> None:
+    """While the writer lingers for a batch, a record that leaves it short of one does not wake
+    it: each request's record would otherwise cost a turn of the writer task that finds it must
+    go on waiting. The records still go in one statement, as soon as the batch is full."""
+    stream = "requests/wakeup-test"
+    store = await Store.open(database_url, min_size=1, max_size=2)
+    writer = RequestRecordWriter(store, stream, linger_seconds=FLUSH_DEADLINE * 3)
+    wakeup = _CountedWakeups()
+    writer._wakeup = wakeup
+    writer.start()
+    conn = await asyncpg.connect(database_url)
+    try:
+        await asyncio.wait_for(writer.flush(), FLUSH_DEADLINE)  # the started record
+        writer.submit({"request_id": "first"})  # wakes the writer, which then lingers
+        await conn.fetchval("SELECT 1")  # the writer has had its turns meanwhile
+        before = wakeup.wakeups
+        for i in range(MANY_RECORDS - 1):
+            writer.submit({"request_id": f"r{i}"})
+            for _ in range(3):  # each request is its own turn of the loop: the writer's too
+                await asyncio.sleep(0)
+        assert wakeup.wakeups - before == 1  # the record that made the batch full
+        written_by = asyncio.get_running_loop().time() + FLUSH_DEADLINE
+        while writer.written < 1 + MANY_RECORDS and asyncio.get_running_loop().time() < written_by:
+            await conn.fetchval("SELECT 1")  # not a flush: it would end the linger itself
+        assert writer.written == 1 + MANY_RECORDS
+        rows = await conn.fetch(
+            "SELECT DISTINCT at FROM audit_log WHERE stream = $1 AND seq > 1", stream
+        )
+        assert len(rows) == 1
+    finally:
+        await conn.close()
+        await writer.close()
+        await store.close()
+    assert await verified_ok(database_url)
+
+
 def _unindexable() -> str:
     """An operation id PostgreSQL refuses to index (a btree row is at most ~2.7 kB): it
     passes every check in Python and fails only in the database."""

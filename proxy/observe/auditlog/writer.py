@@ -135,6 +135,10 @@ class RequestRecordWriter:
         self._clock = clock
         self._pending: deque[_Pending] = deque()
         self._wakeup = asyncio.Event()
+        # How many waiting records end the writer's wait: one while it waits for work, a
+        # batch's worth while it lingers. A record below that does not wake the writer task
+        # (which would only find it still has to wait) on every request.
+        self._wake_at = 1
         self._closing = False
         self._idle = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -178,12 +182,14 @@ class RequestRecordWriter:
             return
         fields["instance_seq"] = self._number()
 
-    def submit(self, record: dict[str, Any], *, redacted: bool = False) -> None:
-        """After the log line: queue the record (redacted, unless it was already), unless it
-        was counted."""
+    def submit(
+        self, record: dict[str, Any], *, redacted: bool = False, text: str | None = None
+    ) -> None:
+        """After the log line: queue the record (redacted, unless it was already; ``text``:
+        its ``records.record_text``, when already made), unless it was counted."""
         if record.get("aggregated"):
             return
-        self._enqueue(record if redacted else self._redact(record))
+        self._enqueue(record if redacted else self._redact(record), text if redacted else None)
 
     async def flush(self) -> None:
         """End the open denial window and wait until every record so far is stored."""
@@ -233,22 +239,23 @@ class RequestRecordWriter:
             counted["instance_seq"] = self._number()
             self._enqueue(counted)
 
-    def _enqueue(self, record: dict[str, Any]) -> None:
+    def _enqueue(self, record: dict[str, Any], text: str | None = None) -> None:
         self._record_drops_if_room()
         if len(self._pending) >= self.max_pending:
             self._note_dropped(record)
             if self.dropped == 1 or self.dropped % 1000 == 0:
                 _log.error("audit_records_dropped", dropped=self.dropped, stream=self._stream)
             return
-        self._append(record)
+        self._append(record, text)
 
-    def _append(self, record: dict[str, Any]) -> None:
+    def _append(self, record: dict[str, Any], text: str | None = None) -> None:
         now = self._clock()
         if self._waiting_since is None:
             self._waiting_since = now
-        self._pending.append(_Pending(now, record))
+        self._pending.append(_Pending(now, record, text))
         self._idle.clear()
-        self._wakeup.set()
+        if len(self._pending) >= self._wake_at:
+            self._wakeup.set()
 
     def _note_dropped(self, record: dict[str, Any]) -> None:
         self.dropped += 1
@@ -305,15 +312,19 @@ class RequestRecordWriter:
         last = self._last_stored
         if last is None or asyncio.get_running_loop().time() - last >= self._linger_seconds:
             return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self._linger_seconds):
-                while (
-                    len(self._pending) < records.MANY_RECORDS
-                    and not self._flushes
-                    and not self._closing
-                ):
-                    self._wakeup.clear()
-                    await self._wakeup.wait()
+        self._wake_at = records.MANY_RECORDS  # a flush and closing wake it as well
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._linger_seconds):
+                    while (
+                        len(self._pending) < records.MANY_RECORDS
+                        and not self._flushes
+                        and not self._closing
+                    ):
+                        self._wakeup.clear()
+                        await self._wakeup.wait()
+        finally:
+            self._wake_at = 1
 
     async def _wait_for_work(self) -> None:
         # asyncio.timeout, not wait_for: a cancellation arriving as the wait ends is not lost
