@@ -201,8 +201,10 @@ async def wait_for_log(log: Path, needle: str) -> None:
 
 
 async def wait_refused(url: str) -> None:
-    """Bounded poll until a new connection is refused."""
-    async with aiohttp.ClientSession(trust_env=False) as http:
+    """Bounded poll until a new connection is refused. Each probe opens a connection of its
+    own: a connection kept alive from an earlier probe is not a new one."""
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(trust_env=False, connector=connector) as http:
         for _ in range(200):
             try:
                 async with http.get(f"{url}/_opgate/v1/operations"):
