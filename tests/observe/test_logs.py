@@ -8,7 +8,7 @@ import json
 import logging
 import math
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, redirect_stdout
 from dataclasses import fields
 from typing import Any
 
@@ -29,13 +29,11 @@ def opgate_logging(level: str = "info") -> Iterator[io.StringIO]:
     """``configure_logging`` writing to a buffer; the test's configuration back afterwards."""
     saved = structlog.get_config()
     buffer = io.StringIO()
-    real_stdout = logs.sys.stdout
-    logs.sys.stdout = buffer
     try:
-        logs.configure_logging(level)
-        yield buffer
+        with redirect_stdout(buffer):
+            logs.configure_logging(level)
+            yield buffer
     finally:
-        logs.sys.stdout = real_stdout
         structlog.configure(**saved)
 
 
