@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from proxy.errors import AlreadySuperseded, IdempotencyKeyInUse, StoreUnavailable
+from proxy.store.connections import Connections
 from proxy.store.operation import Operation, Status
 from proxy.store.proposal import Proposal
 from proxy.store.queries import QUERIES
@@ -150,10 +151,7 @@ async def _reset_connection(conn: asyncpg.Connection) -> None:
 
 class Store:
     def __init__(self, pool: asyncpg.Pool, acquire_timeout: float) -> None:
-        self._pool = pool
-        self._acquire_timeout = acquire_timeout
-        self._max_size = pool.get_max_size()
-        self._held = 0  # connections this store's calls hold now (every acquire is in _run)
+        self._connections = Connections(pool, acquire_timeout)  # every call's connection
 
     @classmethod
     async def open(
@@ -188,7 +186,7 @@ class Store:
         return cls(pool, acquire_timeout)
 
     async def close(self) -> None:
-        await self._pool.close()
+        await self._connections.close()
 
     async def run(self, call: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         """``call`` on a pooled connection, errors translated (the audit writer uses it)."""
@@ -196,24 +194,13 @@ class Store:
 
     def pool_usage(self) -> tuple[int, int, int]:
         """(open, idle, maximum) connections: the pool saturation metrics."""
-        return self._pool.get_size(), self._pool.get_idle_size(), self._pool.get_max_size()
+        return self._connections.usage()
 
     async def _run(self, call: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
-        # The acquire timeout bounds the wait for a free connection. With one idle, nothing is
-        # waited for (taking it does not suspend; a reconnect and every statement have their
-        # own timeouts), and asyncpg's wait_for around the acquire and the release, ~8 us of
-        # each of a request's store calls, is skipped.
-        # Every connection of the pool is acquired here, so fewer held than the pool's size
-        # means a free one (asyncpg's get_idle_size walks every connection to say so).
-        wait = None if self._held < self._max_size else self._acquire_timeout
-        self._held += 1
         try:
-            async with self._pool.acquire(timeout=wait) as conn:
-                return await call(conn)
+            return await self._connections.run(call)
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(str(exc) or type(exc).__name__) from exc
-        finally:
-            self._held -= 1
 
     async def _one(self, query: str, *args: Any) -> Operation | None:
         record = await self._run(lambda conn: conn.fetchrow(QUERIES[query], *args))

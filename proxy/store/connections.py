@@ -1,0 +1,180 @@
+"""The store's database connections: asyncpg's pool, with the connections that have just ended
+a call cleanly kept ready for the next call.
+
+Why: a call's trip through asyncpg's pool costs about as much CPU as its statement (measured in
+bench/README.md: ~40-50 us per call on a 2-core machine, against ~60 us for a one-row
+statement). The acquire runs the pool's queue and makes a proxy object; the release runs a
+shielded task that resets the connection under a timeout. A request makes three store calls.
+A connection whose call returned with no transaction open has nothing to reset (opgate leaves
+no session state: no LISTEN, no session locks, no SET), so it is handed to the next call as it
+is.
+
+The pool still owns every connection's life: it opens them, resets them, closes and replaces
+them. A connection goes back to it
+
+- when its call raised or was cancelled: the pool rolls back, waits out a cancelled statement,
+  or terminates the connection;
+- when its call returned with a transaction open, or with the connection closed;
+- when another call is waiting in the pool for a connection: that call gets it;
+- when it has waited here unused for ``keep_idle_seconds``: the pool's own idle lifetime then
+  applies, as it does to a connection it never lent;
+- after ``recycle_after_calls`` calls: the pool then replaces it, as it replaces one that has
+  run its ``max_queries``;
+- when the store closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any, NamedTuple, TypeVar
+
+import asyncpg
+
+T = TypeVar("T")
+
+# Long enough that a connection stays ready between the calls of a steady load, short against
+# the pool's idle lifetime (asyncpg's 300 s), which takes over once it is given back.
+KEEP_IDLE_SECONDS = 10.0
+# asyncpg's max_queries: after this many queries the pool replaces a connection (on a release).
+# A connection used this many times here goes back to it, so that replacement still happens.
+RECYCLE_AFTER_CALLS = 50_000
+
+
+class _Ready(NamedTuple):
+    conn: Any
+    kept_at: float
+    calls: int  # calls it has served since the pool lent it
+
+
+class Connections:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        acquire_timeout: float,
+        *,
+        keep_idle_seconds: float = KEEP_IDLE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        recycle_after_calls: int = RECYCLE_AFTER_CALLS,
+    ) -> None:
+        self._pool = pool
+        self._acquire_timeout = acquire_timeout
+        self._max_size = pool.get_max_size()
+        self._keep_idle_seconds = keep_idle_seconds
+        self._clock = clock
+        self._lent = 0  # connections out of the pool: in a call, or ready here
+        self._waiting = 0  # calls waiting in the pool for a connection
+        self._recycle_after_calls = recycle_after_calls
+        self._ready: deque[_Ready] = deque()  # newest last
+        self._sweeper: asyncio.Task[None] | None = None
+        self._closing = False
+
+    async def run(self, call: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        """``call`` on a connection: a ready one (the most recently kept), else the pool's."""
+        ready = await self._take_ready()
+        conn, calls = (await self._acquire(), 0) if ready is None else (ready.conn, ready.calls)
+        try:
+            result = await call(conn)
+        except BaseException:
+            await self._give_back(conn)
+            raise
+        await self._keep(conn, calls + 1)
+        return result
+
+    @property
+    def waiting(self) -> int:
+        """Calls waiting in the pool for a connection now."""
+        return self._waiting
+
+    def usage(self) -> tuple[int, int, int]:
+        """(open, idle, maximum): the ready connections are idle too."""
+        idle = self._pool.get_idle_size() + len(self._ready)
+        return self._pool.get_size(), idle, self._max_size
+
+    async def give_back_idle(self) -> None:
+        """Give the pool every connection that has waited here ``keep_idle_seconds`` or more
+        (the oldest are first)."""
+        cutoff = self._clock() - self._keep_idle_seconds
+        while self._ready and self._ready[0].kept_at <= cutoff:
+            await self._give_back(self._ready.popleft().conn)
+
+    async def close(self) -> None:
+        """Every ready connection back to the pool, then the pool closed (which waits for the
+        calls still running: their connections go back as they end)."""
+        self._closing = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        while self._ready:
+            await self._give_back(self._ready.pop().conn)
+        await self._pool.close()
+
+    async def _take_ready(self) -> _Ready | None:
+        while self._ready:
+            ready = self._ready.pop()
+            if _reusable(ready.conn):
+                return ready
+            await self._give_back(ready.conn)  # closed while it waited (the server went away)
+        return None
+
+    async def _acquire(self) -> Any:
+        # With fewer lent than the pool's size, one is idle or can be opened: taking it does not
+        # wait (a reconnect and every statement have their own timeouts), so asyncpg's wait_for
+        # around the acquire (a timer armed and cancelled) is skipped. Only a call that may
+        # wait is bounded by the acquire timeout. Every connection of the pool is lent here,
+        # so the count says it (asyncpg's get_idle_size walks every connection to say so).
+        may_wait = self._lent >= self._max_size
+        self._lent += 1
+        self._waiting += may_wait
+        try:
+            return await self._pool.acquire(timeout=self._acquire_timeout if may_wait else None)
+        except BaseException:
+            self._lent -= 1
+            raise
+        finally:
+            self._waiting -= may_wait
+
+    async def _keep(self, conn: Any, calls: int) -> None:
+        if (
+            self._waiting
+            or self._closing
+            or calls >= self._recycle_after_calls
+            or not _reusable(conn)
+        ):
+            await self._give_back(conn)
+            return
+        self._ready.append(_Ready(conn, self._clock(), calls))
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    async def _give_back(self, conn: Any) -> None:
+        try:
+            await self._pool.release(conn)
+        finally:
+            self._lent -= 1
+
+    async def _sweep(self) -> None:
+        """While connections are ready: every ``keep_idle_seconds``, give back the idle ones."""
+        try:
+            while self._ready:
+                await asyncio.sleep(self._keep_idle_seconds)
+                # a connection whose reset failed is terminated by the pool, which opens
+                # another when one is next needed: nothing is left to do here
+                with contextlib.suppress(Exception):
+                    await self.give_back_idle()
+        finally:
+            self._sweeper = None
+
+
+def _reusable(conn: Any) -> bool:
+    """Open, in no transaction, and still lent: asyncpg takes a lent connection back by itself
+    the moment it closes, and its proxy then refuses every call (giving it back again is a
+    no-op)."""
+    try:
+        return not conn.is_closed() and not conn.is_in_transaction()
+    except asyncpg.InterfaceError:
+        return False

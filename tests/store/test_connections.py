@@ -1,0 +1,260 @@
+"""The store's connections against a real PostgreSQL: a connection that ended its call cleanly
+is handed to the next call without a trip through asyncpg's pool, and every other one goes
+back to the pool, which resets, replaces or closes it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import asyncpg
+import pytest
+import pytest_asyncio
+
+from proxy.store.connections import Connections
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    opened = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    try:
+        yield opened
+    finally:
+        opened.terminate()  # the tests close their Connections; this only ends a failed one's
+
+
+async def _this(conn: Any) -> Any:
+    return conn
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    """Let the other tasks run until ``condition`` holds: turns of the event loop, no time."""
+    for _ in range(100):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the condition never held")
+
+
+async def test_a_cleanly_ended_call_hands_its_connection_to_the_next(pool: asyncpg.Pool) -> None:
+    """The next call gets the very object the last call had: the pool lent nothing new (each
+    of its acquires makes a new proxy object)."""
+    connections = Connections(pool, acquire_timeout=2.0)
+    try:
+        first = await connections.run(_this)
+        second = await connections.run(_this)
+        assert second is first
+        assert await connections.run(lambda conn: conn.fetchval("SELECT 1")) == 1
+        assert connections.usage() == (pool.get_size(), pool.get_idle_size() + 1, 2)
+    finally:
+        await connections.close()
+
+
+async def test_a_call_that_raised_gives_its_connection_back_rolled_back(
+    pool: asyncpg.Pool,
+) -> None:
+    """A call that failed inside a transaction is not kept: the pool rolls the connection
+    back, and the next call finds no transaction open."""
+    connections = Connections(pool, acquire_timeout=2.0)
+
+    async def fail_in_a_transaction(conn: Any) -> None:
+        await conn.execute("BEGIN")
+        await conn.execute("CREATE TEMP TABLE left_behind (x int)")
+        raise RuntimeError("the call failed")
+
+    try:
+        with pytest.raises(RuntimeError):
+            await connections.run(fail_in_a_transaction)
+        after = await connections.run(_this)
+        assert not after.is_in_transaction()
+        found = await connections.run(
+            lambda conn: conn.fetchval("SELECT to_regclass('pg_temp.left_behind')")
+        )
+        assert found is None
+    finally:
+        await connections.close()
+
+
+async def test_a_call_that_left_a_transaction_open_is_not_handed_on(pool: asyncpg.Pool) -> None:
+    """A call that returned with a transaction open (a bug in it) does not pass that
+    transaction on: its connection goes back to the pool, which rolls it back."""
+    connections = Connections(pool, acquire_timeout=2.0)
+
+    async def leave_it_open(conn: Any) -> Any:
+        await conn.execute("BEGIN")
+        return conn
+
+    try:
+        leaky = await connections.run(leave_it_open)
+        after = await connections.run(_this)
+        assert after is not leaky
+        assert not after.is_in_transaction()
+    finally:
+        await connections.close()
+
+
+async def test_a_cancelled_call_gives_its_connection_back(pool: asyncpg.Pool) -> None:
+    """A call cancelled mid-statement is not kept: the pool waits out the cancelled statement,
+    and the next call gets a connection that answers."""
+    connections = Connections(pool, acquire_timeout=2.0)
+    started = asyncio.Event()
+    seen: list[Any] = []
+
+    async def long_statement(conn: Any) -> None:
+        seen.append(conn)
+        started.set()
+        await conn.execute("SELECT pg_sleep(30)")
+
+    try:
+        running = asyncio.create_task(connections.run(long_statement))
+        await started.wait()
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        after = await connections.run(_this)
+        assert after is not seen[0]
+        assert await connections.run(lambda conn: conn.fetchval("SELECT 2")) == 2
+    finally:
+        await connections.close()
+
+
+async def test_a_waiting_call_gets_the_connection_a_call_ends_with(database_url: str) -> None:
+    """With the only connection in use, a second call waits in the pool; when the first call
+    ends, its connection goes to that waiting call, not to the ready ones (where nobody
+    waiting would see it, and the waiting call would time out)."""
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
+    connections = Connections(pool, acquire_timeout=5.0)
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def hold(conn: Any) -> None:
+        holding.set()
+        await release.wait()
+
+    try:
+        holder = asyncio.create_task(connections.run(hold))
+        await holding.wait()
+        waiter = asyncio.create_task(connections.run(lambda conn: conn.fetchval("SELECT 3")))
+        await _until(lambda: connections.waiting == 1)  # the waiter is in the pool's queue
+        release.set()
+        await holder
+        assert await asyncio.wait_for(waiter, timeout=4.0) == 3
+    finally:
+        release.set()
+        await connections.close()
+
+
+async def test_a_full_pool_still_fails_after_the_acquire_timeout(database_url: str) -> None:
+    """With every connection in a call, the next call waits the acquire timeout and then
+    raises: a connection kept ready is not one the pool could lend."""
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
+    connections = Connections(pool, acquire_timeout=0.2)
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def hold(conn: Any) -> None:
+        holding.set()
+        await release.wait()
+
+    try:
+        await connections.run(_this)  # one ready: the holder below takes it
+        holder = asyncio.create_task(connections.run(hold))
+        await holding.wait()
+        with pytest.raises(asyncio.TimeoutError):
+            await connections.run(_this)
+        release.set()
+        await holder
+        assert await connections.run(lambda conn: conn.fetchval("SELECT 4")) == 4
+    finally:
+        release.set()
+        await connections.close()
+
+
+async def test_a_connection_closed_while_ready_is_not_handed_out(pool: asyncpg.Pool) -> None:
+    """A ready connection that was closed meanwhile (the server went away) goes back to the
+    pool, which opens another; the call gets that one."""
+    connections = Connections(pool, acquire_timeout=2.0)
+    try:
+        ready = await connections.run(_this)
+        ready.terminate()
+        after = await connections.run(_this)
+        assert after is not ready
+        assert await connections.run(lambda conn: conn.fetchval("SELECT 5")) == 5
+    finally:
+        await connections.close()
+
+
+async def test_connections_idle_for_long_go_back_to_the_pool(pool: asyncpg.Pool) -> None:
+    """Ready connections unused for keep_idle_seconds go back to the pool, oldest first, where
+    its own idle lifetime applies; the recently used stay ready."""
+    clock = Clock()
+    connections = Connections(pool, acquire_timeout=2.0, keep_idle_seconds=10.0, clock=clock)
+    both = asyncio.Event()
+    entered: list[Any] = []
+
+    async def together(conn: Any) -> Any:
+        entered.append(conn)
+        if len(entered) == 2:
+            both.set()
+        await both.wait()
+        return conn
+
+    try:
+        await asyncio.gather(connections.run(together), connections.run(together))
+        assert connections.usage()[1] == pool.get_idle_size() + 2
+        clock.now += 11.0
+        newest = await connections.run(_this)  # used again now: kept with a new time
+        await connections.give_back_idle()
+        assert await connections.run(_this) is newest
+        assert connections.usage()[1] == pool.get_idle_size() + 1
+        assert pool.get_idle_size() == 1  # the other one is the pool's again
+    finally:
+        await connections.close()
+
+
+async def test_a_connection_goes_back_to_the_pool_after_its_calls(pool: asyncpg.Pool) -> None:
+    """After recycle_after_calls calls a connection goes back to the pool (which replaces one
+    that has run its max_queries), and the next call is lent another by the pool."""
+    connections = Connections(pool, acquire_timeout=2.0, recycle_after_calls=3)
+    try:
+        used = [await connections.run(_this) for _ in range(4)]
+        assert used[0] is used[1] is used[2]
+        assert used[3] is not used[0]
+    finally:
+        await connections.close()
+
+
+async def test_closing_waits_for_a_running_call_and_gives_everything_back(
+    database_url: str,
+) -> None:
+    """Closing while a call runs: the ready connections go back at once, the running call's
+    when it ends (not to the ready ones), and the pool closes."""
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    connections = Connections(pool, acquire_timeout=2.0)
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def hold(conn: Any) -> str:
+        holding.set()
+        await release.wait()
+        return "ended"
+
+    try:
+        await connections.run(_this)  # one ready
+        holder = asyncio.create_task(connections.run(hold))
+        await holding.wait()
+        closing = asyncio.create_task(connections.close())
+        await _until(pool.is_closing)  # past the ready ones: the pool waits for the call
+        release.set()
+        assert await holder == "ended"
+        await asyncio.wait_for(closing, timeout=5.0)
+        assert connections.usage()[1] == 0
+    finally:
+        release.set()
+        pool.terminate()
