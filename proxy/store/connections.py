@@ -1,13 +1,18 @@
 """The store's database connections: asyncpg's pool, with the connections that have just ended
-a call cleanly kept ready for the next call.
+a call cleanly handed to the next call directly.
 
 Why: a call's trip through asyncpg's pool costs about as much CPU as its statement (measured in
 bench/README.md: ~40-50 us per call on a 2-core machine, against ~60 us for a one-row
 statement). The acquire runs the pool's queue and makes a proxy object; the release runs a
 shielded task that resets the connection under a timeout. A request makes three store calls.
 A connection whose call returned with no transaction open has nothing to reset (opgate leaves
-no session state: no LISTEN, no session locks, no SET), so it is handed to the next call as it
-is.
+no session state: no LISTEN, no session locks, no SET), so it goes as it is to the call that
+waits longest for one, or is kept ready for the next call.
+
+There are never more connections out of the pool than its size. A call that finds none ready
+and all of them out waits here, in order of arrival, at most the acquire timeout: for a
+connection handed on, or for a place freed by one that went back to the pool (it then takes
+one from the pool).
 
 The pool still owns every connection's life: it opens them, resets them, closes and replaces
 them. A connection goes back to it
@@ -15,7 +20,6 @@ them. A connection goes back to it
 - when its call raised or was cancelled: the pool rolls back, waits out a cancelled statement,
   or terminates the connection;
 - when its call returned with a transaction open, or with the connection closed;
-- when another call is waiting in the pool for a connection: that call gets it;
 - when it has waited here unused for ``keep_idle_seconds``: the pool's own idle lifetime then
   applies, as it does to a connection it never lent;
 - after ``recycle_after_calls`` calls: the pool then replaces it, as it replaces one that has
@@ -50,6 +54,10 @@ class _Ready(NamedTuple):
     calls: int  # calls it has served since the pool lent it
 
 
+# What a waiting call is given: a connection, or (None) a place to take one from the pool.
+_Handed = _Ready | None
+
+
 class Connections:
     def __init__(
         self,
@@ -65,17 +73,25 @@ class Connections:
         self._max_size = pool.get_max_size()
         self._keep_idle_seconds = keep_idle_seconds
         self._clock = clock
-        self._lent = 0  # connections out of the pool: in a call, or ready here
-        self._waiting = 0  # calls waiting in the pool for a connection
         self._recycle_after_calls = recycle_after_calls
+        # Places taken: connections out of the pool (in a call, or ready here), and places
+        # handed to waiting calls that are taking a connection from the pool.
+        self._taken = 0
         self._ready: deque[_Ready] = deque()  # newest last
+        self._waiters: deque[asyncio.Future[_Handed]] = deque()  # oldest first
         self._sweeper: asyncio.Task[None] | None = None
         self._closing = False
 
     async def run(self, call: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
-        """``call`` on a connection: a ready one (the most recently kept), else the pool's."""
+        """``call`` on a connection: the most recently kept one, else one from the pool while
+        fewer than its size are out, else the first one handed on (or freed) within the
+        acquire timeout."""
         ready = await self._take_ready()
-        conn, calls = (await self._acquire(), 0) if ready is None else (ready.conn, ready.calls)
+        if ready is None and self._taken < self._max_size:
+            self._taken += 1
+        elif ready is None:
+            ready = await self._wait()
+        conn, calls = (await self._lend(), 0) if ready is None else (ready.conn, ready.calls)
         try:
             result = await call(conn)
         except BaseException:
@@ -86,8 +102,8 @@ class Connections:
 
     @property
     def waiting(self) -> int:
-        """Calls waiting in the pool for a connection now."""
-        return self._waiting
+        """Calls waiting for a connection now."""
+        return sum(not waiter.done() for waiter in self._waiters)
 
     def usage(self) -> tuple[int, int, int]:
         """(open, idle, maximum): the ready connections are idle too."""
@@ -121,33 +137,49 @@ class Connections:
             await self._give_back(ready.conn)  # closed while it waited (the server went away)
         return None
 
-    async def _acquire(self) -> Any:
-        # With fewer lent than the pool's size, one is idle or can be opened: taking it does not
-        # wait (a reconnect and every statement have their own timeouts), so asyncpg's wait_for
-        # around the acquire (a timer armed and cancelled) is skipped. Only a call that may
-        # wait is bounded by the acquire timeout. Every connection of the pool is lent here,
-        # so the count says it (asyncpg's get_idle_size walks every connection to say so).
-        may_wait = self._lent >= self._max_size
-        self._lent += 1
-        self._waiting += may_wait
+    async def _wait(self) -> _Handed:
+        waiter: asyncio.Future[_Handed] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
         try:
-            return await self._pool.acquire(timeout=self._acquire_timeout if may_wait else None)
+            async with asyncio.timeout(self._acquire_timeout):
+                return await waiter
         except BaseException:
-            self._lent -= 1
+            # Handed something in the instant its wait ended (timed out, cancelled): pass it on.
+            if waiter.done() and not waiter.cancelled():
+                handed = waiter.result()
+                if handed is None:
+                    self._free_place()
+                else:
+                    self._hand_on(handed)
             raise
         finally:
-            self._waiting -= may_wait
+            waiter.cancel()  # no-op once done; else the handing on skips it
+
+    async def _lend(self) -> Any:
+        """A connection from the pool, for a call that holds a place. With fewer than the pool's
+        size out, one is idle there or can be opened: taking it does not wait (a reconnect and
+        every statement have their own timeouts), so no acquire timeout (a timer armed and
+        cancelled in asyncpg's wait_for) is set."""
+        try:
+            return await self._pool.acquire(timeout=None)
+        except BaseException:
+            self._free_place()
+            raise
 
     async def _keep(self, conn: Any, calls: int) -> None:
-        if (
-            self._waiting
-            or self._closing
-            or calls >= self._recycle_after_calls
-            or not _reusable(conn)
-        ):
+        if self._closing or calls >= self._recycle_after_calls or not _reusable(conn):
             await self._give_back(conn)
             return
-        self._ready.append(_Ready(conn, self._clock(), calls))
+        self._hand_on(_Ready(conn, self._clock(), calls))
+
+    def _hand_on(self, ready: _Ready) -> None:
+        """To the call waiting longest, else kept ready for the next."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(ready)
+                return
+        self._ready.append(ready)
         if self._sweeper is None:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
 
@@ -155,7 +187,17 @@ class Connections:
         try:
             await self._pool.release(conn)
         finally:
-            self._lent -= 1
+            self._free_place()
+
+    def _free_place(self) -> None:
+        """A connection went back to the pool (or none was taken): its place goes to the call
+        waiting longest, which takes one from the pool, else it is free."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._taken -= 1
 
     async def _sweep(self) -> None:
         """While connections are ready: every ``keep_idle_seconds``, give back the idle ones."""

@@ -127,29 +127,93 @@ async def test_a_cancelled_call_gives_its_connection_back(pool: asyncpg.Pool) ->
         await connections.close()
 
 
-async def test_a_waiting_call_gets_the_connection_a_call_ends_with(database_url: str) -> None:
-    """With the only connection in use, a second call waits in the pool; when the first call
-    ends, its connection goes to that waiting call, not to the ready ones (where nobody
-    waiting would see it, and the waiting call would time out)."""
+async def test_a_waiting_call_is_handed_the_connection_a_call_ends_with(
+    database_url: str,
+) -> None:
+    """With the only connection in a call, the next call waits; when the first call ends, its
+    connection goes straight to the waiting call (the same object: not through the pool)."""
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
     connections = Connections(pool, acquire_timeout=5.0)
     holding, release = asyncio.Event(), asyncio.Event()
 
-    async def hold(conn: Any) -> None:
+    async def hold(conn: Any) -> Any:
         holding.set()
         await release.wait()
+        return conn
 
     try:
         holder = asyncio.create_task(connections.run(hold))
         await holding.wait()
-        waiter = asyncio.create_task(connections.run(lambda conn: conn.fetchval("SELECT 3")))
-        await _until(lambda: connections.waiting == 1)  # the waiter is in the pool's queue
+        waiter = asyncio.create_task(connections.run(_this))
+        await _until(lambda: connections.waiting == 1)
         release.set()
-        await holder
-        assert await asyncio.wait_for(waiter, timeout=4.0) == 3
+        held = await holder
+        assert await asyncio.wait_for(waiter, timeout=4.0) is held
     finally:
         release.set()
         await connections.close()
+
+
+async def test_a_waiting_call_takes_the_place_of_a_connection_given_back(
+    database_url: str,
+) -> None:
+    """When the call that had the only connection fails, that connection goes back to the pool
+    and its place to the waiting call, which then takes a connection from the pool."""
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
+    connections = Connections(pool, acquire_timeout=5.0)
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def fail(conn: Any) -> None:
+        holding.set()
+        await release.wait()
+        raise RuntimeError("the call failed")
+
+    try:
+        holder = asyncio.create_task(connections.run(fail))
+        await holding.wait()
+        waiter = asyncio.create_task(connections.run(lambda conn: conn.fetchval("SELECT 6")))
+        await _until(lambda: connections.waiting == 1)
+        release.set()
+        with pytest.raises(RuntimeError):
+            await holder
+        assert await asyncio.wait_for(waiter, timeout=4.0) == 6
+    finally:
+        release.set()
+        await connections.close()
+
+
+async def test_a_connection_handed_to_a_call_cancelled_meanwhile_is_not_lost(
+    database_url: str,
+) -> None:
+    """A waiting call cancelled after a connection was handed to it, before it ran again,
+    passes the connection on: the next call gets it, instead of waiting for a place that no
+    connection holds any more."""
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
+    connections = Connections(pool, acquire_timeout=2.0)
+    holding, release = asyncio.Event(), asyncio.Event()
+    tasks: list[asyncio.Task[Any]] = []
+
+    async def hold(conn: Any) -> Any:
+        holding.set()
+        await release.wait()
+        # runs after this call has handed its connection on, before the waiter wakes
+        asyncio.get_running_loop().call_soon(tasks[0].cancel)
+        return conn
+
+    try:
+        holder = asyncio.create_task(connections.run(hold))
+        await holding.wait()
+        tasks.append(asyncio.create_task(connections.run(_this)))
+        await _until(lambda: connections.waiting == 1)
+        release.set()
+        held = await holder
+        with pytest.raises(asyncio.CancelledError):
+            await tasks[0]
+        assert await connections.run(_this) is held
+        await asyncio.wait_for(connections.close(), timeout=5.0)
+    finally:
+        release.set()
+        pool.terminate()  # a lost connection would make closing wait for ever
 
 
 async def test_a_full_pool_still_fails_after_the_acquire_timeout(database_url: str) -> None:
