@@ -57,7 +57,7 @@ from proxy.gate.upstream import OutboundRequest, UpstreamResponse
 from proxy.observe.audit import AuditRecord, Decision, emit, request_path
 from proxy.policy.model import Mode
 from proxy.policy.set import PolicySet
-from proxy.store.operation import LastOutcome, Operation
+from proxy.store.operation import LastOutcome, Operation, Status
 from proxy.store.store import ProviderAnswer
 
 
@@ -240,7 +240,7 @@ async def _forward_and_record(
     except UpstreamError as exc:
         answer = exc
     if op is None:  # a read without an operation: nothing to record
-        return _pass_through(record, answer, None)
+        return _pass_through(record, answer, None, None)
 
     # 7. classify the provider's answer
     if isinstance(answer, UpstreamError):
@@ -268,10 +268,11 @@ async def _forward_and_record(
         # The provider has answered but the row could not be updated: it stays dispatched with
         # a lease that will expire, i.e. unknown, which is true from the row's point of view.
         recorded = None
-    record.status_after = recorded.status.value if recorded else op.status.value
+    status_now = recorded or op.status
+    record.status_after = status_now.value
     if isinstance(outcome, Unknown):
         record.decision, record.reason = Decision.ERROR, outcome.outcome.value
-    return _pass_through(record, answer, recorded or op)
+    return _pass_through(record, answer, op.operation_id, status_now)
 
 
 def _prepare(
@@ -485,11 +486,14 @@ def _unknown_outcome(error: UpstreamError) -> LastOutcome:
 
 
 def _pass_through(
-    record: AuditRecord, answer: UpstreamResponse | UpstreamError, op: Operation | None
+    record: AuditRecord,
+    answer: UpstreamResponse | UpstreamError,
+    op_id: str | None,
+    status: Status | None,
 ) -> web.Response:
-    """The agent's answer once something was (or may have been) sent."""
-    op_id = op.operation_id if op else None
-    op_status = op.status.value if op else None
+    """The agent's answer once something was (or may have been) sent: for an operation, its
+    id and its status now."""
+    op_status = status.value if status else None
     if isinstance(answer, UpstreamError):
         record.decision = Decision.ERROR
         if isinstance(answer, UpstreamNotSent):
@@ -507,7 +511,7 @@ def _pass_through(
             operation_id=op_id,
             operation_status=op_status,
         )
-    if op is not None and record.decision == Decision.ERROR:
+    if op_id is not None and record.decision == Decision.ERROR:
         # The provider answered, but not in a way that settles the operation (e.g. a 5xx).
         return problem_response(
             Reason.OUTCOME_UNKNOWN,
@@ -517,9 +521,9 @@ def _pass_through(
             extra={"provider_status": answer.status},
         )
     headers = response_headers(answer.headers)
-    if op is not None:
-        headers["X-Operation-Id"] = op.operation_id
-        headers["X-Operation-Status"] = op.status.value
+    if op_id is not None and op_status is not None:
+        headers["X-Operation-Id"] = op_id
+        headers["X-Operation-Status"] = op_status
     return web.Response(
         status=answer.status, reason=answer.reason, headers=headers, body=answer.body
     )

@@ -134,7 +134,9 @@ SELECT DISTINCT ON (e.operation_id) e.operation_id, e.detail
 
 -- name: settle_operation
 -- dispatched -> confirmed | failed, from the provider's answer only. Any attempt's answer
--- settles: with a deduplicating provider every attempt reports the same effect.
+-- settles: with a deduplicating provider every attempt reports the same effect. Returns only
+-- the status settled: the row's other columns (the answer just written among them) are
+-- known to the caller, and would cross the connection again for nothing.
 WITH settled AS (
     UPDATE operations
        SET status = $2, last_outcome = $2, provider_status = $3, provider_object_id = $4,
@@ -142,31 +144,32 @@ WITH settled AS (
            settled_reason = 'provider_answer', attempt_ended_at = now(),
            lease_owner = NULL, lease_until = NULL, updated_at = now()
      WHERE operation_id = $1 AND status = 'dispatched'
-    RETURNING *
+    RETURNING operation_id, attempts, status
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
     SELECT operation_id, $2, 'dispatched', $2, $7,
            jsonb_build_object('attempt', attempts, 'provider_status', $3, 'object_id', $4)
     FROM settled
 )
-SELECT s.*, now() AS read_at FROM settled s;
+SELECT s.status FROM settled s;
 
 -- name: release_unknown
 -- The attempt ended without a conclusive answer: the row STAYS dispatched, the lease is
 -- released and the reason kept. Only the attempt that holds the lease ($2) may release it.
+-- Returns only the status (dispatched), as settle_operation does.
 WITH released AS (
     UPDATE operations
        SET lease_owner = NULL, lease_until = NULL, last_outcome = $3, provider_status = $4,
            attempt_ended_at = now(), updated_at = now()
      WHERE operation_id = $1 AND status = 'dispatched' AND attempts = $2
-    RETURNING *
+    RETURNING operation_id, attempts, status
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
     SELECT operation_id, 'unknown', 'dispatched', 'dispatched', $5,
            jsonb_build_object('attempt', attempts, 'outcome', $3, 'provider_status', $4)
     FROM released
 )
-SELECT r.*, now() AS read_at FROM released r;
+SELECT r.status FROM released r;
 
 -- name: revoke_operation
 -- Withdraw the approval. Never changes status: what was sent stays sent.

@@ -206,6 +206,10 @@ class Store:
         record = await self._run(lambda conn: conn.fetchrow(QUERIES[query], *args))
         return None if record is None else operation_from_record(record)
 
+    async def _status(self, query: str, *args: Any) -> Status | None:
+        value = await self._run(lambda conn: conn.fetchval(QUERIES[query], *args))
+        return None if value is None else Status(value)
+
     async def load(self, operation_id: str) -> Operation | None:
         return await self._one("load_operation", operation_id)
 
@@ -354,8 +358,9 @@ class Store:
 
     async def settle(
         self, operation_id: str, status: Status, answer: ProviderAnswer, actor: str
-    ) -> Operation | None:
-        return await self._one(
+    ) -> Status | None:
+        """The row's status once settled, or None if it was not dispatched."""
+        return await self._status(
             "settle_operation",
             operation_id,
             status.value,
@@ -373,8 +378,9 @@ class Store:
         outcome: str,
         provider_status: int | None,
         actor: str,
-    ) -> Operation | None:
-        return await self._one(
+    ) -> Status | None:
+        """The row's status (still dispatched), or None if ``attempt`` no longer holds it."""
+        return await self._status(
             "release_unknown", operation_id, attempt, outcome, provider_status, actor
         )
 

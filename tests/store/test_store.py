@@ -68,10 +68,12 @@ async def test_settle_only_from_dispatched_and_never_twice(store: Store) -> None
     answer = ProviderAnswer(200, "re_1", "application/json", b"{}")
     assert await store.settle("op_settle", Status.CONFIRMED, answer, "test") is None
     await store.claim("op_settle", owner="a", lease_seconds=30, expected_attempts=0)
-    settled = await store.settle("op_settle", Status.CONFIRMED, answer, "test")
+    assert await store.settle("op_settle", Status.CONFIRMED, answer, "test") is Status.CONFIRMED
+    settled = await store.load("op_settle")
     assert settled is not None
     assert settled.status is Status.CONFIRMED
     assert settled.settled_at is not None
+    assert (settled.provider_object_id, settled.response_body) == ("re_1", b"{}")
     refused = ProviderAnswer(402, None, "application/json", b"{}")
     assert await store.settle("op_settle", Status.FAILED, refused, "test") is None
 
@@ -82,7 +84,10 @@ async def test_unknown_keeps_dispatched_and_only_the_lease_holder_releases(store
     claimed = await store.claim("op_unknown", owner="a", lease_seconds=30, expected_attempts=0)
     assert claimed is not None
     assert await store.release_unknown("op_unknown", 99, "unknown:timeout", None, "x") is None
-    released = await store.release_unknown("op_unknown", 1, "unknown:timeout", None, "a")
+    assert await store.release_unknown("op_unknown", 1, "unknown:timeout", None, "a") is (
+        Status.DISPATCHED
+    )
+    released = await store.load("op_unknown")
     assert released is not None
     assert (released.status, released.last_outcome) == (Status.DISPATCHED, "unknown:timeout")
     assert not released.lease_is_live()
