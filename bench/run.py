@@ -1,6 +1,6 @@
 """opgate's throughput benchmark: every row measured side by side, in one run, on one machine.
 
-    python bench/run.py [--duration 10] [--connections 16] [--profile [b|a|b,a]] [--no-lean]
+    python bench/run.py [--duration 10] [--connections 16] [--profile [b|a|c|b,a,c]] [--no-lean]
                         [--workers-counts 1,2,4] [--pinned-workers-counts 1,2]
                         [--fixed-rates 200,500]  (README.md: every option)
 
@@ -168,7 +168,8 @@ class Config:
     keep_database: bool
     workers_counts: tuple[int, ...]  # the workers dimension; () skips it
     workers_duration: int
-    profile_rows: tuple[str, ...] = ("b",)  # with --profile: "b" the operation, "a" the read
+    profile_rows: tuple[str, ...] = ("b",)  # with --profile: b the operation, a the read, c
+    # the rejection
     lean: bool = True  # the lean durable gate row (bench/lean_gate.py)
     fixed_rates: tuple[float, ...] = (200.0, 500.0)  # open-loop rows; () skips them
     fixed_targets: tuple[str, ...] = ("baseline", "opgate", "lean")
@@ -1136,7 +1137,7 @@ def run(config: Config) -> dict[str, Any]:
 
         if config.profile:
             for which in config.profile_rows:
-                target = operation_target if which == "b" else targets[4]
+                target = {"b": operation_target, "a": targets[4], "c": reject_target}[which]
                 profile = profile_opgate(
                     config, target, db_url, opgate.process.pid, row.rps, RESULTS_DIR,
                     fresh_operations=which == "b",
@@ -1926,8 +1927,8 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         nargs="?",
         const="b",
         default=None,
-        help="also sample opgate with py-spy --gil during an extra run of a row: b (the "
-        "operation, the default), a (the read) or b,a",
+        help="also sample opgate with py-spy --gil during an extra run of rows: b (the "
+        "operation, the default), a (the read), c (the rejection), or several: b,a",
     )
     parser.add_argument("--profile-seconds", type=int, default=8)
     parser.add_argument("--keep-database", action="store_true")
@@ -1983,8 +1984,8 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     profile_rows: tuple[str, ...] = ()
     if args.profile:
         profile_rows = tuple(r.strip() for r in args.profile.split(",") if r.strip())
-        if not set(profile_rows) <= {"a", "b"}:
-            parser.error("--profile takes b, a or b,a")
+        if not set(profile_rows) <= {"a", "b", "c"}:
+            parser.error("--profile takes rows among b, a and c, e.g. b or b,a")
     fixed_targets = tuple(t.strip() for t in args.fixed_targets.split(",") if t.strip())
     if not set(fixed_targets) <= {"baseline", "opgate", "lean"}:
         parser.error("--fixed-targets takes baseline, opgate, lean")
