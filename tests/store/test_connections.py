@@ -32,8 +32,45 @@ async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
         opened.terminate()  # the tests close their Connections; this only ends a failed one's
 
 
+@pytest_asyncio.fixture(loop_scope="session")
+async def one(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    """A pool of one connection: a second call must wait for it."""
+    opened = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
+    try:
+        yield opened
+    finally:
+        opened.terminate()
+
+
+class Holder:
+    """A call that takes a connection and holds it until released, then ends with
+    ``ending(conn)`` (the connection itself, unless told otherwise)."""
+
+    def __init__(
+        self, connections: Connections, ending: Callable[[Any], Any] = lambda conn: conn
+    ) -> None:
+        self._holding, self._released = asyncio.Event(), asyncio.Event()
+        self._ending = ending
+        self.task = asyncio.create_task(connections.run(self._hold))
+
+    async def _hold(self, conn: Any) -> Any:
+        self._holding.set()
+        await self._released.wait()
+        return self._ending(conn)
+
+    async def holding(self) -> None:
+        await self._holding.wait()
+
+    def release(self) -> None:
+        self._released.set()
+
+
 async def _this(conn: Any) -> Any:
     return conn
+
+
+def _fail(conn: Any) -> None:
+    raise RuntimeError("the call failed")
 
 
 async def _until(condition: Callable[[], bool]) -> None:
@@ -128,116 +165,89 @@ async def test_a_cancelled_call_gives_its_connection_back(pool: asyncpg.Pool) ->
 
 
 async def test_a_waiting_call_is_handed_the_connection_a_call_ends_with(
-    database_url: str,
+    one: asyncpg.Pool,
 ) -> None:
     """With the only connection in a call, the next call waits; when the first call ends, its
     connection goes straight to the waiting call (the same object: not through the pool)."""
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
-    connections = Connections(pool, acquire_timeout=5.0)
-    holding, release = asyncio.Event(), asyncio.Event()
-
-    async def hold(conn: Any) -> Any:
-        holding.set()
-        await release.wait()
-        return conn
-
+    connections = Connections(one, acquire_timeout=5.0)
+    holder = Holder(connections)
     try:
-        holder = asyncio.create_task(connections.run(hold))
-        await holding.wait()
+        await holder.holding()
         waiter = asyncio.create_task(connections.run(_this))
         await _until(lambda: connections.waiting == 1)
-        release.set()
-        held = await holder
+        holder.release()
+        held = await holder.task
         assert await asyncio.wait_for(waiter, timeout=4.0) is held
     finally:
-        release.set()
+        holder.release()
         await connections.close()
 
 
 async def test_a_waiting_call_takes_the_place_of_a_connection_given_back(
-    database_url: str,
+    one: asyncpg.Pool,
 ) -> None:
     """When the call that had the only connection fails, that connection goes back to the pool
     and its place to the waiting call, which then takes a connection from the pool."""
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
-    connections = Connections(pool, acquire_timeout=5.0)
-    holding, release = asyncio.Event(), asyncio.Event()
-
-    async def fail(conn: Any) -> None:
-        holding.set()
-        await release.wait()
-        raise RuntimeError("the call failed")
-
+    connections = Connections(one, acquire_timeout=5.0)
+    holder = Holder(connections, ending=_fail)
     try:
-        holder = asyncio.create_task(connections.run(fail))
-        await holding.wait()
+        await holder.holding()
         waiter = asyncio.create_task(connections.run(lambda conn: conn.fetchval("SELECT 6")))
         await _until(lambda: connections.waiting == 1)
-        release.set()
+        holder.release()
         with pytest.raises(RuntimeError):
-            await holder
+            await holder.task
         assert await asyncio.wait_for(waiter, timeout=4.0) == 6
     finally:
-        release.set()
+        holder.release()
         await connections.close()
 
 
 async def test_a_connection_handed_to_a_call_cancelled_meanwhile_is_not_lost(
-    database_url: str,
+    one: asyncpg.Pool,
 ) -> None:
     """A waiting call cancelled after a connection was handed to it, before it ran again,
     passes the connection on: the next call gets it, instead of waiting for a place that no
     connection holds any more."""
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
-    connections = Connections(pool, acquire_timeout=2.0)
-    holding, release = asyncio.Event(), asyncio.Event()
-    tasks: list[asyncio.Task[Any]] = []
+    connections = Connections(one, acquire_timeout=2.0)
+    waiters: list[asyncio.Task[Any]] = []
 
-    async def hold(conn: Any) -> Any:
-        holding.set()
-        await release.wait()
-        # runs after this call has handed its connection on, before the waiter wakes
-        asyncio.get_running_loop().call_soon(tasks[0].cancel)
+    def cancel_the_waiter(conn: Any) -> Any:
+        # runs after the holder has handed its connection on, before the waiter wakes
+        asyncio.get_running_loop().call_soon(waiters[0].cancel)
         return conn
 
+    holder = Holder(connections, ending=cancel_the_waiter)
     try:
-        holder = asyncio.create_task(connections.run(hold))
-        await holding.wait()
-        tasks.append(asyncio.create_task(connections.run(_this)))
+        await holder.holding()
+        waiters.append(asyncio.create_task(connections.run(_this)))
         await _until(lambda: connections.waiting == 1)
-        release.set()
-        held = await holder
+        holder.release()
+        held = await holder.task
         with pytest.raises(asyncio.CancelledError):
-            await tasks[0]
+            await waiters[0]
         assert await connections.run(_this) is held
         await asyncio.wait_for(connections.close(), timeout=5.0)
     finally:
-        release.set()
-        pool.terminate()  # a lost connection would make closing wait for ever
+        holder.release()
+        one.terminate()  # a lost connection would make closing wait for ever
 
 
-async def test_a_full_pool_still_fails_after_the_acquire_timeout(database_url: str) -> None:
+async def test_a_full_pool_still_fails_after_the_acquire_timeout(one: asyncpg.Pool) -> None:
     """With every connection in a call, the next call waits the acquire timeout and then
     raises: a connection kept ready is not one the pool could lend."""
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
-    connections = Connections(pool, acquire_timeout=0.2)
-    holding, release = asyncio.Event(), asyncio.Event()
-
-    async def hold(conn: Any) -> None:
-        holding.set()
-        await release.wait()
-
+    connections = Connections(one, acquire_timeout=0.2)
+    await connections.run(_this)  # one ready: the holder below takes it
+    holder = Holder(connections)
     try:
-        await connections.run(_this)  # one ready: the holder below takes it
-        holder = asyncio.create_task(connections.run(hold))
-        await holding.wait()
+        await holder.holding()
         with pytest.raises(asyncio.TimeoutError):
             await connections.run(_this)
-        release.set()
-        await holder
+        holder.release()
+        await holder.task
         assert await connections.run(lambda conn: conn.fetchval("SELECT 4")) == 4
     finally:
-        release.set()
+        holder.release()
         await connections.close()
 
 
@@ -296,29 +306,20 @@ async def test_a_connection_goes_back_to_the_pool_after_its_calls(pool: asyncpg.
 
 
 async def test_closing_waits_for_a_running_call_and_gives_everything_back(
-    database_url: str,
+    pool: asyncpg.Pool,
 ) -> None:
     """Closing while a call runs: the ready connections go back at once, the running call's
     when it ends (not to the ready ones), and the pool closes."""
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     connections = Connections(pool, acquire_timeout=2.0)
-    holding, release = asyncio.Event(), asyncio.Event()
-
-    async def hold(conn: Any) -> str:
-        holding.set()
-        await release.wait()
-        return "ended"
-
+    await connections.run(_this)  # one ready
+    holder = Holder(connections, ending=lambda conn: "ended")
     try:
-        await connections.run(_this)  # one ready
-        holder = asyncio.create_task(connections.run(hold))
-        await holding.wait()
+        await holder.holding()
         closing = asyncio.create_task(connections.close())
         await _until(pool.is_closing)  # past the ready ones: the pool waits for the call
-        release.set()
-        assert await holder == "ended"
+        holder.release()
+        assert await holder.task == "ended"
         await asyncio.wait_for(closing, timeout=5.0)
         assert connections.usage()[1] == 0
     finally:
-        release.set()
-        pool.terminate()
+        holder.release()
