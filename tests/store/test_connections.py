@@ -5,6 +5,7 @@ back to the pool, which resets, replaces or closes it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -23,9 +24,9 @@ class Clock:
         return self.now
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    opened = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+@contextlib.asynccontextmanager
+async def _opened(database_url: str, max_size: int) -> AsyncIterator[asyncpg.Pool]:
+    opened = await asyncpg.create_pool(database_url, min_size=1, max_size=max_size)
     try:
         yield opened
     finally:
@@ -33,13 +34,16 @@ async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
 
 
 @pytest_asyncio.fixture(loop_scope="session")
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    async with _opened(database_url, max_size=2) as opened:
+        yield opened
+
+
+@pytest_asyncio.fixture(loop_scope="session")
 async def one(database_url: str) -> AsyncIterator[asyncpg.Pool]:
     """A pool of one connection: a second call must wait for it."""
-    opened = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
-    try:
+    async with _opened(database_url, max_size=1) as opened:
         yield opened
-    finally:
-        opened.terminate()
 
 
 class Holder:
