@@ -1,6 +1,8 @@
 """PostgreSQL, the one room with SQL: every statement named in ``queries.sql``, numbered
-migrations, the asyncpg ``Store`` (pool, transactions, error translation), the embedded
-server for development, and ``operation``, the operation row as the store returns it.
+migrations, the asyncpg ``Store`` (transactions, error translation) and its ``connections``
+(asyncpg's pool, with a connection that ended its call cleanly handed to the next call), the
+embedded server for development, and ``operation``, the operation row as the store returns
+it.
 
 May import: errors only. Imported by every other package.
 """
