@@ -213,6 +213,7 @@ async def test_sighup_reloads_a_running_opgate_serve(database_url: str, tmp_path
         "OPGATE_POLICY_DIR": str(policy_dir),
         "OPGATE_AGENT_LISTEN": f"127.0.0.1:{free_port()}",
         "OPGATE_OPS_LISTEN": f"127.0.0.1:{ops_port}",
+        "OPGATE_FORWARD_LISTEN": "",  # never the default 3128: a `./dev serve` may hold it
         "OPGATE_ADMIN_TOKEN_SHA256": token_digest(ADMIN_TOKEN),
         "OPGATE_POLICY_RELOAD_INTERVAL_SECONDS": "0",
         "OPGATE_WORKERS": "1",
