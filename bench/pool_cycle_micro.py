@@ -22,6 +22,7 @@ import asyncpg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from proxy.store.connections import Connections
+from proxy.store.store import _reset_connection  # the reset the store's pool runs
 
 QUERY = "SELECT $1::text AS a"
 
@@ -29,11 +30,6 @@ QUERY = "SELECT $1::text AS a"
 def cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-async def _reset(conn: asyncpg.Connection) -> None:  # as the store's pool has it
-    if conn.is_in_transaction():
-        await conn.execute("ROLLBACK")
 
 
 async def measure(name: str, statements: int, run: Callable[[int], Awaitable[None]]) -> None:
@@ -48,7 +44,7 @@ async def main() -> None:
     parser.add_argument("--statements", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    pool = await asyncpg.create_pool(args.dsn, min_size=10, max_size=10, reset=_reset)
+    pool = await asyncpg.create_pool(args.dsn, min_size=10, max_size=10, reset=_reset_connection)
     connections = Connections(pool, acquire_timeout=5.0)
 
     async def through_the_pool(n: int) -> None:

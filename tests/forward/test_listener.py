@@ -11,7 +11,7 @@ import os
 import ssl
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from tests.support.opgate import (
     fault_policy,
     problem,
 )
+from tests.support.polling import until
 from tests.support.tls_front import (  # noqa: F401  (fixtures)
     TEST_HOSTS,
     port_of,
@@ -114,13 +115,6 @@ async def forward_gate(
 
 def audit_records(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [entry for entry in logs if entry.get("event") == "request" and "decision" in entry]
-
-
-async def until(condition: Callable[[], bool], what: str, seconds: float = 5.0) -> None:
-    """Poll ``condition`` on the loop (bounded): the tunnel's record is written when it ends."""
-    async with asyncio.timeout(seconds):
-        while not condition():  # noqa: ASYNC110  (a log list and a set have no event to await)
-            await asyncio.sleep(0.01)
 
 
 async def run_agent(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:

@@ -8,7 +8,6 @@ import asyncio
 import base64
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from tests.support.opgate import (
     fault_policy,
     problem,
 )
+from tests.support.polling import until
 
 REFUND = "/fault/v1/refunds"
 GOOD_BODY = "amount=500&currency=usd&charge=ch_1"
@@ -185,16 +185,6 @@ async def test_the_operations_api_bounds_the_body_read_the_same_way(
             listed = await listing.json()
     assert_body_timeout(answer, len(body))
     assert listed["operations"] == []
-
-
-async def until(condition: Callable[[], bool], what: str, seconds: float = 5.0) -> None:
-    """Poll ``condition`` with a bound (a count on the loop has no event to await)."""
-    try:
-        async with asyncio.timeout(seconds):
-            while not condition():  # noqa: ASYNC110
-                await asyncio.sleep(0.01)
-    except TimeoutError:
-        raise AssertionError(f"never: {what}") from None
 
 
 def in_flight(gate: Opgate, agent: Agent) -> int:

@@ -16,6 +16,7 @@ from proxy.gate.reasons import Reason
 from proxy.policy.load import parse_policy_text
 from proxy.policy.model import Provider
 from tests.support.opgate import make_settings
+from tests.support.polling import Clock
 
 A = Agent(agent_id="agent-a", tenant="t1")
 SAME_ID_OTHER_TENANT = Agent(agent_id="agent-a", tenant="t2")
@@ -77,16 +78,6 @@ async def test_work_holds_the_slot_after_its_waiter_is_cancelled() -> None:
         while slots.count(A):  # noqa: ASYNC110  (the work's finally runs on the loop)
             await asyncio.sleep(0)
     assert slots.take(A, 1) is not None
-
-
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def provider(rate_limits: str = "") -> Provider:

@@ -19,6 +19,7 @@ from proxy.gate.identity import token_digest
 from proxy.policy.load import load_policy_dir, policy_version
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import ADMIN_TOKEN, StartOpgate, admin_headers, fault_policy, problem
+from tests.support.polling import until
 from tests.test_cli import REPO, free_port, wait_ready
 
 POLICY_A = fault_policy(deduplicates=False)  # has the `read` rule
@@ -31,15 +32,6 @@ def write_atomically(path: Path, text: str) -> None:
     temporary = path.with_suffix(".tmp")
     temporary.write_text(text)
     temporary.replace(path)
-
-
-async def until(condition: Callable[[], bool], what: str, seconds: float = 10) -> None:
-    """Poll a condition with a bound (the reloader polls files on its own schedule)."""
-    for _ in range(int(seconds / 0.01)):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"not within {seconds} s: {what}")
 
 
 async def test_reload_under_load_swaps_whole_sets_and_refuses_an_invalid_one(
@@ -77,7 +69,9 @@ async def test_reload_under_load_swaps_whole_sets_and_refuses_an_invalid_one(
         async def traffic_after(step: Callable[[], Awaitable[None]]) -> None:
             before = len(refunds) + len(reads)
             await step()
-            await until(lambda: len(refunds) + len(reads) >= before + 40, "40 more requests")
+            await until(
+                lambda: len(refunds) + len(reads) >= before + 40, "40 more requests", seconds=10
+            )
 
         reloader = gate.running.reloader
         assert reloader is not None
@@ -91,11 +85,15 @@ async def test_reload_under_load_swaps_whole_sets_and_refuses_an_invalid_one(
 
             async def to_b() -> None:
                 write_atomically(policy_file, POLICY_B)
-                await until(lambda: gate.running.gateway.policy.version != version_a, "B is loaded")
+                await until(
+                    lambda: gate.running.gateway.policy.version != version_a,
+                    "B is loaded",
+                    seconds=10,
+                )
 
             async def to_c() -> None:
                 write_atomically(policy_file, POLICY_C)
-                await until(lambda: len(reloader.refused) == 1, "C is refused")
+                await until(lambda: len(reloader.refused) == 1, "C is refused", seconds=10)
 
             await traffic_after(nothing)
             await traffic_after(to_b)

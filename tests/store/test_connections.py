@@ -14,14 +14,7 @@ import pytest
 import pytest_asyncio
 
 from proxy.store.connections import Connections
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.polling import Clock, until
 
 
 @contextlib.asynccontextmanager
@@ -75,15 +68,6 @@ async def _this(conn: Any) -> Any:
 
 def _fail(conn: Any) -> None:
     raise RuntimeError("the call failed")
-
-
-async def _until(condition: Callable[[], bool]) -> None:
-    """Let the other tasks run until ``condition`` holds: turns of the event loop, no time."""
-    for _ in range(100):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("the condition never held")
 
 
 async def test_a_cleanly_ended_call_hands_its_connection_to_the_next(pool: asyncpg.Pool) -> None:
@@ -178,7 +162,7 @@ async def test_a_waiting_call_is_handed_the_connection_a_call_ends_with(
     try:
         await holder.holding()
         waiter = asyncio.create_task(connections.run(_this))
-        await _until(lambda: connections.waiting == 1)
+        await until(lambda: connections.waiting == 1, "the second call waits")
         holder.release()
         held = await holder.task
         assert await asyncio.wait_for(waiter, timeout=4.0) is held
@@ -197,7 +181,7 @@ async def test_a_waiting_call_takes_the_place_of_a_connection_given_back(
     try:
         await holder.holding()
         waiter = asyncio.create_task(connections.run(lambda conn: conn.fetchval("SELECT 6")))
-        await _until(lambda: connections.waiting == 1)
+        await until(lambda: connections.waiting == 1, "the second call waits")
         holder.release()
         with pytest.raises(RuntimeError):
             await holder.task
@@ -225,7 +209,7 @@ async def test_a_connection_handed_to_a_call_cancelled_meanwhile_is_not_lost(
     try:
         await holder.holding()
         waiters.append(asyncio.create_task(connections.run(_this)))
-        await _until(lambda: connections.waiting == 1)
+        await until(lambda: connections.waiting == 1, "the second call waits")
         holder.release()
         held = await holder.task
         with pytest.raises(asyncio.CancelledError):
@@ -320,7 +304,7 @@ async def test_closing_waits_for_a_running_call_and_gives_everything_back(
     try:
         await holder.holding()
         closing = asyncio.create_task(connections.close())
-        await _until(pool.is_closing)  # past the ready ones: the pool waits for the call
+        await until(pool.is_closing, "closing reached the pool")  # the pool waits for the call
         holder.release()
         assert await holder.task == "ended"
         await asyncio.wait_for(closing, timeout=5.0)
