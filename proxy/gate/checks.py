@@ -135,6 +135,10 @@ def check_params(facts: RequestFacts, op: Operation) -> Deny | None:
 
 
 def check_no_unexpected_fields(facts: RequestFacts, op: Operation) -> Deny | None:
+    return unexpected_field(facts)
+
+
+def unexpected_field(facts: RequestFacts) -> Deny | None:
     """Fail closed on fields nobody approved: the agent may only set what the rule lets it."""
     rule = facts.rule
     json = facts.body.kind is BodyKind.JSON
@@ -151,6 +155,10 @@ def check_no_unexpected_fields(facts: RequestFacts, op: Operation) -> Deny | Non
 
 
 def check_injected_field(facts: RequestFacts, op: Operation) -> Deny | None:
+    return injection_conflict(facts, op.operation_id)
+
+
+def injection_conflict(facts: RequestFacts, operation_id: str) -> Deny | None:
     """The injected field is opgate's: the agent may only send it holding the operation's id,
     and may not send a field a provider's parser could read as it (or as something inside it:
     ``metadata[operation_id][x]``, ``metadata.operation_id``), whatever that field holds."""
@@ -159,7 +167,7 @@ def check_injected_field(facts: RequestFacts, op: Operation) -> Deny | None:
         return None
     fields = facts.body.fields()
     sent = fields.get(injected)
-    if sent is not None and sent != op.operation_id:
+    if sent is not None and sent != operation_id:
         return Deny(Reason.INJECTION_CONFLICT, f"{injected} is set by opgate")
     for field in fields:
         if reads_as_field(facts.body.kind, field, injected):
@@ -232,6 +240,12 @@ def evaluate(
     if shadowed is not None and isinstance(state, Forward | Replay):
         decision = replace(state, would_deny=shadowed)
     return Verdict(mode, results, state, decision)
+
+
+def first_payload_refusal(facts: RequestFacts, op: Operation) -> Deny | None:
+    """The first payload check that ``op`` fails, relaxed or not: for a row claimed as sent
+    (proxy/gate/exact.py), whose claim promised that none does."""
+    return next((denied for check in PAYLOAD_CHECKS if (denied := check(facts, op))), None)
 
 
 def decide(facts: RequestFacts, op: Operation | None, *, operation_lookup_failed: bool) -> Decision:

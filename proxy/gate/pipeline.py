@@ -2,7 +2,9 @@
 
 identify -> load the row (primary) -> decide (pure checks) -> prepare -> preconditions ->
 claim -> forward -> classify -> record -> answer, with exactly one audit record emitted in a
-``finally``.
+``finally``. A first send that is exactly what was approved is claimed by the statement that
+loads its row (proxy/gate/exact.py); the checks and the preparation then run on the claimed
+row, and a refusal there withdraws the claim before anything leaves.
 
 Nothing leaves before the claim has committed. Once the claim has committed, the row only
 becomes confirmed or failed from the provider's answer; every other ending leaves it dispatched.
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import structlog
 from aiohttp import web
 from multidict import CIMultiDictProxy
 
@@ -29,11 +32,19 @@ from proxy.errors import (
 from proxy.gate import upstream
 from proxy.gate.bodies import BodyRejected, ParsedBody, inject, with_value
 from proxy.gate.budgets import budget_claim, budget_sum
-from proxy.gate.checks import concealed, decide, decide_by_state, same_currency
+from proxy.gate.checks import (
+    RequestFacts,
+    concealed,
+    decide,
+    decide_by_state,
+    first_payload_refusal,
+    same_currency,
+)
 from proxy.gate.classify import Settled, Unknown, classify_answer
 from proxy.gate.credentials import provider_credential
 from proxy.gate.decision import ClaimKind, Deny, Forward, Replay
 from proxy.gate.dialects import in_dialect
+from proxy.gate.exact import as_sent
 from proxy.gate.forwarded import FORWARDED
 from proxy.gate.gateway import GATEWAY, Gateway
 from proxy.gate.headers import outbound_headers, response_headers
@@ -55,10 +66,12 @@ from proxy.gate.reasons import Reason
 from proxy.gate.resend import ask_before_resend
 from proxy.gate.upstream import OutboundRequest, UpstreamResponse
 from proxy.observe.audit import AuditRecord, Decision, emit, request_path
-from proxy.policy.model import Mode
+from proxy.policy.model import Mode, OAuth2ClientCredentials
 from proxy.policy.set import PolicySet
 from proxy.store.operation import LastOutcome, Operation, Status
 from proxy.store.store import ProviderAnswer
+
+_log = structlog.get_logger("opgate.pipeline")
 
 
 async def handle_agent_request(request: web.Request) -> web.StreamResponse:
@@ -169,11 +182,15 @@ async def _process_admitted(
     target = keyed
     facts = request_facts(target, body)
 
-    # 2. load the authoritative row from the primary
+    # 2. load the authoritative row from the primary; a first send that is exactly what was
+    # approved is claimed by the same statement (proxy/gate/exact.py)
     try:
-        op = await load_operation(gw.store, target)
+        op, claimed_with = await _load(gw, target, facts)
     except StoreUnavailable as exc:
         return _store_unavailable(record, exc)
+    if op is not None and claimed_with is not None:
+        record.operation_id, record.status_before = op.operation_id, Status.CREATED.value
+        return await _forward_claimed(gw, target, facts, body, op, claimed_with, record, slot)
     if op is not None:
         record.operation_id, record.status_before = op.operation_id, op.status.value
 
@@ -217,7 +234,78 @@ async def _process_admitted(
             return _answer_claim_conflict(record, claimed)
         op = claimed
         record.status_after, record.attempt = op.status.value, op.attempts
+    return await _forward(gw, target, outbound, op, record, slot)
 
+
+async def _load(
+    gw: Gateway, target: Target, facts: RequestFacts
+) -> tuple[Operation | None, dict[str, str] | None]:
+    """The row the request names, read from the primary, and the provider's credential when
+    the same statement claimed the row as sent (else None). That credential is had before the
+    claim, as before any claim. Only a static secret is: it needs no IO, and one that is not
+    configured leaves the request to the ordinary way, so that it is told what it would be."""
+    exact = as_sent(facts)
+    if exact is None:
+        return await load_operation(gw.store, target), None
+    provider = target.provider
+    if isinstance(provider.credential, OAuth2ClientCredentials):
+        return await load_operation(gw.store, target), None
+    base = gw.upstream_base(provider.provider, provider.upstream)
+    credential = await provider_credential(gw.credentials, gw.client, provider, base)
+    if isinstance(credential, Deny):
+        return await load_operation(gw.store, target), None
+    op, claimed = await gw.store.claim_as_sent(
+        target.named_operation_id,
+        exact,
+        owner=gw.settings.instance_id,
+        lease_seconds=_lease_seconds(gw, target),
+    )
+    return op, credential if claimed else None
+
+
+async def _forward_claimed(
+    gw: Gateway,
+    target: Target,
+    facts: RequestFacts,
+    body: ParsedBody,
+    op: Operation,
+    credential: dict[str, str],
+    record: AuditRecord,
+    slot: Slot,
+) -> web.StreamResponse:
+    """A row claimed as sent: the checks run on it all the same, and if they or the outbound
+    request's preparation refuse it, the claim is withdrawn as never sent before anything
+    leaves (a later attempt may send it)."""
+    record.status_after, record.attempt = op.status.value, op.attempts
+    refused = first_payload_refusal(facts, op)
+    if refused is not None:  # the claim's WHERE admitted what the checks refuse: a bug
+        _log.error("claimed as sent, refused by the checks", reason=refused.reason.value)
+        outbound: OutboundRequest | Deny = refused
+    else:
+        outbound = _prepare(gw, target, body, op, credential)
+    if isinstance(outbound, Deny):
+        try:
+            status = await gw.store.release_unknown(
+                op.operation_id, op.attempts, LastOutcome.NOT_SENT.value, None,
+                gw.settings.instance_id,
+            )  # fmt: skip
+        except StoreUnavailable:
+            status = None  # its lease expires: unknown, as for any claim whose end is unrecorded
+        record.status_after = (status or op.status).value
+        lookup_failed = target.named_operation_id is not None
+        told = concealed(facts, outbound, operation_lookup_failed=lookup_failed)
+        return _reject(record, outbound, op, told)
+    return await _forward(gw, target, outbound, op, record, slot)
+
+
+async def _forward(
+    gw: Gateway,
+    target: Target,
+    outbound: OutboundRequest,
+    op: Operation | None,
+    record: AuditRecord,
+    slot: Slot,
+) -> web.StreamResponse:
     # 5-8. forward, classify, record; shielded so that an agent hanging up cannot stop the
     # outcome of a request that has already left from being recorded (nor free its slot)
     record.decision = Decision.ALLOW
@@ -376,8 +464,7 @@ async def _claim(
         if isinstance(asked, Deny):
             return ClaimConflict(asked, op)
         lookup_owner = asked.lookup_owner
-    owner, lease = gw.settings.instance_id, provider.timeouts.total_seconds
-    lease += gw.settings.lease_margin_seconds
+    owner, lease = gw.settings.instance_id, _lease_seconds(gw, target)
     dedup_window = provider.idempotency.dedup_window_seconds
     if budgets is None:  # the single unlocked statement
         claimed = await gw.store.claim(
@@ -420,6 +507,11 @@ async def _claim(
         # It was claimable a moment ago and is again: another attempt won and already ended.
         explained = Deny(Reason.OPERATION_IN_FLIGHT, "another attempt claimed it first", 1)
     return ClaimConflict(explained, current)
+
+
+def _lease_seconds(gw: Gateway, target: Target) -> float:
+    """How long a claim's lease lasts: the provider's whole timeout, and a margin."""
+    return target.provider.timeouts.total_seconds + gw.settings.lease_margin_seconds
 
 
 def _answer_claim_conflict(record: AuditRecord, conflict: ClaimConflict) -> web.StreamResponse:

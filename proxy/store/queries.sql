@@ -55,13 +55,25 @@ SELECT c.*, now() AS read_at FROM created c;
 --   list showed no effect (the lease is consumed: no other attempt could start meanwhile).
 -- $8, when given: the row's updated_at when it was read for the rule's precondition lookup
 -- (proxy/gate/preconditions.py); the claim then requires the row unchanged since.
-WITH claimed AS (
+-- $9, when given: the request itself (proxy/gate/exact.py), for a first send claimed by the
+-- statement that reads the row. It claims only a created row approved for exactly that
+-- request: scope, target and key as column equalities, the amount in minor units, the
+-- currency in one of two ASCII spellings, and the approved parameters as jsonb texts, which
+-- keep 1 and 1.0 apart. Every one of these is stricter than the checks (proxy/gate/checks.py),
+-- which then run on the claimed row all the same. Otherwise nothing is claimed and the row
+-- comes back as it is (`claimed` false), for the checks to decide on and explain. A request
+-- that names its operation only by the provider's key gives no $1: the key in $9 names the row.
+WITH named AS (
+    SELECT coalesce($1::text, (SELECT k.operation_id FROM operations k
+                          WHERE k.provider = $9::jsonb->>'provider'
+                            AND k.idempotency_key = $9::jsonb->>'idempotency_key')) AS id
+), claimed AS (
     UPDATE operations
        SET status = 'dispatched', attempts = attempts + 1, dispatched_at = now(),
            lease_owner = $2, lease_until = now() + make_interval(secs => $3),
            last_outcome = NULL, attempt_ended_at = NULL, reconcile_owner = NULL,
            reconcile_lease_until = NULL, next_reconcile_at = NULL, updated_at = now()
-     WHERE operation_id = $1
+     WHERE operation_id = (SELECT id FROM named)
        AND revoked_at IS NULL AND expires_at > now()
        AND (status = 'created'
             OR (status = 'dispatched' AND attempts = $4 AND escalated_at IS NULL
@@ -72,6 +84,16 @@ WITH claimed AS (
                                AND now() < created_at + make_interval(secs => $6))))
                      OR (reconcile_owner = $7 AND reconcile_lease_until > now()))))
        AND ($8::timestamptz IS NULL OR updated_at = $8)
+       AND ($9::jsonb IS NULL
+            OR (status = 'created'
+                AND tenant = $9->>'tenant' AND (agent_id IS NULL OR agent_id = $9->>'agent_id')
+                AND provider = $9->>'provider' AND action = $9->>'action'
+                AND method = $9->>'method' AND path = $9->>'path'
+                AND ($9->>'idempotency_key' IS NULL OR idempotency_key = $9->>'idempotency_key')
+                AND (NOT $9 ? 'amount' OR amount IS NOT DISTINCT FROM ($9->>'amount')::bigint)
+                AND (NOT $9 ? 'currency' OR currency IS NOT DISTINCT FROM $9->'currency'->>0
+                     OR currency = $9->'currency'->>1)
+                AND params::text = ($9->'params')::text))
     RETURNING *
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
@@ -82,7 +104,11 @@ WITH claimed AS (
                      ELSE jsonb_build_object('after_lookup', $7::text) END
     FROM claimed
 )
-SELECT c.*, now() AS read_at FROM claimed c;
+SELECT c.*, now() AS read_at, true AS claimed FROM claimed c
+UNION ALL
+SELECT o.*, now() AS read_at, false AS claimed FROM operations o
+ WHERE $9::jsonb IS NOT NULL AND o.operation_id = (SELECT id FROM named)
+   AND NOT EXISTS (SELECT FROM claimed);
 
 -- name: budget_lock
 -- Claims on one budget take turns ($1: its lock name, proxy/policy/budgets.py), in the claim's

@@ -203,7 +203,7 @@ async def _transition(conn: asyncpg.Connection, operation_id: str) -> None:
     )  # fmt: skip
     assert created is not None
     claimed = await conn.fetchrow(
-        QUERIES["claim_operation"], operation_id, "me", 30.0, 0, "me", None, None, None
+        QUERIES["claim_operation"], operation_id, "me", 30.0, 0, "me", None, None, None, None
     )
     assert claimed is not None
 
