@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -10,13 +11,20 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
 import psutil
 import pytest
 
+from proxy.observe.auditlog.verify import verify
 from proxy.store.embedded import EmbeddedPostgres, start_embedded
+from proxy.store.migrate import migrate
+from proxy.store.operation import Status
+from proxy.store.store import ProviderAnswer, Store
+from tests.store.test_store import new_operation
+from tests.support.polling import until
 
 # A second opgate process, reduced to what matters here: join the server, report, obey stdin.
 _OTHER_PROCESS = """
@@ -29,6 +37,9 @@ if sys.stdin.readline().strip() == "stop":
     server.stop()
 print("done", flush=True)
 """
+
+
+BEGINNING, END = datetime(1970, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC)
 
 
 def _open_tmp_dir(mode: int) -> Path:
@@ -176,3 +187,52 @@ async def test_as_root_a_private_data_dir_is_not_opened_up() -> None:
     finally:
         shutil.rmtree(private, ignore_errors=True)
         shutil.rmtree(base, ignore_errors=True)
+
+
+async def test_a_database_crash_keeps_every_claim_and_settle_that_returned(
+    data_dir: Path,
+) -> None:
+    """PostgreSQL stopped at once, as in a crash (immediate shutdown: WAL not yet written out is
+    lost), right after claims and settles. Each returned only once its commit was on disk: after
+    the restart every one is there, with its events, and the audit chain verifies. A claim
+    lost this way would put its row back to created, free to be sent a second time."""
+    operations = [f"op_crash_{n}" for n in range(40)]
+    answer = ProviderAnswer(200, "re_1", "application/json", b"{}")
+    server = start_embedded(data_dir)
+    await migrate(server.dsn)
+    store = await Store.open(server.dsn, min_size=1, max_size=2)
+    try:
+        for operation_id in operations:
+            await store.create(new_operation(operation_id), "test")
+        for operation_id in operations:
+            claimed = await store.claim(
+                operation_id, owner="me", lease_seconds=30, expected_attempts=0
+            )
+            assert claimed is not None
+            assert await store.settle(operation_id, Status.CONFIRMED, answer, "me") is not None
+        postmaster = _postmaster_pid(server)
+        os.kill(postmaster, signal.SIGQUIT)  # what pg_ctl stop -m immediate sends
+        await until(lambda: not _is_alive(postmaster), "the crashed postmaster exits", 30)
+    finally:
+        with contextlib.suppress(asyncpg.PostgresError, OSError):
+            await store.close()  # its connections' server has gone
+    server.stop()
+    restarted = start_embedded(data_dir)
+    try:
+        conn = await asyncpg.connect(restarted.dsn)
+        try:
+            rows = await conn.fetch(
+                "SELECT o.operation_id, o.status, array_agg(e.event ORDER BY e.event_id) AS events"
+                "  FROM operations o JOIN operation_events e USING (operation_id)"
+                " GROUP BY o.operation_id, o.status"
+            )
+            report = await verify(conn, BEGINNING, END, key=None, whole_log=True)
+        finally:
+            await conn.close()
+    finally:
+        restarted.stop()
+    assert sorted(row["operation_id"] for row in rows) == sorted(operations)
+    assert {(row["status"], tuple(row["events"])) for row in rows} == {
+        ("confirmed", ("created", "claimed", "confirmed"))
+    }
+    assert report.ok, report.breaks
