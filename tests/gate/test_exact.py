@@ -22,7 +22,15 @@ from proxy.gate.exact import as_sent
 from proxy.policy.model import Provider
 from proxy.store.operation import Operation, Status
 from proxy.store.store import NewOperation, Store
-from tests.gate.test_checks import AGENT, JPAY, PAY, POLICY, load_provider, make_facts
+from tests.gate.test_checks import (
+    AGENT,
+    JPAY,
+    PAY,
+    POLICY,
+    load_provider,
+    make_facts,
+    make_operation,
+)
 
 ABSENT = object()  # a value the request or the approval leaves out
 
@@ -77,20 +85,14 @@ async def claim(store: Store, facts: RequestFacts) -> tuple[Operation | None, bo
 
 # --- what as_sent states, and what it leaves to the ordinary way (pure) --------------------
 def test_states_the_request_as_the_claim_compares_it() -> None:
+    """The request's own terms, for the row that make_operation() approves for it."""
     stated = as_sent(refund({"amount": "500", "currency": "usd", "charge": "ch_1"}, "op_1"))
     assert stated is not None
-    assert json.loads(stated) == {
-        "tenant": "acme",
-        "agent_id": "agent-1",
-        "provider": "pay",
-        "action": "refund.create",
-        "method": "POST",
-        "path": "/v1/refunds",
-        "idempotency_key": None,
-        "currency": ["usd", "USD"],
-        "amount": 500,
-        "params": {"charge": "ch_1"},
-    }
+    request, approved = json.loads(stated), make_operation()
+    columns = ("tenant", "agent_id", "provider", "action", "method", "path", "amount", "params")
+    assert {c: request[c] for c in columns} == {c: getattr(approved, c) for c in columns}
+    assert (request["currency"], request["idempotency_key"]) == (["usd", "USD"], None)
+    assert set(request) == {*columns, "currency", "idempotency_key"}
 
 
 PRECONDITIONS = POLICY.format(dedup="false").replace(
