@@ -185,12 +185,12 @@ async def _process_admitted(
     # 2. load the authoritative row from the primary; a first send that is exactly what was
     # approved is claimed by the same statement (proxy/gate/exact.py)
     try:
-        op, claimed_with = await _load(gw, target, facts)
+        op, claimed_as_sent, had = await _load(gw, target, facts)
     except StoreUnavailable as exc:
         return _store_unavailable(record, exc)
-    if op is not None and claimed_with is not None:
+    if op is not None and claimed_as_sent and had is not None:
         record.operation_id, record.status_before = op.operation_id, Status.CREATED.value
-        return await _forward_claimed(gw, target, facts, body, op, claimed_with, record, slot)
+        return await _forward_claimed(gw, target, facts, body, op, had, record, slot)
     if op is not None:
         record.operation_id, record.status_before = op.operation_id, op.status.value
 
@@ -209,7 +209,10 @@ async def _process_admitted(
     # 4. prepare what will leave (pure: it must not fail after the claim), then claim
     provider = target.provider
     base = gw.upstream_base(provider.provider, provider.upstream)
-    credential = await provider_credential(gw.credentials, gw.client, provider, base)
+    if had is not None:  # had already, for the claim as sent
+        credential: dict[str, str] | Deny = had
+    else:
+        credential = await provider_credential(gw.credentials, gw.client, provider, base)
     if isinstance(credential, Deny):
         return _reject(record, credential, op)
     outbound = _prepare(gw, target, body, op, credential)
@@ -239,28 +242,27 @@ async def _process_admitted(
 
 async def _load(
     gw: Gateway, target: Target, facts: RequestFacts
-) -> tuple[Operation | None, dict[str, str] | None]:
-    """The row the request names, read from the primary, and the provider's credential when
-    the same statement claimed the row as sent (else None). That credential is had before the
-    claim, as before any claim. Only a static secret is: it needs no IO, and one that is not
-    configured leaves the request to the ordinary way, so that it is told what it would be."""
+) -> tuple[Operation | None, bool, dict[str, str] | None]:
+    """The row the request names, read from the primary; whether the same statement claimed
+    it as sent; and the provider's credential if it was had for that (else None), which the
+    ordinary way then uses too. A credential is had before any claim. Only a static secret is
+    had here: it needs no IO, and one that is not configured leaves the request to the
+    ordinary way, so that it is told what it would be told."""
     exact = as_sent(facts)
-    if exact is None:
-        return await load_operation(gw.store, target), None
     provider = target.provider
-    if isinstance(provider.credential, OAuth2ClientCredentials):
-        return await load_operation(gw.store, target), None
+    if exact is None or isinstance(provider.credential, OAuth2ClientCredentials):
+        return await load_operation(gw.store, target), False, None
     base = gw.upstream_base(provider.provider, provider.upstream)
     credential = await provider_credential(gw.credentials, gw.client, provider, base)
     if isinstance(credential, Deny):
-        return await load_operation(gw.store, target), None
+        return await load_operation(gw.store, target), False, None
     op, claimed = await gw.store.claim_as_sent(
         target.named_operation_id,
         exact,
         owner=gw.settings.instance_id,
         lease_seconds=_lease_seconds(gw, target),
     )
-    return op, credential if claimed else None
+    return op, claimed, credential
 
 
 async def _forward_claimed(
