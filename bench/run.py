@@ -168,8 +168,7 @@ class Config:
     keep_database: bool
     workers_counts: tuple[int, ...]  # the workers dimension; () skips it
     workers_duration: int
-    profile_rows: tuple[str, ...] = ("b",)  # with --profile: b the operation, a the read, c
-    # the rejection
+    profile_rows: tuple[str, ...] = ("b",)  # --profile's: b operation, a read, c rejection
     lean: bool = True  # the lean durable gate row (bench/lean_gate.py)
     fixed_rates: tuple[float, ...] = (200.0, 500.0)  # open-loop rows; () skips them
     fixed_targets: tuple[str, ...] = ("baseline", "opgate", "lean")
