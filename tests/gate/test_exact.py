@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from proxy.gate.bodies import ABSENT  # a value the request or the approval leaves out
 from proxy.gate.checks import Agent, RequestFacts, decide, first_payload_refusal
 from proxy.gate.decision import ClaimKind, Forward
 from proxy.gate.exact import as_sent
@@ -31,8 +32,6 @@ from tests.gate.test_checks import (
     make_facts,
     make_operation,
 )
-
-ABSENT = object()  # a value the request or the approval leaves out
 
 
 @pytest_asyncio.fixture(loop_scope="session")
