@@ -185,7 +185,9 @@ async def test_export_follow_writes_new_records_until_interrupted(
 async def test_the_audit_commands_find_the_embedded_database(tmp_path: Path) -> None:
     """With no database URL, `opgate audit verify` uses the embedded PostgreSQL in data_dir,
     as `opgate serve` and `policy explain` do, instead of refusing."""
-    env = {**ENV, "OPGATE_DATA_DIR": str(tmp_path / "data")}
+    # /usr/sbin too: run as root on a fresh machine, the embedded server (pgserver) first
+    # creates the user it runs as, with useradd.
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "OPGATE_DATA_DIR": str(tmp_path / "data")}
     code, out, err = await _cli("audit", "verify", env=env)
     assert code == 0, err
     assert out.startswith("ok: ")
