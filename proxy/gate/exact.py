@@ -20,11 +20,19 @@ goes the ordinary way (checks, then the claim). The checks then run on the claim
 (``first_payload_refusal``), so that if the two ever disagree, the claim is withdrawn before
 anything leaves.
 
+A rule with preconditions is claimed as sent only when no recheck is due
+(proxy/gate/preconditions.py): the WHERE states that the row supersedes nothing, was not
+approved from a proposal, and is younger than the rule's ``recheck_after_seconds`` by a
+millisecond's margin (PostgreSQL's intervals and Python's timedeltas may round the seconds to
+microseconds differently). An older row comes back unclaimed, for its lookup. Should the
+pipeline find a recheck due on a row so claimed, the claim is withdrawn and the operation
+escalated: withdrawn, the row is dispatched, and a dispatched row is never rechecked.
+
 ``as_sent`` gives None, leaving the request to the ordinary way, for whatever that WHERE cannot
-state exactly: a request that names no operation, a rule with preconditions or a spend budget
-(their claim waits on a lookup or a lock), a field the checks refuse whatever the row holds,
-a decimal amount without the currency that gives its exponent, or a value that jsonb would
-store differently (a float written with an exponent, a NUL).
+state exactly: a request that names no operation, a rule with a spend budget (its claim waits
+on a lock) or whose preconditions are always rechecked, a field the checks refuse whatever the
+row holds, a decimal amount without the currency that gives its exponent, or a value that jsonb
+would store differently (a float written with an exponent, a NUL).
 """
 
 from __future__ import annotations
@@ -37,9 +45,11 @@ from proxy.gate.bodies import ABSENT
 from proxy.gate.checks import RequestFacts, injection_conflict, unexpected_field
 from proxy.policy import amounts
 from proxy.policy.amounts import AmountFormat
-from proxy.policy.model import BodyKind, OperationRequirement
+from proxy.policy.model import BodyKind, OperationRequirement, Rule
+from proxy.store.proposal import PROPOSAL_ID_PREFIX
 
 _BIGINT = 2**63 - 1
+_RECHECK_MARGIN_SECONDS = 0.001
 
 
 def as_sent(facts: RequestFacts) -> str | None:
@@ -49,7 +59,10 @@ def as_sent(facts: RequestFacts) -> str | None:
         return None
     if operation_id is None and facts.idempotency_key is None:
         return None  # no operation is named: refused by the checks without a row
-    if rule.preconditions is not None or (facts.provider.budgets and rule.amount is not None):
+    if facts.provider.budgets and rule.amount is not None:
+        return None
+    fresh_for = _without_recheck_for(rule)
+    if rule.preconditions is not None and fresh_for is None:
         return None
     if operation_id is None and facts.injected_field in facts.body.fields():
         return None  # the injected field must hold the operation's id, not yet known here
@@ -94,7 +107,19 @@ def as_sent(facts: RequestFacts) -> str | None:
     request["params"] = params
     if not all(_stored_as_is(value) for value in request.values()):
         return None
+    if fresh_for is not None:
+        request["no_recheck"] = {"younger_than": fresh_for, "proposal_prefix": PROPOSAL_ID_PREFIX}
     return json.dumps(request)
+
+
+def _without_recheck_for(rule: Rule) -> float | None:
+    """How many seconds after its approval a row of ``rule`` is claimed as sent without its
+    preconditions' lookup, or None: a rule without preconditions, or one whose first sends
+    are always rechecked."""
+    if rule.preconditions is None:
+        return None
+    seconds = rule.preconditions.recheck_after_seconds - _RECHECK_MARGIN_SECONDS
+    return seconds if seconds > 0 else None
 
 
 def _stored_as_is(value: object) -> bool:

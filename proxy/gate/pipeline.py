@@ -60,7 +60,13 @@ from proxy.gate.intake import (
     with_body_key,
 )
 from proxy.gate.limits import Slot
-from proxy.gate.preconditions import Failed, check_preconditions, recheck_due, refusal
+from proxy.gate.preconditions import (
+    Failed,
+    check_preconditions,
+    recheck_due,
+    recheck_due_on_first_send,
+    refusal,
+)
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.gate.resend import ask_before_resend
@@ -72,6 +78,10 @@ from proxy.store.operation import LastOutcome, Operation, Status
 from proxy.store.store import ProviderAnswer
 
 _log = structlog.get_logger("opgate.pipeline")
+# An escalated operation is still looked up at the provider now and then (queries.sql
+# escalate_operation). One whose claim was withdrawn before anything left has nothing there
+# to find: an hour apart is enough.
+_UNCHECKED_LOOK_AGAIN_SECONDS = 3600.0
 
 
 async def handle_agent_request(request: web.Request) -> web.StreamResponse:
@@ -277,16 +287,27 @@ async def _forward_claimed(
 ) -> web.StreamResponse:
     """A row claimed as sent: the checks run on it all the same, and if they or the outbound
     request's preparation refuse it, the claim is withdrawn as never sent before anything
-    leaves (a later attempt may send it)."""
+    leaves (a later attempt may send it). A row whose preconditions were due for a recheck is
+    withdrawn and escalated: a later attempt would send it unchecked."""
     record.status_after, record.attempt = op.status.value, op.attempts
     refused = first_payload_refusal(facts, op)
+    recheck = recheck_due_on_first_send(target.rule, op)
     if refused is not None:  # the claim's WHERE admitted what the checks refuse: a bug
         _log.error("claimed as sent, refused by the checks", reason=refused.reason.value)
         outbound: OutboundRequest | Deny = refused
+    elif recheck is not None:  # the WHERE admitted a row due for its lookup: a bug too
+        _log.error("claimed as sent, due for a recheck", trigger=recheck)
+        outbound = Deny(
+            Reason.PRECONDITION_UNVERIFIABLE,
+            f"the preconditions were not checked ({recheck}): nothing was sent, and the "
+            "operation is escalated to a human",
+        )
     else:
         outbound = _prepare(gw, target, body, op, credential)
     if isinstance(outbound, Deny):
         try:
+            if recheck is not None:  # first: released unescalated, it could be sent unchecked
+                await _escalate_unchecked(gw, op, recheck)
             status = await gw.store.release_unknown(
                 op.operation_id, op.attempts, LastOutcome.NOT_SENT.value, None,
                 gw.settings.instance_id,
@@ -298,6 +319,19 @@ async def _forward_claimed(
         told = concealed(facts, outbound, operation_lookup_failed=lookup_failed)
         return _reject(record, outbound, op, told)
     return await _forward(gw, target, outbound, op, record, slot)
+
+
+async def _escalate_unchecked(gw: Gateway, op: Operation, trigger: str) -> None:
+    """A claim withdrawn before its preconditions' lookup leaves the row dispatched, where it
+    is never rechecked: a human decides whether it may still be sent."""
+    await gw.store.escalate(
+        op.operation_id,
+        None,
+        "claimed as sent while its preconditions were due for a recheck; nothing was sent",
+        {"trigger": trigger, "attempt": op.attempts},
+        look_again_seconds=_UNCHECKED_LOOK_AGAIN_SECONDS,
+        actor=gw.settings.instance_id,
+    )
 
 
 async def _forward(

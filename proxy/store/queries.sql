@@ -63,6 +63,9 @@ SELECT c.*, now() AS read_at FROM created c;
 -- which then run on the claimed row all the same. Otherwise nothing is claimed and the row
 -- comes back as it is (`claimed` false), for the checks to decide on and explain. A request
 -- that names its operation only by the provider's key gives no $1: the key in $9 names the row.
+-- For a rule with preconditions, $9's no_recheck states that no recheck is due
+-- (proxy/gate/preconditions.py): nothing superseded, no proposal's approval, and a row younger
+-- than the recheck age less a margin; an older row is left for its lookup.
 WITH named AS (
     SELECT coalesce($1::text, (SELECT k.operation_id FROM operations k
                           WHERE k.provider = $9::jsonb->>'provider'
@@ -93,7 +96,12 @@ WITH named AS (
                 AND (NOT $9 ? 'amount' OR amount IS NOT DISTINCT FROM ($9->>'amount')::bigint)
                 AND (NOT $9 ? 'currency' OR currency IS NOT DISTINCT FROM $9->'currency'->>0
                      OR currency = $9->'currency'->>1)
-                AND params::text = ($9->'params')::text))
+                AND params::text = ($9->'params')::text
+                AND (NOT $9 ? 'no_recheck'
+                     OR (supersedes IS NULL
+                         AND NOT starts_with(approval_ref, $9->'no_recheck'->>'proposal_prefix')
+                         AND created_at > now() - make_interval(
+                                 secs => ($9->'no_recheck'->>'younger_than')::float8)))))
     RETURNING *
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
@@ -302,9 +310,10 @@ SELECT n.*, now() AS read_at FROM noted n;
 
 -- name: escalate_operation
 -- A human must decide. Stays dispatched; the notification is queued in the same statement.
--- By the holder ($2) of a live reconciliation lease for the attempt it looked up ($6), or by
--- an admin ($2 NULL). The provider is still looked up, every $5 seconds: an effect it shows
--- later settles the operation (absence never does; that stays with the human).
+-- By the holder ($2) of a live reconciliation lease for the attempt it looked up ($6), or
+-- without one ($2 NULL) by $7 (NULL: an admin). The provider is still looked up, every $5
+-- seconds: an effect it shows later settles the operation (absence never does; that stays
+-- with the human).
 WITH escalated AS (
     UPDATE operations
        SET escalated_at = now(), escalation_reason = $3, reconcile_owner = NULL,
@@ -316,7 +325,7 @@ WITH escalated AS (
     RETURNING *
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-    SELECT operation_id, 'escalated', 'dispatched', 'dispatched', coalesce($2, 'admin'),
+    SELECT operation_id, 'escalated', 'dispatched', 'dispatched', coalesce($2, $7, 'admin'),
            $4::jsonb || jsonb_build_object('reason', $3)
     FROM escalated
 ), notification AS (

@@ -482,9 +482,10 @@ class Store:
         *,
         look_again_seconds: float,
         expected_attempts: int | None = None,
+        actor: str | None = None,
     ) -> Operation | None:
         """Escalate to a human: by the holder of a live reconciliation lease for the attempt
-        it looked up, or by an admin (``owner`` None)."""
+        it looked up, or without one (``owner`` None) by ``actor`` (an admin if None)."""
         return await self._one(
             "escalate_operation",
             operation_id,
@@ -493,6 +494,7 @@ class Store:
             _jsonb(evidence),
             look_again_seconds,
             expected_attempts,
+            actor,
         )
 
     async def resolve(

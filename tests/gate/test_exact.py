@@ -20,8 +20,10 @@ from proxy.gate.bodies import ABSENT  # a value the request or the approval leav
 from proxy.gate.checks import Agent, RequestFacts, decide, first_payload_refusal
 from proxy.gate.decision import ClaimKind, Forward
 from proxy.gate.exact import as_sent
+from proxy.gate.preconditions import recheck_due_on_first_send
 from proxy.policy.model import Provider
 from proxy.store.operation import Operation, Status
+from proxy.store.proposal import PROPOSAL_ID_PREFIX
 from proxy.store.store import NewOperation, Store
 from tests.gate.test_checks import (
     AGENT,
@@ -108,6 +110,16 @@ BUDGETED = POLICY.format(dedup="false").replace(
 )
 
 
+def rechecked_after(seconds: float) -> Provider:
+    """PAY, its refunds' preconditions rechecked once an approval is ``seconds`` old."""
+    lookups = "      lookups:\n"
+    recheck = f"      recheck_after_seconds: {seconds}\n"
+    return load_provider(PRECONDITIONS.replace(lookups, recheck + lookups, 1))
+
+
+PAY_RECHECKED = rechecked_after(300)
+
+
 @pytest.mark.parametrize(
     ("why", "facts"),
     [
@@ -149,11 +161,26 @@ def test_a_float_with_an_exponent_inside_a_parameter_is_left_alone() -> None:
     assert as_sent(transfer(body, "op_1")) is not None  # 0.0001: written without one
 
 
-@pytest.mark.parametrize("text", [PRECONDITIONS, BUDGETED])
-def test_rules_whose_claim_waits_on_a_lookup_or_a_lock_are_left_alone(text: str) -> None:
-    provider = load_provider(text)
+@pytest.mark.parametrize(
+    "provider",
+    [
+        pytest.param(load_provider(PRECONDITIONS), id="preconditions always rechecked"),
+        pytest.param(rechecked_after(0.0005), id="rechecked within the margin"),
+        pytest.param(load_provider(BUDGETED), id="a spend budget"),
+    ],
+)
+def test_rules_whose_claim_waits_on_a_lookup_or_a_lock_are_left_alone(provider: Provider) -> None:
     assert as_sent(make_facts(provider=provider)) is None
     assert as_sent(make_facts()) is not None  # the same request under the plain policy
+
+
+def test_a_rule_with_preconditions_states_that_no_recheck_is_due() -> None:
+    stated = as_sent(make_facts(provider=PAY_RECHECKED))
+    assert stated is not None
+    assert json.loads(stated)["no_recheck"] == {
+        "younger_than": 299.999,  # the rule's 300 s less the margin
+        "proposal_prefix": PROPOSAL_ID_PREFIX,
+    }
 
 
 # --- the claim's WHERE, against a real PostgreSQL ------------------------------------------
@@ -207,6 +234,48 @@ async def test_what_the_checks_refuse_is_not_claimed_and_comes_back_untouched(
     assert (op.status, op.attempts) == (Status.CREATED, 0)
     assert decide(facts, op, operation_lookup_failed=True) != Forward(ClaimKind.FIRST), why
     assert [e["event"] for e in await store.events("op_1")][-1] != "claimed"
+
+
+@pytest.mark.parametrize(
+    ("why", "approved", "age", "expected"),
+    [
+        ("a fresh approval", {}, 0.0, True),
+        ("an approval as old as the recheck age", {}, 300.0, False),
+        ("an approval younger by less than the margin", {}, 299.9995, False),
+        ("an approval superseding another", {"supersedes": "op_old"}, 0.0, False),
+        (
+            "an approval from a proposal",
+            {"approval_ref": "prop_0123456789abcdef01234567"},
+            0.0,
+            False,
+        ),
+    ],
+)
+async def test_a_rule_with_preconditions_is_claimed_as_sent_only_when_no_recheck_is_due(
+    store: Store, why: str, approved: dict[str, Any], age: float, expected: bool
+) -> None:
+    """The WHERE's "no recheck due" agrees with the pipeline's (proxy/gate/preconditions.py) on
+    the row it returns: what it claims needs no lookup, and what it leaves does."""
+    charge = {"params": {"charge": "ch_1"}}
+    if "supersedes" in approved:
+        await store.create(approval("op_old", PAY_RECHECKED, **charge), "test")
+    await store.create(approval("op_1", PAY_RECHECKED, **charge, **approved), "test")
+    await store.run(
+        lambda conn: conn.execute(
+            "UPDATE operations SET created_at = now() - make_interval(secs => $1)"
+            " WHERE operation_id = 'op_1'",
+            age,
+        )
+    )
+    facts = make_facts(
+        {"amount": "500", "currency": "usd", "charge": "ch_1"}, provider=PAY_RECHECKED
+    )
+    op, claimed = await claim(store, facts)
+    assert claimed is expected, why
+    assert op is not None
+    assert (recheck_due_on_first_send(facts.rule, op) is None) is expected, why
+    if not claimed:
+        assert (op.status, op.attempts) == (Status.CREATED, 0)
 
 
 async def test_jsonb_equality_alone_would_have_claimed_1_for_1_0(store: Store) -> None:

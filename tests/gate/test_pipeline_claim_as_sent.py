@@ -6,18 +6,22 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
 import proxy.gate.pipeline
+from proxy.gate import preconditions
 from proxy.gate.checks import RequestFacts
 from proxy.gate.decision import Deny
 from proxy.gate.reasons import Reason
 from proxy.store.operation import Operation
+from tests.gate.test_pipeline import op_header
+from tests.gate.test_preconditions import gets, policy_with_preconditions, posts
 from tests.support.fault_provider import FaultProvider
-from tests.support.opgate import Opgate, problem
+from tests.support.opgate import Opgate, StartOpgate, problem
 
 REFUND = "/fault/v1/refunds"
 GOOD_BODY = "amount=500&currency=usd&charge=ch_1"
@@ -116,3 +120,88 @@ async def test_a_claim_the_checks_refuse_is_withdrawn_before_anything_leaves(
     status, _, body = await fault_gate.send(REFUND, data=GOOD_BODY, headers=headers)
     assert status == 200, body
     assert len(fault_provider.requests) == 1
+
+
+# --- a rule with preconditions: claimed as sent while no recheck is due ---------------------
+async def test_a_fresh_approval_under_preconditions_is_read_and_claimed_by_one_statement(
+    start_opgate: StartOpgate,
+    policy_dir: Path,
+    fault_provider: FaultProvider,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An approval younger than the rule's recheck age needs no lookup: one store call, no
+    GET at the provider, one refund."""
+    (policy_dir / "fault.yaml").write_text(policy_with_preconditions(recheck=3600))
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        op = await gate.approve()
+        calls = count_store_calls(gate, monkeypatch)
+        status, headers, body = await gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))
+        sent_with = Counter(calls)  # the operations API reads the row too, below
+        row = await gate.operation(op["operation_id"])
+    assert (status, headers["X-Operation-Status"]) == (200, "confirmed"), body
+    assert sent_with == Counter({"claim_as_sent": 1})
+    assert (gets(fault_provider), posts(fault_provider)) == ([], 1)
+    assert [e["event"] for e in row["events"]] == ["created", "claimed", "confirmed"]
+
+
+async def test_an_approval_due_for_its_recheck_is_left_for_the_lookup(
+    start_opgate: StartOpgate,
+    policy_dir: Path,
+    fault_provider: FaultProvider,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same approval, an hour and a second old: the statement claims nothing, the
+    provider is asked, and only then is the row claimed."""
+    (policy_dir / "fault.yaml").write_text(policy_with_preconditions(recheck=3600))
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        op = await gate.approve()
+        await gate.running.gateway.store.run(
+            lambda conn: conn.execute(
+                "UPDATE operations SET created_at = now() - interval '3601 seconds'"
+                " WHERE operation_id = $1",
+                op["operation_id"],
+            )
+        )
+        calls = count_store_calls(gate, monkeypatch)
+        status, headers, body = await gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))
+    assert (status, headers["X-Operation-Status"]) == (200, "confirmed"), body
+    assert calls == Counter({"claim_as_sent": 1, "claim": 1})
+    assert (len(gets(fault_provider)), posts(fault_provider)) == (1, 1)
+
+
+async def test_a_claim_due_for_a_recheck_is_withdrawn_and_escalated(
+    start_opgate: StartOpgate,
+    policy_dir: Path,
+    fault_provider: FaultProvider,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reason to recheck that the claim's WHERE does not state (a trigger added to the
+    pipeline's list only): the row so claimed is not sent. Withdrawn, it would be dispatched,
+    where no recheck is made, so it is escalated to a human as well, and a later request
+    sends nothing either."""
+    unstated = (*preconditions.RECHECK_TRIGGERS, lambda rule_preconditions, op: "unstated")
+    (policy_dir / "fault.yaml").write_text(policy_with_preconditions(recheck=3600))
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        op = await gate.approve()
+        with monkeypatch.context() as patched, capture_logs() as logs:
+            patched.setattr(preconditions, "RECHECK_TRIGGERS", unstated)
+            status, _, body = await gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))
+        row = await gate.operation(op["operation_id"])
+        again, _, _ = await gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))
+    refused = problem(body)
+    assert (status, refused["code"]) == (503, "precondition_unverifiable")
+    assert "escalated" in refused["detail"]
+    assert fault_provider.requests == []
+    assert (row["status"], row["last_outcome"], row["next_action"]) == (
+        "dispatched",
+        "not_sent",
+        "escalated",
+    )
+    events = row["events"]
+    assert [e["event"] for e in events] == ["created", "claimed", "escalated", "unknown"]
+    assert events[2]["actor"] == gate.running.gateway.settings.instance_id
+    assert events[2]["detail"]["trigger"] == "unstated"
+    [audit] = [entry for entry in logs if entry["event"] == "request"]
+    assert (audit["decision"], audit["reason"]) == ("deny", "precondition_unverifiable")
+    assert again >= 400
+    assert fault_provider.requests == []
