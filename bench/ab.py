@@ -2,13 +2,15 @@
 
     python bench/ab.py --a-tree ../before --b-tree . [--rounds 8] [--seconds 3]
     python bench/ab.py --a-env OPGATE_POOL_MAX_SIZE=4   # two settings, one tree
+    python bench/ab.py --a-tree ../before --rows f --rate 200 --seconds 8   # latency, open loop
 
 On a shared 2-core VM the CPU per request drifts by 20% or more between runs minutes apart,
 which hides a 5-10% change between two full ``bench/run.py`` runs. Here both opgates run at
 once (each on its own bench database, the same provider), and short wrk bursts alternate between
 them, A B B A A B..., so that a drift falls on both alike. Per burst: opgate's own CPU and its
 database's backends' CPU per request (from /proc), for row (b) (every request a fresh approved
-operation) and row (a) (a read, no operation). The medians and the B/A ratios are printed and
+operation) and row (a) (a read, no operation); for row (f), row (b) at a fixed arrival rate
+(bench/open_loop.py), its p50 and p99 latency. The medians and the B/A ratios are printed and
 written to bench/results/ab.json. Standard library only, like run.py, whose parts it reuses.
 """
 
@@ -38,6 +40,7 @@ class Side:
     pid: int = 0
     agent_url: str = ""
     next_id: int = 0
+    fixed_blocks: int = 0  # open-loop bursts made (each its own block of operations)
     samples: dict[str, list[dict[str, float]]] = field(default_factory=dict)
 
 
@@ -67,8 +70,44 @@ def start_side(
     side.pid, side.agent_url = service.process.pid, f"http://127.0.0.1:{agent_port}/bench"
 
 
-def burst(config: run.Config, side: Side, row: str, seconds: int) -> dict[str, float]:
-    """One wrk burst of ``row`` against ``side``: requests/s and CPU ms per request."""
+# What each row's bursts report: wrk's closed-loop rows, and the open-loop row f.
+KEYS = {
+    "a": ("rps", "opgate_ms", "pg_ms", "machine_ms"),
+    "b": ("rps", "opgate_ms", "pg_ms", "machine_ms"),
+    "f": ("p50_ms", "p99_ms", "opgate_ms", "machine_ms"),
+}
+
+
+def fixed_burst(config: run.Config, side: Side, seconds: int, rate: float) -> dict[str, float]:
+    """Row (b) at a fixed arrival rate (bench/open_loop.py, as run.py's fixed-rate rows): its
+    latency from the scheduled time, p50 and p99, and CPU ms per request. Each burst takes the
+    next block of fresh operations of its side's database."""
+    target = run.WrkTarget(
+        "ab", f"{side.name} (b) @{rate:g}/s", "POST", side.agent_url + "/v1/refunds",
+        run.REFUND_BODY, token=TOKEN[0], proxy_pid=side.pid,
+    )  # fmt: skip
+    row = run.measure_fixed_rate(
+        replace(config, fixed_duration=seconds, warmup=1),
+        side.db_url, target, rate, side.fixed_blocks, fresh=True,
+    )  # fmt: skip
+    side.fixed_blocks += 1
+    if not row.valid or row.cpu_ms_per_request is None:
+        raise run.BenchError(f"{target.label}: {row.problems}")
+    return {
+        "p50_ms": row.p50_ms,
+        "p99_ms": row.p99_ms,
+        "opgate_ms": row.cpu_ms_per_request.proxy or 0.0,
+        "machine_ms": row.cpu_ms_per_request.machine,
+    }
+
+
+def burst(
+    config: run.Config, side: Side, row: str, seconds: int, rate: float = 200.0
+) -> dict[str, float]:
+    """One burst of ``row`` against ``side``: for wrk's rows (a) and (b), requests/s and CPU ms
+    per request; for (f), ``fixed_burst``."""
+    if row == "f":
+        return fixed_burst(config, side, seconds, rate)
     if row == "b":
         per = 3000 * seconds  # per wrk thread, far above what one burst can send
         ids = (side.next_id, per)
@@ -111,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--b-env", action="append", default=[], help="OPGATE_X=value for B")
     parser.add_argument("--rounds", type=int, default=8, help="bursts per side and row")
     parser.add_argument("--seconds", type=int, default=3, help="seconds per burst")
-    parser.add_argument("--rows", default="b,a", help="b (operation), a (read)")
+    parser.add_argument(
+        "--rows", default="b,a", help="b (operation), a (read), f (operation at --rate, open loop)"
+    )
+    parser.add_argument("--rate", type=float, default=200.0, help="row f's requests per second")
     parser.add_argument("--python", default=run.default_python())
     parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     args = parser.parse_args(argv)
@@ -155,12 +197,13 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
         for side in sides:  # warm-up, not counted
             for row in rows:
-                burst(config, side, row, 1)
+                burst(config, side, row, 1, args.rate)
         order = [sides[0], sides[1]]
         for round_number in range(args.rounds):
             for side in order:
                 for row in rows:
-                    side.samples.setdefault(row, []).append(burst(config, side, row, args.seconds))
+                    sample = burst(config, side, row, args.seconds, args.rate)
+                    side.samples.setdefault(row, []).append(sample)
             order.reverse()  # A B, B A, A B...: a drift falls on both alike
             print(f"round {round_number + 1}/{args.rounds} done", file=sys.stderr)
     result = summarise(sides, rows, args)
@@ -175,14 +218,14 @@ def summarise(sides: list[Side], rows: list[str], args: argparse.Namespace) -> d
         medians[side.name] = {
             row: {
                 key: round(statistics.median(s[key] for s in side.samples[row]), 4)
-                for key in ("rps", "opgate_ms", "pg_ms", "machine_ms")
+                for key in KEYS[row]
             }
             for row in rows
         }
     ratios = {
         row: {
             key: round(medians["B"][row][key] / medians["A"][row][key], 3)
-            for key in ("rps", "opgate_ms", "pg_ms", "machine_ms")
+            for key in KEYS[row]
             if medians["A"][row][key]
         }
         for row in rows
@@ -201,18 +244,13 @@ def summarise(sides: list[Side], rows: list[str], args: argparse.Namespace) -> d
 
 def print_summary(result: dict[str, Any]) -> None:
     print(f"A: {result['a']}\nB: {result['b']}")
-    print(f"{'row':<6}{'side':<6}{'req/s':>10}{'opgate ms':>12}{'pg ms':>10}{'machine ms':>12}")
     for row, ratio in result["b_over_a"].items():
+        keys = KEYS[row]
+        print(f"{'row':<6}{'side':<6}" + "".join(f"{key:>12}" for key in keys))
         for name in ("A", "B"):
             m = result["medians"][name][row]
-            print(
-                f"{row:<6}{name:<6}{m['rps']:>10.1f}{m['opgate_ms']:>12.3f}{m['pg_ms']:>10.3f}"
-                f"{m['machine_ms']:>12.3f}"
-            )
-        print(
-            f"{row:<6}{'B/A':<6}{ratio.get('rps', 0):>10.3f}{ratio.get('opgate_ms', 0):>12.3f}"
-            f"{ratio.get('pg_ms', 0):>10.3f}{ratio.get('machine_ms', 0):>12.3f}"
-        )
+            print(f"{row:<6}{name:<6}" + "".join(f"{m[key]:>12.3f}" for key in keys))
+        print(f"{row:<6}{'B/A':<6}" + "".join(f"{ratio.get(key, 0):>12.3f}" for key in keys))
 
 
 if __name__ == "__main__":
