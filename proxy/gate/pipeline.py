@@ -103,6 +103,11 @@ async def handle_agent_request(request: web.Request) -> web.StreamResponse:
         if provider is not None:  # opgate's refusals in the provider's dialect (errors:)
             response = in_dialect(response, provider.errors)
         record.response_status = response.status
+        # Written here rather than by aiohttp once the handler returns: the record (redacted,
+        # turned into JSON, logged, queued for the audit log) is made below all the same, and
+        # the agent does not wait for it.
+        await response.prepare(request)
+        await response.write_eof()
         return response
     finally:
         emit(record)

@@ -10,9 +10,12 @@ from typing import Any
 
 import asyncpg
 import pytest
+from aiohttp import web
 from structlog.testing import capture_logs
 from yarl import URL
 
+import proxy.gate.pipeline
+from proxy.observe.audit import AuditRecord
 from tests.support.fault_provider import FaultMode, FaultProvider
 from tests.support.opgate import (
     AGENT_TOKEN,
@@ -579,3 +582,30 @@ async def test_secrets_never_reach_the_audit_log(
     assert len([e for e in logs if e["event"] == "request"]) == 3
     for secret in (AGENT_TOKEN, PROVIDER_SECRET, "opg_wrong_token_value"):
         assert secret not in text
+
+
+async def test_the_answer_is_written_before_its_audit_record_is_made(
+    fault_gate: Opgate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record (redacted, made JSON, logged, queued for the audit log) is made once the
+    answer has been handed to the agent's connection, so the agent does not wait for it; it
+    is still made once, for the answer sent."""
+    order: list[str] = []
+    emit, write_eof = proxy.gate.pipeline.emit, web.Response.write_eof
+
+    def emitting(record: AuditRecord) -> None:
+        order.append(f"record {record.response_status}")
+        emit(record)
+
+    async def writing_eof(self: web.Response, data: bytes = b"") -> None:
+        if "X-Operation-Status" in self.headers:  # opgate's answer, not the fault provider's
+            order.append(f"answer {self.status}")
+        await write_eof(self, data)
+
+    op = await fault_gate.approve()
+    monkeypatch.setattr(proxy.gate.pipeline, "emit", emitting)
+    monkeypatch.setattr(web.Response, "write_eof", writing_eof)
+    status, _, _ = await fault_gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))
+    assert status == 200
+    assert order[0] == "answer 200"
+    assert [entry for entry in order if entry.startswith("record")] == ["record 200"]
