@@ -202,11 +202,12 @@ async def wait_for_log(log: Path, needle: str) -> None:
 
 async def wait_refused(url: str) -> None:
     """Bounded poll until a new connection is refused. Each probe opens a connection of its
-    own: a connection kept alive from an earlier probe is not a new one. A probe whose
-    connection neither opens nor is refused within a second is given up and the next one
-    made: a probe made just as the listener closes has been seen to wait out aiohttp's 30 s
-    connect timeout (the first probe, in one run of three here), past the provider's timeout
-    of the request in flight, which then ended unknown (504) instead of confirmed."""
+    own: a connection kept alive from an earlier probe is not a new one. A probe neither
+    answered nor refused within a second is given up and the next one made. A probe that
+    reached the listener as it closed used to be held unanswered for the whole drain
+    (proxy/gate/shutdown.py), past the provider's timeout of the request in flight, which then
+    ended unknown (504) instead of confirmed; should that come back, this test still tells
+    the drain's own behaviour apart."""
     connector = aiohttp.TCPConnector(force_close=True)
     timeout = aiohttp.ClientTimeout(total=1)
     async with aiohttp.ClientSession(trust_env=False, connector=connector) as http:

@@ -24,6 +24,7 @@ from aiohttp.web_request import BaseRequest
 from proxy.gate.gateway import Gateway
 from proxy.gate.problem import admin_problem, problem_response
 from proxy.gate.reasons import Reason
+from proxy.gate.shutdown import DrainingRequestHandler
 from proxy.observe.audit import REQUEST_OBSERVER, AuditRecord, Decision, emit
 
 # The answer to a request the parser refused, given the parser's one-line reason.
@@ -65,8 +66,9 @@ def admin_malformed_answer(reason: str) -> web.Response:
     return admin_problem(400, Reason.REQUEST_MALFORMED.value, reason)
 
 
-class _ProblemRequestHandler(web.RequestHandler):
-    """aiohttp's connection handler, answering the parser's refusals through ``answer``."""
+class _ProblemRequestHandler(DrainingRequestHandler):
+    """aiohttp's connection handler, answering the parser's refusals through ``answer`` (and
+    closing at once a connection that a drain caught before its first turn)."""
 
     def __init__(self, manager: web.Server, *, answer: MalformedAnswer, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
