@@ -46,6 +46,33 @@ class CredentialSource(Secrets):
             if value is None:
                 raise CredentialUnavailable(f"secret {credential.secret!r} is not configured")
             return value
+        credential, client_id, client_secret = self._client(credential, upstream_base)
+        try:
+            token = await self.tokens.token(credential, client_id, client_secret, session)
+        except TokenUnavailable as exc:
+            raise CredentialUnavailable(str(exc)) from exc
+        return f"{credential.scheme} {token}" if credential.scheme else token
+
+    def resolve_now(
+        self, credential: CredentialInjection | OAuth2ClientCredentials, upstream_base: str = ""
+    ) -> str | None:
+        """The header value ``resolve`` would give if it can be had without IO (a configured
+        secret, an access token cached and fresh), else None."""
+        if isinstance(credential, CredentialInjection):
+            return self.header_value(credential)
+        try:
+            credential, client_id, client_secret = self._client(credential, upstream_base)
+        except CredentialUnavailable:
+            return None
+        token = self.tokens.cached(credential, client_id, client_secret)
+        if token is None:
+            return None
+        return f"{credential.scheme} {token}" if credential.scheme else token
+
+    def _client(
+        self, credential: OAuth2ClientCredentials, upstream_base: str
+    ) -> tuple[OAuth2ClientCredentials, str, str]:
+        """The credential with its token endpoint's full URL, the client id and its secret."""
         client_secret = self.secret(credential.secret)
         if client_secret is None:
             raise CredentialUnavailable(f"secret {credential.secret!r} is not configured")
@@ -60,11 +87,7 @@ class CredentialSource(Secrets):
             credential = credential.model_copy(
                 update={"token_url": upstream_base + credential.token_url}
             )
-        try:
-            token = await self.tokens.token(credential, client_id, client_secret, session)
-        except TokenUnavailable as exc:
-            raise CredentialUnavailable(str(exc)) from exc
-        return f"{credential.scheme} {token}" if credential.scheme else token
+        return credential, client_id, client_secret
 
 
 async def provider_credential(
@@ -82,3 +105,13 @@ async def provider_credential(
     except CredentialUnavailable as exc:
         return Deny(Reason.CREDENTIAL_UNAVAILABLE, f"no credential for {provider.provider}: {exc}")
     return {provider.credential.header: value}
+
+
+def provider_credential_now(
+    source: CredentialSource, provider: Provider, upstream_base: str
+) -> dict[str, str] | None:
+    """``provider_credential`` where it needs no IO, else None (also when it would refuse)."""
+    if provider.credential is None:
+        return {}
+    value = source.resolve_now(provider.credential, upstream_base)
+    return None if value is None else {provider.credential.header: value}

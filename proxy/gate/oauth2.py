@@ -41,6 +41,11 @@ class AccessToken:
 _Key = tuple[str, str, str | None, str]
 
 
+def _key(credential: OAuth2ClientCredentials, client_id: str, client_secret: str) -> _Key:
+    digest = hashlib.sha256(client_secret.encode("utf-8")).hexdigest()
+    return (credential.token_url, client_id, credential.scope, digest)
+
+
 class TokenCache:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -56,11 +61,10 @@ class TokenCache:
         session: aiohttp.ClientSession,
     ) -> str:
         """A fresh access token; TokenUnavailable if the token endpoint gives none."""
-        digest = hashlib.sha256(client_secret.encode("utf-8")).hexdigest()
-        key: _Key = (credential.token_url, client_id, credential.scope, digest)
-        cached = self._tokens.get(key)
-        if cached is not None and self._clock() < cached.refresh_at:
-            return cached.value
+        key = _key(credential, client_id, client_secret)
+        cached = self._fresh(key)
+        if cached is not None:
+            return cached
         pending = self._fetching.get(key)
         if pending is None:
             fetching = self._fetch(key, credential, client_id, client_secret, session)
@@ -68,6 +72,18 @@ class TokenCache:
             self._fetching[key] = pending
         # shielded: one waiter giving up (its agent hung up) must not cancel the others' fetch
         return (await asyncio.shield(pending)).value
+
+    def cached(
+        self, credential: OAuth2ClientCredentials, client_id: str, client_secret: str
+    ) -> str | None:
+        """The access token ``token`` would give without a fetch, if it has a fresh one."""
+        return self._fresh(_key(credential, client_id, client_secret))
+
+    def _fresh(self, key: _Key) -> str | None:
+        cached = self._tokens.get(key)
+        if cached is not None and self._clock() < cached.refresh_at:
+            return cached.value
+        return None
 
     async def _fetch(
         self,

@@ -41,7 +41,7 @@ from proxy.gate.checks import (
     same_currency,
 )
 from proxy.gate.classify import Settled, Unknown, classify_answer
-from proxy.gate.credentials import provider_credential
+from proxy.gate.credentials import provider_credential, provider_credential_now
 from proxy.gate.decision import ClaimKind, Deny, Forward, Replay
 from proxy.gate.dialects import in_dialect
 from proxy.gate.exact import as_sent
@@ -72,7 +72,7 @@ from proxy.gate.reasons import Reason
 from proxy.gate.resend import ask_before_resend
 from proxy.gate.upstream import OutboundRequest, UpstreamResponse
 from proxy.observe.audit import AuditRecord, Decision, emit, request_path
-from proxy.policy.model import Mode, OAuth2ClientCredentials
+from proxy.policy.model import Mode
 from proxy.policy.set import PolicySet
 from proxy.store.operation import LastOutcome, Operation, Status
 from proxy.store.store import ProviderAnswer
@@ -260,16 +260,17 @@ async def _load(
 ) -> tuple[Operation | None, bool, dict[str, str] | None]:
     """The row the request names, read from the primary; whether the same statement claimed
     it as sent; and the provider's credential if it was had for that (else None), which the
-    ordinary way then uses too. A credential is had before any claim. Only a static secret is
-    had here: it needs no IO, and one that is not configured leaves the request to the
-    ordinary way, so that it is told what it would be told."""
+    ordinary way then uses too. A credential is had before any claim. Only one that needs no
+    IO is had here (a configured secret, an OAuth2 access token cached and fresh): a request
+    that then claims nothing must not have made a token endpoint call, and one whose
+    credential cannot be had goes the ordinary way, so that it is told what it would be told."""
     exact = as_sent(facts)
-    provider = target.provider
-    if exact is None or isinstance(provider.credential, OAuth2ClientCredentials):
+    if exact is None:
         return await load_operation(gw.store, target), False, None
+    provider = target.provider
     base = gw.upstream_base(provider.provider, provider.upstream)
-    credential = await provider_credential(gw.credentials, gw.client, provider, base)
-    if isinstance(credential, Deny):
+    credential = provider_credential_now(gw.credentials, provider, base)
+    if credential is None:
         return await load_operation(gw.store, target), False, None
     op, claimed = await gw.store.claim_as_sent(
         target.named_operation_id,

@@ -28,9 +28,9 @@ GOOD_BODY = "amount=500&currency=usd&charge=ch_1"
 
 
 def count_store_calls(gate: Opgate, monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
-    """How often the gate's store is asked to load, claim and claim as sent."""
+    """How often the gate's store is asked to load (by id or key), claim and claim as sent."""
     store, calls = gate.running.gateway.store, Counter[str]()
-    for name in ("load", "claim", "claim_as_sent"):
+    for name in ("load", "load_by_key", "claim", "claim_as_sent"):
         real: Callable[..., Awaitable[Any]] = getattr(store, name)
 
         async def counted(*args: Any, _name: str = name, _real: Any = real, **kw: Any) -> Any:
