@@ -23,6 +23,11 @@ class CredentialUnavailable(Exception):
     """The provider's credential cannot be had now: nothing may be sent."""
 
 
+def _with_scheme(scheme: str | None, value: str) -> str:
+    """The header value: ``Bearer <value>``, or the bare value (``scheme: null``)."""
+    return f"{scheme} {value}" if scheme else value
+
+
 class CredentialSource(Secrets):
     def __init__(self, secrets_dir: Path | None, environ: dict[str, str] | None = None) -> None:
         super().__init__(secrets_dir, environ)
@@ -32,7 +37,7 @@ class CredentialSource(Secrets):
         secret = self.secret(injection.secret)
         if secret is None:
             return None
-        return f"{injection.scheme} {secret}" if injection.scheme else secret
+        return _with_scheme(injection.scheme, secret)
 
     async def resolve(
         self,
@@ -51,7 +56,7 @@ class CredentialSource(Secrets):
             token = await self.tokens.token(credential, client_id, client_secret, session)
         except TokenUnavailable as exc:
             raise CredentialUnavailable(str(exc)) from exc
-        return f"{credential.scheme} {token}" if credential.scheme else token
+        return _with_scheme(credential.scheme, token)
 
     def resolve_now(
         self, credential: CredentialInjection | OAuth2ClientCredentials, upstream_base: str = ""
@@ -67,7 +72,7 @@ class CredentialSource(Secrets):
         token = self.tokens.cached(credential, client_id, client_secret)
         if token is None:
             return None
-        return f"{credential.scheme} {token}" if credential.scheme else token
+        return _with_scheme(credential.scheme, token)
 
     def _client(
         self, credential: OAuth2ClientCredentials, upstream_base: str
