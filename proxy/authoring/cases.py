@@ -138,6 +138,10 @@ class CaseOperation(_Strict):
             "provider_status": self.response_status,
             "response_body": self.response_body.encode() if self.response_body else None,
             "reconcile_attempts": 0,
+            # the one attempt of a dispatched case ended before a byte left, or may have landed
+            "unsent_attempts": int(
+                self.status is not Status.CREATED and self.last_outcome is LastOutcome.NOT_SENT
+            ),
             "supersedes": self.supersedes,
             "created_at": CASE_TIME - timedelta(seconds=self.approved_seconds_ago),
             "updated_at": CASE_TIME - timedelta(seconds=self.approved_seconds_ago),

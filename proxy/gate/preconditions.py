@@ -17,8 +17,10 @@ and its assertions evaluated on the answer:
 The lookup is a network call, so it cannot run inside the claim's transaction: the claim that
 follows a Held requires the row unchanged since it was read for the lookup.
 
-Only the first send is checked: a re-send after an unknown outcome would find the effect of the
-attempt it re-sends (a refunded charge) and is settled by reconciliation instead.
+Only a send that nothing of the operation went before is checked: the first, or a re-send after
+attempts that all ended before a byte left (not_sent), which may come hours after the approval.
+A re-send after an attempt that may have reached the provider would find that attempt's own
+effect (a refunded charge), and is settled by reconciliation instead.
 """
 
 from __future__ import annotations
@@ -91,8 +93,10 @@ RECHECK_TRIGGERS: tuple[Callable[[Preconditions, Operation], str | None], ...] =
 
 
 def recheck_due(rule: Rule, op: Operation) -> str | None:
-    """Why the rule's preconditions must be checked before ``op`` is sent now, or None."""
-    if op.status is not Status.CREATED:
+    """Why the rule's preconditions must be checked before ``op`` is sent now, or None: only
+    while nothing of it can have reached the provider (a created row, or a dispatched one whose
+    every attempt ended not_sent)."""
+    if op.status not in (Status.CREATED, Status.DISPATCHED) or not op.nothing_left():
         return None
     return recheck_due_on_first_send(rule, op)
 

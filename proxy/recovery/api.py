@@ -75,13 +75,17 @@ def recovery_view(
     return view
 
 
+_UNSETTLED = (Status.CREATED, Status.DISPATCHED)
+
+
 async def recovery_views(
     gw: Gateway, ops: list[Operation], *, with_request: bool = False
 ) -> list[dict[str, Any]]:
-    """``recovery_view`` of each, with the evidence of a failed precondition where a created
-    operation has one (its latest ``precondition_failed`` event: one read for all)."""
+    """``recovery_view`` of each, with the evidence of a failed precondition where an
+    operation of which nothing has left has one (its latest ``precondition_failed`` event:
+    one read for all)."""
     failures = await gw.store.precondition_failures(
-        [op.operation_id for op in ops if op.status is Status.CREATED]
+        [op.operation_id for op in ops if op.status in _UNSETTLED and op.nothing_left()]
     )
     return [
         recovery_view(gw, op, failures.get(op.operation_id), with_request=with_request)

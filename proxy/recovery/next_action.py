@@ -13,8 +13,9 @@ row to what it may do next. The agent's memory and judgement are not inputs.
                            ask again after ``retry_after_seconds``
     new_approval_required  failed with no effect (or never sent and no longer approved, or
                            never sent because the rule's preconditions no longer held at the
-                           provider: ``evidence`` says what the lookup showed): a new attempt
-                           needs a new approved operation that supersedes this one
+                           provider, before its first send or before a re-send after attempts
+                           that never left: ``evidence`` says what the lookup showed): a new
+                           attempt needs a new approved operation that supersedes this one
     escalated              a human must decide
 """
 
@@ -55,8 +56,8 @@ def next_action(
 ) -> Advice:
     """``dedup_window_seconds``: how long after creation the provider deduplicates a re-send
     with the operation's key (None: it does not). ``precondition_failure``: the evidence of
-    the latest failed precondition of a created operation (its ``precondition_failed`` event),
-    if any."""
+    the latest failed precondition of an operation of which nothing has left (its
+    ``precondition_failed`` event since its last claim), if any."""
     if op.status is Status.CONFIRMED:
         return Advice(NextAction.PROCEED, f"confirmed ({op.settled_reason or 'provider_answer'})")
     if op.status is Status.FAILED:
@@ -77,11 +78,7 @@ def next_action(
                 "nothing was sent, and the approval was revoked or has expired",
             )
         if precondition_failure is not None:
-            return Advice(
-                NextAction.NEW_APPROVAL_REQUIRED,
-                "nothing was sent: the provider no longer shows what the approval assumed",
-                evidence=precondition_failure,
-            )
+            return _preconditions_failed(precondition_failure)
         return Advice(NextAction.SEND, "nothing was sent yet: send exactly the approved request")
     if op.lease_is_live():
         return Advice(
@@ -94,6 +91,8 @@ def next_action(
             _seconds_until(op, op.reconcile_lease_until),
         )
     if op.approval_stands():
+        if op.nothing_left() and precondition_failure is not None:
+            return _preconditions_failed(precondition_failure)
         if op.last_outcome == LastOutcome.NOT_SENT:
             return Advice(NextAction.RETRY, "the last attempt never reached the provider")
         if op.key_deduplicated(dedup_window_seconds):
@@ -115,6 +114,14 @@ def next_action(
         NextAction.RECONCILE,
         "outcome unknown and the approval no longer stands: it is reconciled, never re-sent",
         _seconds_until(op, op.next_reconcile_at),
+    )
+
+
+def _preconditions_failed(evidence: dict[str, Any]) -> Advice:
+    return Advice(
+        NextAction.NEW_APPROVAL_REQUIRED,
+        "nothing was sent: the provider no longer shows what the approval assumed",
+        evidence=evidence,
     )
 
 

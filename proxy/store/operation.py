@@ -68,6 +68,9 @@ class Operation:
     escalated_at: datetime | None
     escalation_reason: str | None
     resolution_note: str | None
+    # How many attempts ended before a byte left (not_sent): while it equals ``attempts``,
+    # nothing of the operation can have reached the provider.
+    unsent_attempts: int
     # The database's clock when the row was read: every time comparison uses it, so opgate
     # replicas with skewed clocks decide alike.
     read_at: datetime
@@ -88,6 +91,12 @@ class Operation:
         if window_seconds is None:
             return False
         return self.read_at < self.created_at + timedelta(seconds=window_seconds)
+
+    def nothing_left(self) -> bool:
+        """Whether no attempt can have reached the provider: none was made, or each ended
+        before a byte left. An attempt in flight, or one whose end is unrecorded (its replica
+        died before releasing it), is counted in ``attempts`` only: it may have."""
+        return self.attempts == self.unsent_attempts
 
     def last_attempt_over_since(self) -> datetime | None:
         """When the last attempt can no longer land a new effect (None: it may still)."""

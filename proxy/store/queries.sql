@@ -149,21 +149,30 @@ SELECT CASE WHEN $3::bool THEN tenant END AS tenant,
  GROUP BY 1, 2
  ORDER BY 1, 2;
 -- name: record_precondition_failed
--- The rule's preconditions did not hold before the first send: nothing was sent and the row
--- stays created (no transition); the lookup's evidence ($3) is kept as its event, which the
--- recovery read answers from (new_approval_required). Only while the row is still created.
+-- The rule's preconditions did not hold before a send that nothing had gone before (the first,
+-- or a re-send after attempts that all ended not_sent): nothing was sent and the row keeps its
+-- status (no transition); the lookup's evidence ($3) is kept as its event, which the recovery
+-- read answers from (new_approval_required). Only while nothing of the operation has left and
+-- no attempt is in flight.
 INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-SELECT operation_id, 'precondition_failed', 'created', 'created', $2, $3::jsonb
-  FROM operations WHERE operation_id = $1 AND status = 'created'
+SELECT operation_id, 'precondition_failed', status, status, $2, $3::jsonb
+  FROM operations
+ WHERE operation_id = $1
+   AND (status = 'created'
+        OR (status = 'dispatched' AND attempts = unsent_attempts
+            AND (lease_until IS NULL OR lease_until <= now())))
 RETURNING event_id;
 
 -- name: precondition_failures
--- The latest precondition_failed evidence of each of the operations $1 that are still
--- created (what their recovery read shows).
+-- The latest precondition_failed evidence of each of the operations $1 of which nothing has
+-- left (what their recovery read shows): still created, or dispatched with every attempt ended
+-- not_sent and the failure after the last claim (a later lookup that held let that claim go).
 SELECT DISTINCT ON (e.operation_id) e.operation_id, e.detail
   FROM operation_events e JOIN operations o USING (operation_id)
  WHERE e.operation_id = ANY($1::text[]) AND e.event = 'precondition_failed'
-   AND o.status = 'created'
+   AND (o.status = 'created'
+        OR (o.status = 'dispatched' AND o.attempts = o.unsent_attempts
+            AND e.at > o.dispatched_at))
  ORDER BY e.operation_id, e.event_id DESC;
 
 -- name: settle_operation
@@ -190,11 +199,13 @@ SELECT s.status FROM settled s;
 -- name: release_unknown
 -- The attempt ended without a conclusive answer: the row STAYS dispatched, the lease is
 -- released and the reason kept. Only the attempt that holds the lease ($2) may release it.
+-- An attempt that ended before a byte left ($3 not_sent) is counted in unsent_attempts.
 -- Returns only the status (dispatched), as settle_operation does.
 WITH released AS (
     UPDATE operations
        SET lease_owner = NULL, lease_until = NULL, last_outcome = $3, provider_status = $4,
-           attempt_ended_at = now(), updated_at = now()
+           attempt_ended_at = now(), updated_at = now(),
+           unsent_attempts = unsent_attempts + (CASE WHEN $3 = 'not_sent' THEN 1 ELSE 0 END)
      WHERE operation_id = $1 AND status = 'dispatched' AND attempts = $2
     RETURNING operation_id, attempts, status
 ), event AS (

@@ -124,6 +124,7 @@ def make_operation(**overrides: Any) -> Operation:
         "revoked_at": None,
         "revoked_reason": None,
         "attempts": 0,
+        "unsent_attempts": 0,
         "dispatched_at": None,
         "lease_owner": None,
         "lease_until": None,

@@ -5,7 +5,9 @@ The pure parts (triggers, judging an answer) are tested here too, without socket
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import asyncpg
 import pytest
 from structlog.testing import capture_logs
 
@@ -37,9 +40,11 @@ NOT_YET_REFUNDED = """
           require: ['/object == "list"', "/data == []"]"""
 
 
-def policy_with_preconditions(recheck: float = 0, mode: str | None = None, **kw: Any) -> str:
+def policy_with_preconditions(
+    recheck: float = 0, mode: str | None = None, *, deduplicates: bool = False, **kw: Any
+) -> str:
     """The suite's fault policy, its refund rule asking the provider first."""
-    text = fault_policy(deduplicates=False, **kw)
+    text = fault_policy(deduplicates=deduplicates, **kw)
     marker = "\n  - name: refund.cancel"
     text = text.replace(marker, NOT_YET_REFUNDED.format(recheck=recheck) + marker, 1)
     if mode is not None:
@@ -154,6 +159,118 @@ async def test_a_superseding_operation_is_sent_once_when_nothing_happened_meanwh
     assert (row["status"], row["attempts"]) == ("confirmed", 1)
 
 
+async def test_a_re_send_of_an_aged_approval_nothing_of_which_left_is_checked_first(
+    start_opgate: StartOpgate,
+    policy_dir: Path,
+    fault_provider: FaultProvider,
+    database_url: str,
+) -> None:
+    """The first send could not connect (nothing left); two hours later a human has refunded
+    the charge. The re-send is the first that could reach the provider, of an approval past
+    its recheck age: it is asked first, refused, and nothing is sent. The recovery read says a
+    new approval is needed, with the evidence."""
+    (policy_dir / "fault.yaml").write_text(policy_with_preconditions(recheck=300))
+    with unreachable() as dead_url:
+        async with start_opgate(upstream_overrides={"fault": dead_url}) as gate:
+            op = await gate.approve()
+            status, _, _ = await gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))
+            assert status == 502  # upstream_unavailable: refused before a byte left
+            await age_approval(database_url, op["operation_id"], hours=2)
+            await refund_directly(fault_provider)
+            gate.running.gateway.settings.upstream_overrides["fault"] = fault_provider.url
+            status, _, body = await gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))
+            row = await gate.operation(op["operation_id"])
+            _, _, listed = await gate.send(
+                "/_opgate/v1/operations", method="GET", data=None, content_type=None
+            )
+    refused = problem(body)
+    assert (status, refused["code"]) == (409, "precondition_failed")
+    assert refused["precondition"]["trigger"] == "approval_age"
+    assert (posts(fault_provider), len(fault_provider.effects)) == (1, 1)  # the human's alone
+    assert (row["status"], row["last_outcome"]) == ("dispatched", "not_sent")
+    assert row["next_action"] == "new_approval_required"
+    [unsettled] = json.loads(listed)["operations"]
+    assert unsettled["next_action"] == "new_approval_required"
+    assert unsettled["precondition"] == refused["precondition"]
+    assert [e["event"] for e in row["events"]] == [
+        "created", "claimed", "unknown", "precondition_failed"
+    ]  # fmt: skip
+
+
+async def test_a_re_send_of_an_aged_approval_nothing_of_which_left_goes_once_if_it_holds(
+    start_opgate: StartOpgate,
+    policy_dir: Path,
+    fault_provider: FaultProvider,
+    database_url: str,
+) -> None:
+    """Same, but nobody refunded: one lookup, then the re-send, once."""
+    (policy_dir / "fault.yaml").write_text(policy_with_preconditions(recheck=300))
+    with unreachable() as dead_url:
+        async with start_opgate(upstream_overrides={"fault": dead_url}) as gate:
+            op = await gate.approve()
+            status, _, _ = await gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))
+            assert status == 502
+            await age_approval(database_url, op["operation_id"], hours=2)
+            gate.running.gateway.settings.upstream_overrides["fault"] = fault_provider.url
+            status, _, _ = await gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))
+            row = await gate.operation(op["operation_id"])
+    assert status == 200
+    assert [r.method for r in fault_provider.requests] == ["GET", "POST"]  # asked, then sent
+    [effect] = fault_provider.effects
+    assert effect.operation_id == op["operation_id"]
+    assert (row["status"], row["attempts"]) == ("confirmed", 2)
+
+
+async def test_a_re_send_after_an_attempt_that_may_have_left_is_not_checked(
+    start_opgate: StartOpgate,
+    policy_dir: Path,
+    fault_provider: FaultProvider,
+    database_url: str,
+) -> None:
+    """An attempt that timed out may have refunded: a lookup would find its own effect. The
+    re-send (the provider deduplicates the key) is not looked up, however old the approval."""
+    text = policy_with_preconditions(recheck=300, total_timeout=0.3, deduplicates=True)
+    (policy_dir / "fault.yaml").write_text(text)
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        op = await gate.approve()
+        fault_provider.mode = FaultMode.STALL
+        status, _, _ = await gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))
+        assert status == 504
+        fault_provider.release()
+        fault_provider.mode = FaultMode.OK
+        await age_approval(database_url, op["operation_id"], hours=2)
+        status, _, _ = await gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))
+        row = await gate.operation(op["operation_id"])
+    assert status == 200
+    assert [r.method for r in fault_provider.requests] == ["POST", "POST"]  # no lookup
+    assert (row["status"], row["attempts"]) == ("confirmed", 2)
+
+
+@contextlib.contextmanager
+def unreachable() -> Iterator[str]:
+    """A loopback address that refuses connections: bound, never listening."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    try:
+        yield f"http://127.0.0.1:{closed.getsockname()[1]}"
+    finally:
+        closed.close()
+
+
+async def age_approval(database_url: str, operation_id: str, *, hours: int) -> None:
+    """As if the approval had been made ``hours`` earlier (the provider was down that long)."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(
+            "UPDATE operations SET created_at = created_at - make_interval(hours => $2)"
+            " WHERE operation_id = $1",
+            operation_id,
+            hours,
+        )
+    finally:
+        await conn.close()
+
+
 async def superseded_after_no_effect(gate: Any, provider: FaultProvider) -> str:
     """An operation whose attempt timed out with nothing done, then reconciled as failed with
     no effect: the kind a new approval may supersede. Returns its id."""
@@ -261,17 +378,40 @@ def refund_rule(recheck: float) -> Rule:
         pytest.param(300, 299, None, Status.CREATED, None, id="young approval"),
         pytest.param(300, 300, None, Status.CREATED, "approval_age", id="old approval"),
         pytest.param(300, 1, "op_old", Status.CREATED, "supersedes", id="superseding"),
-        pytest.param(0, 600, None, Status.DISPATCHED, None, id="a re-send is not checked"),
     ],
 )
 def test_recheck_due(
     recheck: float, age: int, supersedes: str | None, status: Status, expected: str | None
 ) -> None:
     """A recheck is due before a created operation's send when its approval is old enough or
-    it supersedes another; never before a re-send."""
+    it supersedes another."""
     op = make_op(status=status, supersedes=supersedes)
     op = replace(op, created_at=op.read_at - timedelta(seconds=age))
     assert recheck_due(refund_rule(recheck), op) == expected
+
+
+@pytest.mark.parametrize(
+    ("attempts", "unsent", "outcome", "expected"),
+    [
+        pytest.param(1, 1, "not_sent", "approval_age", id="the attempt never left"),
+        pytest.param(3, 3, "not_sent", "approval_age", id="none of three left"),
+        pytest.param(1, 0, "unknown:timeout", None, id="the attempt may have landed"),
+        pytest.param(2, 1, "not_sent", None, id="an earlier attempt may have landed"),
+        pytest.param(1, 0, None, None, id="its replica died mid-attempt"),
+    ],
+)
+def test_a_re_send_is_checked_only_while_nothing_of_the_operation_left(
+    attempts: int, unsent: int, outcome: str | None, expected: str | None
+) -> None:
+    """A re-send whose every attempt ended before a byte left is the first that can reach the
+    provider: checked as a first send. After one that may have reached it, a lookup would find
+    that attempt's own effect: not checked (reconciliation settles it)."""
+    op = make_op(
+        status=Status.DISPATCHED, attempts=attempts, unsent_attempts=unsent, last_outcome=outcome
+    )
+    aged = replace(op, created_at=op.read_at - timedelta(hours=2))
+    assert recheck_due(refund_rule(300), aged) == expected
+    assert recheck_due(refund_rule(300), replace(aged, created_at=op.read_at)) is None
 
 
 def test_an_operation_approved_from_a_proposal_is_always_rechecked() -> None:

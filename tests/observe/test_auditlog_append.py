@@ -219,7 +219,7 @@ async def test_chains_written_before_migration_0010_go_on_after_it(pg_server_dsn
         try:
             await conn.execute(_APPEND_BEFORE_0010, STREAM, "request", json.dumps(_requests(1, 3)))
             await _transition(conn, "op_before")
-            assert await migrate(dsn) == [10]
+            assert (await migrate(dsn))[0] == 10  # and any after it
             await records.append_batch(conn, STREAM, "request", _requests(4, MANY_RECORDS))
             await _transition(conn, "op_after")
             # a hand-written seq 0 INSERT is still chained by the trigger

@@ -3,7 +3,7 @@ status, lease, outcome, approval state and provider capability."""
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from datetime import UTC, datetime, timedelta
 from itertools import product
 from typing import Any
@@ -33,6 +33,7 @@ def operation(**overrides: Any) -> Operation:
         expires_at=NOW + timedelta(minutes=5),
         status=Status.CREATED,
         attempts=0,
+        unsent_attempts=0,
         reconcile_attempts=0,
         created_at=NOW,
         updated_at=NOW,
@@ -172,6 +173,28 @@ def test_a_failed_precondition_asks_for_a_new_approval_with_its_evidence() -> No
     advice = next_action(operation(), dedup_window_seconds=None, precondition_failure=evidence)
     assert (advice.action, advice.evidence) == (NextAction.NEW_APPROVAL_REQUIRED, evidence)
     assert next_action(operation(), dedup_window_seconds=None).action is NextAction.SEND
+
+
+def test_a_failed_precondition_before_a_re_send_of_what_never_left_asks_for_a_new_approval() -> (
+    None
+):
+    """Every attempt so far ended before a byte left, and the lookup before the re-send
+    failed: as for a first send, a new approval is needed. Had an attempt possibly left, the
+    evidence would not be read: the row's own state decides."""
+    evidence = {"trigger": "approval_age", "lookups": [{"path": "/v1/charges/ch_1"}]}
+    never_left = operation(
+        status=Status.DISPATCHED,
+        attempts=2,
+        unsent_attempts=2,
+        last_outcome=LastOutcome.NOT_SENT,
+        lease_until=PAST,
+    )
+    advice = next_action(never_left, dedup_window_seconds=None, precondition_failure=evidence)
+    assert (advice.action, advice.evidence) == (NextAction.NEW_APPROVAL_REQUIRED, evidence)
+    assert next_action(never_left, dedup_window_seconds=None).action is NextAction.RETRY
+    may_have_left = replace(never_left, unsent_attempts=1)
+    advice = next_action(may_have_left, dedup_window_seconds=None, precondition_failure=evidence)
+    assert (advice.action, advice.evidence) == (NextAction.RETRY, None)
 
 
 def test_a_failed_precondition_matters_only_while_nothing_was_sent() -> None:

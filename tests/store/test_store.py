@@ -332,9 +332,34 @@ async def test_a_claim_after_a_lookup_needs_the_row_unchanged_since(store: Store
     assert refused is None
 
 
+async def test_a_failed_precondition_is_kept_while_nothing_of_the_operation_left(
+    store: Store,
+) -> None:
+    """Attempts released as not_sent are counted; while they are all the row's attempts, a
+    failed precondition before the re-send is kept, and read back only until the next claim.
+    Once an attempt may have left, none is kept."""
+    await store.create(new_operation("op_pfr"), actor="test")
+    await store.claim("op_pfr", owner="a", lease_seconds=30, expected_attempts=0)
+    assert not await store.record_precondition_failed("op_pfr", "test", {"n": 1})  # in flight
+    await store.release_unknown("op_pfr", 1, "not_sent", None, "a")
+    row = await store.load("op_pfr")
+    assert row is not None
+    assert (row.attempts, row.unsent_attempts) == (1, 1)
+    assert await store.record_precondition_failed("op_pfr", "test", {"n": 2})
+    assert await store.precondition_failures(["op_pfr"]) == {"op_pfr": {"n": 2}}
+    await store.claim("op_pfr", owner="a", lease_seconds=30, expected_attempts=1)
+    assert await store.precondition_failures(["op_pfr"]) == {}  # before this claim
+    await store.release_unknown("op_pfr", 2, "unknown:timeout", None, "a")
+    row = await store.load("op_pfr")
+    assert row is not None
+    assert (row.attempts, row.unsent_attempts) == (2, 1)
+    assert not await store.record_precondition_failed("op_pfr", "test", {"n": 3})
+    assert await store.precondition_failures(["op_pfr"]) == {}
+
+
 async def test_a_failed_precondition_is_kept_only_while_the_row_is_created(store: Store) -> None:
-    """The evidence is an event of a created row; a dispatched row records none, and the
-    latest failure of each created row is what precondition_failures returns."""
+    """The evidence is an event of a created row; a row claimed and in flight records none,
+    and the latest failure of each created row is what precondition_failures returns."""
     await store.create(new_operation("op_pf"), actor="test")
     assert await store.record_precondition_failed("op_pf", "test", {"n": 1})
     assert await store.record_precondition_failed("op_pf", "test", {"n": 2})

@@ -1,0 +1,15 @@
+-- 0011: how many of an operation's attempts are known never to have left.
+--
+-- A rule's preconditions are checked before a send that could be the first to reach the
+-- provider (proxy/gate/preconditions.py). Until now that was only a created row's send. A
+-- first attempt that could not connect (not_sent: no byte left) leaves the row dispatched, and
+-- its re-send, maybe hours later, went unchecked, though it is the first send that can reach the
+-- provider, of an approval by then older than the rule's recheck age.
+--
+-- unsent_attempts counts the attempts released as not_sent (queries.sql release_unknown). While
+-- it equals attempts, nothing of the operation can have reached the provider, and a re-send is
+-- checked as a first send is. An attempt whose end is unrecorded (its replica died) is not
+-- counted: it may have left, and a lookup would find its own effect; such a row is settled by
+-- reconciliation, as before. Rows of before this migration start at 0: a dispatched one counts
+-- as possibly sent, as it was treated until now.
+ALTER TABLE operations ADD COLUMN unsent_attempts integer NOT NULL DEFAULT 0;
