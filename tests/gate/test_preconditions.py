@@ -172,10 +172,7 @@ async def test_a_re_send_of_an_aged_approval_nothing_of_which_left_is_checked_fi
     (policy_dir / "fault.yaml").write_text(policy_with_preconditions(recheck=300))
     with unreachable() as dead_url:
         async with start_opgate(upstream_overrides={"fault": dead_url}) as gate:
-            op = await gate.approve()
-            status, _, _ = await gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))
-            assert status == 502  # upstream_unavailable: refused before a byte left
-            await age_approval(database_url, op["operation_id"], hours=2)
+            op = await refused_at_connect_then_aged(gate, database_url)
             await refund_directly(fault_provider)
             gate.running.gateway.settings.upstream_overrides["fault"] = fault_provider.url
             status, _, body = await gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))
@@ -207,10 +204,7 @@ async def test_a_re_send_of_an_aged_approval_nothing_of_which_left_goes_once_if_
     (policy_dir / "fault.yaml").write_text(policy_with_preconditions(recheck=300))
     with unreachable() as dead_url:
         async with start_opgate(upstream_overrides={"fault": dead_url}) as gate:
-            op = await gate.approve()
-            status, _, _ = await gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))
-            assert status == 502
-            await age_approval(database_url, op["operation_id"], hours=2)
+            op = await refused_at_connect_then_aged(gate, database_url)
             gate.running.gateway.settings.upstream_overrides["fault"] = fault_provider.url
             status, _, _ = await gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))
             row = await gate.operation(op["operation_id"])
@@ -244,6 +238,16 @@ async def test_a_re_send_after_an_attempt_that_may_have_left_is_not_checked(
     assert status == 200
     assert [r.method for r in fault_provider.requests] == ["POST", "POST"]  # no lookup
     assert (row["status"], row["attempts"]) == ("confirmed", 2)
+
+
+async def refused_at_connect_then_aged(gate: Any, database_url: str) -> dict[str, Any]:
+    """An approved operation whose first send found the provider refusing connections (nothing
+    left), its approval then two hours old. Returns the approval."""
+    op: dict[str, Any] = await gate.approve()
+    status, _, _ = await gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))
+    assert status == 502  # upstream_unavailable: refused before a byte left
+    await age_approval(database_url, op["operation_id"], hours=2)
+    return op
 
 
 @contextlib.contextmanager
