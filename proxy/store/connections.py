@@ -18,7 +18,9 @@ The pool still owns every connection's life: it opens them, resets them, closes 
 them. A connection goes back to it
 
 - when its call raised or was cancelled: the pool rolls back, waits out a cancelled statement,
-  or terminates the connection;
+  or terminates the connection; one that reached a server that is not a writable primary (a
+  standby, a read-only database: ``faults.drops_connection``) is terminated first, so that
+  the pool connects anew (to the new primary, with ``target_session_attrs=read-write``);
 - when its call returned with a transaction open, or with the connection closed;
 - when it has waited here unused for ``keep_idle_seconds``: the pool's own idle lifetime then
   applies, as it does to a connection it never lent;
@@ -37,6 +39,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, TypeVar
 
 import asyncpg
+
+from proxy.errors import StoreUnavailable
+from proxy.store.faults import drops_connection, is_unavailable
 
 T = TypeVar("T")
 
@@ -94,7 +99,9 @@ class Connections:
         conn, calls = (await self._lend(), 0) if ready is None else (ready.conn, ready.calls)
         try:
             result = await call(conn)
-        except BaseException:
+        except BaseException as exc:
+            if drops_connection(exc):
+                conn.terminate()  # never handed on, nor reset: the pool replaces it
             await self._give_back(conn)
             raise
         await self._keep(conn, calls + 1)
@@ -162,8 +169,11 @@ class Connections:
         cancelled in asyncpg's wait_for) is set."""
         try:
             return await self._pool.acquire(timeout=None)
-        except BaseException:
+        except BaseException as exc:
             self._free_place()
+            # the pool connected (no statement of opgate's ran): every error is the store's
+            if is_unavailable(exc, connecting=True):
+                raise StoreUnavailable(f"cannot connect to the database: {exc}") from exc
             raise
 
     async def _keep(self, conn: Any, calls: int) -> None:

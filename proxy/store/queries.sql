@@ -399,9 +399,10 @@ SELECT event_id, at, event, from_status, to_status, actor, detail
   FROM operation_events WHERE operation_id = $1 ORDER BY event_id;
 
 -- name: ping
--- Readiness: the database answers, and it is a primary (a standby, e.g. a demoted primary
--- still behind the configured address, must never be read for decisions).
-SELECT pg_is_in_recovery() AS in_recovery;
+-- Readiness: the database answers, and it is a writable primary (a standby, e.g. a demoted
+-- primary still behind the configured address, must never be read for decisions; a session
+-- that is read-only by default refuses every claim).
+SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::boolean AS in_recovery;
 
 -- ===================================================================================== audit
 -- The tamper-evident audit log (migration 0003, docs/audit.md, proxy/observe/auditlog/). Chaining is

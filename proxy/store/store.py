@@ -1,12 +1,12 @@
 """The operation store: asyncpg against the PostgreSQL primary. The only module that runs SQL
 on the request path; every statement comes from queries.sql.
 
-All asyncpg and socket errors become ``StoreUnavailable``: the caller fails closed on it.
+Every error that means the store cannot be reached or used (``faults.is_unavailable``, by
+class) becomes ``StoreUnavailable``: the caller fails closed on it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, fields
@@ -17,23 +17,12 @@ import asyncpg
 
 from proxy.errors import AlreadySuperseded, IdempotencyKeyInUse, StoreUnavailable
 from proxy.store.connections import Connections
+from proxy.store.faults import is_unavailable
 from proxy.store.operation import Operation, Status
 from proxy.store.proposal import Proposal
 from proxy.store.queries import QUERIES
 
 T = TypeVar("T")
-
-# Errors that mean "the database did not answer", as opposed to a bug in our SQL.
-_UNAVAILABLE = (
-    OSError,
-    asyncio.TimeoutError,
-    asyncpg.exceptions.PostgresConnectionError,
-    asyncpg.exceptions.InterfaceError,
-    asyncpg.exceptions.CannotConnectNowError,
-    asyncpg.exceptions.AdminShutdownError,
-    asyncpg.exceptions.InternalClientError,
-    asyncpg.exceptions.TooManyConnectionsError,
-)
 
 
 @dataclass(frozen=True)
@@ -183,8 +172,10 @@ class Store:
                 # may live on another server connection than the next query's
                 statement_cache_size=statement_cache_size,
             )
-        except _UNAVAILABLE as exc:
-            raise StoreUnavailable(f"cannot open the database pool: {exc}") from exc
+        except Exception as exc:
+            if is_unavailable(exc, connecting=True):
+                raise StoreUnavailable(f"cannot open the database pool: {exc}") from exc
+            raise
         return cls(pool, acquire_timeout)
 
     async def close(self) -> None:
@@ -201,8 +192,12 @@ class Store:
     async def _run(self, call: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         try:
             return await self._connections.run(call)
-        except _UNAVAILABLE as exc:
-            raise StoreUnavailable(str(exc) or type(exc).__name__) from exc
+        except StoreUnavailable:
+            raise
+        except Exception as exc:
+            if is_unavailable(exc):
+                raise StoreUnavailable(str(exc) or type(exc).__name__) from exc
+            raise
 
     async def _one(self, query: str, *args: Any) -> Operation | None:
         record = await self._run(lambda conn: conn.fetchrow(QUERIES[query], *args))
@@ -607,10 +602,20 @@ class Store:
         ]
 
     async def ping(self) -> None:
-        """Raises StoreUnavailable unless the database answers as a primary."""
-        in_recovery = await self._run(lambda conn: conn.fetchval(QUERIES["ping"]))
-        if in_recovery:
-            raise StoreUnavailable("the database is a standby; opgate reads only from the primary")
+        """Raises StoreUnavailable unless the database answers as a writable primary. A
+        connection to a standby is dropped, so that the next one is made anew (to the new
+        primary, when the DSN names it)."""
+
+        async def primary(conn: asyncpg.Connection) -> bool:
+            if await conn.fetchval(QUERIES["ping"]):
+                conn.terminate()
+                return False
+            return True
+
+        if not await self._run(primary):
+            raise StoreUnavailable(
+                "the database is a standby or read-only; opgate writes only to the primary"
+            )
 
 
 _OPERATION_FIELDS = tuple(f.name for f in fields(Operation))
