@@ -110,7 +110,7 @@ def _settings(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> 
 
 def _serve(args: argparse.Namespace) -> int:
     from proxy.devmode import DEV_AGENT_ID, dev_credentials, dev_overrides
-    from proxy.errors import ListenFailed
+    from proxy.errors import ConfigurationError, StoreUnavailable, store_unavailable_line
     from proxy.policy.load import PolicyLoadError
     from proxy.policy.reload import load_validated_policy
     from proxy.server import serve
@@ -139,8 +139,11 @@ def _serve(args: argparse.Namespace) -> int:
     except PolicyLoadError as exc:
         print(f"opgate: the policy set is invalid:\n{exc}", file=sys.stderr)
         return 2
-    except ListenFailed as exc:
+    except ConfigurationError as exc:  # a listener's address, the database URL...
         print(f"opgate: {exc}", file=sys.stderr)
+        return 2
+    except StoreUnavailable as exc:
+        print(store_unavailable_line(exc), file=sys.stderr)
         return 2
     return 0
 
@@ -161,6 +164,7 @@ def _mcp(args: argparse.Namespace) -> int:
 
 
 def _migrate(args: argparse.Namespace) -> int:
+    from proxy.errors import StoreUnavailable, store_unavailable_line
     from proxy.store.embedded import database_dsn
     from proxy.store.migrate import migrate
 
@@ -170,7 +174,11 @@ def _migrate(args: argparse.Namespace) -> int:
         async with database_dsn(settings.database_url, settings.data_dir) as dsn:
             return await migrate(dsn)
 
-    applied = asyncio.run(run())
+    try:
+        applied = asyncio.run(run())
+    except StoreUnavailable as exc:
+        print(store_unavailable_line(exc), file=sys.stderr)
+        return 2
     print(f"applied migrations: {applied or 'none (up to date)'}")
     return 0
 

@@ -26,6 +26,13 @@ class StoreUnavailable(OpgateError):
     pass
 
 
+def store_unavailable_line(exc: StoreUnavailable) -> str:
+    """What a command that cannot reach or use the database prints, alone, before exit 2: the
+    driver's sentence (it names the host, the role or the database, never the password) on one
+    line, and no traceback."""
+    return "opgate: the database is unavailable: " + " ".join(str(exc).split())
+
+
 class ConfigurationError(OpgateError):
     pass
 

@@ -200,7 +200,13 @@ def policy_explain(args: argparse.Namespace) -> int:
         lookups[path] = (200, Path(file).read_bytes())
 
     if args.operation_id is not None:
-        explanation = asyncio.run(_explain_from_database(args, policy, sample, agent, lookups))
+        from proxy.errors import StoreUnavailable, store_unavailable_line
+
+        try:
+            explanation = asyncio.run(_explain_from_database(args, policy, sample, agent, lookups))
+        except StoreUnavailable as exc:
+            print(store_unavailable_line(exc), file=sys.stderr)
+            return 2
     else:
         rows = []
         if args.operation is not None:

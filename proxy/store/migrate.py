@@ -13,6 +13,9 @@ from importlib import resources
 
 import asyncpg
 
+from proxy.errors import StoreUnavailable
+from proxy.store.faults import is_unavailable
+
 # Any constant works; it only has to be the same in every opgate process.
 _MIGRATION_LOCK_KEY = 0x6F70_6761_7465  # "opgate"
 _FILE_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
@@ -44,10 +47,20 @@ def load_migrations() -> list[Migration]:
 
 
 async def migrate(dsn: str) -> list[int]:
-    """Apply the migrations the database lacks; returns the numbers applied by this call."""
-    conn = await asyncpg.connect(dsn)
+    """Apply the migrations the database lacks; returns the numbers applied by this call.
+    StoreUnavailable when the database cannot be reached or used (faults.py)."""
+    try:
+        conn = await asyncpg.connect(dsn)
+    except Exception as exc:
+        if is_unavailable(exc, connecting=True):
+            raise StoreUnavailable(f"cannot connect: {exc}") from exc
+        raise
     try:
         return await migrate_connection(conn)
+    except Exception as exc:
+        if is_unavailable(exc):
+            raise StoreUnavailable(f"cannot migrate: {exc}") from exc
+        raise
     finally:
         await conn.close()
 

@@ -174,7 +174,7 @@ class Store:
             )
         except Exception as exc:
             if is_unavailable(exc, connecting=True):
-                raise StoreUnavailable(f"cannot open the database pool: {exc}") from exc
+                raise StoreUnavailable(f"cannot open the pool: {exc}") from exc
             raise
         return cls(pool, acquire_timeout)
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -33,6 +35,7 @@ from tests.support.opgate import (
     process_env,
 )
 from tests.support.opgate_process import OpgateProcess, opgate_process
+from tests.support.paths import REPO
 from tests.support.pg_relay import TcpRelay, dsn_through_relay, relay_target
 
 _CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
@@ -328,3 +331,64 @@ async def _until_async(check: Callable[[], Awaitable[bool]], what: str) -> None:
                 await asyncio.sleep(0.05)  # between probes, not a synchronization
     except TimeoutError:
         raise AssertionError(f"not within {_RECOVERY_SECONDS} s: {what}") from None
+
+
+async def _opgate_command(*args: str, env: dict[str, str]) -> tuple[int, str]:
+    """``python -m proxy ARGS`` with ``env`` on top of a clean environment: exit status and
+    stderr."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "proxy",
+        *args,
+        cwd=REPO,
+        env={
+            **full,
+            "OPGATE_AGENT_LISTEN": "127.0.0.1:0",
+            "OPGATE_OPS_LISTEN": "127.0.0.1:0",
+            **env,
+        },
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, stderr = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, stderr.decode()
+
+
+_PASSWORD = "s3cret-never-shown"
+
+
+@pytest.mark.parametrize(
+    "command", [("serve",), ("serve", "--workers", "2"), ("migrate",), ("audit", "verify")]
+)
+async def test_a_command_that_cannot_reach_the_store_says_so_in_one_line(
+    command: tuple[str, ...], bed: Bed, policy_dir: Path
+) -> None:
+    """serve, migrate and audit against a database that is unreachable or refuses the login:
+    one line on stderr naming the problem (no traceback, no password), exit 2."""
+    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False))
+    with_password = bed.dsn.replace(f"{bed.role}@", f"{bed.role}:{_PASSWORD}@")
+    await bed.relay.cut()
+    try:
+        status, stderr = await _opgate_command(
+            *command, env=process_env(with_password, policy_dir, {})
+        )
+    finally:
+        await bed.relay.restore()
+    assert (status, len(stderr.splitlines())) == (2, 1), stderr
+    assert "database" in stderr
+    assert "Traceback" not in stderr
+    assert _PASSWORD not in stderr
+
+    await _revoke_login(bed)
+    try:
+        status, stderr = await _opgate_command(
+            *command, env=process_env(with_password, policy_dir, {})
+        )
+    finally:
+        await _grant_login(bed)
+    assert (status, len(stderr.splitlines())) == (2, 1), stderr
+    assert "not permitted to log in" in stderr
+    assert _PASSWORD not in stderr

@@ -31,12 +31,14 @@ from typing import Any, TextIO
 
 import asyncpg
 
+from proxy.errors import StoreUnavailable, store_unavailable_line
 from proxy.observe.auditlog import records, retention
 from proxy.observe.auditlog.chain import StoredRecord
 from proxy.observe.auditlog.redact import Redactor
 from proxy.observe.auditlog.verify import verify
 from proxy.settings import Secrets, load_settings
 from proxy.store.embedded import database_dsn
+from proxy.store.faults import is_unavailable
 from proxy.store.migrate import migrate
 
 _BEGINNING = datetime(1970, 1, 1, tzinfo=UTC)
@@ -140,8 +142,14 @@ def _run(command: Command) -> Callable[[argparse.Namespace], int]:
             return asyncio.run(run())
         except KeyboardInterrupt:  # Ctrl-C ends --follow; the cursor is already saved
             return 0
-        except (OSError, asyncpg.PostgresError) as exc:
-            print(f"opgate audit: database error: {exc}", file=sys.stderr)
+        except StoreUnavailable as exc:  # migrating the embedded database
+            print(store_unavailable_line(exc), file=sys.stderr)
+            return 2
+        except Exception as exc:
+            # a statement's error too: the command cannot go on either way (one line, exit 2)
+            if not (isinstance(exc, asyncpg.PostgresError) or is_unavailable(exc)):
+                raise
+            print(f"opgate audit: database error: {' '.join(str(exc).split())}", file=sys.stderr)
             return 2
 
     return handler
