@@ -129,6 +129,8 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     try:
+        if settings.database_url:  # the embedded default is exempt: it has no standby
+            _check_follows_primary(settings.database_url)
         workers = effective_workers(settings)
         if workers == 1:
             asyncio.run(serve(settings))
@@ -146,6 +148,20 @@ def _serve(args: argparse.Namespace) -> int:
         print(store_unavailable_line(exc), file=sys.stderr)
         return 2
     return 0
+
+
+def _check_follows_primary(database_url: str) -> None:
+    """Several hosts that may be a standby: ConfigurationError. One host: said once, here,
+    before any worker starts."""
+    import os
+
+    import structlog
+
+    from proxy.store.dsn import check_follows_primary
+
+    warning = check_follows_primary(database_url, os.environ)
+    if warning is not None:
+        structlog.get_logger("opgate.server").warning("database_single_host", detail=warning)
 
 
 def _mcp(args: argparse.Namespace) -> int:

@@ -278,6 +278,8 @@ async def test_a_store_fault_is_503_store_unavailable_everywhere_and_passes(
 ) -> None:
     """Each store fault answers every listener 503 store_unavailable with an audit record
     giving that reason and sends nothing; lifted, the same requests succeed."""
+    warned = [line for line in client.gate.lines if line.get("event") == "database_single_host"]
+    assert len(warned) == 1, "one host: a promotion is never followed, said once at start"
     status, approved = await client.approve()
     assert status == 201, approved
     waiting, later = approved["operation_id"], (await client.approve())[1]["operation_id"]
@@ -392,3 +394,21 @@ async def test_a_command_that_cannot_reach_the_store_says_so_in_one_line(
     assert (status, len(stderr.splitlines())) == (2, 1), stderr
     assert "not permitted to log in" in stderr
     assert _PASSWORD not in stderr
+
+
+async def test_serve_refuses_several_hosts_that_may_be_a_standby(
+    bed: Bed, policy_dir: Path
+) -> None:
+    """Several hosts without target_session_attrs=read-write: one line, exit 2, nothing
+    served; with it, opgate starts and follows whichever host is the primary."""
+    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False))
+    parts = urlsplit(bed.dsn)
+    both = f"{parts.hostname}:{parts.port},{parts.hostname}:{parts.port}"
+    several = urlunsplit(parts._replace(netloc=f"{bed.role}:{_PASSWORD}@{both}"))
+    status, stderr = await _opgate_command("serve", env=process_env(several, policy_dir, {}))
+    assert (status, len(stderr.splitlines())) == (2, 1), stderr
+    assert "target_session_attrs=read-write" in stderr
+    assert _PASSWORD not in stderr
+    primary_only = f"{several}?target_session_attrs=read-write"
+    async with opgate_process(process_env(primary_only, policy_dir, {})) as gate:
+        assert not [line for line in gate.lines if line.get("event") == "database_single_host"]
