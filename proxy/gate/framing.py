@@ -18,7 +18,13 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_exceptions import (
+    BadStatusLine,
+    HttpProcessingError,
+    InvalidHeader,
+    InvalidURLError,
+    LineTooLong,
+)
 from aiohttp.web_request import BaseRequest
 
 from proxy.gate.gateway import Gateway
@@ -31,11 +37,28 @@ from proxy.observe.audit import REQUEST_OBSERVER, AuditRecord, Decision, emit
 MalformedAnswer = Callable[[str], web.Response]
 
 
+# The parser's errors whose message is, or quotes, the request's own bytes (a line over the
+# limit, an unreadable header, a target that is not a URL): said in a sentence of ours.
+_QUOTING = (
+    (LineTooLong, "a request or header line is longer than the listener accepts"),
+    (InvalidHeader, "a header cannot be read"),
+    (InvalidURLError, "the request target is not a valid URL"),
+)
+
+
 def parser_reason(exc: HttpProcessingError) -> str:
-    """The first line of the parser's message ("Duplicate Content-Length"), without the
-    request bytes it quotes on the next lines: those may hold a credential."""
+    """What the parser refused, never quoting the request: those bytes may hold a credential
+    (an over-long Authorization header, a token in a query). For the messages that quote them
+    a sentence of ours; else the first line of aiohttp's message ("Duplicate Content-Length"),
+    without the bytes it quotes on the next lines and after a colon."""
+    for kind, sentence in _QUOTING:
+        if isinstance(exc, kind):
+            return sentence
     first = (exc.message or "").strip().splitlines()[:1]
-    return (first[0].rstrip(":").strip() if first else "") or "the request is not well-formed HTTP"
+    line = first[0].rstrip(":").strip() if first else ""
+    if isinstance(exc, BadStatusLine) and ("'" in line or '"' in line):
+        line = "the request line is not HTTP"  # "Bad status line 'the line'"
+    return line or "the request is not well-formed HTTP"
 
 
 def agent_malformed_answer(gateway: Gateway, listener: str) -> MalformedAnswer:

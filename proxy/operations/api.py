@@ -24,6 +24,7 @@ from proxy.gate.decision import Deny
 from proxy.gate.gateway import GATEWAY
 from proxy.gate.identity import admin_token_matches, credential_from, path_operation_id
 from proxy.gate.problem import admin_problem
+from proxy.gate.reasons import Reason
 from proxy.operations.approvals import (
     OperationRequest,
     holds_nul,
@@ -87,6 +88,13 @@ async def body_in_time(request: web.Request, handler: Handler) -> web.StreamResp
             late = admin_problem(408, "body_timeout", f"the body did not arrive within {seconds} s")
             late.force_close()  # the rest of it is not waited for either
             return late
+        except web.HTTPRequestEntityTooLarge:  # aiohttp's text/plain, as a problem
+            # (aiohttp's client_max_size: 1 MiB; no approval or proposal comes near it)
+            large = admin_problem(
+                413, Reason.BODY_TOO_LARGE.value, "the body is larger than the API accepts (1 MiB)"
+            )
+            large.force_close()  # the rest of it is not read
+            return large
     return await handler(request)
 
 

@@ -14,8 +14,8 @@ import asyncpg
 import pytest
 from structlog.testing import capture_logs
 
-from tests.support.opgate import AGENT_TOKEN, Opgate, StartOpgate, fault_policy
-from tests.support.raw_http import RawResponse, exchange
+from tests.support.opgate import ADMIN_TOKEN, AGENT_TOKEN, Opgate, StartOpgate, fault_policy
+from tests.support.raw_http import RawResponse, exchange, request_bytes
 
 HEAD = (
     "POST /fault/v1/refunds HTTP/1.1\r\nHost: opgate.test\r\n"
@@ -131,3 +131,59 @@ async def test_a_well_formed_request_after_a_malformed_one_is_served(fault_gate:
         "/fault/v1/refunds?limit=1", method="GET", data=None, content_type=None
     )
     assert status == 200
+
+
+SECRET = "sk_live_secretvalue_ZZZ"
+# Each makes aiohttp's parser quote request bytes in its message (a line over its limit, a
+# header it cannot read, a target that is not a URL): none may reach the detail.
+ECHOING = [
+    pytest.param(
+        HEAD.replace(AGENT_TOKEN, SECRET + "Z" * 9000) + "Content-Length: 0\r\n\r\n",
+        id="header line over the limit",
+    ),
+    pytest.param(
+        f"GET /fault/v1/refunds?key={SECRET}{'Z' * 9000} HTTP/1.1\r\nHost: x\r\n\r\n",
+        id="request line over the limit",
+    ),
+    pytest.param(
+        f"GET /x HTTP/1.1\r\nHost: x\r\nX-{SECRET}{'Z' * 9000}: 1\r\n\r\n",
+        id="header name over the limit",
+    ),
+    pytest.param(f"GET {SECRET} HTTP/1.1\r\nHost: x\r\n\r\n", id="target not a URL"),
+    pytest.param(f"GET http://[{SECRET}/ HTTP/1.1\r\nHost: x\r\n\r\n", id="bad absolute URL"),
+    pytest.param(f"G{SECRET}\x01T / HTTP/1.1\r\nHost: x\r\n\r\n", id="bad method"),
+]
+
+
+@pytest.mark.parametrize("request_text", ECHOING)
+@pytest.mark.parametrize("listener", ["agent", "ops"])
+async def test_no_request_byte_is_echoed_in_a_framing_problem(
+    fault_gate: Opgate, listener: str, request_text: str
+) -> None:
+    """Whatever the parser refused, the detail names what is wrong and quotes none of the
+    request (an agent's credential would be echoed back, and into logs)."""
+    url = fault_gate.agent_url if listener == "agent" else fault_gate.ops_url
+    response = await exchange(url, request_text.encode("latin-1"))
+    assert response.status == 400, response.body
+    assert response.headers["Content-Type"] == "application/problem+json"
+    payload = response.problem()
+    assert payload["code"] == "request_malformed"
+    assert SECRET not in response.body.decode("latin-1"), payload["detail"]
+    assert "b'" not in payload["detail"], payload["detail"]
+
+
+async def test_a_body_over_the_operations_apis_limit_is_a_problem(fault_gate: Opgate) -> None:
+    """A 2 MB body to the operations API: 413 problem+json body_too_large, not aiohttp's
+    text/plain."""
+    body = b'{"pad": "' + b"x" * (2 * 1024 * 1024) + b'"}'
+    request = request_bytes(
+        "POST",
+        "/v1/operations",
+        [("Authorization", f"Bearer {ADMIN_TOKEN}"), ("Content-Type", "application/json")],
+        body,
+    )
+    response = await exchange(fault_gate.ops_url, request)
+    assert response.status == 413, response.body[:200]
+    assert response.headers["Content-Type"] == "application/problem+json"
+    payload = response.problem()
+    assert (payload["status"], payload["code"]) == (413, "body_too_large")
