@@ -37,6 +37,7 @@ from tests.support.opgate import (
 from tests.support.opgate_process import OpgateProcess, opgate_process
 from tests.support.paths import REPO
 from tests.support.pg_relay import TcpRelay, dsn_through_relay, relay_target
+from tests.support.raw_http import exchange
 
 _CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 # Long enough for a loaded CI machine, short so that the test does not wait it out often.
@@ -156,13 +157,17 @@ async def bed(pg_server_dsn: str, database_url: str) -> AsyncIterator[Bed]:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def gate(
-    bed: Bed, policy_dir: Path, fault_provider: FaultProvider
+    bed: Bed, policy_dir: Path, fault_provider: FaultProvider, tmp_path: Path
 ) -> AsyncIterator[OpgateProcess]:
-    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False))
+    # reachable in forward mode too, at the fault provider's own (loopback) origin
+    forward = "forward_proxy:\n  allow_destinations: [loopback]\n"
+    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False) + forward)
     env = process_env(
         bed.dsn,
         policy_dir,
         {"fault": fault_provider.url},
+        OPGATE_FORWARD_LISTEN="127.0.0.1:0",
+        OPGATE_CA_DIR=str(tmp_path / "ca"),
         OPGATE_BACKGROUND_INTERVAL_SECONDS="3600",
         OPGATE_POLICY_RELOAD_INTERVAL_SECONDS="0",
         OPGATE_POOL_ACQUIRE_TIMEOUT_SECONDS="2",
@@ -202,6 +207,31 @@ class Client:
         ) as r:
             return r.status, await _body(r)
 
+    async def send_forward(
+        self, operation_id: str, provider_url: str
+    ) -> tuple[int, dict[str, Any]]:
+        """The same refund as an absolute-form request to the forward-proxy listener."""
+        [started] = [line for line in self.gate.lines if line.get("event") == "opgate_started"]
+        forward = urlsplit(started["forward_url"])
+        target = f"{provider_url}/v1/refunds".encode()
+        body = b"amount=500&currency=usd&charge=ch_1"
+        request = (
+            b"POST " + target + b" HTTP/1.1\r\nHost: " + target.split(b"/")[2] + b"\r\n"
+            b"Proxy-Authorization: Bearer " + AGENT_TOKEN.encode() + b"\r\n"
+            b"Content-Type: application/x-www-form-urlencoded\r\n"
+            b"X-Operation-Id: " + operation_id.encode() + b"\r\n"
+            b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+        ) + body
+        response = await exchange(f"http://{forward.netloc}", request)
+        try:
+            payload = response.problem()
+        except ValueError:
+            payload = {"_text": response.body[:300].decode("latin-1")}
+        return response.status, {
+            "_content_type": response.headers.get("Content-Type"),
+            **payload,
+        }
+
     async def propose(self) -> tuple[int, dict[str, Any]]:
         proposal = {k: REFUND_APPROVAL[k] for k in ("provider", "action", "amount", "currency")}
         async with self.http.post(
@@ -226,6 +256,66 @@ class Client:
         async with http_client(self.gate.agent_url, AGENT_TOKEN) as client:
             result = await client.call_tool("get_operation", {"operation_id": operation_id})
         return refused_code(result) if result.is_error else None
+
+    async def sweep(self, operation_id: str, proposal_id: str) -> list[str]:
+        """Every other route that reads or writes the store, on each listener: what each
+        answered that is neither served nor refused as store_unavailable (none may be 500)."""
+        ops, agent = self.gate.ops_url, self.gate.agent_url
+        admin = admin_headers()
+        as_agent = {"Authorization": f"Bearer {AGENT_TOKEN}"}
+        resolve = {"verdict": "failed", "note": "n", "decided_by": "alice"}
+        calls: list[tuple[aiohttp.ClientSession, str, str, dict[str, str], Any]] = [
+            (self.http, "GET", f"{ops}/v1/operations", admin, None),
+            (self.http, "GET", f"{ops}/v1/operations/{operation_id}", admin, None),
+            (self.http, "GET", f"{ops}/v1/escalations", admin, None),
+            (self.http, "GET", f"{ops}/v1/budgets", admin, None),
+            (
+                self.http,
+                "POST",
+                f"{ops}/v1/operations/{operation_id}/revoke",
+                admin,
+                {"reason": "r"},
+            ),
+            (self.http, "POST", f"{ops}/v1/operations/{operation_id}/reconcile", admin, None),
+            (self.http, "POST", f"{ops}/v1/operations/{operation_id}/resolve", admin, resolve),
+            (self.http, "GET", f"{ops}/v1/proposals", admin, None),
+            (self.http, "GET", f"{ops}/v1/proposals/{proposal_id}", admin, None),
+            (self.http, "POST", f"{ops}/v1/proposals/{proposal_id}/approve", admin, {}),
+            (
+                self.http,
+                "POST",
+                f"{ops}/v1/proposals/{proposal_id}/decline",
+                admin,
+                {"reason": "r"},
+            ),
+            (self.http, "GET", f"{agent}/_opgate/v1/operations", as_agent, None),
+            (self.http, "GET", f"{agent}/_opgate/v1/operations/{operation_id}", as_agent, None),
+            (self.http, "GET", f"{agent}/_opgate/v1/proposals/{proposal_id}", as_agent, None),
+            (self.console, "GET", f"{ops}/console/", {}, None),
+            (self.console, "GET", f"{ops}/console/operations/{operation_id}", {}, None),
+            (self.console, "GET", f"{ops}/console/escalations", {}, None),
+            (self.console, "GET", f"{ops}/console/budgets", {}, None),
+            (self.console, "GET", f"{ops}/console/proposals", {}, None),
+            (self.console, "GET", f"{ops}/console/audit", {}, None),
+        ]
+        wrong = []
+        for session, method, url, headers, body in calls:
+            async with session.request(
+                method, url, headers=headers, json=body, allow_redirects=False
+            ) as r:
+                answer = (r.status, await _body(r))
+            status, payload = answer
+            refused = (status, payload.get("_content_type"), payload.get("code")) == (
+                503,
+                "application/problem+json",
+                "store_unavailable",
+            )
+            if status >= 500 and not refused:
+                wrong.append(f"{method} {url}: {status} {payload}")
+        async with self.http.get(f"{ops}/metrics") as r:
+            if r.status != 200:
+                wrong.append(f"GET /metrics: {r.status}")
+        return wrong
 
     async def sign_in(self) -> None:
         async with self.console.get(f"{self.gate.ops_url}/console/login") as form:
@@ -283,11 +373,14 @@ async def test_a_store_fault_is_503_store_unavailable_everywhere_and_passes(
     status, approved = await client.approve()
     assert status == 201, approved
     waiting, later = approved["operation_id"], (await client.approve())[1]["operation_id"]
+    status, proposed = await client.propose()
+    assert status == 201, proposed
 
     await fault.apply(bed)
     try:
         records_before = len(_audit_lines(client.gate))
         _refused(await client.send(waiting), "agent send")
+        _refused(await client.send_forward(waiting, fault_provider.url), "forward-proxy send")
         _refused(await client.approve(), "approval")
         _refused(await client.propose(), "agent proposal")
         if fault.reads_answer:
@@ -304,11 +397,12 @@ async def test_a_store_fault_is_503_store_unavailable_everywhere_and_passes(
         assert ready["status"] == "unavailable", ready
         assert not fault_provider.requests, "a request left while the store was down"
         records = _audit_lines(client.gate)[records_before:]
+        assert await client.sweep(later, proposed["proposal"]["proposal_id"]) == []
         reasons = [(r.get("decision"), r.get("reason")) for r in records]
-        # the send, the proposal (and the MCP read): one record each, store_unavailable; the
-        # MCP client's opening exchange (no store in it) is allowed
+        # the sends (agent and forward listeners), the proposal (and the MCP read): one record
+        # each, store_unavailable; the MCP client's opening exchange (no store in it) is allowed
         refused = [reason for decision, reason in reasons if decision != "allow"]
-        assert refused == ["store_unavailable"] * (2 + refused_reads), reasons
+        assert refused == ["store_unavailable"] * (3 + refused_reads), reasons
     finally:
         await fault.lift(bed)
 
@@ -316,10 +410,14 @@ async def test_a_store_fault_is_503_store_unavailable_everywhere_and_passes(
         return (await client.readyz())[0] == 200
 
     await _until_async(ready, "readyz is 200 again")
-    status, sent = await client.send(waiting)
+    status, sent = await client.send_forward(waiting, fault_provider.url)
     assert status == 200, sent
     assert len(fault_provider.effects) == 1
-    assert (await client.approve())[0] == 201
+    status, fresh = await client.approve()
+    assert status == 201, fresh
+    status, sent = await client.send(fresh["operation_id"])
+    assert status == 200, sent
+    assert len(fault_provider.effects) == 2
     assert (await client.propose())[0] == 201
     assert (await client.console_page())[0] == 200
     assert await client.mcp_get(later) is None
