@@ -101,7 +101,10 @@ class Connections:
             result = await call(conn)
         except BaseException as exc:
             if drops_connection(exc):
-                conn.terminate()  # never handed on, nor reset: the pool replaces it
+                # never handed on, nor reset: the pool replaces it (already given back if it
+                # closed meanwhile: nothing left to end)
+                with contextlib.suppress(asyncpg.InterfaceError):
+                    conn.terminate()
             await self._give_back(conn)
             raise
         await self._keep(conn, calls + 1)
