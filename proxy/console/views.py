@@ -32,9 +32,12 @@ from proxy.console.sessions import (
     open_session,
     role_for,
 )
+from proxy.errors import StoreUnavailable
 from proxy.gate.budgets import budget_standings
 from proxy.gate.gateway import GATEWAY
 from proxy.gate.identity import path_operation_id
+from proxy.gate.problem import admin_problem
+from proxy.gate.reasons import Reason
 from proxy.operations.api import ResolveRequest
 from proxy.operations.proposals import REASON_MAX, Approver, approver_for
 from proxy.operations.proposing import Refusal, approve_proposal, decline_proposal
@@ -64,6 +67,8 @@ async def security_headers(request: web.Request, handler: Handler) -> web.Stream
         response = _error(exc.status, exc.reason, exc.reason, request.get(SESSION))
     except FormRejected as exc:
         response = _error(400, "Bad request", str(exc), None)
+    except StoreUnavailable as exc:  # the operations API's answer, with the console's headers
+        response = admin_problem(503, Reason.STORE_UNAVAILABLE.value, str(exc))
     response.headers.update(SECURITY_HEADERS)
     return response
 

@@ -245,6 +245,8 @@ class Client:
         async with self.console.get(
             f"{self.gate.ops_url}/console/operations", allow_redirects=False
         ) as r:
+            # a console answer, refusal or page, is never kept by a cache
+            assert r.headers.get("Cache-Control") == "no-store", r.headers
             return r.status, await _body(r)
 
     async def readyz(self) -> tuple[int, dict[str, Any]]:
