@@ -314,6 +314,19 @@ class Client:
             )
             if status >= 500 and not refused:
                 wrong.append(f"{method} {url}: {status} {payload}")
+        # signing in writes a session: a browser of its own, the sign-in form first
+        async with aiohttp.ClientSession(
+            trust_env=False, cookie_jar=aiohttp.CookieJar(unsafe=True)
+        ) as browser:
+            async with browser.get(f"{ops}/console/login") as form:
+                match = _CSRF.search(await form.text())
+                assert match is not None
+            sign_in = {"csrf_token": match.group(1), "identity": "bob", "token": ADMIN_TOKEN}
+            async with browser.post(
+                f"{ops}/console/login", data=sign_in, allow_redirects=False
+            ) as r:
+                if r.status >= 500 and r.content_type != "application/problem+json":
+                    wrong.append(f"POST /console/login: {r.status} {(await r.read())[:200]!r}")
         async with self.http.get(f"{ops}/metrics") as r:
             if r.status != 200:
                 wrong.append(f"GET /metrics: {r.status}")
