@@ -1,10 +1,11 @@
 """Appending agent-request records to the audit log off the request path, in batches.
 
 A request's decision never waits for, or fails because of, this write: ``admit`` numbers a
-record (or counts it into a ``denials`` record, denials.py) and ``submit`` queues it. The
-canonical record has already gone to stdout (the JSON log line, with the same number) when it
-is queued, so a record lost here is still in the log stream. State transitions never go
-through here: they are chained in their own statement.
+record (or counts it into a ``denials`` record, denials.py) and ``submit`` queues it, before
+any other sink sees it (audit.emit): the canonical record then goes to stdout (the JSON log
+line, with the same number), so a record lost here is still in the log stream, and a log sink
+that fails costs no record here. State transitions never go through here: they are chained
+in their own statement.
 
 What can go wrong, and what the writer does about it:
 
@@ -173,7 +174,7 @@ class RequestRecordWriter:
         self._task = asyncio.create_task(self._run(), name="audit-request-writer")
 
     def admit(self, fields: dict[str, Any]) -> None:
-        """Before the log line: give the record its number, or count it (``aggregated``)."""
+        """First: give the record its number, or count it (``aggregated``)."""
         now = self._clock()
         self._close_window_if_due(now)
         if aggregable(fields) and self._denials.fold(self._redact(fields), now):
@@ -185,7 +186,7 @@ class RequestRecordWriter:
     def submit(
         self, record: dict[str, Any], *, redacted: bool = False, text: str | None = None
     ) -> None:
-        """After the log line: queue the record (redacted, unless it was already; ``text``:
+        """Before the log line: queue the record (redacted, unless it was already; ``text``:
         its ``records.record_text``, when already made), unless it was counted."""
         if record.get("aggregated"):
             return
