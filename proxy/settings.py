@@ -89,6 +89,10 @@ class Settings(BaseSettings):
     # The whole request body must arrive within this (one deadline over the whole read, not
     # per read: a byte every second would never trip a per-read timeout). Else 408.
     body_read_timeout_seconds: Annotated[float, Field(gt=0)] = 10.0
+    # An agent's answer must be written within this (one deadline over the whole write: an
+    # agent that never reads would hold its connection, and the slot, forever); else the
+    # connection is aborted, and an `answer_undelivered` audit record says so.
+    answer_write_timeout_seconds: Annotated[float, Field(gt=0)] = 30.0
     # Requests of one agent in flight at once in this process (from identification to the
     # recorded outcome); one more is 429. Per process: a replica with W workers admits W times
     # this per agent, a deployment of R such replicas R x W times.
