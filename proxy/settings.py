@@ -119,6 +119,12 @@ class Settings(BaseSettings):
     audit_redact_fields: list[str] = Field(default_factory=list)
     # How often the chain heads are signed (needs OPGATE_SECRET_AUDIT_KEY or secrets_dir).
     audit_checkpoint_seconds: Annotated[float, Field(gt=0)] = 60.0
+    # While records keep coming, fewer than 8 waiting request records wait this long for more
+    # (one statement chains a batch more cheaply); what a SIGKILL can lose grows with it.
+    audit_linger_seconds: Annotated[float, Field(ge=0, le=60)] = 0.02
+    # How often each run of the writer leaves a trace (audit_instance_runs) while it stores
+    # nothing: `opgate audit verify` takes a run silent for 3 of these as ended.
+    audit_heartbeat_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
     # /metrics counts operations dispatched longer than this and still unsettled.
     metrics_dispatched_after_seconds: Annotated[float, Field(gt=0)] = 300.0
     # --- forward-proxy mode ---

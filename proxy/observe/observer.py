@@ -132,7 +132,11 @@ class Observability:
         if self.shared is not None:
             self._sharing = asyncio.get_running_loop().create_task(self.shared.keep_written())
         self.writer = RequestRecordWriter(
-            store, records.request_stream(self.settings.instance_id), redact=self.redactor.mapping
+            store,
+            records.request_stream(self.settings.instance_id),
+            redact=self.redactor.mapping,
+            linger_seconds=self.settings.audit_linger_seconds,
+            heartbeat_seconds=self.settings.audit_heartbeat_seconds,
         )
         self.writer.start()
         await self.record_policy_event("policy_loaded", self._policy, now_deciding=True)
