@@ -22,6 +22,7 @@ import json
 import os
 import re
 import socket
+import struct
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -423,6 +424,39 @@ async def test_an_answer_not_read_in_time_is_cut_off_and_on_record(
                 while chunk := await asyncio.to_thread(sock.recv, 65536):
                     received += len(chunk)
             assert received < BIG_ANSWER_BYTES
+        await gate.stop()
+    code, out = await _verify(env)
+    assert code == 0, out
+
+
+async def test_an_agent_that_hangs_up_mid_answer_is_on_record(
+    database_url: str, tmp_path: Path, big_provider: BigAnswerProvider
+) -> None:
+    """An agent that resets its connection while its answer is being written gets its request
+    record and an ``answer_undelivered`` record saying it went (``agent_disconnected``)."""
+    env = _big_env(database_url, tmp_path, big_provider)
+    async with _running(env, asyncio.subprocess.DEVNULL, tmp_path / "opgate.log") as gate:
+        async with aiohttp.ClientSession(trust_env=False) as http:
+            op = await _approve(http, gate.ops_url, "ch_1")
+        with _agent_that_never_reads(gate.agent_url, op) as sock:
+
+            async def stored() -> bool:
+                records = await _fetch(database_url, STORED_REQUESTS)
+                return any(r.get("operation_id") == op["operation_id"] for r in records)
+
+            await _until_async(stored, "the request's record stored while its answer waits", 15)
+            # A reset, not a FIN: the answer's writer sees the connection gone at once.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        undelivered: list[dict[str, Any]] = []
+
+        async def noted() -> bool:
+            undelivered[:] = await _fetch(database_url, STORED_OF_TYPE, "answer_undelivered")
+            return bool(undelivered)
+
+        await _until_async(noted, "an answer_undelivered record", 15)
+        [note] = undelivered
+        assert note["reason"] == "agent_disconnected"
+        assert note["operation_id"] == op["operation_id"]
         await gate.stop()
     code, out = await _verify(env)
     assert code == 0, out
