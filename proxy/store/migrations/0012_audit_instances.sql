@@ -24,25 +24,43 @@ CREATE TABLE audit_instance_runs (
     stopped_at        timestamptz                 -- a clean stop; null: running, or not clean
 );
 
-CREATE INDEX audit_instance_runs_open ON audit_instance_runs (started_at)
-    WHERE stopped_at IS NULL OR numbered_seq > stored_seq;
+-- No index beyond the key: a run's row is updated with every batch it stores, and an index on
+-- (or a predicate over) the columns that change would make each update a non-HOT one, with
+-- index churn on the request path's statement. The table holds one row per process start;
+-- verify reads it whole.
 
--- A run's trace ($1: {"run_id", "instance_id", "stream", "numbered_seq", "stored_seq",
+-- A run's trace (in_run: {"run_id", "instance_id", "stream", "numbered_seq", "stored_seq",
 -- "heartbeat_seconds", "stopped"}): created by its first, moved forward by every later one
--- (numbers never go back, a stop is never undone).
+-- (numbers never go back, a stop is never undone). PL/pgSQL, an UPDATE first: it runs in every
+-- batch's statement, where a LANGUAGE sql function would be planned again on each call (see
+-- 0004) and an upsert would try an insert first every time; the run's row exists from its
+-- first batch on.
 CREATE FUNCTION opgate_audit_run_seen(in_run jsonb) RETURNS void
-LANGUAGE sql AS $$
-    INSERT INTO audit_instance_runs AS r
-           (run_id, instance_id, stream, numbered_seq, stored_seq, heartbeat_seconds, stopped_at)
-    VALUES (in_run ->> 'run_id', in_run ->> 'instance_id', in_run ->> 'stream',
-            (in_run ->> 'numbered_seq')::bigint, (in_run ->> 'stored_seq')::bigint,
-            (in_run ->> 'heartbeat_seconds')::double precision,
-            CASE WHEN (in_run ->> 'stopped')::boolean THEN now() END)
-    ON CONFLICT (run_id) DO UPDATE
-       SET numbered_seq = greatest(r.numbered_seq, EXCLUDED.numbered_seq),
-           stored_seq = greatest(r.stored_seq, EXCLUDED.stored_seq),
+LANGUAGE plpgsql AS $$
+DECLARE
+    numbered bigint := (in_run ->> 'numbered_seq')::bigint;
+    stored   bigint := (in_run ->> 'stored_seq')::bigint;
+    stopped  timestamptz := CASE WHEN (in_run ->> 'stopped')::boolean THEN now() END;
+BEGIN
+    UPDATE audit_instance_runs AS r
+       SET numbered_seq = greatest(r.numbered_seq, numbered),
+           stored_seq = greatest(r.stored_seq, stored),
            last_seen_at = now(),
-           stopped_at = coalesce(r.stopped_at, EXCLUDED.stopped_at)
+           stopped_at = coalesce(r.stopped_at, stopped)
+     WHERE r.run_id = in_run ->> 'run_id';
+    IF NOT FOUND THEN
+        INSERT INTO audit_instance_runs AS r
+               (run_id, instance_id, stream, numbered_seq, stored_seq, heartbeat_seconds,
+                stopped_at)
+        VALUES (in_run ->> 'run_id', in_run ->> 'instance_id', in_run ->> 'stream', numbered,
+                stored, (in_run ->> 'heartbeat_seconds')::double precision, stopped)
+        ON CONFLICT (run_id) DO UPDATE  -- its first batch and first heartbeat raced
+           SET numbered_seq = greatest(r.numbered_seq, numbered),
+               stored_seq = greatest(r.stored_seq, stored),
+               last_seen_at = now(),
+               stopped_at = coalesce(r.stopped_at, stopped);
+    END IF;
+END
 $$;
 
 -- A batch of one run's request records and its trace, in one statement: the trace can never
