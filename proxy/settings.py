@@ -89,6 +89,10 @@ class Settings(BaseSettings):
     # The whole request body must arrive within this (one deadline over the whole read, not
     # per read: a byte every second would never trip a per-read timeout). Else 408.
     body_read_timeout_seconds: Annotated[float, Field(gt=0)] = 10.0
+    # An agent's answer must be written within this (one deadline over the whole write: an
+    # agent that never reads would hold its connection, and the slot, forever); else the
+    # connection is aborted, and an `answer_undelivered` audit record says so.
+    answer_write_timeout_seconds: Annotated[float, Field(gt=0)] = 30.0
     # Requests of one agent in flight at once in this process (from identification to the
     # recorded outcome); one more is 429. Per process: a replica with W workers admits W times
     # this per agent, a deployment of R such replicas R x W times.
@@ -115,6 +119,12 @@ class Settings(BaseSettings):
     audit_redact_fields: list[str] = Field(default_factory=list)
     # How often the chain heads are signed (needs OPGATE_SECRET_AUDIT_KEY or secrets_dir).
     audit_checkpoint_seconds: Annotated[float, Field(gt=0)] = 60.0
+    # While records keep coming, fewer than 8 waiting request records wait this long for more
+    # (one statement chains a batch more cheaply); what a SIGKILL can lose grows with it.
+    audit_linger_seconds: Annotated[float, Field(ge=0, le=60)] = 0.02
+    # How often each run of the writer leaves a trace (audit_instance_runs) while it stores
+    # nothing: `opgate audit verify` takes a run silent for 3 of these as ended.
+    audit_heartbeat_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
     # /metrics counts operations dispatched longer than this and still unsettled.
     metrics_dispatched_after_seconds: Annotated[float, Field(gt=0)] = 300.0
     # --- forward-proxy mode ---

@@ -162,7 +162,9 @@ def _fork_worker(
         _log.exception("worker_failed", worker=index)
         code = 1
     finally:
-        sys.stdout.flush()
+        # A dead log sink (EPIPE, ENOSPC) must not keep the worker from exiting (sinks.py).
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
     os._exit(code)
 
 

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from proxy.gate.gateway import Gateway
-from proxy.observe.auditlog.verify import verify
+from proxy.observe.auditlog.verify import unaccounted_runs, verify
 from proxy.observe.observer import audit_key
 from proxy.operations.proposals import proposal_view
 from proxy.recovery.api import recovery_views
@@ -149,6 +149,7 @@ async def run_verification(gw: Gateway, state: ChainState) -> None:
 
 async def chain(gw: Gateway, state: ChainState) -> dict[str, Any]:
     checkpoint = await gw.store.run(lambda conn: conn.fetchrow(QUERIES["console_last_checkpoint"]))
+    unaccounted, _ = await gw.store.run(unaccounted_runs)  # instances that ended unclean
     observability = gw.observability
     writer = observability.writer if observability is not None else None
     return {
@@ -164,4 +165,5 @@ async def chain(gw: Gateway, state: ChainState) -> dict[str, Any]:
             "stalled": writer.stalled,
         },
         "verification": state,
+        "unaccounted": unaccounted,
     }

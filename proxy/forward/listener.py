@@ -54,7 +54,7 @@ from proxy.gate.forwarded import CURRENT_TUNNEL, FORWARDED, ForwardedRequest, Or
 from proxy.gate.gateway import Gateway, serve_with
 from proxy.gate.identity import credential_from
 from proxy.gate.pipeline import handle_agent_request
-from proxy.gate.problem import problem_response
+from proxy.gate.problem import PROBLEM, problem_response
 from proxy.gate.reasons import Reason
 from proxy.gate.upstream import new_client_session
 from proxy.observe.audit import AuditRecord, Decision, emit, request_path
@@ -161,12 +161,21 @@ async def forward_front(request: web.Request, handler: Handler) -> web.StreamRes
 
 
 async def _connect(listener: ForwardListener, request: web.Request) -> web.StreamResponse:
+    """One record per CONNECT: a refusal's is on record before the refusal is written (as the
+    pipeline's answers are); a tunnel's when the tunnel ends, since it counts its bytes."""
     record = _record(request, listener)
     record.method = "CONNECT"
+    emitted = False
     try:
-        return await _decide_and_tunnel(listener, request, record)
+        response = await _decide_and_tunnel(listener, request, record)
+        if response.get(PROBLEM) is not None:  # refused: nothing tunnelled
+            emitted = True
+            emit(record)
+            await _write_refusal(request, response)
+        return response
     finally:
-        emit(record)
+        if not emitted:
+            emit(record)
 
 
 async def _decide_and_tunnel(
@@ -174,8 +183,7 @@ async def _decide_and_tunnel(
 ) -> web.StreamResponse:
     authority = _connect_authority(request.raw_path)
     if authority is None:
-        return await _refuse_connect(
-            request,
+        return _refuse_connect(
             record,
             Deny(Reason.PROXY_REQUEST_INVALID, "CONNECT needs host:port"),
         )
@@ -183,14 +191,14 @@ async def _decide_and_tunnel(
     record.destination = Origin("https", host, port).authority
     agent = _proxy_agent(listener, request, record)
     if isinstance(agent, Deny):
-        return await _refuse_connect(request, record, agent)
+        return _refuse_connect(record, agent)
     target = decide_connect(listener.gateway.policy, listener.overrides, host, port)
     if isinstance(target, Deny):
-        return await _refuse_connect(request, record, target)
+        return _refuse_connect(record, target)
     record.provider = target.provider.provider
     checked = await _checked_addresses(listener, host, port, allowed_classes(target.provider))
     if isinstance(checked, Deny):
-        return await _refuse_connect(request, record, checked)
+        return _refuse_connect(record, checked)
     if isinstance(target, PassThrough):
         return await _pass_through(request, record, checked[0], port)
     return await _inspect(listener, request, record, agent, target)
@@ -235,9 +243,7 @@ async def _pass_through(
             address, port, PASS_THROUGH_CONNECT_TIMEOUT
         )
     except (OSError, TimeoutError) as exc:
-        return await _refuse_connect(
-            request, record, Deny(Reason.UPSTREAM_UNAVAILABLE, f"cannot connect: {exc}")
-        )
+        return _refuse_connect(record, Deny(Reason.UPSTREAM_UNAVAILABLE, f"cannot connect: {exc}"))
     record.decision, record.tunnel = Decision.ALLOW, "pass_through"
     await connect.establish(request)
     record.response_status = 200
@@ -256,17 +262,19 @@ def _closed_response() -> web.StreamResponse:
     return response
 
 
-async def _refuse_connect(
-    request: web.Request, record: AuditRecord, deny: Deny
-) -> web.StreamResponse:
-    """A declined CONNECT: answer, then close, or the bytes that follow would be read as a
-    body (aiohttp's pure-Python parser) and the connection would hang."""
+def _refuse_connect(record: AuditRecord, deny: Deny) -> web.Response:
+    """A declined CONNECT's answer (problem+json), written by ``_connect`` once on record."""
     response = _refusal(record, deny)
     response.force_close()
+    return response
+
+
+async def _write_refusal(request: web.Request, response: web.StreamResponse) -> None:
+    """Answer, then close, or the bytes that follow a declined CONNECT would be read as a body
+    (aiohttp's pure-Python parser) and the connection would hang."""
     await response.prepare(request)
     await response.write_eof()
     request.protocol.force_close()
-    return response
 
 
 def _connect_authority(raw: str) -> tuple[str, int] | None:

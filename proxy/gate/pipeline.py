@@ -1,10 +1,11 @@
 """One agent request, top to bottom:
 
 identify -> load the row (primary) -> decide (pure checks) -> prepare -> preconditions ->
-claim -> forward -> classify -> record -> answer, with exactly one audit record emitted in a
-``finally``. A first send that is exactly what was approved is claimed by the statement that
-loads its row (proxy/gate/exact.py); the checks and the preparation then run on the claimed
-row, and a refusal there withdraws the claim before anything leaves.
+claim -> forward -> classify -> record -> audit -> answer, with exactly one audit record:
+emitted before a byte of the answer is written, or in a ``finally`` on every other way out.
+A first send that is exactly what was approved is claimed by the statement that loads its row
+(proxy/gate/exact.py); the checks and the preparation then run on the claimed row, and a
+refusal there withdraws the claim before anything leaves.
 
 Nothing leaves before the claim has committed. Once the claim has committed, the row only
 becomes confirmed or failed from the provider's answer; every other ending leaves it dispatched.
@@ -71,9 +72,17 @@ from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.gate.resend import ask_before_resend
 from proxy.gate.upstream import OutboundRequest, UpstreamResponse
-from proxy.observe.audit import AuditRecord, Decision, emit, request_path
+from proxy.observe.audit import (
+    AuditRecord,
+    Decision,
+    Undelivered,
+    emit,
+    emit_undelivered,
+    request_path,
+)
 from proxy.policy.model import Mode
 from proxy.policy.set import PolicySet
+from proxy.settings import Settings
 from proxy.store.operation import LastOutcome, Operation, Status
 from proxy.store.store import ProviderAnswer
 
@@ -97,20 +106,49 @@ async def handle_agent_request(request: web.Request) -> web.StreamResponse:
     )
     if forwarded is not None:
         record.listener, record.destination = "forward", forwarded.origin.authority
+    emitted = False
     try:
         response = await _process(gateway, policy, request, record)
         provider = policy.provider_named(record.provider) if record.provider else None
         if provider is not None:  # opgate's refusals in the provider's dialect (errors:)
             response = in_dialect(response, provider.errors)
         record.response_status = response.status
-        # Written here rather than by aiohttp once the handler returns: the record (redacted,
-        # turned into JSON, logged, queued for the audit log) is made below all the same, and
-        # the agent does not wait for it.
-        await response.prepare(request)
-        await response.write_eof()
+        # 9. audit, before a byte of the answer is written: numbered and queued, the record is
+        # on its way to the audit log however long the agent takes to read (or a crash comes
+        # meanwhile). It says what opgate answered; an answer that then does not reach the
+        # agent in full gets a record of its own (audit.emit_undelivered), never a change.
+        emitted = True
+        emit(record)
+        await _write_answer(request, response, record, gateway.settings)
         return response
     finally:
-        emit(record)
+        if not emitted:  # every other way out: still exactly one record
+            emit(record)
+
+
+async def _write_answer(
+    request: web.Request, response: web.StreamResponse, record: AuditRecord, settings: Settings
+) -> None:
+    """The answer, written within ``answer_write_timeout_seconds`` (aiohttp has no write
+    timeout: ``write_eof`` waits for the socket to drain, for ever if the agent never reads).
+    Written here rather than by aiohttp once the handler returns, so that the deadline holds;
+    a connection that is not taken in time is aborted."""
+    try:
+        async with asyncio.timeout(settings.answer_write_timeout_seconds):
+            await response.prepare(request)
+            await response.write_eof()
+    except TimeoutError:
+        emit_undelivered(record, Undelivered.WRITE_TIMEOUT)
+        _log.warning(
+            "answer_write_timeout",
+            request_id=record.request_id,
+            operation_id=record.operation_id,
+            seconds=settings.answer_write_timeout_seconds,
+        )
+        if request.transport is not None:
+            request.transport.abort()
+    except ConnectionError:  # the agent went while its answer was written: aiohttp's too
+        emit_undelivered(record, Undelivered.AGENT_DISCONNECTED)
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,11 @@ reviewer filters on them. Nothing secret is ever assigned to a record: headers a
 in, only named facts; the forwarded body appears only as its SHA-256.
 
 ``emit`` first lets the request's observer number the record (``instance_seq``) or count it
-into a ``denials`` record (``aggregated``), then writes the log line, then hands the record
-on: the log line and the stored record carry the same number, and are the same JSON.
+into a ``denials`` record (``aggregated``), then hands it on (queued for the PostgreSQL audit
+log before anything else, then the span and counters), then writes the log line: the log line
+and the stored record carry the same number, and are the same JSON. No sink's failure (stdout
+gone: EPIPE, ENOSPC; a span exporter's bug) reaches the caller or costs the stored record: it
+is counted and fails readiness (sinks.py).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from proxy.observe.auditlog.records import record_text
 from proxy.observe.auditlog.redact import ALREADY_REDACTED, redact_record
 from proxy.observe.auditlog.storable import bounded_path, storable
 from proxy.observe.logs import PrerenderedWriter, prerendered_writer
+from proxy.observe.sinks import LOG, SINKS
 
 AUDIT_LOGGER = "opgate.audit"
 AUDIT_SCHEMA_VERSION = 1
@@ -130,8 +134,13 @@ class RequestObserver(Protocol):
         logged."""
 
     def observe(self, fields: dict[str, Any], stored_json: str | None) -> None:
-        """Span attributes, metrics, the audit table (``stored_json``: what is stored, None
-        where JSON cannot hold the record): after it is logged."""
+        """The audit table first (``stored_json``: what is stored, None where JSON cannot
+        hold the record), then span attributes and metrics: before it is logged. Raises
+        nothing."""
+
+    def queue(self, fields: dict[str, Any]) -> None:
+        """A record of the request stream that is not a request's (``record_type``), numbered
+        by ``admit`` already: queued for the audit table only."""
 
 
 REQUEST_OBSERVER: ContextVar[RequestObserver | None] = ContextVar(
@@ -191,6 +200,49 @@ def emit(record: AuditRecord) -> None:
     # the audit log.
     redacted = redact_record(fields)
     text = stored_json(redacted)
-    _audit_logger.write(redacted, text)
+    # The audit log first: once queued, the record is on its way to PostgreSQL whatever the
+    # other sinks do (the observer guards the span and counters itself).
     if observer is not None:
         observer.observe(redacted, text)
+    _write_line(redacted, text)
+
+
+def _write_line(fields: dict[str, Any], text: str | None) -> None:
+    """The log line; stdout's own errors are caught where it is written (logs.py), anything
+    else a logging configuration raises is caught here."""
+    try:
+        _audit_logger.write(fields, text)
+    except Exception as exc:
+        SINKS.failed(LOG, exc)
+
+
+class Undelivered:
+    """Why an answer did not reach the agent in full (``answer_undelivered`` records)."""
+
+    WRITE_TIMEOUT = "answer_write_timeout"  # not taken within answer_write_timeout_seconds
+    AGENT_DISCONNECTED = "agent_disconnected"  # the connection went while it was written
+
+
+def emit_undelivered(record: AuditRecord, reason: str) -> None:
+    """The answer to a request whose record was emitted already (and may be stored already,
+    so it is never changed) did not reach the agent in full: a record of its own, numbered in
+    the same sequence, naming the request by its ``request_id``."""
+    fields: dict[str, Any] = {
+        "schema_version": AUDIT_SCHEMA_VERSION,
+        "record_type": "answer_undelivered",
+        "event": "answer_undelivered",
+        "time": datetime.now(UTC).isoformat(),
+        "request_id": record.request_id,
+        "listener": record.listener,
+        "agent_id": record.agent_id,
+        "operation_id": record.operation_id,
+        "response_status": record.response_status,
+        "reason": reason,
+    }
+    observer = REQUEST_OBSERVER.get()
+    if observer is not None:
+        observer.admit(fields)
+    redacted = redact_record(fields)
+    if observer is not None:
+        observer.queue(redacted)
+    _write_line(redacted, stored_json(redacted))

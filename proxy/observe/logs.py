@@ -15,11 +15,12 @@ import logging
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO, cast
 
 import structlog
 
 from proxy.observe.auditlog.redact import redact_log_line
+from proxy.observe.sinks import GuardedStream
 from proxy.observe.telemetry import add_trace_ids
 
 # Writes one prerendered info line: (the record's JSON object, the record's fields).
@@ -64,7 +65,10 @@ def configure_logging(level: str = "info") -> None:
     processors = log_processors()
     threshold = logging.getLevelNamesMapping()[level.upper()]
     wrapper = structlog.make_filtering_bound_logger(threshold)
-    factory = structlog.PrintLoggerFactory(sys.stdout)
+    # Guarded: a log sink that fails (EPIPE, ENOSPC) is counted and fails readiness, and never
+    # raises into whoever logs (sinks.py).
+    # (GuardedStream has what print needs of a TextIO: write and flush.)
+    factory = structlog.PrintLoggerFactory(cast(TextIO, GuardedStream(sys.stdout)))
     structlog.configure(
         processors=processors,
         wrapper_class=wrapper,

@@ -29,6 +29,7 @@ from proxy.observe.auditlog.storable import bounded_path, storable_text
 from proxy.observe.auditlog.writer import Checkpointer, RequestRecordWriter
 from proxy.observe.metrics import CONTENT_TYPE, Counter, Histogram, exposition, gauge
 from proxy.observe.shared_metrics import Series, SharedCounts
+from proxy.observe.sinks import SINK_NAMES, SINKS, SPAN
 from proxy.observe.telemetry import Telemetry, tracer_provider_from_environment
 from proxy.policy.budgets import BudgetScope
 from proxy.policy.set import PolicySet
@@ -131,7 +132,11 @@ class Observability:
         if self.shared is not None:
             self._sharing = asyncio.get_running_loop().create_task(self.shared.keep_written())
         self.writer = RequestRecordWriter(
-            store, records.request_stream(self.settings.instance_id), redact=self.redactor.mapping
+            store,
+            records.request_stream(self.settings.instance_id),
+            redact=self.redactor.mapping,
+            linger_seconds=self.settings.audit_linger_seconds,
+            heartbeat_seconds=self.settings.audit_heartbeat_seconds,
         )
         self.writer.start()
         await self.record_policy_event("policy_loaded", self._policy, now_deciding=True)
@@ -200,36 +205,51 @@ class Observability:
             self.writer.admit(fields)
 
     def audit_writer_problem(self) -> str | None:
-        """Why this process cannot keep its audit trail right now (readiness), or None."""
+        """Why this process cannot keep its audit trail right now (readiness), or None: its
+        writer cannot store request records, or one of its sinks fails (sinks.py)."""
         writer = self.writer
-        if writer is None or not writer.stalled:
-            return None
-        return (
-            f"the audit writer cannot store request records: {writer.pending} waiting, the"
-            f" oldest for {writer.oldest_pending_seconds:.1f} s, {writer.dropped} dropped"
-        )
+        problems = [SINKS.problem()]
+        if writer is not None and writer.stalled:
+            problems.insert(
+                0,
+                f"the audit writer cannot store request records: {writer.pending} waiting, the"
+                f" oldest for {writer.oldest_pending_seconds:.1f} s, {writer.dropped} dropped",
+            )
+        return "; ".join(p for p in problems if p) or None
 
     def observe(self, fields: dict[str, Any], stored_json: str | None) -> None:
         """One canonical request record, redacted already and made the JSON it is stored as
         (audit.emit; None where JSON cannot hold it): span attributes, counters, the audit
         log."""
-        span = trace.get_current_span()
-        if span.is_recording():
-            span.set_attributes(
-                {
-                    f"opgate.{name}": fields[name]
-                    for name in _SPAN_FIELDS
-                    if fields.get(name) is not None
-                }
-            )
-        self.requests.inc(
-            str(fields.get("decision")),
-            str(fields.get("reason") or ""),
-            str(fields.get("provider") or ""),
-            str(fields.get("rule") or ""),
-        )
+        # The audit log first: nothing after this can cost the stored record.
         if self.writer is not None:
             self.writer.submit(fields, redacted=True, text=stored_json)
+        try:
+            span = trace.get_current_span()
+            if span.is_recording():
+                span.set_attributes(
+                    {
+                        f"opgate.{name}": fields[name]
+                        for name in _SPAN_FIELDS
+                        if fields.get(name) is not None
+                    }
+                )
+            self.requests.inc(
+                str(fields.get("decision")),
+                str(fields.get("reason") or ""),
+                str(fields.get("provider") or ""),
+                str(fields.get("rule") or ""),
+            )
+        except Exception as exc:  # a sink's failure is counted, never the request's
+            SINKS.failed(SPAN, exc)
+        else:
+            SINKS.wrote(SPAN)
+
+    def queue(self, fields: dict[str, Any]) -> None:
+        """A record of the request stream that is not a request's (audit.emit_undelivered),
+        redacted and numbered already: for the audit log only."""
+        if self.writer is not None:
+            self.writer.submit(fields, redacted=True)
 
     async def metrics_text(self) -> str:
         own: list[Series] = [self.requests, self.upstream_seconds, self.reload_failures]
@@ -253,6 +273,15 @@ class Observability:
         )
         if self.writer is not None:
             blocks.extend(_writer_metrics(self.writer))
+        sink_failures = Counter(
+            "opgate_audit_sink_failures_total",
+            "Writes to an audit sink that failed (log: the log lines on stdout; span: the"
+            " request spans and counters); readiness fails while one does.",
+            ("sink",),
+        )
+        for sink in SINK_NAMES:
+            sink_failures.inc(sink, amount=SINKS.failures.get(sink, 0))
+        blocks.append(sink_failures.render())
         if self._store is not None:
             size, idle, maximum = self._store.pool_usage()
             blocks.append(

@@ -422,6 +422,28 @@ SELECT $1, 0, $2, r.value ->> 'operation_id', r.value, '\x', '\x'
 -- the stream's head once, instead of the trigger moving it once per row.
 SELECT opgate_audit_append_batch($1, $2, $3::jsonb);
 
+-- name: audit_append_requests
+-- A batch of one instance's request records ($1 stream, $2 kind, $3 a JSON array of records)
+-- and its run's trace ($4, migration 0012) in one statement; $5: chained by one function (a
+-- batch of records.MANY_RECORDS or more) rather than by the trigger row by row.
+SELECT opgate_audit_append_requests($1, $2, $3::jsonb, $4::jsonb, $5);
+
+-- name: audit_run_seen
+-- A run's trace while it has nothing to store, and at its clean stop ($1 with "stopped": true).
+SELECT opgate_audit_run_seen($1::jsonb);
+
+-- name: audit_runs_unaccounted
+-- Runs whose tail the stored records cannot vouch for: not stopped cleanly, or stopped with
+-- numbers never stored. `running`: no stop, and a trace within $1 heartbeats of now (a running
+-- run leaves one at least every heartbeat); otherwise it ended without a clean stop.
+SELECT run_id, instance_id, stream, started_at, numbered_seq, stored_seq, last_seen_at,
+       stopped_at, stopped_at IS NULL
+           AND last_seen_at >= now() - make_interval(secs => $1 * heartbeat_seconds) AS running,
+       extract(epoch FROM now() - last_seen_at)::double precision AS seconds_since_seen
+  FROM audit_instance_runs
+ WHERE stopped_at IS NULL OR numbered_seq > stored_seq
+ ORDER BY started_at, run_id;
+
 -- name: audit_set_instance_policy
 -- The policy set this instance ($1) now decides with ($2): transition records name it.
 INSERT INTO audit_instances (instance_id, policy_version) VALUES ($1, $2)
@@ -584,7 +606,7 @@ SELECT format(statement, current_schema(), $1::text) AS statement
   FROM (VALUES
     (1, 'GRANT USAGE ON SCHEMA %I TO %I'),
     (2, 'GRANT SELECT ON %1$I.audit_log, %1$I.audit_heads, %1$I.audit_checkpoints,'
-        ' %1$I.audit_instances TO %2$I')
+        ' %1$I.audit_instances, %1$I.audit_instance_runs TO %2$I')
   ) AS g (position, statement)
  ORDER BY position;
 -- =============================================================================== end audit

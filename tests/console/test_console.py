@@ -4,15 +4,18 @@ sessions, roles, CSRF, the security headers, filters, timelines and escaping."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import AsyncIterator
 from urllib.parse import quote
 
 import aiohttp
+import asyncpg
 import pytest_asyncio
 from yarl import URL
 
 from proxy.console.render import CONTENT_SECURITY_POLICY
+from proxy.store.queries import QUERIES
 from tests.console.helpers import (
     REVIEWER_DIGEST,
     REVIEWER_TOKEN,
@@ -268,6 +271,30 @@ async def test_the_timeline_shows_requests_with_trace_links(console_gate: Opgate
         assert f"<td>{event}</td>" in transitions
     assert 'id="answer"' in html
     assert "proceed" in html
+
+
+async def test_the_audit_page_names_an_instance_that_ended_without_a_clean_stop(
+    console_gate: Opgate, database_url: str
+) -> None:
+    """A run whose trace stopped coming without a clean stop is named on the audit page, with
+    the records it numbered and never stored."""
+    trace = {
+        "run_id": "run-console", "instance_id": "gone:1", "stream": "requests/gone:1",
+        "numbered_seq": 7, "stored_seq": 5, "heartbeat_seconds": 0.001, "stopped": False,
+    }  # fmt: skip
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(QUERIES["audit_run_seen"], json.dumps(trace))
+    finally:
+        await conn.close()
+    async with browser() as session:
+        await sign_in(console_gate, session, REVIEWER_TOKEN)
+        async with session.get(f"{console_gate.ops_url}/console/audit") as page:
+            html = await page.text()
+    assert (
+        "instance gone:1 ended without a clean stop; at least 2 records after seq 5 are"
+        " unaccounted for"
+    ) in html
 
 
 async def test_the_audit_page_verifies_on_demand(console_gate: Opgate) -> None:

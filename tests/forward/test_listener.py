@@ -23,7 +23,9 @@ import trustme
 from aiohttp import web
 from structlog.testing import capture_logs
 
+import proxy.forward.listener
 from proxy.forward.ca import CA_CERT_FILE
+from proxy.observe.audit import AuditRecord
 from tests.support.fault_provider import FaultProvider
 from tests.support.localstripe_server import create_charge, list_refunds
 from tests.support.opgate import (
@@ -318,6 +320,31 @@ async def raw_connect(
             "," if headers[name.strip().lower()] else ""
         ) + value.strip()
     return int(lines[0].split()[1]), headers, body
+
+
+async def test_a_refused_connect_is_on_record_before_it_is_answered(
+    forward_gate: ForwardGate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A declined CONNECT's record is emitted (numbered, queued) before its refusal is written,
+    as the pipeline's answers are, and once."""
+    order: list[str] = []
+    emit, write_eof = proxy.forward.listener.emit, web.Response.write_eof
+
+    def emitting(record: AuditRecord) -> None:
+        order.append(f"record {record.response_status}")
+        emit(record)
+
+    async def writing_eof(self: web.Response, data: bytes = b"") -> None:
+        order.append(f"answer {self.status}")
+        await write_eof(self, data)
+
+    monkeypatch.setattr(proxy.forward.listener, "emit", emitting)
+    monkeypatch.setattr(web.Response, "write_eof", writing_eof)
+    target = f"unlisted.test:{forward_gate.tls_port}"
+    status, _, _ = await raw_connect(forward_gate.proxy_url, target)
+    assert status == 403
+    assert order[:2] == ["record 403", "answer 403"]
+    assert [entry for entry in order if entry.startswith("record")] == ["record 403"]
 
 
 async def test_connect_decisions_unlisted_loopback_and_pass_through(

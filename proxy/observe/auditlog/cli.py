@@ -35,7 +35,7 @@ from proxy.errors import StoreUnavailable, store_unavailable_line
 from proxy.observe.auditlog import records, retention
 from proxy.observe.auditlog.chain import StoredRecord
 from proxy.observe.auditlog.redact import Redactor
-from proxy.observe.auditlog.verify import verify
+from proxy.observe.auditlog.verify import VerifyReport, verify
 from proxy.settings import Secrets, load_settings
 from proxy.store.embedded import database_dsn
 from proxy.store.faults import is_unavailable
@@ -180,20 +180,31 @@ async def _verify(conn: asyncpg.Connection, args: argparse.Namespace, settings: 
     first = report.first_break()
     if first is None:
         print(f"ok: {summary}")
-        _print_dropped(report.dropped)
+        _print_losses(report)
         return 0
     print(f"BROKEN: first broken record: {first.describe()}")
     print(f"{len(report.breaks)} problems in {summary}:")
     for problem in report.breaks[:_SHOWN_PROBLEMS]:
         print(f"  {problem.describe()}")
-    _print_dropped(report.dropped)
+    _print_losses(report)
     return 1
 
 
-def _print_dropped(dropped: list[str]) -> None:
-    if dropped:
-        print(f"{len(dropped)} ranges of request records were dropped before storage:")
-    for line in dropped[:_SHOWN_PROBLEMS]:
+def _print_losses(report: VerifyReport) -> None:
+    """What was lost before storage: not breaks (nothing stored was altered), never silent."""
+    dropped = f"{len(report.dropped)} ranges of request records were dropped before storage:"
+    _print_lines(report.dropped, dropped)
+    _print_lines(
+        report.unaccounted,
+        f"{len(report.unaccounted)} instance runs may have lost request records at their end:",
+    )
+    _print_lines(report.running, f"{len(report.running)} instances running:")
+
+
+def _print_lines(lines: list[str], heading: str) -> None:
+    if lines:
+        print(heading)
+    for line in lines[:_SHOWN_PROBLEMS]:
         print(f"  {line}")
 
 

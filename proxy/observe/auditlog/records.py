@@ -62,6 +62,33 @@ async def append_texts(
     await conn.execute(QUERIES[query], stream, kind, "[" + ",".join(texts) + "]")
 
 
+async def append_requests(
+    conn: asyncpg.Connection, stream: str, texts: Sequence[str], run: dict[str, Any]
+) -> None:
+    """A request stream's records (made ``record_text``), in order, and how far the run that
+    numbered them got (``run``: migration 0012), in one statement."""
+    many = len(texts) >= MANY_RECORDS
+    await conn.execute(
+        QUERIES["audit_append_requests"],
+        stream,
+        "request",
+        "[" + ",".join(texts) + "]",
+        json.dumps(run),
+        many,
+    )
+
+
+async def run_seen(conn: asyncpg.Connection, run: dict[str, Any]) -> None:
+    """A run's trace without records: a heartbeat, or (``"stopped": true``) its clean stop."""
+    await conn.execute(QUERIES["audit_run_seen"], json.dumps(run))
+
+
+async def runs_unaccounted(conn: asyncpg.Connection, heartbeats: float) -> list[asyncpg.Record]:
+    """Runs not stopped cleanly, or stopped with numbers never stored (migration 0012)."""
+    rows: list[asyncpg.Record] = await conn.fetch(QUERIES["audit_runs_unaccounted"], heartbeats)
+    return rows
+
+
 async def append_batch(
     conn: asyncpg.Connection, stream: str, kind: str, records: Sequence[dict[str, Any]]
 ) -> None:

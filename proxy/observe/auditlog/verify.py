@@ -1,6 +1,13 @@
 """``opgate audit verify``: recompute every record's hash, follow each stream's chain, check the
 signed checkpoints, check that each instance's request records are all there (their numbers,
-``instance_seq``), and name the first broken record."""
+``instance_seq``), and name the first broken record.
+
+It also names each run of an instance that ended without a clean stop (``audit_instance_runs``,
+migration 0012), with what its last trace says it had numbered and not stored. That is what
+it can know: the records numbered after that trace never reached the database at all (the log
+stream has them). A run is taken as still running, not ended, while its last trace is
+younger than ``MISSED_HEARTBEATS`` of its heartbeats: a running writer leaves one at least
+every heartbeat (``audit_heartbeat_seconds``)."""
 
 from __future__ import annotations
 
@@ -16,6 +23,9 @@ from proxy.observe.auditlog.retention import Retention, retention_from
 _CLAIMS_PER_QUERY = 5000
 _UNSTORABLE = '"record_type": "unstorable"'  # as jsonb prints it
 _LATEST = datetime.max.replace(tzinfo=None)
+# A run silent for this many of its heartbeats has ended (a busy event loop or a slow
+# database can delay one or two).
+MISSED_HEARTBEATS = 3.0
 
 
 @dataclass
@@ -30,6 +40,10 @@ class VerifyReport:
     dropped: list[str] = field(default_factory=list)
     unstorable: int = 0  # placeholders for records the database refused
     pruned_through: int | None = None  # the checkpoint old records were pruned through
+    # Runs that ended without a clean stop (or stopped with numbers never stored), and runs
+    # still running: not breaks (nothing stored was altered), shown so no loss is silent.
+    unaccounted: list[str] = field(default_factory=list)
+    running: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -78,6 +92,7 @@ async def verify(
             report.breaks.append(Break("(checkpoints)", None, None, problem))
     await _check_claims(conn, [cp for cp in cps if cp.at >= since], retention, report)
     if whole_log:
+        report.unaccounted, report.running = await unaccounted_runs(conn)
         await _check_numbering(conn, retention, report)
         for row in await records.mismatched_heads(conn):
             cut = retention.cuts.get(row["stream"])
@@ -160,3 +175,33 @@ async def _check_numbering(
                     f"request records of instance {instance} stored twice: {numbers}{run}",
                 )
             )
+
+
+async def unaccounted_runs(conn: asyncpg.Connection) -> tuple[list[str], list[str]]:
+    """What each run's trace (migration 0012) says about its tail: the runs that ended without
+    a clean stop or stopped with numbers never stored, and the runs still running."""
+    unaccounted, running = [], []
+    for row in await records.runs_unaccounted(conn, MISSED_HEARTBEATS):
+        instance, after = row["instance_id"], row["stored_seq"]
+        lost = row["numbered_seq"] - after
+        seen = row["last_seen_at"].isoformat(timespec="seconds")
+        run = f"run {row['run_id']} started {row['started_at'].isoformat(timespec='seconds')}"
+        if row["stopped_at"] is not None:
+            unaccounted.append(
+                f"instance {instance} stopped with {lost} records after seq {after} never"
+                f" stored ({run}; in the log stream only)"
+            )
+        elif row["running"]:
+            running.append(
+                f"instance {instance} is running ({run}; last trace"
+                f" {row['seconds_since_seen']:.0f} s ago): the records it has queued are not"
+                " counted"
+            )
+        else:
+            unaccounted.append(
+                f"instance {instance} ended without a clean stop; at least {lost} records"
+                f" after seq {after} are unaccounted for: {lost} numbered by its last trace at"
+                f" {seen} and never stored, and any it numbered after that trace, which the"
+                f" database never saw ({run}; the log stream has them)"
+            )
+    return unaccounted, running

@@ -1,10 +1,11 @@
 """Appending agent-request records to the audit log off the request path, in batches.
 
 A request's decision never waits for, or fails because of, this write: ``admit`` numbers a
-record (or counts it into a ``denials`` record, denials.py) and ``submit`` queues it. The
-canonical record has already gone to stdout (the JSON log line, with the same number) when it
-is queued, so a record lost here is still in the log stream. State transitions never go
-through here: they are chained in their own statement.
+record (or counts it into a ``denials`` record, denials.py) and ``submit`` queues it, before
+any other sink sees it (audit.emit): the canonical record then goes to stdout (the JSON log
+line, with the same number), so a record lost here is still in the log stream, and a log sink
+that fails costs no record here. State transitions never go through here: they are chained
+in their own statement.
 
 What can go wrong, and what the writer does about it:
 
@@ -20,8 +21,13 @@ What can go wrong, and what the writer does about it:
   numbers go into a ``dropped`` record as soon as there is room, so that ``opgate audit
   verify`` reports them as dropped rather than missing.
 
-Each run of the writer begins its stream's numbering with a ``started`` record: numbers are
-1, 2, 3... from there (``verify`` checks them run by run).
+Each run of the writer begins its stream's numbering with a ``started`` record (naming the
+run by a random ``run_id``): numbers are 1, 2, 3... from there (``verify`` checks them run by
+run). A SIGKILL loses what is still queued, at the tail, where the stored numbers cannot show
+it; so each run leaves a trace in ``audit_instance_runs`` (migration 0012): the highest number
+it had given out and the highest stored, written by the statement that stores each batch, by
+a heartbeat every ``heartbeat_seconds`` while nothing else was written, and at a clean stop.
+``verify`` names a run that ended without one, and what it had numbered and not stored.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable
@@ -50,6 +57,9 @@ _log = structlog.get_logger("opgate.audit_writer")
 _FIRST_BACKOFF_SECONDS = 0.05
 _MAX_BACKOFF_SECONDS = 5.0
 STALL_SECONDS = 5.0
+# How often a run leaves a trace (audit_instance_runs) at the least, while it stores nothing:
+# verify tells a running instance from one that ended by it (verify.MISSED_HEARTBEATS).
+HEARTBEAT_SECONDS = 10.0
 # How long a few waiting records wait for others to join them while records keep coming (the
 # last batch was stored less than this long ago): a batch of records.MANY_RECORDS or more is
 # chained by PostgreSQL in one statement, at a fraction of the CPU of a commit per record or
@@ -121,9 +131,15 @@ class RequestRecordWriter:
         redact: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         denials: DenialCounter | None = None,
         clock: Callable[[], float] = time.monotonic,
+        heartbeat_seconds: float = HEARTBEAT_SECONDS,
     ) -> None:
         self._store = store
         self._stream = stream
+        self.run_id = secrets.token_hex(8)
+        self._heartbeat_seconds = heartbeat_seconds
+        self._traced: float | None = None  # event loop time the run's trace was last written
+        self._beating: asyncio.Task[None] | None = None
+        self._stored_seq = 0  # the highest number stored or declared dropped
         self.max_pending = max_pending
         self._batch_size = batch_size
         self.stall_seconds = stall_seconds
@@ -152,7 +168,12 @@ class RequestRecordWriter:
         self.unstorable = 0
         self.aggregated = 0
         self.failures = 0
-        started = {"schema_version": AUDIT_SCHEMA_VERSION, "record_type": "started", "time": _now()}
+        started = {
+            "schema_version": AUDIT_SCHEMA_VERSION,
+            "record_type": "started",
+            "time": _now(),
+            "run_id": self.run_id,
+        }
         self._enqueue(started)
 
     @property
@@ -171,9 +192,22 @@ class RequestRecordWriter:
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="audit-request-writer")
+        self._beating = asyncio.create_task(self._beat(), name="audit-run-heartbeat")
+
+    def run_trace(self, stored_seq: int | None = None, *, stopped: bool = False) -> dict[str, Any]:
+        """This run's row of ``audit_instance_runs`` as it stands (migration 0012)."""
+        return {
+            "run_id": self.run_id,
+            "instance_id": self._stream.removeprefix(records.REQUEST_STREAM_PREFIX),
+            "stream": self._stream,
+            "numbered_seq": self._last_seq,
+            "stored_seq": self._stored_seq if stored_seq is None else stored_seq,
+            "heartbeat_seconds": self._heartbeat_seconds,
+            "stopped": stopped,
+        }
 
     def admit(self, fields: dict[str, Any]) -> None:
-        """Before the log line: give the record its number, or count it (``aggregated``)."""
+        """First: give the record its number, or count it (``aggregated``)."""
         now = self._clock()
         self._close_window_if_due(now)
         if aggregable(fields) and self._denials.fold(self._redact(fields), now):
@@ -185,7 +219,7 @@ class RequestRecordWriter:
     def submit(
         self, record: dict[str, Any], *, redacted: bool = False, text: str | None = None
     ) -> None:
-        """After the log line: queue the record (redacted, unless it was already; ``text``:
+        """Before the log line: queue the record (redacted, unless it was already; ``text``:
         its ``records.record_text``, when already made), unless it was counted."""
         if record.get("aggregated"):
             return
@@ -214,6 +248,10 @@ class RequestRecordWriter:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._task), grace_seconds)
+        if self._beating is not None:
+            self._beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._beating
         while self._pending:
             self._note_dropped(self._pending.popleft().record)
         if self._dropped_unrecorded:
@@ -223,6 +261,12 @@ class RequestRecordWriter:
                 stream=self._stream,
                 instance_seqs=self._dropped_seqs,
             )
+        # The clean stop, on record: verify then names no unclean end (and counts what was
+        # numbered and not stored, if anything was dropped above).
+        try:
+            await self._store.run(lambda conn: records.run_seen(conn, self.run_trace(stopped=True)))
+        except Exception as exc:  # a stop must finish: verify will call it unclean, rightly
+            _log.error("audit_run_stop_unrecorded", stream=self._stream, error=str(exc))
 
     # --- queueing ---
 
@@ -335,9 +379,27 @@ class RequestRecordWriter:
 
     async def _append_texts(self, entries: list[_Pending]) -> None:
         texts = [entry.text or "" for entry in entries]
+        trace = self.run_trace(max(self._stored_seq, _highest_seq(entries)))
         await self._store.run(
-            lambda conn: records.append_texts(conn, self._stream, "request", texts)
+            lambda conn: records.append_requests(conn, self._stream, texts, trace)
         )
+
+    async def _beat(self) -> None:
+        """The run's trace every ``heartbeat_seconds`` in which nothing else wrote it (a
+        stored batch carries it): how verify tells a running instance from an ended one, and
+        how far one that ends unclean had numbered."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self._heartbeat_seconds)  # a period, not a synchronization
+            traced = self._traced
+            if traced is not None and loop.time() - traced < self._heartbeat_seconds:
+                continue
+            try:
+                await self._store.run(lambda conn: records.run_seen(conn, self.run_trace()))
+            except Exception as exc:  # the next beat tries again; the writer is not held up
+                _log.warning("audit_run_heartbeat_failed", error=str(exc))
+            else:
+                self._traced = loop.time()
 
     async def _store_entries(self, entries: list[_Pending]) -> None:
         """Store ``entries`` (the front of the queue), isolating a record the database
@@ -384,7 +446,8 @@ class RequestRecordWriter:
             if entry.stands_in:
                 self.unstorable += 1
         self.written += len(entries)
-        self._last_stored = asyncio.get_running_loop().time()
+        self._stored_seq = max(self._stored_seq, _highest_seq(entries))
+        self._last_stored = self._traced = asyncio.get_running_loop().time()
         if self._stall_reported:
             self._stall_reported = False
             _log.info("audit_writer_recovered", stream=self._stream, pending=len(self._pending))
@@ -407,6 +470,19 @@ class RequestRecordWriter:
                 dropped=self.dropped,
                 error=error,
             )
+
+
+def _highest_seq(entries: list[_Pending]) -> int:
+    """The highest number the entries store or declare dropped (0 when none)."""
+    highest = 0
+    for entry in entries:
+        seq = entry.record.get("instance_seq")
+        if isinstance(seq, int):
+            highest = max(highest, seq)
+        for span in entry.record.get("dropped") or ():
+            if isinstance(span, list) and span and isinstance(span[-1], int):
+                highest = max(highest, span[-1])
+    return highest
 
 
 class Checkpointer:
