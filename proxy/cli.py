@@ -110,7 +110,7 @@ def _settings(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> 
 
 def _serve(args: argparse.Namespace) -> int:
     from proxy.devmode import DEV_AGENT_ID, dev_credentials, dev_overrides
-    from proxy.errors import ListenFailed
+    from proxy.errors import ListenFailed, ReplicationNotDurable
     from proxy.policy.load import PolicyLoadError
     from proxy.policy.reload import load_validated_policy
     from proxy.server import serve
@@ -141,6 +141,9 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     except ListenFailed as exc:
         print(f"opgate: {exc}", file=sys.stderr)
+        return 2
+    except ReplicationNotDurable as exc:
+        print(f"opgate: the database's replication is not durable: {exc}", file=sys.stderr)
         return 2
     return 0
 

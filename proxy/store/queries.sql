@@ -66,10 +66,18 @@ SELECT c.*, now() AS read_at FROM created c;
 -- For a rule with preconditions, $9's no_recheck states that no recheck is due
 -- (proxy/gate/preconditions.py): nothing superseded, no proposal's approval, and a row younger
 -- than the recheck age less a margin; an older row is left for its lookup.
+-- The claim's transaction waits for a synchronous standby whatever synchronous_commit the
+-- server, database or role says (local or off would acknowledge a claim a failover can lose,
+-- and its request would leave twice): set_config(..., true) lasts to the end of this
+-- transaction, so it holds through PgBouncer's transaction pooling; remote_apply is kept.
+-- It is in `named`'s WHERE, which every claim evaluates, so the planner cannot drop it.
 WITH named AS (
     SELECT coalesce($1::text, (SELECT k.operation_id FROM operations k
                           WHERE k.provider = $9::jsonb->>'provider'
                             AND k.idempotency_key = $9::jsonb->>'idempotency_key')) AS id
+     WHERE set_config('synchronous_commit',
+                      CASE current_setting('synchronous_commit')
+                           WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) <> ''
 ), claimed AS (
     UPDATE operations
        SET status = 'dispatched', attempts = attempts + 1, dispatched_at = now(),
@@ -402,6 +410,29 @@ SELECT event_id, at, event, from_status, to_status, actor, detail
 -- Readiness: the database answers, and it is a primary (a standby, e.g. a demoted primary
 -- still behind the configured address, must never be read for decisions).
 SELECT pg_is_in_recovery() AS in_recovery;
+
+-- name: replication_state
+-- What proxy/store/replication.py judges durability by: whether this is a primary, the
+-- synchronous replication settings, and each standby streaming from it. Other roles' rows of
+-- pg_stat_replication show state and sync_state as NULL unless this role has pg_monitor.
+SELECT pg_is_in_recovery() AS in_recovery,
+       current_setting('synchronous_standby_names') AS standby_names,
+       current_setting('synchronous_commit') AS synchronous_commit,
+       coalesce((SELECT jsonb_agg(jsonb_build_object('application_name', application_name,
+                                                     'state', state, 'sync_state', sync_state))
+                   FROM pg_stat_replication), '[]'::jsonb)::text AS standbys;
+
+-- name: commit_heartbeat
+-- Readiness proves a commit, not a read (migration 0013): the heartbeat row is written at the
+-- claim's own synchronous_commit (claim_operation), so its commit waits for a synchronous
+-- standby exactly as a claim's does. With synchronous_standby_names set and none connected it
+-- hangs, and /readyz's short timeout turns that into 503.
+UPDATE opgate_heartbeat
+   SET beat_at = now(), instance_id = current_setting('opgate.instance_id', true)
+ WHERE set_config('synchronous_commit',
+                  CASE current_setting('synchronous_commit')
+                       WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) <> ''
+RETURNING beat_at;
 
 -- ===================================================================================== audit
 -- The tamper-evident audit log (migration 0003, docs/audit.md, proxy/observe/auditlog/). Chaining is

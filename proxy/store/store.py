@@ -20,6 +20,7 @@ from proxy.store.connections import Connections
 from proxy.store.operation import Operation, Status
 from proxy.store.proposal import Proposal
 from proxy.store.queries import QUERIES
+from proxy.store.replication import ReplicationFacts, Verdict, facts_from_row, judge
 
 T = TypeVar("T")
 
@@ -605,6 +606,36 @@ class Store:
             {**dict(r), "at": r["at"].isoformat(), "detail": json.loads(r["detail"])}
             for r in records
         ]
+
+    async def replication_facts(self) -> ReplicationFacts:
+        """Whether commits here are replicated before they are acknowledged
+        (proxy/store/replication.py judges them)."""
+        row = await self._run(lambda conn: conn.fetchrow(QUERIES["replication_state"]))
+        return facts_from_row(
+            row["in_recovery"], row["standby_names"], row["synchronous_commit"], row["standbys"]
+        )
+
+    async def commit_heartbeat(self, timeout_seconds: float) -> None:
+        """Commit a transaction as a claim commits (queries.sql ``commit_heartbeat``); raises
+        StoreUnavailable if it is not acknowledged within ``timeout_seconds`` (a synchronous
+        standby missing: the claims' commits would hang as long)."""
+        await self._run(
+            lambda conn: conn.fetchval(QUERIES["commit_heartbeat"], timeout=timeout_seconds)
+        )
+
+    async def durability(self, *, accept_async: bool, commit_timeout_seconds: float) -> Verdict:
+        """Whether a claim's commit survives a failover here (proxy/store/replication.py), once
+        a heartbeat commit has been acknowledged; StoreUnavailable if it was not within the
+        timeout (no synchronous standby to acknowledge it: every claim would hang)."""
+        verdict = judge(await self.replication_facts(), accept_async=accept_async)
+        try:
+            await self.commit_heartbeat(commit_timeout_seconds)
+        except StoreUnavailable as exc:
+            raise StoreUnavailable(
+                f"a commit was not acknowledged within {commit_timeout_seconds:g} s "
+                f"({verdict.note})"
+            ) from exc
+        return verdict
 
     async def ping(self) -> None:
         """Raises StoreUnavailable unless the database answers as a primary."""
