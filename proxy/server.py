@@ -228,6 +228,7 @@ async def running(
             # drain deadline. A request cut off there leaves its row dispatched (unknown), never
             # failed: the forward-and-record stage only ever settles from a provider answer.
             await asyncio.gather(*(runner.cleanup() for runner in reversed(runners)))
+            await gateway.cut_off.close()
             if gateway.forward_client is not None:
                 await gateway.forward_client.close()
             await observability.close()

@@ -208,6 +208,9 @@ SELECT s.status FROM settled s;
 -- The attempt ended without a conclusive answer: the row STAYS dispatched, the lease is
 -- released and the reason kept. Only the attempt that holds the lease ($2) may release it.
 -- An attempt that ended before a byte left ($3 not_sent) is counted in unsent_attempts.
+-- $6, when given: the claim's own lease owner, for a claim whose statement was cut off
+-- (proxy/gate/cutoff.py): only that claim, if it committed at all, and only while its attempt
+-- has no recorded end.
 -- Returns only the status (dispatched), as settle_operation does.
 WITH released AS (
     UPDATE operations
@@ -215,6 +218,7 @@ WITH released AS (
            attempt_ended_at = now(), updated_at = now(),
            unsent_attempts = unsent_attempts + (CASE WHEN $3 = 'not_sent' THEN 1 ELSE 0 END)
      WHERE operation_id = $1 AND status = 'dispatched' AND attempts = $2
+       AND ($6::text IS NULL OR (lease_owner = $6 AND attempt_ended_at IS NULL))
     RETURNING operation_id, attempts, status
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)

@@ -4,8 +4,8 @@ A claim is durable where a failover can go only if the commit that made it reach
 before it was acknowledged: ``synchronous_standby_names`` names standbys, one of them is
 connected as ``sync`` or ``quorum`` (``pg_stat_replication``), and ``synchronous_commit`` is at
 least ``remote_write``. With asynchronous standbys only, a promoted standby can lack a claim
-whose request had already left: the operation is back at ``created`` and is sent again (issue
-27: 11 second effects in 22 failovers). A single node has no failover to lose a commit to.
+whose request had already left: the operation is back at ``created`` and is sent again (measured:
+11 second effects in 22 failovers). A single node has no failover to lose a commit to.
 
 :func:`judge` reads :class:`ReplicationFacts` (queries.sql ``replication_state``) and says what
 opgate does about them: at start (:attr:`Verdict.refuse_start`) and in ``/readyz``

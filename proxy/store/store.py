@@ -128,15 +128,16 @@ def _claim_arguments(
     after_lookup_by: str | None,
     unchanged_since: datetime | None,
     as_sent: str | None = None,
+    actor: str | None = None,
 ) -> tuple[Any, ...]:
-    """queries.sql ``claim_operation``'s $1-$9, in order (the owner is also the event's actor),
-    for the claim alone, the claim under budget locks and the claim as sent alike."""
+    """queries.sql ``claim_operation``'s $1-$9, in order (the event's actor is the owner unless
+    given), for the claim alone, the claim under budget locks and the claim as sent alike."""
     return (
         operation_id,
         owner,
         lease_seconds,
         expected_attempts,
-        owner,
+        actor or owner,
         dedup_window_seconds,
         after_lookup_by,
         unchanged_since,
@@ -260,11 +261,13 @@ class Store:
         dedup_window_seconds: float | None = None,
         after_lookup_by: str | None = None,
         unchanged_since: datetime | None = None,
+        actor: str | None = None,
     ) -> Operation | None:
         """A first attempt (the row is created) or a re-send of the attempt numbered
         ``expected_attempts``; the statement itself decides whether a re-send may go
         (queries.sql ``claim_operation``). ``unchanged_since``: the row's ``updated_at`` as a
-        precondition lookup saw it; the claim then needs it unchanged."""
+        precondition lookup saw it; the claim then needs it unchanged. ``actor``: the claim
+        event's (default: the owner)."""
         return await self._one(
             "claim_operation",
             *_claim_arguments(
@@ -275,11 +278,18 @@ class Store:
                 dedup_window_seconds,
                 after_lookup_by,
                 unchanged_since,
+                actor=actor,
             ),
         )
 
     async def claim_as_sent(
-        self, operation_id: str | None, request: str, *, owner: str, lease_seconds: float
+        self,
+        operation_id: str | None,
+        request: str,
+        *,
+        owner: str,
+        lease_seconds: float,
+        actor: str | None = None,
     ) -> tuple[Operation | None, bool]:
         """A first send claimed by the statement that reads its row: the claimed row and True
         when the row is created and approved for exactly ``request`` (the JSON of
@@ -287,7 +297,7 @@ class Store:
         if there is none) and False, for the checks to decide on. Without ``operation_id``,
         the provider and key in ``request`` name the row."""
         arguments = _claim_arguments(
-            operation_id, owner, lease_seconds, 0, None, None, None, as_sent=request
+            operation_id, owner, lease_seconds, 0, None, None, None, as_sent=request, actor=actor
         )
         record = await self._run(lambda conn: conn.fetchrow(QUERIES["claim_operation"], *arguments))
         if record is None:
@@ -306,6 +316,7 @@ class Store:
         dedup_window_seconds: float | None = None,
         after_lookup_by: str | None = None,
         unchanged_since: datetime | None = None,
+        actor: str | None = None,
     ) -> BudgetedClaim:
         """``claim`` in one transaction that first takes each budget's lock (in name order:
         two claims never wait on each other crosswise), then sums what each budget has spent,
@@ -330,6 +341,7 @@ class Store:
                         dedup_window_seconds,
                         after_lookup_by,
                         unchanged_since,
+                        actor=actor,
                     ),
                 )
             claimed = None if record is None else operation_from_record(record)
@@ -397,10 +409,13 @@ class Store:
         outcome: str,
         provider_status: int | None,
         actor: str,
+        *,
+        owner: str | None = None,
     ) -> Status | None:
-        """The row's status (still dispatched), or None if ``attempt`` no longer holds it."""
+        """The row's status (still dispatched), or None if ``attempt`` no longer holds it.
+        ``owner``: only if that claim holds it, its end unrecorded (a cut-off claim)."""
         return await self._status(
-            "release_unknown", operation_id, attempt, outcome, provider_status, actor
+            "release_unknown", operation_id, attempt, outcome, provider_status, actor, owner
         )
 
     async def many(self, query: str, *args: Any) -> list[Operation]:

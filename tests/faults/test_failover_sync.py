@@ -10,6 +10,7 @@ makes no second effect and loses no approval. One failover round in CI;
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import uuid
@@ -24,7 +25,7 @@ import pytest_asyncio
 from tests.support.cluster import Cluster, missing_reason, running_cluster
 from tests.support.fault_provider import FaultProvider
 from tests.support.killable_opgate import REPO
-from tests.support.opgate import fault_policy, process_env
+from tests.support.opgate import ADMIN_TOKEN, AGENT_TOKEN, fault_policy, process_env
 from tests.support.opgate_process import opgate_process
 
 
@@ -130,3 +131,105 @@ async def test_asynchronous_standby_refuses_start_unless_accepted(
         async with opgate_process(accepted) as gate:
             status, body = await readyz(http, gate.ops_url)
         assert (status, body["replication"]) == (200, "asynchronous"), body
+
+
+async def approve(http: aiohttp.ClientSession, ops_url: str, index: int) -> str:
+    """A refund approved through the operations API; its operation id (answered 201)."""
+    async with http.post(
+        f"{ops_url}/v1/operations",
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        json={
+            "tenant": "t1",
+            "provider": "fault",
+            "action": "refund.create",
+            "amount": 100 + index,
+            "currency": "usd",
+            "params": {"charge": f"ch_{uuid.uuid4().hex[:10]}"},
+            "approval_ref": f"T-{index}",
+            "approved_by": "failover",
+            "ttl_seconds": 600,
+        },
+        timeout=aiohttp.ClientTimeout(total=10),
+    ) as answer:
+        payload: dict[str, Any] = await answer.json(content_type=None)
+        assert answer.status == 201, payload
+        return str(payload["operation_id"])
+
+
+async def recovery_view(
+    http: aiohttp.ClientSession, agent_url: str, operation_id: str
+) -> tuple[int, dict[str, Any]]:
+    async with http.get(
+        f"{agent_url}/_opgate/v1/operations/{operation_id}",
+        headers={"Authorization": f"Bearer {AGENT_TOKEN}"},
+        timeout=aiohttp.ClientTimeout(total=10),
+    ) as answer:
+        body: dict[str, Any] = await answer.json(content_type=None)
+        return answer.status, body
+
+
+async def send_approved(
+    http: aiohttp.ClientSession, agent_url: str, request: dict[str, Any]
+) -> tuple[int, dict[str, Any]]:
+    """One send of the approved request as the recovery read gives it."""
+    async with http.request(
+        request["method"],
+        agent_url + request["path"],
+        data=request.get("form"),
+        json=request.get("json"),
+        headers={**request["headers"], "Authorization": f"Bearer {AGENT_TOKEN}"},
+        timeout=aiohttp.ClientTimeout(total=30),
+    ) as answer:
+        body: dict[str, Any] = await answer.json(content_type=None)
+        return answer.status, body
+
+
+async def follow_recovery(agent_url: str, operation_id: str) -> tuple[int, dict[str, Any]]:
+    """A replacement agent process (tests/support/recovery_agent.py): its exit code and view."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.support.recovery_agent",
+        agent_url,
+        AGENT_TOKEN,
+        operation_id,
+        cwd=REPO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode is not None
+    lines = out.decode().strip().splitlines()
+    view: dict[str, Any] = json.loads(lines[-1]) if lines else {"stderr": err.decode()[-2000:]}
+    return process.returncode, view
+
+
+async def test_claim_cut_off_at_its_commit_is_sent_once_after_recovery(
+    cluster: Cluster, policies: Path, fault_provider: FaultProvider, http: aiohttp.ClientSession
+) -> None:
+    """A claim whose commit no standby acknowledged (the statement timed out: 503 "nothing was
+    sent", the row committed locally) is released as not_sent once the store answers: the
+    recovery protocol sends it exactly once and it ends confirmed, not failed."""
+    dsn = await cluster.create_database(f"cut_{uuid.uuid4().hex[:8]}")
+    env = process_env(
+        dsn,
+        policies,
+        {"fault": fault_provider.url},
+        OPGATE_STATEMENT_TIMEOUT_MS="1000",
+        OPGATE_LEASE_MARGIN_SECONDS="0.3",  # the lease (2.3 s) expires within the test
+        OPGATE_BACKGROUND_INTERVAL_SECONDS="0.2",
+    )
+    async with opgate_process(env) as gate:
+        operation_id = await approve(http, gate.ops_url, 1)
+        _, view = await recovery_view(http, gate.agent_url, operation_id)
+        cluster.stop_standby()
+        try:
+            status, problem = await send_approved(http, gate.agent_url, view["request"])
+        finally:
+            cluster.start_standby()
+        assert (status, problem.get("code")) == (503, "store_unavailable"), problem
+        assert fault_provider.requests == []  # nothing was sent
+        code, final = await follow_recovery(gate.agent_url, operation_id)
+    effects = [e for e in fault_provider.effects if e.operation_id == operation_id]
+    assert (code, final["operation"]["status"]) == (0, "confirmed"), final
+    assert len(effects) == 1
