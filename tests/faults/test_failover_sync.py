@@ -13,20 +13,32 @@ import asyncio
 import json
 import os
 import sys
+import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import asyncpg
 import pytest
 import pytest_asyncio
 
 from tests.support.cluster import Cluster, missing_reason, running_cluster
 from tests.support.fault_provider import FaultProvider
-from tests.support.killable_opgate import REPO
+from tests.support.killable_opgate import REPO, KillableOpgate, spawn_opgate
 from tests.support.opgate import ADMIN_TOKEN, AGENT_TOKEN, fault_policy, process_env
 from tests.support.opgate_process import opgate_process
+from tests.support.polling import until
+from tests.support.recovery_agent import EXIT_DONE, follow
+
+ROUNDS = int(os.environ.get("OPGATE_FAILOVER_ROUNDS", "1"))
+AGENTS = 12
+EFFECTS_BEFORE_KILL = 15  # the primary dies mid-stream: after this many refunds of the round
+EFFECTS_AFTER_PROMOTION = 15  # and opgate must go on serving on the promoted standby
+OUTAGE_SECONDS = 0.5  # how long no primary exists: a failover's gap, not a synchronisation
 
 
 @pytest.fixture
@@ -233,3 +245,193 @@ async def test_claim_cut_off_at_its_commit_is_sent_once_after_recovery(
     effects = [e for e in fault_provider.effects if e.operation_id == operation_id]
     assert (code, final["operation"]["status"]) == (0, "confirmed"), final
     assert len(effects) == 1
+
+
+@dataclass
+class Round:
+    """What one failover round saw, at the provider, in the database and in every answer."""
+
+    approved: list[str] = field(default_factory=list)  # answered 201
+    answers: Counter[tuple[str, int]] = field(default_factory=Counter)  # (kind, status)
+    lost_approvals: list[str] = field(default_factory=list)
+    double_effects: dict[str, int] = field(default_factory=dict)
+    endings: Counter[str] = field(default_factory=Counter)
+    audit_verify: int | None = None
+    seconds: float = 0.0
+
+    @property
+    def status_500(self) -> int:
+        return sum(n for (_, status), n in self.answers.items() if status == 500)
+
+    @property
+    def status_503(self) -> int:
+        return sum(n for (_, status), n in self.answers.items() if status == 503)
+
+
+async def load_agent(gate: KillableOpgate, index: int, stop: asyncio.Event, seen: Round) -> None:
+    """An agent of the round: approvals (by its human) and their first sends, one after the
+    other, until told to stop; a refusal or an outage only moves it on to the next."""
+    connector = aiohttp.TCPConnector(force_close=True)  # no stale keep-alive across the kill
+    async with aiohttp.ClientSession(trust_env=False, connector=connector) as http:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            try:
+                async with http.post(
+                    f"{gate.ops_url}/v1/operations",
+                    headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                    json={
+                        "tenant": "t1",
+                        "provider": "fault",
+                        "action": "refund.create",
+                        "amount": 100 + n,
+                        "currency": "usd",
+                        "params": {"charge": f"ch_{index}_{n}_{uuid.uuid4().hex[:6]}"},
+                        "approval_ref": f"F-{index}-{n}",
+                        "approved_by": "failover",
+                        "ttl_seconds": 600,
+                    },
+                    timeout=aiohttp.ClientTimeout(total=15),
+                ) as answer:
+                    seen.answers["approve", answer.status] += 1
+                    payload = await answer.json(content_type=None)
+                if answer.status != 201:
+                    await asyncio.sleep(0.05)  # pacing through the outage, not a sync
+                    continue
+                operation_id = str(payload["operation_id"])
+                seen.approved.append(operation_id)
+                status, view = await recovery_view(http, gate.agent_url, operation_id)
+                seen.answers["read", status] += 1
+                if status == 200 and view["next_action"] == "send":
+                    status, _ = await send_approved(http, gate.agent_url, view["request"])
+                    seen.answers["send", status] += 1
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                seen.answers["no_answer", 0] += 1
+
+
+async def failover_round(
+    policies: Path, fault_provider: FaultProvider, logs: Path, number: int
+) -> Round:
+    """Agents at work on a synchronous primary + standby; the primary killed mid-stream, the
+    standby promoted; the agents go on; then replacement agents recover every approval."""
+    seen, began = Round(), time.monotonic()
+    with running_cluster(sync=True) as fresh:
+        dsn = await fresh.create_database("opgate")
+        env = process_env(
+            dsn,
+            policies,
+            {"fault": fault_provider.url},
+            OPGATE_LEASE_MARGIN_SECONDS="0.3",
+            OPGATE_BACKGROUND_INTERVAL_SECONDS="0.2",
+            OPGATE_POOL_ACQUIRE_TIMEOUT_SECONDS="2",
+            OPGATE_DRAIN_SECONDS="1",
+            OPGATE_SECRET_AUDIT_KEY="failover-audit-key-not-a-real-secret",
+            OPGATE_AUDIT_CHECKPOINT_SECONDS="0.5",
+        )
+        gate = await spawn_opgate(env, logs / f"opgate-round-{number}.log")
+        try:
+            effects_at_start = len(fault_provider.effects)
+            stop = asyncio.Event()
+            agents = [asyncio.create_task(load_agent(gate, i, stop, seen)) for i in range(AGENTS)]
+            try:
+                await until(
+                    lambda: len(fault_provider.effects) >= effects_at_start + EFFECTS_BEFORE_KILL,
+                    "refunds flow before the kill",
+                    30,
+                )
+                fresh.kill_primary()
+                await asyncio.sleep(OUTAGE_SECONDS)  # the failover's gap (see OUTAGE_SECONDS)
+                fresh.promote()
+                promoted_at = len(fault_provider.effects)
+                await until(
+                    lambda: len(fault_provider.effects) >= promoted_at + EFFECTS_AFTER_PROMOTION,
+                    "refunds flow again on the promoted standby",
+                    30,
+                )
+            finally:
+                stop.set()
+                await asyncio.gather(*agents)
+            present = await _present(fresh.standby.dsn("opgate"), seen.approved)
+            seen.lost_approvals = [op for op in seen.approved if op not in present]
+            endings = await asyncio.gather(
+                *(
+                    asyncio.to_thread(follow, gate.agent_url, AGENT_TOKEN, op)
+                    for op in seen.approved
+                    if op in present
+                )
+            )
+            seen.endings = Counter(
+                "confirmed" if code == EXIT_DONE and view["operation"]["status"] == "confirmed"
+                else str(view["next_action"])
+                for code, view in endings
+            )  # fmt: skip
+        finally:
+            await gate.stop()
+        seen.audit_verify = await _verify_audit(env)
+    ours = set(seen.approved)
+    effects = Counter(e.operation_id for e in fault_provider.effects if e.operation_id in ours)
+    seen.double_effects = {op: n for op, n in effects.items() if n > 1}
+    seen.seconds = time.monotonic() - began
+    return seen
+
+
+async def _present(dsn: str, operation_ids: list[str]) -> set[str]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            "SELECT operation_id FROM operations WHERE operation_id = ANY($1::text[])",
+            operation_ids,
+        )
+    finally:
+        await conn.close()
+    return {row["operation_id"] for row in rows}
+
+
+async def _verify_audit(env: dict[str, str]) -> int:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "proxy",
+        "audit",
+        "verify",
+        cwd=REPO,
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")}, **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode is not None
+    return process.returncode
+
+
+async def test_failover_with_synchronous_replication_sends_each_operation_at_most_once(
+    policies: Path, fault_provider: FaultProvider, tmp_path: Path
+) -> None:
+    """Primary killed mid-stream, standby promoted: no second effect at a provider that does not
+    deduplicate, no approval answered 201 lost, no 500, every approval recovered to confirmed,
+    and the audit chain verifies (OPGATE_FAILOVER_ROUNDS rounds; one in CI)."""
+    reason = missing_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    fault_provider.answer_delay_seconds = 0.05  # the kill lands between claims and answers
+    rounds = []
+    began = time.monotonic()
+    for number in range(ROUNDS):
+        rounds.append(await failover_round(policies, fault_provider, tmp_path, number))
+    figures = {
+        "rounds": len(rounds),
+        "approvals": sum(len(r.approved) for r in rounds),
+        "double_effects": sum(len(r.double_effects) for r in rounds),
+        "lost_approvals": sum(len(r.lost_approvals) for r in rounds),
+        "answers_503": sum(r.status_503 for r in rounds),
+        "answers_500": sum(r.status_500 for r in rounds),
+        "endings": dict(sum((r.endings for r in rounds), Counter())),
+        "audit_verify_failures": sum(1 for r in rounds if r.audit_verify != 0),
+        "seconds": round(time.monotonic() - began, 1),
+    }
+    print(f"\nfailover figures: {json.dumps(figures)}")
+    assert figures["double_effects"] == 0, [r.double_effects for r in rounds]
+    assert figures["lost_approvals"] == 0, [r.lost_approvals for r in rounds]
+    assert figures["answers_500"] == 0, [dict(r.answers) for r in rounds]
+    assert set(figures["endings"]) == {"confirmed"}, figures
+    assert figures["audit_verify_failures"] == 0, figures
