@@ -236,6 +236,16 @@ async def running(
             await store.close()
 
 
+async def check_replication(dsn: str, settings: Settings) -> None:
+    """The start-up verdict on the database's replication, for the worker supervisor, before it
+    forks: workers refused one by one would only be replaced."""
+    store = await Store.open(dsn, min_size=1, max_size=1, instance_id=settings.instance_id)
+    try:
+        await _judge_replication(store, settings)
+    finally:
+        await store.close()
+
+
 async def _judge_replication(store: Store, settings: Settings) -> None:
     """Said once at start: whether a claim's commit survives a failover. Asynchronous standbys
     refuse the start unless accepted (proxy/store/replication.py)."""
