@@ -56,7 +56,8 @@ class CutOffClaim:
     owner: str  # the claim's lease owner (claim_owner)
 
 
-Release = Callable[[CutOffClaim], Awaitable[None]]
+# True: the claim had committed and is now released; False: it had not (nothing to release).
+Release = Callable[[CutOffClaim], Awaitable[bool]]
 
 
 class CutOffClaims:
@@ -99,14 +100,14 @@ class CutOffClaims:
             self._wake.clear()
             for claim, release in list(self._pending.items()):
                 try:
-                    await release(claim)
+                    committed = await release(claim)
                 except StoreUnavailable:
                     continue
                 except Exception:  # a bug must not stop the others; the lease then expires
                     _log.exception("claim_cut_off_release_failed", operation_id=claim.operation_id)
                 else:
                     _log.info(
-                        "claim_cut_off_released",
+                        "claim_cut_off_released" if committed else "claim_cut_off_never_committed",
                         operation_id=claim.operation_id,
                         attempt=claim.attempt,
                     )

@@ -573,16 +573,16 @@ def _remember_cut_off(gw: Gateway, claim: CutOffClaim) -> None:
     """A claim cut off before anything left: released as not_sent once the store answers
     (proxy/gate/cutoff.py), so that the operation can be sent, not burned by reconciliation."""
 
-    async def release(cut: CutOffClaim) -> None:
+    async def release(cut: CutOffClaim) -> bool:
         operation_id = cut.operation_id
         if operation_id is None:  # a claim as sent named by its key
             if cut.idempotency_key is None:
-                return
+                return False
             row = await gw.store.load_by_key(cut.provider, cut.idempotency_key)
             if row is None:
-                return
+                return False
             operation_id = row.operation_id
-        await gw.store.release_unknown(
+        released = await gw.store.release_unknown(
             operation_id,
             cut.attempt,
             LastOutcome.NOT_SENT.value,
@@ -590,6 +590,7 @@ def _remember_cut_off(gw: Gateway, claim: CutOffClaim) -> None:
             gw.settings.instance_id,
             owner=cut.owner,
         )
+        return released is not None
 
     gw.cut_off.remember(claim, release)
 

@@ -115,29 +115,30 @@ async def test_asynchronous_standby_refuses_start_unless_accepted(
     with running_cluster(sync=False) as fresh:
         dsn = await fresh.create_database("opgate")
         env = process_env(dsn, policies, {"fault": fault_provider.url})
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "proxy",
-            "serve",
-            cwd=REPO,
-            env={
-                **{k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")},
-                **env,
-                "OPGATE_AGENT_LISTEN": "127.0.0.1:0",
-                "OPGATE_OPS_LISTEN": "127.0.0.1:0",
-                "OPGATE_FORWARD_LISTEN": "",
-                "OPGATE_WORKERS": "1",
-            },
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        _, err = await asyncio.wait_for(process.communicate(), 60)
-        lines = err.decode().strip().splitlines()
-        assert process.returncode == 2, lines
-        assert len(lines) == 1, lines
-        assert "asynchronous standby" in lines[0]
-        assert "accept_async_replication" in lines[0]
+        for workers in ("1", "2"):  # one process, and the supervisor before it forks
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "proxy",
+                "serve",
+                cwd=REPO,
+                env={
+                    **{k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")},
+                    **env,
+                    "OPGATE_AGENT_LISTEN": "127.0.0.1:0",
+                    "OPGATE_OPS_LISTEN": "127.0.0.1:0",
+                    "OPGATE_FORWARD_LISTEN": "",
+                    "OPGATE_WORKERS": workers,
+                },
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            _, err = await asyncio.wait_for(process.communicate(), 60)
+            lines = err.decode().strip().splitlines()
+            assert process.returncode == 2, (workers, lines)
+            assert len(lines) == 1, (workers, lines)
+            assert "asynchronous standby" in lines[0]
+            assert "accept_async_replication" in lines[0]
 
         accepted = {**env, "OPGATE_ACCEPT_ASYNC_REPLICATION": "true"}
         async with opgate_process(accepted) as gate:
@@ -258,6 +259,8 @@ class Round:
     endings: Counter[str] = field(default_factory=Counter)
     audit_verify: int | None = None
     seconds: float = 0.0
+    claims_cut_off: int = 0  # claims whose statement failed with the connection (503)
+    cut_off_released: int = 0  # of them, committed after all: released as not_sent
 
     @property
     def status_500(self) -> int:
@@ -367,6 +370,9 @@ async def failover_round(
             )  # fmt: skip
         finally:
             await gate.stop()
+        log = await asyncio.to_thread((logs / f"opgate-round-{number}.log").read_text)
+        seen.claims_cut_off = log.count('"event": "claim_cut_off"')
+        seen.cut_off_released = log.count('"event": "claim_cut_off_released"')
         seen.audit_verify = await _verify_audit(env)
     ours = set(seen.approved)
     effects = Counter(e.operation_id for e in fault_provider.effects if e.operation_id in ours)
@@ -427,6 +433,8 @@ async def test_failover_with_synchronous_replication_sends_each_operation_at_mos
         "answers_500": sum(r.status_500 for r in rounds),
         "endings": dict(sum((r.endings for r in rounds), Counter())),
         "audit_verify_failures": sum(1 for r in rounds if r.audit_verify != 0),
+        "claims_cut_off": sum(r.claims_cut_off for r in rounds),
+        "cut_off_released_not_sent": sum(r.cut_off_released for r in rounds),
         "seconds": round(time.monotonic() - began, 1),
     }
     print(f"\nfailover figures: {json.dumps(figures)}")

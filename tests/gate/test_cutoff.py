@@ -19,10 +19,11 @@ async def test_release_is_retried_until_the_store_answers() -> None:
     """A release that finds the store unavailable is tried again; once done, it is forgotten."""
     tries: list[CutOffClaim] = []
 
-    async def release(claim: CutOffClaim) -> None:
+    async def release(claim: CutOffClaim) -> bool:
         tries.append(claim)
         if len(tries) < 3:
             raise StoreUnavailable("still away")
+        return True
 
     claims = CutOffClaims()
     cut = CutOffClaim("op_1", "fault", "k", 1, claim_owner("me"))
