@@ -123,9 +123,10 @@ class Cluster:
         return self.standby.port
 
     @classmethod
-    def start(cls, *, sync: bool) -> Cluster:
+    def start(cls, *, sync: bool, fsync: bool = False) -> Cluster:
         """Initialise, start and connect both nodes; returns once the standby streams (and, when
-        ``sync``, is the primary's synchronous standby)."""
+        ``sync``, is the primary's synchronous standby). ``fsync``: flush as production does
+        (for measurements; tests do not need it)."""
         reason = missing_reason()
         if reason is not None:
             raise RuntimeError(reason)
@@ -142,7 +143,7 @@ class Cluster:
             shutil.chown(path, _OWNER, _OWNER)
         cluster = cls(workdir, primary, standby, sync)
         try:
-            cluster._init_primary(sockets)
+            cluster._init_primary(sockets, fsync)
             cluster._init_standby()
             cluster._wait_streaming()
             if sync:
@@ -152,7 +153,7 @@ class Cluster:
             raise
         return cluster
 
-    def _init_primary(self, sockets: Path) -> None:
+    def _init_primary(self, sockets: Path, fsync: bool) -> None:
         node = self.primary
         _run("initdb", "-D", str(node.datadir), "-U", "postgres", "--auth=trust", "--no-sync")
         settings = {
@@ -163,7 +164,7 @@ class Cluster:
             "max_wal_senders": "4",
             "hot_standby": "on",
             "wal_log_hints": "on",
-            "fsync": "off",
+            "fsync": "on" if fsync else "off",
             "shared_buffers": "16MB",
             "max_connections": "60",
             "synchronous_standby_names": "''",
@@ -298,9 +299,9 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def running_cluster(*, sync: bool) -> Iterator[Cluster]:
+def running_cluster(*, sync: bool, fsync: bool = False) -> Iterator[Cluster]:
     """A started cluster, stopped on the way out whatever happened."""
-    started = Cluster.start(sync=sync)
+    started = Cluster.start(sync=sync, fsync=fsync)
     try:
         yield started
     finally:
