@@ -169,3 +169,26 @@ async def test_claim_waits_for_the_standby_whatever_the_database_says(cluster: C
             cluster.start_standby()
     finally:
         await store.close()
+
+
+async def test_without_pg_monitor_the_standbys_are_unverified(cluster: Cluster) -> None:
+    """A role without pg_monitor reads the walsenders' state as NULL: 'unverified' (served,
+    readiness left to the heartbeat); granted pg_monitor, the same standby reads synchronous."""
+    role = f"plain_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(cluster.primary.dsn())
+    try:
+        await admin.execute(f'CREATE ROLE "{role}" LOGIN')
+        dsn = f"postgresql://{role}@127.0.0.1:{cluster.primary_port}/postgres"
+        store = await Store.open(dsn, min_size=1, max_size=1)
+        try:
+            verdict = judge(await store.replication_facts(), accept_async=False)
+            assert verdict.durability is Durability.UNVERIFIED, verdict
+            assert "pg_monitor" in verdict.note
+            await admin.execute(f'GRANT pg_monitor TO "{role}"')
+            verdict = judge(await store.replication_facts(), accept_async=False)
+            assert verdict.durability is Durability.SYNCHRONOUS, verdict
+        finally:
+            await store.close()
+    finally:
+        await admin.execute(f'DROP ROLE "{role}"')
+        await admin.close()
