@@ -239,7 +239,13 @@ async def running(
 async def check_replication(dsn: str, settings: Settings) -> None:
     """The start-up verdict on the database's replication, for the worker supervisor, before it
     forks: workers refused one by one would only be replaced."""
-    store = await Store.open(dsn, min_size=1, max_size=1, instance_id=settings.instance_id)
+    store = await Store.open(
+        dsn,
+        min_size=1,
+        max_size=1,
+        instance_id=settings.instance_id,
+        statement_cache_size=settings.database_statement_cache_size,  # PgBouncer: 0
+    )
     try:
         await _judge_replication(store, settings)
     finally:
