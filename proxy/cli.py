@@ -110,7 +110,12 @@ def _settings(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> 
 
 def _serve(args: argparse.Namespace) -> int:
     from proxy.devmode import DEV_AGENT_ID, dev_credentials, dev_overrides
-    from proxy.errors import ConfigurationError, StoreUnavailable, store_unavailable_line
+    from proxy.errors import (
+        ConfigurationError,
+        ReplicationNotDurable,
+        StoreUnavailable,
+        store_unavailable_line,
+    )
     from proxy.policy.load import PolicyLoadError
     from proxy.policy.reload import load_validated_policy
     from proxy.server import serve
@@ -140,6 +145,9 @@ def _serve(args: argparse.Namespace) -> int:
             return run_supervisor(settings, workers)
     except PolicyLoadError as exc:
         print(f"opgate: the policy set is invalid:\n{exc}", file=sys.stderr)
+        return 2
+    except ReplicationNotDurable as exc:  # before ConfigurationError, its base
+        print(f"opgate: the database's replication is not durable: {exc}", file=sys.stderr)
         return 2
     except ConfigurationError as exc:  # a listener's address, the database URL...
         print(f"opgate: {exc}", file=sys.stderr)

@@ -4,6 +4,7 @@ these; it is a ``Deny`` value (decision.py).
     OpgateError
     ├── StoreUnavailable          the primary cannot be reached or did not answer in time
     ├── ConfigurationError        settings or credentials are missing or invalid
+    │   └── ReplicationNotDurable  asynchronous standbys, not accepted by a setting
     ├── IdempotencyKeyInUse       another operation of the provider holds that key
     ├── AlreadySuperseded         another operation already supersedes that one
     └── UpstreamError             the provider exchange did not produce a complete answer
@@ -44,6 +45,11 @@ class ListenFailed(ConfigurationError):
     def __init__(self, address: str, setting: str, cause: OSError) -> None:
         reason = (cause.strerror or str(cause)).lower()
         super().__init__(f"cannot listen on {address} ({setting}): {reason}")
+
+
+class ReplicationNotDurable(ConfigurationError):
+    """The database's replication can lose an acknowledged claim in a failover, and the
+    operator has not accepted that (``accept_async_replication``): said in one line."""
 
 
 class IdempotencyKeyInUse(OpgateError):

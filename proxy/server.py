@@ -22,7 +22,7 @@ from aiohttp import web
 from proxy.authoring.explain_api import add_explain_routes
 from proxy.console.views import PREFIX as CONSOLE_PREFIX
 from proxy.console.views import console_app
-from proxy.errors import ListenFailed
+from proxy.errors import ListenFailed, ReplicationNotDurable
 from proxy.forward.destinations import AddressClass, CheckedResolver
 from proxy.forward.listener import (
     ForwardListener,
@@ -62,6 +62,7 @@ from proxy.recovery.background import run_background
 from proxy.settings import Settings, split_host_port
 from proxy.store.embedded import database_dsn
 from proxy.store.migrate import migrate
+from proxy.store.replication import Durability, judge
 from proxy.store.store import Store
 
 _log = structlog.get_logger("opgate.server")
@@ -141,6 +142,11 @@ async def running(
             instance_id=settings.instance_id,
             statement_cache_size=settings.database_statement_cache_size,
         )
+        try:
+            await _judge_replication(store, settings)
+        except BaseException:
+            await store.close()
+            raise
         credentials = CredentialSource(settings.secrets_dir)
         observability = Observability(settings, policy, credentials)
         client = observability.instrument(
@@ -222,11 +228,40 @@ async def running(
             # drain deadline. A request cut off there leaves its row dispatched (unknown), never
             # failed: the forward-and-record stage only ever settles from a provider answer.
             await asyncio.gather(*(runner.cleanup() for runner in reversed(runners)))
+            await gateway.cut_off.close()
             if gateway.forward_client is not None:
                 await gateway.forward_client.close()
             await observability.close()
             await client.close()
             await store.close()
+
+
+async def check_replication(dsn: str, settings: Settings) -> None:
+    """The start-up verdict on the database's replication, for the worker supervisor, before it
+    forks: workers refused one by one would only be replaced."""
+    store = await Store.open(
+        dsn,
+        min_size=1,
+        max_size=1,
+        instance_id=settings.instance_id,
+        statement_cache_size=settings.database_statement_cache_size,  # PgBouncer: 0
+    )
+    try:
+        await _judge_replication(store, settings)
+    finally:
+        await store.close()
+
+
+async def _judge_replication(store: Store, settings: Settings) -> None:
+    """Said once at start: whether a claim's commit survives a failover. Asynchronous standbys
+    refuse the start unless accepted (proxy/store/replication.py)."""
+    verdict = judge(await store.replication_facts(), accept_async=settings.accept_async_replication)
+    if verdict.refuse_start:
+        raise ReplicationNotDurable(verdict.note)
+    if verdict.durability is Durability.SYNCHRONOUS:
+        _log.info("opgate_replication", durability=verdict.durability.value, note=verdict.note)
+    else:
+        _log.warning("opgate_replication", durability=verdict.durability.value, note=verdict.note)
 
 
 async def _start(

@@ -110,6 +110,13 @@ class Settings(BaseSettings):
     # On SIGTERM: stop accepting, let in-flight requests finish for this long, then exit.
     # Longer than the longest provider timeout (Stripe: 30 s), so a drain cuts nothing short.
     drain_seconds: Annotated[float, Field(ge=0, le=3600)] = 35.0
+    # Run although the database's standbys are asynchronous (or synchronous_commit is below
+    # remote_write): a failover can then lose a claim whose request has left, and the
+    # operation is sent again (docs/running-ha.md gives the measured risk).
+    accept_async_replication: bool = False
+    # /readyz commits a heartbeat row; not acknowledged within this (a synchronous standby
+    # missing), it answers 503: claims would hang as long.
+    readiness_commit_timeout_seconds: Annotated[float, Field(gt=0, le=60)] = 2.0
     # asyncpg's prepared-statement cache; 0 for PgBouncer in transaction pooling mode.
     database_statement_cache_size: Annotated[int, Field(ge=0)] = 100
     # Policy hot reload: how often the policy files are checked for a change (0: SIGHUP only).

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import structlog
 
-from proxy.server import bind_listener, serve
+from proxy.server import bind_listener, check_replication, serve
 from proxy.settings import Settings
 
 _log = structlog.get_logger("opgate.workers")
@@ -49,6 +49,7 @@ def run_supervisor(settings: Settings, workers: int) -> int:
 
         assert settings_with_db.database_url is not None
         asyncio.run(migrate(settings_with_db.database_url))
+        asyncio.run(check_replication(settings_with_db.database_url, settings_with_db))
         sockets = _bind_all(settings_with_db)
         return _supervise(settings_with_db, sockets, workers)
 

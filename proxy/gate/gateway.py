@@ -9,6 +9,7 @@ from aiohttp import web
 
 from proxy.errors import ConfigurationError
 from proxy.gate.credentials import CredentialSource
+from proxy.gate.cutoff import CutOffClaims
 from proxy.gate.identity import AgentDirectory
 from proxy.gate.limits import AgentSlots
 from proxy.observe.observer import OBSERVABILITY, Observability
@@ -31,6 +32,8 @@ class Gateway:
     observability: Observability | None = None
     # Each agent's requests in flight in this process (max_requests_in_flight_per_agent).
     in_flight: AgentSlots = field(default_factory=AgentSlots)
+    # Claims whose statement was cut off before anything left, until released as not_sent.
+    cut_off: CutOffClaims = field(default_factory=CutOffClaims)
 
     def egress_client(self, forwarded: bool) -> aiohttp.ClientSession:
         if not forwarded:

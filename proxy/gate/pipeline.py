@@ -43,6 +43,7 @@ from proxy.gate.checks import (
 )
 from proxy.gate.classify import Settled, Unknown, classify_answer
 from proxy.gate.credentials import provider_credential, provider_credential_now
+from proxy.gate.cutoff import CutOffClaim, claim_owner
 from proxy.gate.decision import ClaimKind, Deny, Forward, Replay
 from proxy.gate.dialects import in_dialect
 from proxy.gate.exact import as_sent
@@ -310,12 +311,20 @@ async def _load(
     credential = provider_credential_now(gw.credentials, provider, base)
     if credential is None:
         return await load_operation(gw.store, target), False, None
-    op, claimed = await gw.store.claim_as_sent(
-        target.named_operation_id,
-        exact,
-        owner=gw.settings.instance_id,
-        lease_seconds=_lease_seconds(gw, target),
-    )
+    owner = claim_owner(gw.settings.instance_id)
+    try:
+        op, claimed = await gw.store.claim_as_sent(
+            target.named_operation_id,
+            exact,
+            owner=owner,
+            lease_seconds=_lease_seconds(gw, target),
+            actor=gw.settings.instance_id,
+        )
+    except StoreUnavailable:  # it may have claimed a created row: its first attempt
+        named = target.named_operation_id
+        cut = CutOffClaim(named, provider.provider, target.idempotency_key, 1, owner)
+        _remember_cut_off(gw, cut)
+        raise
     return op, claimed, credential
 
 
@@ -544,30 +553,39 @@ async def _claim(
         if isinstance(asked, Deny):
             return ClaimConflict(asked, op)
         lookup_owner = asked.lookup_owner
-    owner, lease = gw.settings.instance_id, _lease_seconds(gw, target)
+    owner, lease = claim_owner(gw.settings.instance_id), _lease_seconds(gw, target)
+    actor = gw.settings.instance_id
     dedup_window = provider.idempotency.dedup_window_seconds
-    if budgets is None:  # the single unlocked statement
-        claimed = await gw.store.claim(
-            op.operation_id,
-            owner=owner,
-            lease_seconds=lease,
-            expected_attempts=op.attempts,
-            dedup_window_seconds=dedup_window,
-            after_lookup_by=lookup_owner,
-            unchanged_since=unchanged_since,
-        )
-    else:
-        made = await gw.store.claim_within_budgets(
-            op.operation_id,
-            [budget_sum(key) for key in budgets.keys],
-            budgets.admits,
-            owner=owner,
-            lease_seconds=lease,
-            expected_attempts=op.attempts,
-            dedup_window_seconds=dedup_window,
-            after_lookup_by=lookup_owner,
-            unchanged_since=unchanged_since,
-        )
+    try:
+        if budgets is None:  # the single unlocked statement
+            claimed = await gw.store.claim(
+                op.operation_id,
+                owner=owner,
+                lease_seconds=lease,
+                expected_attempts=op.attempts,
+                dedup_window_seconds=dedup_window,
+                after_lookup_by=lookup_owner,
+                unchanged_since=unchanged_since,
+                actor=actor,
+            )
+        else:
+            made = await gw.store.claim_within_budgets(
+                op.operation_id,
+                [budget_sum(key) for key in budgets.keys],
+                budgets.admits,
+                owner=owner,
+                lease_seconds=lease,
+                expected_attempts=op.attempts,
+                dedup_window_seconds=dedup_window,
+                after_lookup_by=lookup_owner,
+                unchanged_since=unchanged_since,
+                actor=actor,
+            )
+    except StoreUnavailable:  # it may have committed: the attempt after op.attempts
+        cut = CutOffClaim(op.operation_id, op.provider, op.idempotency_key, op.attempts + 1, owner)
+        _remember_cut_off(gw, cut)
+        raise
+    if budgets is not None:
         refusal, would_deny = budgets.judge(made.spent)
         if refusal is not None:
             if lookup_owner is not None:
@@ -587,6 +605,32 @@ async def _claim(
         # It was claimable a moment ago and is again: another attempt won and already ended.
         explained = Deny(Reason.OPERATION_IN_FLIGHT, "another attempt claimed it first", 1)
     return ClaimConflict(explained, current)
+
+
+def _remember_cut_off(gw: Gateway, claim: CutOffClaim) -> None:
+    """A claim cut off before anything left: released as not_sent once the store answers
+    (proxy/gate/cutoff.py), so that the operation can be sent, not burned by reconciliation."""
+
+    async def release(cut: CutOffClaim) -> bool:
+        operation_id = cut.operation_id
+        if operation_id is None:  # a claim as sent named by its key
+            if cut.idempotency_key is None:
+                return False
+            row = await gw.store.load_by_key(cut.provider, cut.idempotency_key)
+            if row is None:
+                return False
+            operation_id = row.operation_id
+        released = await gw.store.release_unknown(
+            operation_id,
+            cut.attempt,
+            LastOutcome.NOT_SENT.value,
+            None,
+            gw.settings.instance_id,
+            owner=cut.owner,
+        )
+        return released is not None
+
+    gw.cut_off.remember(claim, release)
 
 
 def _lease_seconds(gw: Gateway, target: Target) -> float:

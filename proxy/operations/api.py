@@ -352,14 +352,28 @@ async def readyz(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     try:
         await gateway.store.ping()
+        # a commit, acknowledged as a claim's must be (a read said 200 while claims hung)
+        replication = await gateway.store.durability(
+            accept_async=gateway.settings.accept_async_replication,
+            commit_timeout_seconds=gateway.settings.readiness_commit_timeout_seconds,
+        )
     except StoreUnavailable as exc:
         return web.json_response({"status": "unavailable", "detail": str(exc)}, status=503)
+    if not replication.ready:
+        return web.json_response({"status": "unavailable", "detail": replication.note}, status=503)
     # Every request must leave its audit record: a process whose writer cannot store them
     # takes no more traffic until it can.
     problem = gateway.observability.audit_writer_problem() if gateway.observability else None
     if problem is not None:
         return web.json_response({"status": "unavailable", "detail": problem}, status=503)
-    return web.json_response({"status": "ready", "policy_version": gateway.policy.version})
+    return web.json_response(
+        {
+            "status": "ready",
+            "policy_version": gateway.policy.version,
+            "replication": replication.durability.value,
+            "replication_note": replication.note,
+        }
+    )
 
 
 def _errors(exc: ValidationError) -> list[str]:

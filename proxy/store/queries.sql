@@ -66,10 +66,18 @@ SELECT c.*, now() AS read_at FROM created c;
 -- For a rule with preconditions, $9's no_recheck states that no recheck is due
 -- (proxy/gate/preconditions.py): nothing superseded, no proposal's approval, and a row younger
 -- than the recheck age less a margin; an older row is left for its lookup.
+-- The claim's transaction waits for a synchronous standby whatever synchronous_commit the
+-- server, database or role says (local or off would acknowledge a claim a failover can lose,
+-- and its request would leave twice): set_config(..., true) lasts to the end of this
+-- transaction, so it holds through PgBouncer's transaction pooling; remote_apply is kept.
+-- It is in `named`'s WHERE, which every claim evaluates, so the planner cannot drop it.
 WITH named AS (
     SELECT coalesce($1::text, (SELECT k.operation_id FROM operations k
                           WHERE k.provider = $9::jsonb->>'provider'
                             AND k.idempotency_key = $9::jsonb->>'idempotency_key')) AS id
+     WHERE set_config('synchronous_commit',
+                      CASE current_setting('synchronous_commit')
+                           WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) <> ''
 ), claimed AS (
     UPDATE operations
        SET status = 'dispatched', attempts = attempts + 1, dispatched_at = now(),
@@ -200,6 +208,9 @@ SELECT s.status FROM settled s;
 -- The attempt ended without a conclusive answer: the row STAYS dispatched, the lease is
 -- released and the reason kept. Only the attempt that holds the lease ($2) may release it.
 -- An attempt that ended before a byte left ($3 not_sent) is counted in unsent_attempts.
+-- $6, when given: the claim's own lease owner, for a claim whose statement was cut off
+-- (proxy/gate/cutoff.py): only that claim, if it committed at all, and only while its attempt
+-- has no recorded end.
 -- Returns only the status (dispatched), as settle_operation does.
 WITH released AS (
     UPDATE operations
@@ -207,6 +218,7 @@ WITH released AS (
            attempt_ended_at = now(), updated_at = now(),
            unsent_attempts = unsent_attempts + (CASE WHEN $3 = 'not_sent' THEN 1 ELSE 0 END)
      WHERE operation_id = $1 AND status = 'dispatched' AND attempts = $2
+       AND ($6::text IS NULL OR (lease_owner = $6 AND attempt_ended_at IS NULL))
     RETURNING operation_id, attempts, status
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
@@ -403,6 +415,29 @@ SELECT event_id, at, event, from_status, to_status, actor, detail
 -- primary still behind the configured address, must never be read for decisions; a session
 -- that is read-only by default refuses every claim).
 SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::boolean AS in_recovery;
+
+-- name: replication_state
+-- What proxy/store/replication.py judges durability by: whether this is a primary, the
+-- synchronous replication settings, and each standby streaming from it. Other roles' rows of
+-- pg_stat_replication show state and sync_state as NULL unless this role has pg_monitor.
+SELECT pg_is_in_recovery() AS in_recovery,
+       current_setting('synchronous_standby_names') AS standby_names,
+       current_setting('synchronous_commit') AS synchronous_commit,
+       coalesce((SELECT jsonb_agg(jsonb_build_object('application_name', application_name,
+                                                     'state', state, 'sync_state', sync_state))
+                   FROM pg_stat_replication), '[]'::jsonb)::text AS standbys;
+
+-- name: commit_heartbeat
+-- Readiness proves a commit, not a read (migration 0013): the heartbeat row is written at the
+-- claim's own synchronous_commit (claim_operation), so its commit waits for a synchronous
+-- standby exactly as a claim's does. With synchronous_standby_names set and none connected it
+-- hangs, and /readyz's short timeout turns that into 503.
+UPDATE opgate_heartbeat
+   SET beat_at = now(), instance_id = current_setting('opgate.instance_id', true)
+ WHERE set_config('synchronous_commit',
+                  CASE current_setting('synchronous_commit')
+                       WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) <> ''
+RETURNING beat_at;
 
 -- ===================================================================================== audit
 -- The tamper-evident audit log (migration 0003, docs/audit.md, proxy/observe/auditlog/). Chaining is

@@ -21,6 +21,7 @@ from proxy.store.faults import is_unavailable
 from proxy.store.operation import Operation, Status
 from proxy.store.proposal import Proposal
 from proxy.store.queries import QUERIES
+from proxy.store.replication import ReplicationFacts, Verdict, facts_from_row, judge
 
 T = TypeVar("T")
 
@@ -116,15 +117,16 @@ def _claim_arguments(
     after_lookup_by: str | None,
     unchanged_since: datetime | None,
     as_sent: str | None = None,
+    actor: str | None = None,
 ) -> tuple[Any, ...]:
-    """queries.sql ``claim_operation``'s $1-$9, in order (the owner is also the event's actor),
-    for the claim alone, the claim under budget locks and the claim as sent alike."""
+    """queries.sql ``claim_operation``'s $1-$9, in order (the event's actor is the owner unless
+    given), for the claim alone, the claim under budget locks and the claim as sent alike."""
     return (
         operation_id,
         owner,
         lease_seconds,
         expected_attempts,
-        owner,
+        actor or owner,
         dedup_window_seconds,
         after_lookup_by,
         unchanged_since,
@@ -254,11 +256,13 @@ class Store:
         dedup_window_seconds: float | None = None,
         after_lookup_by: str | None = None,
         unchanged_since: datetime | None = None,
+        actor: str | None = None,
     ) -> Operation | None:
         """A first attempt (the row is created) or a re-send of the attempt numbered
         ``expected_attempts``; the statement itself decides whether a re-send may go
         (queries.sql ``claim_operation``). ``unchanged_since``: the row's ``updated_at`` as a
-        precondition lookup saw it; the claim then needs it unchanged."""
+        precondition lookup saw it; the claim then needs it unchanged. ``actor``: the claim
+        event's (default: the owner)."""
         return await self._one(
             "claim_operation",
             *_claim_arguments(
@@ -269,11 +273,18 @@ class Store:
                 dedup_window_seconds,
                 after_lookup_by,
                 unchanged_since,
+                actor=actor,
             ),
         )
 
     async def claim_as_sent(
-        self, operation_id: str | None, request: str, *, owner: str, lease_seconds: float
+        self,
+        operation_id: str | None,
+        request: str,
+        *,
+        owner: str,
+        lease_seconds: float,
+        actor: str | None = None,
     ) -> tuple[Operation | None, bool]:
         """A first send claimed by the statement that reads its row: the claimed row and True
         when the row is created and approved for exactly ``request`` (the JSON of
@@ -281,7 +292,7 @@ class Store:
         if there is none) and False, for the checks to decide on. Without ``operation_id``,
         the provider and key in ``request`` name the row."""
         arguments = _claim_arguments(
-            operation_id, owner, lease_seconds, 0, None, None, None, as_sent=request
+            operation_id, owner, lease_seconds, 0, None, None, None, as_sent=request, actor=actor
         )
         record = await self._run(lambda conn: conn.fetchrow(QUERIES["claim_operation"], *arguments))
         if record is None:
@@ -300,6 +311,7 @@ class Store:
         dedup_window_seconds: float | None = None,
         after_lookup_by: str | None = None,
         unchanged_since: datetime | None = None,
+        actor: str | None = None,
     ) -> BudgetedClaim:
         """``claim`` in one transaction that first takes each budget's lock (in name order:
         two claims never wait on each other crosswise), then sums what each budget has spent,
@@ -324,6 +336,7 @@ class Store:
                         dedup_window_seconds,
                         after_lookup_by,
                         unchanged_since,
+                        actor=actor,
                     ),
                 )
             claimed = None if record is None else operation_from_record(record)
@@ -391,10 +404,13 @@ class Store:
         outcome: str,
         provider_status: int | None,
         actor: str,
+        *,
+        owner: str | None = None,
     ) -> Status | None:
-        """The row's status (still dispatched), or None if ``attempt`` no longer holds it."""
+        """The row's status (still dispatched), or None if ``attempt`` no longer holds it.
+        ``owner``: only if that claim holds it, its end unrecorded (a cut-off claim)."""
         return await self._status(
-            "release_unknown", operation_id, attempt, outcome, provider_status, actor
+            "release_unknown", operation_id, attempt, outcome, provider_status, actor, owner
         )
 
     async def many(self, query: str, *args: Any) -> list[Operation]:
@@ -600,6 +616,36 @@ class Store:
             {**dict(r), "at": r["at"].isoformat(), "detail": json.loads(r["detail"])}
             for r in records
         ]
+
+    async def replication_facts(self) -> ReplicationFacts:
+        """Whether commits here are replicated before they are acknowledged
+        (proxy/store/replication.py judges them)."""
+        row = await self._run(lambda conn: conn.fetchrow(QUERIES["replication_state"]))
+        return facts_from_row(
+            row["in_recovery"], row["standby_names"], row["synchronous_commit"], row["standbys"]
+        )
+
+    async def commit_heartbeat(self, timeout_seconds: float) -> None:
+        """Commit a transaction as a claim commits (queries.sql ``commit_heartbeat``); raises
+        StoreUnavailable if it is not acknowledged within ``timeout_seconds`` (a synchronous
+        standby missing: the claims' commits would hang as long)."""
+        await self._run(
+            lambda conn: conn.fetchval(QUERIES["commit_heartbeat"], timeout=timeout_seconds)
+        )
+
+    async def durability(self, *, accept_async: bool, commit_timeout_seconds: float) -> Verdict:
+        """Whether a claim's commit survives a failover here (proxy/store/replication.py), once
+        a heartbeat commit has been acknowledged; StoreUnavailable if it was not within the
+        timeout (no synchronous standby to acknowledge it: every claim would hang)."""
+        verdict = judge(await self.replication_facts(), accept_async=accept_async)
+        try:
+            await self.commit_heartbeat(commit_timeout_seconds)
+        except StoreUnavailable as exc:
+            raise StoreUnavailable(
+                f"a commit was not acknowledged within {commit_timeout_seconds:g} s "
+                f"({verdict.note})"
+            ) from exc
+        return verdict
 
     async def ping(self) -> None:
         """Raises StoreUnavailable unless the database answers as a writable primary. A
