@@ -12,6 +12,7 @@ pytest_plugins = [
     "tests.support.localstripe_server",
     "tests.support.fault_provider",
     "tests.support.opgate",
+    "tests.support.cluster",
 ]
 
 
