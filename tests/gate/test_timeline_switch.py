@@ -21,7 +21,7 @@ from tests.gate.test_pipeline import GOOD_BODY, op_header
 from tests.store.test_timelines import _pretend_the_last_timeline_was_lower
 from tests.support.cluster import missing_reason, running_cluster
 from tests.support.fault_provider import FaultProvider
-from tests.support.opgate import Opgate, StartOpgate, fault_policy, problem
+from tests.support.opgate import Opgate, StartOpgate, admin_headers, fault_policy, problem
 
 REFUND = "/fault/v1/refunds"
 
@@ -140,6 +140,10 @@ async def test_a_rule_without_lookups_escalates_after_a_real_failover(
                     break
             again, _, _ = await gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))
             row = await gate.operation(op["operation_id"])
+            async with gate.http.get(
+                f"{gate.ops_url}/v1/escalations", headers=admin_headers()
+            ) as answer:
+                queue = (await answer.json())["escalations"]
     assert (status, problem(body)["code"]) == (409, "operation_escalated"), body
     assert "lost timeline" in problem(body)["detail"]
     assert again == 409
@@ -147,3 +151,4 @@ async def test_a_rule_without_lookups_escalates_after_a_real_failover(
     assert row["status"] == "created"
     assert row["escalation"] is not None
     assert [e["event"] for e in row["events"]][-2:] == ["timeline_switched", "escalated"]
+    assert [v["operation"]["operation_id"] for v in queue] == [op["operation_id"]]
