@@ -48,7 +48,8 @@ SELECT c.*, now() AS read_at FROM created c;
 -- marked `lookup_before_send` (migration 0014): it may have been claimed and sent on the timeline
 -- that a failover lost, so it is looked up at the provider before its next send. The current
 -- timeline is the first 8 hex digits of the current WAL file's name: pg_control_checkpoint()
--- shows the new one only after the next checkpoint. A standby (in recovery) records nothing.
+-- shows the new one only after the next checkpoint. Only on a primary: a standby refuses any
+-- statement that writes, even one that writes nothing, so the caller asks `ping` first.
 -- The first timeline ever recorded marks nothing (no switch was seen). Safe when several
 -- processes see the switch at once: the second insert of the same timeline waits for the
 -- first's commit and inserts nothing, so it marks nothing either; a row created on the new

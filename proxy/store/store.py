@@ -155,7 +155,11 @@ class TimelineSeen:
 
 
 async def see_timeline(conn: asyncpg.Connection) -> TimelineSeen:
-    """Record the timeline ``conn`` writes on, marking the operations a switch put in doubt."""
+    """Record the timeline ``conn`` writes on, marking the operations a switch put in doubt.
+    Nothing on a standby: it refuses the statement (one that writes, even nothing), and a
+    connection to one must still open, to be refused by what uses it (``ping``)."""
+    if await conn.fetchval(QUERIES["ping"]):
+        return TimelineSeen(None, None, None)
     record = await conn.fetchrow(QUERIES["timeline_seen"])
     assert record is not None  # one row always
     return TimelineSeen(record["current_timeline"], record["previous_timeline"], record["marked"])

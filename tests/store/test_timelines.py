@@ -303,6 +303,7 @@ async def test_a_promoted_standby_puts_what_was_unsettled_in_doubt() -> None:
         pytest.skip(reason)
     with running_cluster(sync=True) as cluster:
         dsn = await cluster.create_database()
+        assert await _seen(cluster.standby.dsn()) == TimelineSeen(None, None, None)
         store = await Store.open(dsn, min_size=1, max_size=2)
         try:
             await store.create(new_operation("op_created"), actor="test")
