@@ -528,12 +528,16 @@ async def _claim(
         return ClaimConflict(budgets, op)
     lookup_owner = None
     if decision.claim is ClaimKind.RESEND_AFTER_LOOKUP and target.rule.reconcile is not None:
-        asked = await ask_before_resend(gw, provider, target.rule.reconcile, op)
+        asked = await ask_before_resend(gw, provider, target.rule.reconcile, op, unchanged_since)
         if isinstance(asked, Operation):  # the provider has the effect: settled, replayed
             return ClaimConflict(Replay(), asked)
         if isinstance(asked, Deny):
             return ClaimConflict(asked, op)
         lookup_owner = asked.lookup_owner
+        if lookup_owner is not None and unchanged_since is not None:
+            # the lease was taken on the row unchanged since the preconditions' lookup; the
+            # claim needs it unchanged since the lease (whose own write moved updated_at)
+            unchanged_since = asked.leased_at
     owner, lease = gw.settings.instance_id, _lease_seconds(gw, target)
     dedup_window = provider.idempotency.dedup_window_seconds
     if budgets is None:  # the single unlocked statement

@@ -55,19 +55,30 @@ from proxy.store.store import ProviderAnswer
 @dataclass(frozen=True)
 class Cleared:
     """The re-send may be claimed. ``lookup_owner``: the reconciliation lease under which the
-    provider showed no effect (None: the claim must rest on the key or on ``not_sent``)."""
+    provider showed no effect (None: the claim must rest on the key or on ``not_sent``);
+    ``leased_at``: the row's ``updated_at`` once that lease was taken (the lease's own write),
+    which a claim that needs the row unchanged compares with."""
 
     lookup_owner: str | None
+    leased_at: datetime | None = None
 
 
 async def ask_before_resend(
-    gw: Gateway, provider: Provider, reconcile: Reconcile, op: Operation
+    gw: Gateway,
+    provider: Provider,
+    reconcile: Reconcile,
+    op: Operation,
+    unchanged_since: datetime | None = None,
 ) -> Cleared | Operation | Deny:
-    """Cleared to claim; or the operation as the lookup settled it; or a refusal."""
+    """Cleared to claim; or the operation as the lookup settled it; or a refusal.
+    ``unchanged_since``: the row's ``updated_at`` as a precondition lookup saw it; the lease
+    is taken only on the row unchanged since."""
     window = provider.idempotency.dedup_window_seconds
     owner = f"{gw.settings.instance_id}:resend:{secrets.token_hex(4)}"
     lease = lookup_lease_seconds(provider, reconcile, gw.settings.lease_margin_seconds)
-    taken = await gw.store.claim_reconcile_one(op.operation_id, owner, lease, in_doubt=True)
+    taken = await gw.store.claim_reconcile_one(
+        op.operation_id, owner, lease, in_doubt=True, unchanged_since=unchanged_since
+    )
     if taken is None:
         current = await gw.store.load(op.operation_id) or op
         if not _only_paced(current, op):
@@ -107,7 +118,7 @@ async def ask_before_resend(
     in_doubt = taken.lookup_before_send is not None
     wait = grace_remaining(taken, grace_seconds_for(provider, reconcile, taken))
     if asked.all_absent_conclusively() and wait <= 0:
-        return Cleared(owner)
+        return Cleared(owner, taken.updated_at)
     retry_in: float = wait if asked.all_absent_conclusively() else reconcile.retry_seconds
     await gw.store.reconcile_inconclusive(
         op.operation_id, owner, retry_in, evidence, expected_attempts=taken.attempts

@@ -135,7 +135,8 @@ WITH named AS (
      WHERE operation_id = (SELECT id FROM named)
        AND revoked_at IS NULL AND expires_at > now()
        AND (lookup_before_send IS NULL
-            OR ($9::jsonb IS NULL AND reconcile_owner = $7 AND reconcile_lease_until > now()))
+            OR ($9::jsonb IS NULL AND reconcile_owner = $7 AND reconcile_lease_until > now()
+                AND escalated_at IS NULL))
        AND (status = 'created'
             OR (status = 'dispatched' AND attempts = $4 AND escalated_at IS NULL
                 AND (lease_until IS NULL OR lease_until <= now())
@@ -303,7 +304,9 @@ SELECT o.*, now() AS read_at FROM operations o
 -- multiply lookups made with opgate's provider credential. With $4 true, also a created row that
 -- a timeline switch put in doubt (lookup_before_send): the lookup before its first send here
 -- (proxy/gate/resend.py). Reconciliation ($4 false) never takes a created row: absence there
--- means "send it", not "failed".
+-- means "send it", not "failed". $5, when given: the row's updated_at as a precondition lookup
+-- saw it (claim_operation's $8); the lease is taken only on the row unchanged since, and the
+-- claim then needs it unchanged since the lease.
 WITH taken AS (
     UPDATE operations
        SET reconcile_owner = $2, reconcile_lease_until = now() + make_interval(secs => $3),
@@ -311,6 +314,7 @@ WITH taken AS (
      WHERE operation_id = $1 AND escalated_at IS NULL
        AND (status = 'dispatched'
             OR ($4::bool AND status = 'created' AND lookup_before_send IS NOT NULL))
+       AND ($5::timestamptz IS NULL OR updated_at = $5)
        AND (lease_until IS NULL OR lease_until <= now())
        AND (reconcile_lease_until IS NULL OR reconcile_lease_until <= now())
        AND (next_reconcile_at IS NULL OR next_reconcile_at <= now())

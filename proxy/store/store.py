@@ -454,11 +454,20 @@ class Store:
         return await self.many("list_operations", tenant, statuses, agent_id, limit)
 
     async def claim_reconcile_one(
-        self, operation_id: str, owner: str, lease_seconds: float, *, in_doubt: bool = False
+        self,
+        operation_id: str,
+        owner: str,
+        lease_seconds: float,
+        *,
+        in_doubt: bool = False,
+        unchanged_since: datetime | None = None,
     ) -> Operation | None:
         """The reconciliation lease of a dispatched operation; with ``in_doubt``, also of a
-        created one that a timeline switch put in doubt (its lookup before the send)."""
-        return await self._one("claim_reconcile_one", operation_id, owner, lease_seconds, in_doubt)
+        created one that a timeline switch put in doubt (its lookup before the send).
+        ``unchanged_since``: the row's ``updated_at`` as a precondition lookup saw it."""
+        return await self._one(
+            "claim_reconcile_one", operation_id, owner, lease_seconds, in_doubt, unchanged_since
+        )
 
     async def claim_reconcile_batch(
         self, owner: str, lease_seconds: float, limit: int

@@ -18,10 +18,19 @@ import asyncpg
 import pytest
 
 from tests.gate.test_pipeline import GOOD_BODY, op_header
+from tests.gate.test_preconditions_stripe import age_approval
 from tests.store.test_timelines import _pretend_the_last_timeline_was_lower
 from tests.support.cluster import missing_reason, running_cluster
 from tests.support.fault_provider import FaultProvider
-from tests.support.opgate import Opgate, StartOpgate, admin_headers, fault_policy, problem
+from tests.support.localstripe_server import create_charge, list_refunds
+from tests.support.opgate import (
+    SHIPPED_POLICIES,
+    Opgate,
+    StartOpgate,
+    admin_headers,
+    fault_policy,
+    problem,
+)
 
 REFUND = "/fault/v1/refunds"
 
@@ -152,3 +161,42 @@ async def test_a_rule_without_lookups_escalates_after_a_real_failover(
     assert row["escalation"] is not None
     assert [e["event"] for e in row["events"]][-2:] == ["timeline_switched", "escalated"]
     assert [v["operation"]["operation_id"] for v in queue] == [op["operation_id"]]
+
+
+async def test_an_old_approval_in_doubt_is_sent_after_its_preconditions_and_its_lookup(
+    start_opgate: StartOpgate, tmp_path: Path, localstripe_url: str, database_url: str
+) -> None:
+    """A Stripe refund approved long before the switch: the preconditions' lookup (the charge
+    still refundable) and the lookup for a lost claim both precede the one send; the claim
+    needs the row unchanged since the first, through the second's lease."""
+    text = (SHIPPED_POLICIES / "stripe.yaml").read_text()
+    text = text.replace("total_seconds: 30", "total_seconds: 0.3")
+    text = text.replace("grace_seconds: 60", "grace_seconds: 0")
+    policies = tmp_path / "stripe-policies"
+    policies.mkdir()
+    (policies / "stripe.yaml").write_text(text)
+    charge = await create_charge(localstripe_url, 2000)
+    overrides = {"policy_dir": policies, "upstream_overrides": {"stripe": localstripe_url}}
+    async with start_opgate(**overrides) as gate:
+        op = await gate.approve(
+            provider="stripe", action="refund.create", amount=500, currency=None,
+            params={"charge": charge},
+        )  # fmt: skip
+    await age_approval(database_url, op["operation_id"], 10)
+    await _pretend_the_last_timeline_was_lower(database_url)
+    async with start_opgate(**overrides) as gate:
+        for _ in range(50):
+            status, _, body = await gate.send(
+                "/stripe/v1/refunds",
+                data=f"charge={charge}&amount=500",
+                headers=op_header(op),
+            )
+            # refusals come in Stripe's error shape (errors: stripe)
+            if status != 409 or json.loads(body)["error"]["code"] != "reconcile_required":
+                break
+            await asyncio.sleep(0.1)  # the Retry-After the agent is told, shortened: bounded
+        row = await gate.operation(op["operation_id"])
+    assert status == 200, body
+    assert len(await list_refunds(localstripe_url, charge=charge)) == 1
+    claimed = next(e for e in row["events"] if e["event"] == "claimed")
+    assert "after_lookup" in claimed["detail"]

@@ -233,12 +233,20 @@ async def test_a_created_row_in_doubt_can_be_escalated_and_is_then_never_claimed
     await store.create(new_operation("op_1"), actor="test")
     await store.create(new_operation("op_fresh"), actor="test")
     await _mark(store, database_url, "op_1", "op_fresh")
+    assert await store.claim_reconcile_one("op_1", "r1", 30, in_doubt=True) is not None
     escalated = await store.escalate(
         "op_1", None, "no lookup", {}, look_again_seconds=3600, actor="test"
     )
     assert escalated is not None
     assert (escalated.status, escalated.escalated_at is not None) == (Status.CREATED, True)
-    assert await store.claim_reconcile_one("op_1", "r1", 30, in_doubt=True) is None
+    # not even by a lookup's lease taken before the escalation
+    assert (
+        await store.claim(
+            "op_1", owner="a", lease_seconds=30, expected_attempts=0, after_lookup_by="r1"
+        )
+        is None
+    )
+    assert await store.claim_reconcile_one("op_1", "r2", 30, in_doubt=True) is None
     resolved = await store.resolve("op_1", Status.FAILED, None, "not sent", "alice")
     assert resolved is not None
     assert resolved.status is Status.FAILED
