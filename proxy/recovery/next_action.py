@@ -146,7 +146,7 @@ def _after_timeline_switch(op: Operation) -> Advice | None:
         NextAction.RETRY,
         f"opgate's database failed over at {since} and may have lost a send of this operation: "
         "re-send the identical request; opgate asks the provider first and replays the effect "
-        "if it exists",
+        "if it exists (where the rule declares no lookup, it escalates it to a human instead)",
     )
 
 
