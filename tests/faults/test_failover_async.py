@@ -50,6 +50,8 @@ AGENTS = 12
 # busy), and while it is behind, before the crash.
 SENT_BEFORE_LAG = 24
 SENT_WHILE_BEHIND = 24
+# Approved before the stream (and replayed on the standby), sent while the standby is behind.
+BACKLOG = 6
 _ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 _AGENT = {"Authorization": f"Bearer {AGENT_TOKEN}"}
 
@@ -152,54 +154,66 @@ async def _stream_until_crash(
     gate: KillableOpgate, cluster: Cluster, localstripe_url: str
 ) -> list[Approved]:
     """Agents approve and send refunds, each on a charge of its own, until the primary is
-    crashed under them; what was approved (answered 201) is returned."""
+    crashed under them; what was approved (answered 201) is returned. A backlog approved
+    earlier (and on the standby) is sent while the standby is behind: those claims are lost
+    in every round, whatever the agents' timing."""
     approved: list[Approved] = []
     answered = 0
     crashed = asyncio.Event()
 
-    async def agent(http: aiohttp.ClientSession) -> None:
+    async def approve(http: aiohttp.ClientSession) -> Approved | None:
+        charge = await create_charge(localstripe_url, 10_000)
+        body = {
+            "tenant": "t1",
+            "provider": "stripe",
+            "action": "refund.create",
+            "amount": 500,
+            "params": {"charge": charge},
+            "approval_ref": "TICKET-27",
+            "approved_by": "alice",
+            "ttl_seconds": 600,
+        }
+        async with http.post(f"{gate.ops_url}/v1/operations", json=body, headers=_ADMIN) as r:
+            if r.status != 201:
+                return None  # the store is gone: 503, nothing approved
+            op = await r.json()
+        approved.append(Approved(op["operation_id"], charge, op["idempotency_key"]))
+        return approved[-1]
+
+    async def send(http: aiohttp.ClientSession, a: Approved) -> None:
         nonlocal answered
+        async with http.post(
+            f"{gate.agent_url}/stripe/v1/refunds",
+            data={"charge": a.charge, "amount": "500"},
+            headers={
+                **_AGENT,
+                "X-Operation-Id": a.operation_id,
+                "Idempotency-Key": a.idempotency_key,
+            },
+        ) as response:
+            await response.read()
+            answered += 1
+
+    async def agent(http: aiohttp.ClientSession) -> None:
         while not crashed.is_set():
-            charge = await create_charge(localstripe_url, 10_000)
-            body = {
-                "tenant": "t1",
-                "provider": "stripe",
-                "action": "refund.create",
-                "amount": 500,
-                "params": {"charge": charge},
-                "approval_ref": "TICKET-27",
-                "approved_by": "alice",
-                "ttl_seconds": 600,
-            }
             try:
-                async with http.post(
-                    f"{gate.ops_url}/v1/operations", json=body, headers=_ADMIN
-                ) as response:
-                    if response.status != 201:
-                        continue  # the store is gone: 503, nothing approved
-                    op = await response.json()
-                approved.append(Approved(op["operation_id"], charge, op["idempotency_key"]))
-                async with http.post(
-                    f"{gate.agent_url}/stripe/v1/refunds",
-                    data={"charge": charge, "amount": "500"},
-                    headers={
-                        **_AGENT,
-                        "X-Operation-Id": op["operation_id"],
-                        "Idempotency-Key": op["idempotency_key"],
-                    },
-                ) as response:
-                    await response.read()
-                    answered += 1
+                a = await approve(http)
+                if a is not None:
+                    await send(http, a)
             except aiohttp.ClientError:
                 continue
 
     sender = await _wal_sender(cluster)
     async with aiohttp.ClientSession(trust_env=False) as http:
+        backlog = [a for a in [await approve(http) for _ in range(BACKLOG)] if a is not None]
+        assert len(backlog) == BACKLOG
         agents = [asyncio.create_task(agent(http)) for _ in range(AGENTS)]
         try:
             await until(lambda: answered >= SENT_BEFORE_LAG, "refunds answered", 60)
+            await _until_replayed(cluster)  # the backlog's approvals are on the standby
             os.kill(sender, signal.SIGSTOP)
             try:
+                await asyncio.gather(*(send(http, a) for a in backlog))
                 behind = SENT_BEFORE_LAG + SENT_WHILE_BEHIND
                 await until(lambda: answered >= behind, "refunds answered, standby behind", 60)
             except BaseException:
@@ -212,6 +226,23 @@ async def _stream_until_crash(
             crashed.set()
             await asyncio.gather(*agents)
     return approved
+
+
+async def _until_replayed(cluster: Cluster) -> None:
+    """The standby has replayed everything the primary has written so far."""
+    conn = await asyncpg.connect(cluster.primary.dsn())
+    try:
+        target = await conn.fetchval("SELECT pg_current_wal_lsn()::text")
+        for _ in range(500):
+            replayed = await conn.fetchval(
+                "SELECT replay_lsn >= $1::text::pg_lsn FROM pg_stat_replication", target
+            )
+            if replayed:
+                return
+            await asyncio.sleep(0.01)  # polling the standby's progress, bounded (5 s)
+    finally:
+        await conn.close()
+    raise AssertionError("the standby did not replay the primary's WAL in 5 s")
 
 
 async def _wal_sender(cluster: Cluster) -> int:
