@@ -280,10 +280,10 @@ def decide_by_state(provider: Provider, op: Operation) -> Decision:
         return Deny(Reason.APPROVAL_REVOKED, op.revoked_reason or "revoked")
     if op.expires_at <= op.read_at:
         return Deny(Reason.APPROVAL_EXPIRED, f"the approval expired at {op.expires_at.isoformat()}")
-    if op.status is Status.CREATED:
-        return Forward(ClaimKind.FIRST)
-    if op.escalated_at is not None:
+    if op.escalated_at is not None:  # dispatched, or created and in doubt after a switch
         return Deny(Reason.OPERATION_ESCALATED, op.escalation_reason or "escalated to a human")
+    if op.status is Status.CREATED and op.lookup_before_send is None:
+        return Forward(ClaimKind.FIRST)
     if op.lease_is_live():
         assert op.lease_until is not None
         wait = max(1, math.ceil((op.lease_until - op.read_at).total_seconds()))
@@ -292,14 +292,34 @@ def decide_by_state(provider: Provider, op: Operation) -> Decision:
         assert op.reconcile_lease_until is not None
         wait = max(1, math.ceil((op.reconcile_lease_until - op.read_at).total_seconds()))
         return Deny(Reason.OPERATION_IN_FLIGHT, "opgate is reconciling it with the provider", wait)
+    rule = provider.rule_named(op.action)
+    if op.lookup_before_send is not None:
+        # A timeline switch put it in doubt: the lost timeline may have claimed and sent it,
+        # whatever the row says now. Only the provider can tell (queries.sql claim_operation
+        # claims such a row only after the lookup).
+        if rule is not None and rule.reconcile is not None:
+            return Forward(ClaimKind.RESEND_AFTER_LOOKUP)
+        return unverifiable_after_switch(op)
     if op.last_outcome == LastOutcome.NOT_SENT:
         return Forward(ClaimKind.RESEND)
-    rule = provider.rule_named(op.action)
     if rule is not None and rule.reconcile is not None:
         return Forward(ClaimKind.RESEND_AFTER_LOOKUP)
     if op.key_deduplicated(provider.idempotency.dedup_window_seconds):
         return Forward(ClaimKind.RESEND)
     return reconcile_required(provider, op)
+
+
+def unverifiable_after_switch(op: Operation) -> Deny:
+    """A row in doubt after a timeline switch whose rule declares no lookup: nothing can tell
+    whether the lost timeline sent it, so it is not sent but escalated to a human (the gate
+    escalates it on this refusal: proxy/gate/pipeline.py)."""
+    assert op.lookup_before_send is not None
+    return Deny(
+        Reason.OPERATION_ESCALATED,
+        f"opgate's database switched timeline (a failover) at {op.lookup_before_send.isoformat()}"
+        " while this operation was approved: it may have been sent on the lost timeline, and "
+        "its rule declares no lookup to ask the provider; it is escalated to a human",
+    )
 
 
 def reconcile_required(provider: Provider, op: Operation, retry_after: int | None = None) -> Deny:

@@ -36,7 +36,9 @@ class ClaimKind(StrEnum):
     # deduplicates its key
     RESEND = "resend"
     # dispatched, outcome unknown, the rule declares lookups: ask the provider first
-    # (proxy/gate/resend.py); found -> replay, conclusively absent -> re-send, else only as RESEND
+    # (proxy/gate/resend.py); found -> replay, conclusively absent -> re-send, else only as RESEND.
+    # Also any row, created included, that a timeline switch put in doubt (lookup_before_send):
+    # there, only after the lookup.
     RESEND_AFTER_LOOKUP = "resend_after_lookup"
 
 

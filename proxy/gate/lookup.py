@@ -106,6 +106,16 @@ def interpret_lookup(
     return Absent(conclusive=lookup.absence_is_conclusive and not incomplete)
 
 
+def grace_seconds_for(provider: Provider, reconcile: Reconcile, op: Operation) -> float:
+    """How long after its last attempt ended absence may be concluded: the rule's grace; for a
+    row in doubt after a timeline switch, counted from the switch (``last_attempt_over_since``)
+    and longer by the provider's whole timeout, since an attempt of the lost timeline may still
+    have been on its way to the provider when the switch was seen."""
+    if op.lookup_before_send is None:
+        return reconcile.grace_seconds
+    return reconcile.grace_seconds + provider.timeouts.total_seconds
+
+
 def grace_remaining(op: Operation, grace_seconds: float) -> float:
     """Seconds until no straggling attempt can still land (0: absence may be concluded)."""
     ended = op.last_attempt_over_since() or op.read_at

@@ -255,6 +255,12 @@ async def _process_admitted(
         record.would_deny = decision.would_deny.reason.value
     if isinstance(decision, Deny):
         told = concealed(facts, decision, operation_lookup_failed=lookup_failed)
+        if told is None and op is not None and _escalation_due(decision, op):
+            try:
+                op = await _escalate_after_switch(gw, op, decision)
+            except StoreUnavailable as exc:
+                return _store_unavailable(record, exc)
+            record.status_after = op.status.value
         return _reject(record, decision, op, told)
     if isinstance(decision, Replay):
         assert op is not None
@@ -372,6 +378,28 @@ async def _forward_claimed(
         told = concealed(facts, outbound, operation_lookup_failed=lookup_failed)
         return _reject(record, outbound, op, told)
     return await _forward(gw, target, outbound, op, record, slot)
+
+
+def _escalation_due(decision: Deny, op: Operation) -> bool:
+    """The checks refuse it as escalated, and it is not yet: a row in doubt after a timeline
+    switch that no lookup can clear (checks.unverifiable_after_switch). It is escalated now,
+    so that a human sees it before anyone sends it."""
+    return decision.reason is Reason.OPERATION_ESCALATED and op.escalated_at is None
+
+
+async def _escalate_after_switch(gw: Gateway, op: Operation, decision: Deny) -> Operation:
+    """The row as escalated (or as another request escalated it meanwhile)."""
+    escalated = await gw.store.escalate(
+        op.operation_id,
+        None,
+        decision.detail,
+        {"timeline_switch_seen_at": op.lookup_before_send.isoformat()}
+        if op.lookup_before_send is not None
+        else {},
+        look_again_seconds=_UNCHECKED_LOOK_AGAIN_SECONDS,
+        actor=gw.settings.instance_id,
+    )
+    return escalated or await gw.store.load(op.operation_id) or op
 
 
 async def _escalate_unchecked(gw: Gateway, op: Operation, trigger: str) -> None:
@@ -547,12 +575,16 @@ async def _claim(
         return ClaimConflict(budgets, op)
     lookup_owner = None
     if decision.claim is ClaimKind.RESEND_AFTER_LOOKUP and target.rule.reconcile is not None:
-        asked = await ask_before_resend(gw, provider, target.rule.reconcile, op)
+        asked = await ask_before_resend(gw, provider, target.rule.reconcile, op, unchanged_since)
         if isinstance(asked, Operation):  # the provider has the effect: settled, replayed
             return ClaimConflict(Replay(), asked)
         if isinstance(asked, Deny):
             return ClaimConflict(asked, op)
         lookup_owner = asked.lookup_owner
+        if lookup_owner is not None and unchanged_since is not None:
+            # the lease was taken on the row unchanged since the preconditions' lookup; the
+            # claim needs it unchanged since the lease (whose own write moved updated_at)
+            unchanged_since = asked.leased_at
     owner, lease = claim_owner(gw.settings.instance_id), _lease_seconds(gw, target)
     actor = gw.settings.instance_id
     dedup_window = provider.idempotency.dedup_window_seconds

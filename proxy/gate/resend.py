@@ -17,6 +17,14 @@ The lookups are paced by the rule's ``retry_seconds`` whoever asks (``claim_reco
 so an agent retrying fast does not multiply calls made with opgate's provider credential.
 An inconclusive lookup falls back on the policy's word that the provider deduplicates: a wrong
 ``provider_deduplicates`` is caught only when the lookup can answer.
+
+A row that a timeline switch of the database put in doubt (``lookup_before_send``: a failover
+may have lost its claim, its request having left) is asked about the same way before its next
+send, a created one included: found -> settled ``reconciled`` and replayed; absent,
+conclusively, once the grace has passed since the switch was seen (and the provider's whole
+timeout: a lost claim's request may still have been on its way) -> sent. Anything else waits
+for the next lookup: the key is no fallback there, since the policy's word about it is what a
+lookup is there to check.
 """
 
 from __future__ import annotations
@@ -32,7 +40,12 @@ from proxy.gate.checks import reconcile_required
 from proxy.gate.classify import object_id_from
 from proxy.gate.decision import Deny
 from proxy.gate.gateway import Gateway
-from proxy.gate.lookup import ask_provider, grace_remaining, lookup_lease_seconds
+from proxy.gate.lookup import (
+    ask_provider,
+    grace_remaining,
+    grace_seconds_for,
+    lookup_lease_seconds,
+)
 from proxy.gate.reasons import Reason
 from proxy.policy.model import Provider, Reconcile
 from proxy.store.operation import Operation, Status
@@ -42,19 +55,30 @@ from proxy.store.store import ProviderAnswer
 @dataclass(frozen=True)
 class Cleared:
     """The re-send may be claimed. ``lookup_owner``: the reconciliation lease under which the
-    provider showed no effect (None: the claim must rest on the key or on ``not_sent``)."""
+    provider showed no effect (None: the claim must rest on the key or on ``not_sent``);
+    ``leased_at``: the row's ``updated_at`` once that lease was taken (the lease's own write),
+    which a claim that needs the row unchanged compares with."""
 
     lookup_owner: str | None
+    leased_at: datetime | None = None
 
 
 async def ask_before_resend(
-    gw: Gateway, provider: Provider, reconcile: Reconcile, op: Operation
+    gw: Gateway,
+    provider: Provider,
+    reconcile: Reconcile,
+    op: Operation,
+    unchanged_since: datetime | None = None,
 ) -> Cleared | Operation | Deny:
-    """Cleared to claim; or the operation as the lookup settled it; or a refusal."""
+    """Cleared to claim; or the operation as the lookup settled it; or a refusal.
+    ``unchanged_since``: the row's ``updated_at`` as a precondition lookup saw it; the lease
+    is taken only on the row unchanged since."""
     window = provider.idempotency.dedup_window_seconds
     owner = f"{gw.settings.instance_id}:resend:{secrets.token_hex(4)}"
     lease = lookup_lease_seconds(provider, reconcile, gw.settings.lease_margin_seconds)
-    taken = await gw.store.claim_reconcile_one(op.operation_id, owner, lease)
+    taken = await gw.store.claim_reconcile_one(
+        op.operation_id, owner, lease, in_doubt=True, unchanged_since=unchanged_since
+    )
     if taken is None:
         current = await gw.store.load(op.operation_id) or op
         if not _only_paced(current, op):
@@ -91,22 +115,24 @@ async def ask_before_resend(
         if settled is not None:
             return settled
         return Deny(Reason.OPERATION_IN_FLIGHT, "the operation changed during the lookup", 1)
-    wait = grace_remaining(taken, reconcile.grace_seconds)
+    in_doubt = taken.lookup_before_send is not None
+    wait = grace_remaining(taken, grace_seconds_for(provider, reconcile, taken))
     if asked.all_absent_conclusively() and wait <= 0:
-        return Cleared(owner)
+        return Cleared(owner, taken.updated_at)
     retry_in: float = wait if asked.all_absent_conclusively() else reconcile.retry_seconds
     await gw.store.reconcile_inconclusive(
         op.operation_id, owner, retry_in, evidence, expected_attempts=taken.attempts
     )
-    if taken.key_deduplicated(window):
+    if taken.key_deduplicated(window) and not in_doubt:
         return Cleared(None)
     return reconcile_required(provider, taken, max(1, math.ceil(retry_in)))
 
 
 def _only_paced(current: Operation, decided_on: Operation) -> bool:
     """The row is as the decision saw it, and only the pacing kept the lookup from starting."""
+    in_doubt = current.status is Status.CREATED and current.lookup_before_send is not None
     return (
-        current.status is Status.DISPATCHED
+        (current.status is Status.DISPATCHED or in_doubt)
         and current.attempts == decided_on.attempts
         and current.escalated_at is None
         and not current.lease_is_live()

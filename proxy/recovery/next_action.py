@@ -17,6 +17,13 @@ row to what it may do next. The agent's memory and judgement are not inputs.
                            that never left: ``evidence`` says what the lookup showed): a new
                            attempt needs a new approved operation that supersedes this one
     escalated              a human must decide
+
+An operation that opgate's database may have lost a claim of (``lookup_before_send``: it was
+created or dispatched when a failover switched the database's timeline) is never told plain
+``send``: it is told ``retry`` (re-send the identical request; opgate asks the provider first,
+replays the effect if the lost timeline sent it, and sends only if the provider conclusively
+has none; a rule without lookups escalates it instead), or ``wait`` while that lookup is not
+due yet.
 """
 
 from __future__ import annotations
@@ -71,6 +78,9 @@ def next_action(
             NextAction.ESCALATED,
             f"escalated since {op.escalated_at.isoformat()}: {op.escalation_reason}",
         )
+    in_doubt = _after_timeline_switch(op)
+    if in_doubt is not None:
+        return in_doubt
     if op.status is Status.CREATED:
         if not op.approval_stands():
             return Advice(
@@ -114,6 +124,29 @@ def next_action(
         NextAction.RECONCILE,
         "outcome unknown and the approval no longer stands: it is reconciled, never re-sent",
         _seconds_until(op, op.next_reconcile_at),
+    )
+
+
+def _after_timeline_switch(op: Operation) -> Advice | None:
+    """The advice for a row a timeline switch put in doubt, while its approval stands and
+    nothing is in flight (None otherwise: the row's state says it)."""
+    if op.lookup_before_send is None or not op.approval_stands():
+        return None
+    if op.lease_is_live() or op.reconciliation_is_live():
+        return None
+    since = op.lookup_before_send.isoformat()
+    if op.next_reconcile_at is not None and op.next_reconcile_at > op.read_at:
+        return Advice(
+            NextAction.WAIT,
+            f"opgate's database failed over at {since}: the provider is asked before this "
+            "operation is sent again, and the next lookup is not due yet",
+            _seconds_until(op, op.next_reconcile_at),
+        )
+    return Advice(
+        NextAction.RETRY,
+        f"opgate's database failed over at {since} and may have lost a send of this operation: "
+        "re-send the identical request; opgate asks the provider first and replays the effect "
+        "if it exists (where the rule declares no lookup, it escalates it to a human instead)",
     )
 
 

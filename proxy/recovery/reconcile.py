@@ -30,7 +30,12 @@ import structlog
 
 from proxy.gate.classify import object_id_from
 from proxy.gate.gateway import Gateway
-from proxy.gate.lookup import ask_provider, grace_remaining, lookup_lease_seconds
+from proxy.gate.lookup import (
+    ask_provider,
+    grace_remaining,
+    grace_seconds_for,
+    lookup_lease_seconds,
+)
 from proxy.policy.set import PolicySet
 from proxy.store.operation import LastOutcome, Operation, Status
 from proxy.store.store import ProviderAnswer
@@ -82,7 +87,14 @@ async def reconcile_claimed(gw: Gateway, op: Operation, owner: str) -> Operation
     store, attempts = gw.store, op.attempts
     if op.escalated_at is not None:
         return await _look_at_escalated(gw, op, owner, evidence)
-    if op.last_outcome == LastOutcome.NOT_SENT:
+    if op.last_outcome == LastOutcome.NOT_SENT and op.lookup_before_send is not None:
+        if op.approval_stands():
+            # Nothing left on this timeline, but the lost one may have re-sent it: the agent's
+            # send looks it up first (proxy/gate/resend.py), and must not find the lookup
+            # paced until expiry. Given back unpaced; otherwise looked up as any unknown.
+            await store.release_reconcile(op.operation_id, owner)
+            return await store.load(op.operation_id)
+    elif op.last_outcome == LastOutcome.NOT_SENT:
         if not op.approval_stands():
             # Nothing ever left and nothing may leave any more: no effect, without asking.
             return await _settle_no_effect(gw, op, owner, evidence)
@@ -131,7 +143,7 @@ async def reconcile_claimed(gw: Gateway, op: Operation, owner: str) -> Operation
             expected_attempts=attempts,
         )
     if asked.all_absent_conclusively():
-        wait = grace_remaining(op, reconcile.grace_seconds)
+        wait = grace_remaining(op, grace_seconds_for(provider, reconcile, op))
         if wait <= 0:
             return await _settle_no_effect(gw, op, owner, evidence)
         evidence["waiting_for_grace_seconds"] = wait

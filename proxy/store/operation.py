@@ -74,6 +74,11 @@ class Operation:
     # The database's clock when the row was read: every time comparison uses it, so opgate
     # replicas with skewed clocks decide alike.
     read_at: datetime
+    # When a timeline switch of the database (a failover) was seen while this operation was
+    # created or dispatched (None: never, or looked up since): it may have been claimed and sent
+    # on the lost timeline, and is looked up at the provider before its next send (migration
+    # 0014, queries.sql timeline_seen).
+    lookup_before_send: datetime | None = None
 
     def lease_is_live(self) -> bool:
         return self.lease_until is not None and self.lease_until > self.read_at
@@ -99,10 +104,15 @@ class Operation:
         return self.attempts == self.unsent_attempts
 
     def last_attempt_over_since(self) -> datetime | None:
-        """When the last attempt can no longer land a new effect (None: it may still)."""
+        """When the last attempt can no longer land a new effect (None: it may still). For a
+        row in doubt after a timeline switch, not before the switch was seen: an attempt of
+        the lost timeline left no trace here, and may have been on its way until then."""
         if self.lease_is_live():
             return None
-        return self.attempt_ended_at or self.lease_until
+        ended = self.attempt_ended_at or self.lease_until
+        if self.lookup_before_send is not None:
+            return max(ended, self.lookup_before_send) if ended else self.lookup_before_send
+        return ended
 
     def to_public(self) -> dict[str, Any]:
         """The JSON shape the operations API returns (and the recovery read will)."""

@@ -41,6 +41,58 @@ WITH created AS (
 )
 SELECT c.*, now() AS read_at FROM created c;
 
+-- name: timeline_seen
+-- Run on every new store connection, before it is used (proxy/store/store.py Store.open): the
+-- timeline this primary writes on, recorded the first time it is greater than every one
+-- recorded before, and then, in the same statement, every operation still created or dispatched
+-- marked `lookup_before_send` (migration 0014): it may have been claimed and sent on the timeline
+-- that a failover lost, so it is looked up at the provider before its next send. The current
+-- timeline is the first 8 hex digits of the current WAL file's name: pg_control_checkpoint()
+-- shows the new one only after the next checkpoint. Only on a primary: a standby refuses any
+-- statement that writes, even one that writes nothing, so the caller asks `ping` first.
+-- The first timeline ever recorded marks nothing (no switch was seen). Safe when several
+-- processes see the switch at once: the second insert of the same timeline waits for the
+-- first's commit and inserts nothing, so it marks nothing either; a row created on the new
+-- timeline meanwhile is not in this statement's snapshot, and it is not in doubt.
+-- Returns the current timeline (NULL on a standby), the last one recorded before, and how
+-- many operations were marked now (NULL: no new timeline was recorded by this statement).
+WITH current_timeline AS (
+    SELECT CASE WHEN pg_is_in_recovery() THEN NULL
+                ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int
+           END AS timeline_id
+), last_seen AS (
+    SELECT max(timeline_id) AS timeline_id FROM timelines
+), doubted AS (
+    SELECT o.operation_id, o.status FROM operations o, current_timeline c, last_seen l
+     WHERE l.timeline_id IS NOT NULL AND c.timeline_id > l.timeline_id
+       AND o.status IN ('created', 'dispatched') AND o.lookup_before_send IS NULL
+), recorded AS (
+    INSERT INTO timelines (timeline_id, marked)
+    SELECT c.timeline_id, (SELECT count(*) FROM doubted)
+      FROM current_timeline c, last_seen l
+     WHERE c.timeline_id IS NOT NULL AND (l.timeline_id IS NULL OR c.timeline_id > l.timeline_id)
+    ON CONFLICT (timeline_id) DO NOTHING
+    RETURNING timeline_id, seen_at, marked
+), marked AS (
+    -- next_reconcile_at cleared: a lookup is due now (a row whose attempts never left was
+    -- left to its agent until expiry; it is not any more)
+    UPDATE operations o SET lookup_before_send = r.seen_at, next_reconcile_at = NULL,
+           updated_at = now()
+      FROM recorded r, doubted d
+     WHERE o.operation_id = d.operation_id
+    RETURNING o.operation_id, o.status
+), event AS (
+    INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
+    SELECT m.operation_id, 'timeline_switched', m.status, m.status,
+           coalesce(nullif(current_setting('opgate.instance_id', true), ''), 'opgate'),
+           jsonb_build_object('timeline', r.timeline_id,
+                              'previous_timeline', (SELECT timeline_id FROM last_seen))
+      FROM marked m, recorded r
+)
+SELECT c.timeline_id AS current_timeline, l.timeline_id AS previous_timeline,
+       (SELECT marked FROM recorded) AS marked
+  FROM current_timeline c, last_seen l;
+
 -- name: claim_operation
 -- created -> dispatched, or a new attempt of a dispatched operation. Takes the in-flight lease
 -- ($2 owner, $3 seconds) so that a crashed replica's claim expires. Revoked or expired
@@ -71,6 +123,9 @@ SELECT c.*, now() AS read_at FROM created c;
 -- and its request would leave twice): set_config(..., true) lasts to the end of this
 -- transaction, so it holds through PgBouncer's transaction pooling; remote_apply is kept.
 -- It is in `named`'s WHERE, which every claim evaluates, so the planner cannot drop it.
+-- A row marked lookup_before_send (a timeline switch put it in doubt: timeline_seen) is claimed
+-- only by the holder ($7) of a live reconciliation lease, under which the provider showed no
+-- effect (proxy/gate/resend.py), whatever its status; never as sent ($9). The claim clears it.
 WITH named AS (
     SELECT coalesce($1::text, (SELECT k.operation_id FROM operations k
                           WHERE k.provider = $9::jsonb->>'provider'
@@ -83,9 +138,13 @@ WITH named AS (
        SET status = 'dispatched', attempts = attempts + 1, dispatched_at = now(),
            lease_owner = $2, lease_until = now() + make_interval(secs => $3),
            last_outcome = NULL, attempt_ended_at = NULL, reconcile_owner = NULL,
-           reconcile_lease_until = NULL, next_reconcile_at = NULL, updated_at = now()
+           reconcile_lease_until = NULL, next_reconcile_at = NULL, lookup_before_send = NULL,
+           updated_at = now()
      WHERE operation_id = (SELECT id FROM named)
        AND revoked_at IS NULL AND expires_at > now()
+       AND (lookup_before_send IS NULL
+            OR ($9::jsonb IS NULL AND reconcile_owner = $7 AND reconcile_lease_until > now()
+                AND escalated_at IS NULL))
        AND (status = 'created'
             OR (status = 'dispatched' AND attempts = $4 AND escalated_at IS NULL
                 AND (lease_until IS NULL OR lease_until <= now())
@@ -254,12 +313,20 @@ SELECT o.*, now() AS read_at FROM operations o
 -- Take the reconciliation lease of one dispatched operation whose attempt is over, so that no
 -- two replicas (or a replica and a re-send) act on it at once. Paced: not before
 -- next_reconcile_at, whoever asks (an agent polling, a re-send, an admin), so no caller can
--- multiply lookups made with opgate's provider credential.
+-- multiply lookups made with opgate's provider credential. With $4 true, also a created row that
+-- a timeline switch put in doubt (lookup_before_send): the lookup before its first send here
+-- (proxy/gate/resend.py). Reconciliation ($4 false) never takes a created row: absence there
+-- means "send it", not "failed". $5, when given: the row's updated_at as a precondition lookup
+-- saw it (claim_operation's $8); the lease is taken only on the row unchanged since, and the
+-- claim then needs it unchanged since the lease.
 WITH taken AS (
     UPDATE operations
        SET reconcile_owner = $2, reconcile_lease_until = now() + make_interval(secs => $3),
            updated_at = now()
-     WHERE operation_id = $1 AND status = 'dispatched' AND escalated_at IS NULL
+     WHERE operation_id = $1 AND escalated_at IS NULL
+       AND (status = 'dispatched'
+            OR ($4::bool AND status = 'created' AND lookup_before_send IS NOT NULL))
+       AND ($5::timestamptz IS NULL OR updated_at = $5)
        AND (lease_until IS NULL OR lease_until <= now())
        AND (reconcile_lease_until IS NULL OR reconcile_lease_until <= now())
        AND (next_reconcile_at IS NULL OR next_reconcile_at <= now())
@@ -294,19 +361,24 @@ SELECT t.*, now() AS read_at FROM taken t;
 -- reconciliation lease that is still live, while no attempt is in flight and none has started
 -- since the lookup began ($10: the attempts it saw). A lapsed lease or a newer attempt makes
 -- the lookup's answer stale: zero rows. Settling an escalated operation tells the humans.
+-- A created row in doubt after a timeline switch (lookup_before_send) is settled the same way
+-- when the lookup finds its effect (claim_reconcile_one with $4): it was sent on the lost
+-- timeline.
 WITH settled AS (
     UPDATE operations
        SET status = $3, last_outcome = $3, settled_reason = $4, provider_object_id = $5,
            provider_status = $6, response_content_type = $7, response_body = $8,
            settled_at = now(), reconcile_owner = NULL, reconcile_lease_until = NULL,
-           updated_at = now()
-     WHERE operation_id = $1 AND status = 'dispatched' AND reconcile_owner = $2
+           lookup_before_send = NULL, updated_at = now()
+     WHERE operation_id = $1 AND reconcile_owner = $2
+       AND (status = 'dispatched' OR (status = 'created' AND lookup_before_send IS NOT NULL))
        AND reconcile_lease_until > now() AND attempts = $10
        AND (lease_until IS NULL OR lease_until <= now())
     RETURNING *
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-    SELECT operation_id, 'reconciled', 'dispatched', $3, $2, $9::jsonb FROM settled
+    SELECT operation_id, 'reconciled', CASE WHEN attempts = 0 THEN 'created' ELSE 'dispatched' END,
+           $3, $2, $9::jsonb FROM settled
 ), notification AS (
     INSERT INTO escalation_notifications (operation_id, kind)
     SELECT operation_id, 'settled_by_provider' FROM settled WHERE escalated_at IS NOT NULL
@@ -315,18 +387,20 @@ SELECT s.*, now() AS read_at FROM settled s;
 
 -- name: reconcile_inconclusive
 -- The lookup settled nothing: count the try, release the lease, say when to look again. Only
--- by the lease's holder ($2), and only for the attempt it looked up ($5).
+-- by the lease's holder ($2), and only for the attempt it looked up ($5); a created row only
+-- in doubt after a timeline switch (its lookup before the send).
 WITH noted AS (
     UPDATE operations
        SET reconcile_attempts = reconcile_attempts + 1, reconcile_owner = NULL,
            reconcile_lease_until = NULL, next_reconcile_at = now() + make_interval(secs => $3),
            updated_at = now()
-     WHERE operation_id = $1 AND reconcile_owner = $2 AND status = 'dispatched'
+     WHERE operation_id = $1 AND reconcile_owner = $2
+       AND (status = 'dispatched' OR (status = 'created' AND lookup_before_send IS NOT NULL))
        AND attempts = $5
     RETURNING *
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-    SELECT operation_id, 'reconcile_inconclusive', 'dispatched', 'dispatched', $2, $4::jsonb
+    SELECT operation_id, 'reconcile_inconclusive', status, status, $2, $4::jsonb
     FROM noted
 )
 SELECT n.*, now() AS read_at FROM noted n;
@@ -336,19 +410,22 @@ SELECT n.*, now() AS read_at FROM noted n;
 -- By the holder ($2) of a live reconciliation lease for the attempt it looked up ($6), or
 -- without one ($2 NULL) by $7 (NULL: an admin). The provider is still looked up, every $5
 -- seconds: an effect it shows later settles the operation (absence never does; that stays
--- with the human).
+-- with the human). A created row in doubt after a timeline switch (lookup_before_send) whose
+-- rule declares no lookup is escalated too, without a lease: it may have been sent on the lost
+-- timeline, and nothing can ask; it stays created, and no claim takes it any more.
 WITH escalated AS (
     UPDATE operations
        SET escalated_at = now(), escalation_reason = $3, reconcile_owner = NULL,
            reconcile_lease_until = NULL, next_reconcile_at = now() + make_interval(secs => $5),
            updated_at = now()
-     WHERE operation_id = $1 AND status = 'dispatched' AND escalated_at IS NULL
+     WHERE operation_id = $1 AND escalated_at IS NULL
+       AND (status = 'dispatched' OR (status = 'created' AND lookup_before_send IS NOT NULL))
        AND ($2::text IS NULL
             OR (reconcile_owner = $2 AND reconcile_lease_until > now() AND attempts = $6))
     RETURNING *
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-    SELECT operation_id, 'escalated', 'dispatched', 'dispatched', coalesce($2, $7, 'admin'),
+    SELECT operation_id, 'escalated', status, status, coalesce($2, $7, 'admin'),
            $4::jsonb || jsonb_build_object('reason', $3)
     FROM escalated
 ), notification AS (
@@ -358,19 +435,22 @@ SELECT e.*, now() AS read_at FROM escalated e;
 
 -- name: resolve_operation
 -- A human verdict settles a dispatched operation: confirmed (with the provider's object id)
--- or failed (no effect). Never while an attempt is in flight.
+-- or failed (no effect). Never while an attempt is in flight. Also a created row escalated
+-- after a timeline switch (escalate_operation): the human says whether the lost timeline sent it.
 WITH resolved AS (
     UPDATE operations
        SET status = $2, last_outcome = $2, settled_reason = 'human_verdict',
            provider_object_id = coalesce($3, provider_object_id), resolution_note = $4,
            settled_at = now(), reconcile_owner = NULL, reconcile_lease_until = NULL,
-           updated_at = now()
-     WHERE operation_id = $1 AND status = 'dispatched'
+           lookup_before_send = NULL, updated_at = now()
+     WHERE operation_id = $1
+       AND (status = 'dispatched' OR (status = 'created' AND escalated_at IS NOT NULL))
        AND (lease_until IS NULL OR lease_until <= now())
     RETURNING *
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-    SELECT operation_id, 'resolved', 'dispatched', $2, $5,
+    SELECT operation_id, 'resolved', CASE WHEN attempts = 0 THEN 'created' ELSE 'dispatched' END,
+           $2, $5,
            jsonb_build_object('verdict', $2, 'object_id', $3, 'note', $4)
     FROM resolved
 )
@@ -613,7 +693,7 @@ SELECT
     count(*) FILTER (WHERE status = 'dispatched') AS dispatched,
     count(*) FILTER (WHERE status = 'dispatched'
                        AND dispatched_at < now() - make_interval(secs => $1)) AS dispatched_old,
-    count(*) FILTER (WHERE status = 'dispatched' AND escalated_at IS NOT NULL) AS escalated,
+    count(*) FILTER (WHERE escalated_at IS NOT NULL) AS escalated,
     (SELECT count(*) FROM proposals
       WHERE status = 'pending' AND expires_at > now()) AS proposals_pending
   FROM operations WHERE status IN ('created', 'dispatched');
@@ -678,9 +758,10 @@ SELECT o.*, now() AS read_at FROM operations o
  LIMIT $5;
 
 -- name: console_escalated
--- The escalation queue: dispatched operations waiting on a human, oldest escalation first.
+-- The escalation queue: operations waiting on a human (dispatched, or created and in doubt
+-- after a timeline switch), oldest escalation first.
 SELECT o.*, now() AS read_at FROM operations o
- WHERE o.status = 'dispatched' AND o.escalated_at IS NOT NULL
+ WHERE o.status IN ('created', 'dispatched') AND o.escalated_at IS NOT NULL
  ORDER BY o.escalated_at, o.operation_id
  LIMIT $1;
 

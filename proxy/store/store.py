@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import asyncpg
+import structlog
 
 from proxy.errors import AlreadySuperseded, IdempotencyKeyInUse, StoreUnavailable
 from proxy.store.connections import Connections
@@ -24,6 +25,7 @@ from proxy.store.queries import QUERIES
 from proxy.store.replication import ReplicationFacts, Verdict, facts_from_row, judge
 
 T = TypeVar("T")
+_log = structlog.get_logger("opgate.store")
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,41 @@ def _claim_arguments(
     )
 
 
+@dataclass(frozen=True)
+class TimelineSeen:
+    """What a connection saw of the primary's timeline (queries.sql ``timeline_seen``)."""
+
+    current: int | None  # None: the connection is to a standby
+    previous: int | None  # the greatest recorded before (None: none was)
+    marked: int | None  # operations put in doubt now (None: this connection recorded nothing)
+
+
+async def see_timeline(conn: asyncpg.Connection) -> TimelineSeen:
+    """Record the timeline ``conn`` writes on, marking the operations a switch put in doubt.
+    Nothing on a standby: it refuses the statement (one that writes, even nothing), and a
+    connection to one must still open, to be refused by what uses it (``ping``)."""
+    if await conn.fetchval(QUERIES["ping"]):
+        return TimelineSeen(None, None, None)
+    record = await conn.fetchrow(QUERIES["timeline_seen"])
+    assert record is not None  # one row always
+    return TimelineSeen(record["current_timeline"], record["previous_timeline"], record["marked"])
+
+
+async def _see_timeline_first(conn: asyncpg.Connection) -> None:
+    """Every new pooled connection, before its first use. After a failover every connection
+    is new (the old primary's died with it), so no claim on a new timeline can precede the
+    marking of the operations that the lost timeline may have sent; a periodic check could
+    come after one."""
+    seen = await see_timeline(conn)
+    if seen.marked is not None and seen.previous is not None:
+        _log.warning(
+            "timeline_switched",
+            timeline=seen.current,
+            previous_timeline=seen.previous,
+            operations_in_doubt=seen.marked,
+        )
+
+
 async def _reset_connection(conn: asyncpg.Connection) -> None:
     """Replaces asyncpg's default reset (advisory unlock, CLOSE ALL, UNLISTEN, RESET ALL: one
     extra round trip per request). opgate never leaves session state behind: no LISTEN, no
@@ -167,6 +204,7 @@ class Store:
                 min_size=min_size,
                 max_size=max_size,
                 reset=_reset_connection,
+                init=_see_timeline_first,
                 timeout=acquire_timeout,
                 command_timeout=statement_timeout_ms / 1000,
                 server_settings=settings,
@@ -427,9 +465,20 @@ class Store:
         return await self.many("list_operations", tenant, statuses, agent_id, limit)
 
     async def claim_reconcile_one(
-        self, operation_id: str, owner: str, lease_seconds: float
+        self,
+        operation_id: str,
+        owner: str,
+        lease_seconds: float,
+        *,
+        in_doubt: bool = False,
+        unchanged_since: datetime | None = None,
     ) -> Operation | None:
-        return await self._one("claim_reconcile_one", operation_id, owner, lease_seconds)
+        """The reconciliation lease of a dispatched operation; with ``in_doubt``, also of a
+        created one that a timeline switch put in doubt (its lookup before the send).
+        ``unchanged_since``: the row's ``updated_at`` as a precondition lookup saw it."""
+        return await self._one(
+            "claim_reconcile_one", operation_id, owner, lease_seconds, in_doubt, unchanged_since
+        )
 
     async def claim_reconcile_batch(
         self, owner: str, lease_seconds: float, limit: int

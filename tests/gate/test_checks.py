@@ -909,3 +909,75 @@ def test_json_leaves_below_the_injected_pointer_are_injection_conflicts() -> Non
     document = {**OK_JSON, "metadata": {"operation_id": {"x": "op_1"}}}
     decision = decide(json_facts(document), json_operation(), operation_lookup_failed=False)
     assert reason_of(decision) is Reason.INJECTION_CONFLICT
+
+
+# After a timeline switch of the database (a failover), a row that existed may have been claimed
+# and sent on the lost timeline, whatever it says now: it is looked up before its next send.
+SWITCH_SEEN = NOW - timedelta(seconds=30)
+PAY_LOOKS_UP_NO_DEDUP = load_provider(
+    POLICY.format(dedup="false").replace(
+        "    path: /v1/refunds\n",
+        "    path: /v1/refunds\n    reconcile: {lookups: [{path: /v1/refunds}]}\n",
+        1,
+    )
+)
+IN_DOUBT_CASES = [
+    ("created", {}),
+    ("never left", {"status": Status.DISPATCHED, "attempts": 1, "unsent_attempts": 1,
+                    "last_outcome": LastOutcome.NOT_SENT}),
+    ("unknown outcome", {"status": Status.DISPATCHED, "attempts": 1,
+                         "last_outcome": LastOutcome.UNKNOWN_TIMEOUT}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("scenario", "state"), IN_DOUBT_CASES, ids=[c[0] for c in IN_DOUBT_CASES])
+def test_a_row_in_doubt_after_a_switch_is_sent_only_after_its_lookup(
+    scenario: str, state: dict[str, Any]
+) -> None:
+    """Created, never left or unknown: with lookups declared, the send waits for the lookup,
+    even where the key or not_sent would have let it go unasked."""
+    op = make_operation(lookup_before_send=SWITCH_SEEN, **state)
+    for provider in (PAY_LOOKS_UP, PAY_LOOKS_UP_NO_DEDUP):
+        assert decide_by_state(provider, op) == Forward(ClaimKind.RESEND_AFTER_LOOKUP)
+
+
+@pytest.mark.parametrize(("scenario", "state"), IN_DOUBT_CASES, ids=[c[0] for c in IN_DOUBT_CASES])
+def test_a_row_in_doubt_whose_rule_has_no_lookup_is_escalated_not_sent(
+    scenario: str, state: dict[str, Any]
+) -> None:
+    """Nothing can ask the provider: the request is refused as escalated (the pipeline then
+    escalates the row), even where the provider deduplicates the key."""
+    op = make_operation(lookup_before_send=SWITCH_SEEN, **state)
+    for provider in (PAY, PAY_DEDUP):
+        decision = decide_by_state(provider, op)
+        assert isinstance(decision, Deny)
+        assert decision.reason is Reason.OPERATION_ESCALATED
+        assert "lost timeline" in decision.detail
+
+
+def test_a_row_in_doubt_still_answers_by_its_settled_or_refused_state_first() -> None:
+    """Confirmed replays, revoked and escalated refuse, a live lease waits, as without a switch."""
+    doubted = make_operation(lookup_before_send=SWITCH_SEEN)
+    assert decide_by_state(PAY, replace(doubted, status=Status.CONFIRMED)) == Replay()
+    revoked = decide_by_state(PAY_LOOKS_UP, replace(doubted, revoked_at=NOW, revoked_reason="x"))
+    assert isinstance(revoked, Deny)
+    assert revoked.reason is Reason.APPROVAL_REVOKED
+    escalated = replace(doubted, escalated_at=NOW, escalation_reason="a human decides")
+    assert decide_by_state(PAY_LOOKS_UP, escalated) == Deny(
+        Reason.OPERATION_ESCALATED, "a human decides"
+    )
+    in_flight = replace(
+        doubted, status=Status.DISPATCHED, attempts=1, lease_until=NOW + timedelta(seconds=3)
+    )
+    waiting = decide_by_state(PAY_LOOKS_UP, in_flight)
+    assert isinstance(waiting, Deny)
+    assert waiting.reason is Reason.OPERATION_IN_FLIGHT
+
+
+def test_a_row_not_in_doubt_is_decided_as_before() -> None:
+    """Without the mark, a created row is a first send and not_sent a plain re-send."""
+    assert decide_by_state(PAY, make_operation()) == Forward(ClaimKind.FIRST)
+    never_left = make_operation(
+        status=Status.DISPATCHED, attempts=1, last_outcome=LastOutcome.NOT_SENT
+    )
+    assert decide_by_state(PAY_LOOKS_UP, never_left) == Forward(ClaimKind.RESEND)

@@ -193,8 +193,25 @@ async def _database_at(server_dsn: str, name: str, last: int) -> str:
     return dsn
 
 
-async def _transition(conn: asyncpg.Connection, operation_id: str) -> None:
-    """A created operation (its first transition record), then its claim (the second)."""
+# A claim on the schema of migration 0009: today's claim_operation names columns that later
+# migrations add (lookup_before_send, 0014). The same transition, as that schema takes it.
+_CLAIM_BEFORE_0010 = """
+WITH claimed AS (
+    UPDATE operations SET status = 'dispatched', attempts = 1, dispatched_at = now(),
+           lease_owner = 'me', lease_until = now() + interval '30 seconds', updated_at = now()
+     WHERE operation_id = $1 AND status = 'created'
+    RETURNING operation_id
+)
+INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
+SELECT operation_id, 'claimed', 'created', 'dispatched', 'me', '{"attempt": 1}'::jsonb
+  FROM claimed
+RETURNING event_id
+"""
+
+
+async def _transition(conn: asyncpg.Connection, operation_id: str, *, migrated: bool) -> None:
+    """A created operation (its first transition record), then its claim (the second); the
+    claim as the schema of migration 0009 takes it unless ``migrated`` (to the latest)."""
     expires = datetime.now(UTC) + timedelta(hours=1)
     created = await conn.fetchrow(
         QUERIES["create_operation"],
@@ -202,9 +219,12 @@ async def _transition(conn: asyncpg.Connection, operation_id: str) -> None:
         "usd", "{}", f"key-{operation_id}", "ref", "human", expires, "test", None,
     )  # fmt: skip
     assert created is not None
-    claimed = await conn.fetchrow(
-        QUERIES["claim_operation"], operation_id, "me", 30.0, 0, "me", None, None, None, None
-    )
+    if migrated:
+        claimed = await conn.fetchrow(
+            QUERIES["claim_operation"], operation_id, "me", 30.0, 0, "me", None, None, None, None
+        )
+    else:
+        claimed = await conn.fetchrow(_CLAIM_BEFORE_0010, operation_id)
     assert claimed is not None
 
 
@@ -218,10 +238,10 @@ async def test_chains_written_before_migration_0010_go_on_after_it(pg_server_dsn
         conn = await asyncpg.connect(dsn)
         try:
             await conn.execute(_APPEND_BEFORE_0010, STREAM, "request", json.dumps(_requests(1, 3)))
-            await _transition(conn, "op_before")
+            await _transition(conn, "op_before", migrated=False)
             assert (await migrate(dsn))[0] == 10  # and any after it
             await records.append_batch(conn, STREAM, "request", _requests(4, MANY_RECORDS))
-            await _transition(conn, "op_after")
+            await _transition(conn, "op_after", migrated=True)
             # a hand-written seq 0 INSERT is still chained by the trigger
             await conn.execute(
                 _APPEND_BEFORE_0010, STREAM, "request", json.dumps(_requests(4 + MANY_RECORDS, 1))

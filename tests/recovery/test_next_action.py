@@ -203,3 +203,50 @@ def test_a_failed_precondition_matters_only_while_nothing_was_sent() -> None:
     op = operation(status=Status.DISPATCHED, lease_until=LIVE)
     advice = next_action(op, dedup_window_seconds=None, precondition_failure=evidence)
     assert (advice.action, advice.evidence) == (NextAction.WAIT, None)
+
+
+SWITCH_SEEN = NOW - timedelta(seconds=30)
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        {},
+        {"status": Status.DISPATCHED, "attempts": 1, "unsent_attempts": 1,
+         "last_outcome": LastOutcome.NOT_SENT, "lease_until": PAST},
+        {"status": Status.DISPATCHED, "attempts": 1, "last_outcome": LastOutcome.UNKNOWN_TIMEOUT,
+         "lease_until": PAST},
+    ],
+    ids=["created", "never left", "unknown outcome"],
+)  # fmt: skip
+def test_a_row_in_doubt_after_a_switch_is_never_told_plain_send(state: dict[str, Any]) -> None:
+    """A failover may have sent it: the agent is told to re-send through opgate, which asks the
+    provider first, whatever the provider's deduplication; never "nothing was sent yet"."""
+    op = operation(lookup_before_send=SWITCH_SEEN, **state)
+    for window in (None, 86400.0):
+        advice = next_action(op, dedup_window_seconds=window)
+        assert advice.action is NextAction.RETRY
+        assert "asks the provider first" in advice.reason
+    assert next_action(operation(), dedup_window_seconds=None).action is NextAction.SEND
+
+
+def test_a_row_in_doubt_waits_while_its_next_lookup_is_not_due() -> None:
+    """A lookup that could not conclude yet (the grace since the switch) paces the agent."""
+    op = operation(lookup_before_send=SWITCH_SEEN, next_reconcile_at=NOW + timedelta(seconds=2.5))
+    advice = next_action(op, dedup_window_seconds=None)
+    assert (advice.action, advice.retry_after_seconds) == (NextAction.WAIT, 3)
+    due = replace(op, next_reconcile_at=PAST)
+    assert next_action(due, dedup_window_seconds=None).action is NextAction.RETRY
+
+
+def test_a_row_in_doubt_answers_by_its_settled_escalated_or_expired_state_first() -> None:
+    """The mark adds a lookup before a send; it never hides what the row already says."""
+    op = operation(lookup_before_send=SWITCH_SEEN)
+    escalated = replace(op, escalated_at=PAST, escalation_reason="a human decides")
+    assert next_action(escalated, dedup_window_seconds=None).action is NextAction.ESCALATED
+    expired = replace(op, expires_at=PAST)
+    assert next_action(expired, dedup_window_seconds=None).action is (
+        NextAction.NEW_APPROVAL_REQUIRED
+    )
+    in_flight = replace(op, status=Status.DISPATCHED, attempts=1, lease_until=LIVE)
+    assert next_action(in_flight, dedup_window_seconds=None).action is NextAction.WAIT
