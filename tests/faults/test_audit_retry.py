@@ -1,0 +1,122 @@
+"""A batch of request records whose commit happened but whose acknowledgement was lost (the
+connection cut after PostgreSQL committed, as in a failover) is stored once, not twice, when
+the writer (proxy/observe/auditlog/writer.py) sends it again: against a real PostgreSQL
+behind a relay that swallows the server's reply and cuts, with the real ``opgate audit
+verify`` judging the trail."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+import pytest_asyncio
+
+from proxy.observe.auditlog.records import MANY_RECORDS
+from proxy.observe.auditlog.writer import RequestRecordWriter
+from proxy.store.store import Store
+from tests.support.paths import REPO
+from tests.support.pg_relay import TcpRelay, dsn_through_relay, relay_target
+
+FLUSH_DEADLINE = 10.0
+MARKER = "lost-ack-7f3a9c"  # a request id only the batch whose answer is lost carries
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def relay(database_url: str) -> AsyncIterator[tuple[TcpRelay, str]]:
+    """A relay in front of this test's database, and the DSN that goes through it."""
+    relay = TcpRelay()
+    host, port = await relay.start(*relay_target(database_url))
+    try:
+        yield relay, dsn_through_relay(database_url, host, port)
+    finally:
+        await relay.stop()
+
+
+def _submit(writer: RequestRecordWriter, request_ids: list[str]) -> None:
+    for request_id in request_ids:
+        fields: dict[str, Any] = {"request_id": request_id, "decision": "allow", "agent_id": "a"}
+        writer.admit(fields)
+        writer.submit(fields)
+
+
+async def _stored(database_url: str, stream: str) -> list[dict[str, Any]]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch(
+            "SELECT record::text FROM audit_log WHERE stream = $1 ORDER BY seq", stream
+        )
+    finally:
+        await conn.close()
+    return [json.loads(row[0]) for row in rows]
+
+
+async def _verify(database_url: str) -> tuple[int, str]:
+    """``opgate audit verify`` on the test's database: exit code and output."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy", "audit", "verify", "--database-url", database_url,
+        cwd=REPO, env={k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode is not None
+    return process.returncode, out.decode()
+
+
+@pytest.mark.parametrize(
+    ("scenario", "before", "lost"),
+    [
+        # the run's first batch: its `started` record (no number) is in the lost answer too
+        ("first batch, chained row by row", 0, 2),
+        ("later batch, chained by one function", 3, MANY_RECORDS + 4),
+    ],
+)
+async def test_a_batch_committed_with_its_answer_lost_is_stored_once(
+    relay: tuple[TcpRelay, str], database_url: str, scenario: str, before: int, lost: int
+) -> None:
+    """A batch the database committed while the writer saw its connection fail is stored
+    once when sent again, and verify says ok."""
+    tcp_relay, relayed_dsn = relay
+    stream = "requests/lostack"
+    store = await Store.open(relayed_dsn, min_size=1, max_size=2)
+    writer = RequestRecordWriter(store, stream, heartbeat_seconds=60)
+    try:
+        if before:
+            writer.start()
+            _submit(writer, [f"r{i}" for i in range(before)])
+            await asyncio.wait_for(writer.flush(), FLUSH_DEADLINE)
+            _submit(writer, [MARKER] + [f"r{i}" for i in range(before, before + lost - 1)])
+            tcp_relay.lose_reply_to(MARKER.encode())
+        else:
+            _submit(writer, [MARKER] + [f"r{i}" for i in range(lost - 1)])
+            tcp_relay.lose_reply_to(MARKER.encode())
+            writer.start()
+        await asyncio.wait_for(writer.flush(), FLUSH_DEADLINE)
+        assert tcp_relay.replies_lost == 1, "the relay never lost the batch's answer"
+        assert writer.failures >= 1
+        # the whole lost batch, found stored: its `started` record too when it was the first
+        assert writer.already_stored == lost + (0 if before else 1)
+    finally:
+        await writer.close()
+        await store.close()
+    stored = await _stored(database_url, stream)
+    started = [r for r in stored if r.get("record_type") == "started"]
+    assert [r["run_id"] for r in started] == [writer.run_id]
+    numbers = [r["instance_seq"] for r in stored if "instance_seq" in r]
+    assert numbers == list(range(1, before + lost + 1))
+    assert [r["request_id"] for r in stored if r.get("request_id") == MARKER] == [MARKER]
+    conn = await asyncpg.connect(database_url)
+    try:
+        kept = await conn.fetchval(
+            "SELECT stored_records FROM audit_instance_runs WHERE run_id = $1", writer.run_id
+        )
+    finally:
+        await conn.close()
+    assert kept == len(stored)
+    code, out = await _verify(database_url)
+    assert code == 0, out
