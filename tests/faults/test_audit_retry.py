@@ -120,3 +120,58 @@ async def test_a_batch_committed_with_its_answer_lost_is_stored_once(
     assert kept == len(stored)
     code, out = await _verify(database_url)
     assert code == 0, out
+
+
+async def _lock_waiters(conn: asyncpg.Connection) -> int:
+    """Backends whose batch statement waits for a lock."""
+    count: int = await conn.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        " AND query LIKE '%opgate_audit_append_requests%' AND datname = current_database()"
+    )
+    return count
+
+
+async def _until_lock_waiters(conn: asyncpg.Connection, count: int) -> None:
+    async with asyncio.timeout(FLUSH_DEADLINE):
+        while await _lock_waiters(conn) < count:  # noqa: ASYNC110 (no event: a server's state)
+            await asyncio.sleep(0.02)
+
+
+async def test_a_batch_sent_again_while_its_first_attempt_still_runs_is_stored_once(
+    relay: tuple[TcpRelay, str], database_url: str
+) -> None:
+    """A batch sent again while the server still runs its first attempt (its client cut off)
+    waits for that attempt, finds its records stored, and stores none of them again."""
+    tcp_relay, relayed_dsn = relay
+    stream = "requests/inflight"
+    store = await Store.open(relayed_dsn, min_size=1, max_size=2)
+    writer = RequestRecordWriter(store, stream, heartbeat_seconds=60)
+    holder = await asyncpg.connect(database_url)
+    watcher = await asyncpg.connect(database_url)
+    try:
+        writer.start()
+        _submit(writer, ["r0", "r1"])
+        await asyncio.wait_for(writer.flush(), FLUSH_DEADLINE)
+        holding = holder.transaction()
+        await holding.start()
+        # the stream's head, held: the batch's first attempt stops on it, mid-statement
+        await holder.execute("SELECT 1 FROM audit_heads WHERE stream = $1 FOR UPDATE", stream)
+        _submit(writer, [f"r{i}" for i in range(2, 2 + MANY_RECORDS + 2)])
+        await _until_lock_waiters(watcher, 1)
+        await tcp_relay.cut()  # its client is gone; the server goes on with it
+        await tcp_relay.restore()
+        await _until_lock_waiters(watcher, 2)  # the batch sent again waits as well
+        await holding.rollback()
+        await asyncio.wait_for(writer.flush(), FLUSH_DEADLINE)
+        assert writer.failures >= 1
+        assert writer.already_stored == MANY_RECORDS + 2
+    finally:
+        await writer.close()
+        await store.close()
+        await holder.close()
+        await watcher.close()
+    stored = await _stored(database_url, stream)
+    numbers = [r["instance_seq"] for r in stored if "instance_seq" in r]
+    assert numbers == list(range(1, MANY_RECORDS + 5))
+    code, out = await _verify(database_url)
+    assert code == 0, out
