@@ -175,3 +175,45 @@ async def test_a_batch_sent_again_while_its_first_attempt_still_runs_is_stored_o
     assert numbers == list(range(1, MANY_RECORDS + 5))
     code, out = await _verify(database_url)
     assert code == 0, out
+
+
+async def test_a_batch_whose_synchronous_commit_wait_was_cancelled_is_stored_once() -> None:
+    """A batch whose wait for a synchronous standby is cancelled by the store's statement
+    timeout (PostgreSQL keeps it committed, and only warns) is stored once however often it
+    is sent again while the standby is away."""
+    # tests/support/cluster.py comes with branch `failover` (a real primary and standby):
+    # until it is merged, this test skips.
+    clusters = pytest.importorskip("tests.support.cluster")
+    reason = clusters.missing_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    stream = "requests/syncwait"
+    cluster = await asyncio.to_thread(clusters.Cluster.start, sync=True)
+    try:
+        dsn = await cluster.create_database("opgate")
+        store = await Store.open(dsn, min_size=1, max_size=2, statement_timeout_ms=500)
+        writer = RequestRecordWriter(store, stream, heartbeat_seconds=60)
+        try:
+            writer.start()
+            _submit(writer, ["r0", "r1"])
+            await asyncio.wait_for(writer.flush(), FLUSH_DEADLINE)
+            await asyncio.to_thread(cluster.stop_standby)  # commits now wait for it
+            _submit(writer, [f"r{i}" for i in range(2, 2 + MANY_RECORDS + 2)])
+            async with asyncio.timeout(FLUSH_DEADLINE):
+                while writer.failures < 2:  # noqa: ASYNC110 (a counter: nothing signals it)
+                    await asyncio.sleep(0.05)
+            await asyncio.to_thread(cluster.start_standby)
+            await asyncio.wait_for(writer.flush(), FLUSH_DEADLINE * 3)
+            assert writer.already_stored == MANY_RECORDS + 2
+        finally:
+            await writer.close()
+            await store.close()
+        assert "canceling wait for synchronous replication" in cluster.primary.log()
+        direct = cluster.primary.dsn("opgate")
+        stored = await _stored(direct, stream)
+        numbers = [r["instance_seq"] for r in stored if "instance_seq" in r]
+        assert numbers == list(range(1, MANY_RECORDS + 5))
+        code, out = await _verify(direct)
+        assert code == 0, out
+    finally:
+        await asyncio.to_thread(cluster.stop)
