@@ -1,8 +1,9 @@
-"""A batch of request records whose commit happened but whose acknowledgement was lost (the
-connection cut after PostgreSQL committed, as in a failover) is stored once, not twice, when
-the writer (proxy/observe/auditlog/writer.py) sends it again: against a real PostgreSQL
-behind a relay that swallows the server's reply and cuts, with the real ``opgate audit
-verify`` judging the trail."""
+"""A batch of request records whose commit happened while the writer saw an error is stored
+once, not twice, when the writer (proxy/observe/auditlog/writer.py) sends it again: against a
+real PostgreSQL behind a relay that swallows the server's reply to the commit and cuts (as a
+failover does), behind a relay cut while the server still runs the first attempt, and on a
+real primary whose wait for its synchronous standby is cancelled; the real ``opgate audit
+verify`` judges the trail."""
 
 from __future__ import annotations
 

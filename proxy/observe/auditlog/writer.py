@@ -20,6 +20,11 @@ What can go wrong, and what the writer does about it:
   listener's readiness say so. Past ``max_pending`` waiting records, new ones are dropped; their
   numbers go into a ``dropped`` record as soon as there is room, so that ``opgate audit
   verify`` reports them as dropped rather than missing.
+- A batch's statement raises though its transaction committed (the answer lost with the
+  connection in a failover; a synchronous standby's wait cancelled by the statement timeout).
+  It is sent again like any other failure, and the database stores only the records no earlier
+  attempt stored (migration 0015: each record's position in the run's queue says which): the
+  batch is stored once, and counted in ``already_stored``.
 
 Each run of the writer begins its stream's numbering with a ``started`` record (naming the
 run by a random ``run_id``): numbers are 1, 2, 3... from there (``verify`` checks them run by
