@@ -540,7 +540,9 @@ SELECT opgate_audit_append_batch($1, $2, $3::jsonb);
 -- name: audit_append_requests
 -- A batch of one instance's request records ($1 stream, $2 kind, $3 a JSON array of records)
 -- and its run's trace ($4, migration 0012) in one statement; $5: chained by one function (a
--- batch of records.MANY_RECORDS or more) rather than by the trigger row by row.
+-- batch of records.MANY_RECORDS or more) rather than by the trigger row by row. Records an
+-- earlier attempt of the batch stored (its commit's answer lost) are skipped, exactly, under
+-- the run's row lock; returns how many were (migration 0015).
 SELECT opgate_audit_append_requests($1, $2, $3::jsonb, $4::jsonb, $5);
 
 -- name: audit_run_seen

@@ -57,6 +57,28 @@ async def test_cut_breaks_connections_until_restore(relay: tuple[TcpRelay, str])
         await conn.close()
 
 
+async def test_a_lost_reply_is_a_broken_connection_for_a_committed_statement(
+    relay: tuple[TcpRelay, str], database_url: str
+) -> None:
+    """With lose_reply_to, the statement bound to the marker commits while its client sees
+    the connection fail."""
+    tcp_relay, dsn = relay
+    setup = await asyncpg.connect(database_url)
+    try:
+        await setup.execute("CREATE TABLE relay_lost (note text)")
+        conn = await asyncpg.connect(dsn)
+        try:
+            tcp_relay.lose_reply_to(b"marker-4d1e")
+            with pytest.raises(CONNECTION_ERRORS):
+                await conn.execute("INSERT INTO relay_lost VALUES ($1)", "marker-4d1e")
+        finally:
+            conn.terminate()
+        assert tcp_relay.replies_lost == 1
+        assert await setup.fetchval("SELECT count(*) FROM relay_lost") == 1
+    finally:
+        await setup.close()
+
+
 @pytest.mark.parametrize(
     ("dsn", "target", "through"),
     [

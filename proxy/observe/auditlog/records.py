@@ -64,11 +64,13 @@ async def append_texts(
 
 async def append_requests(
     conn: asyncpg.Connection, stream: str, texts: Sequence[str], run: dict[str, Any]
-) -> None:
+) -> int:
     """A request stream's records (made ``record_text``), in order, and how far the run that
-    numbered them got (``run``: migration 0012), in one statement."""
+    numbered them got (``run``: migration 0012), in one statement. With ``run["batch_first"]``
+    (the first record's position in the run) the records already stored are skipped
+    (migration 0015); returns how many were."""
     many = len(texts) >= MANY_RECORDS
-    await conn.execute(
+    skipped: int = await conn.fetchval(
         QUERIES["audit_append_requests"],
         stream,
         "request",
@@ -76,6 +78,7 @@ async def append_requests(
         json.dumps(run),
         many,
     )
+    return skipped
 
 
 async def run_seen(conn: asyncpg.Connection, run: dict[str, Any]) -> None:

@@ -20,6 +20,11 @@ What can go wrong, and what the writer does about it:
   listener's readiness say so. Past ``max_pending`` waiting records, new ones are dropped; their
   numbers go into a ``dropped`` record as soon as there is room, so that ``opgate audit
   verify`` reports them as dropped rather than missing.
+- A batch's statement raises though its transaction committed (the answer lost with the
+  connection in a failover; a synchronous standby's wait cancelled by the statement timeout).
+  It is sent again like any other failure, and the database stores only the records no earlier
+  attempt stored (migration 0015: each record's position in the run's queue says which): the
+  batch is stored once, and counted in ``already_stored``.
 
 Each run of the writer begins its stream's numbering with a ``started`` record (naming the
 run by a random ``run_id``): numbers are 1, 2, 3... from there (``verify`` checks them run by
@@ -106,6 +111,7 @@ def placeholder(record: dict[str, Any], error: BaseException) -> dict[str, Any]:
 class _Pending:
     since: float  # when it was queued (monotonic)
     record: dict[str, Any]
+    position: int  # its place in the order the run queues (and stores) records: 1, 2, 3...
     text: str | None = None  # the JSON it is stored as, once prepared
     stands_in: bool = False  # text is a placeholder for the record
 
@@ -159,6 +165,7 @@ class RequestRecordWriter:
         self._idle = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._last_seq = 0
+        self._queued = 0  # records this run has queued: the last one's position
         self._dropped_seqs: list[list[int]] = []  # [first, last] ranges not yet on record
         self._dropped_unrecorded = 0
         self._waiting_since: float | None = None  # records wait and nothing was stored since
@@ -168,6 +175,7 @@ class RequestRecordWriter:
         self.unstorable = 0
         self.aggregated = 0
         self.failures = 0
+        self.already_stored = 0  # records a retried batch found stored (its commit's ack lost)
         started = {
             "schema_version": AUDIT_SCHEMA_VERSION,
             "record_type": "started",
@@ -296,7 +304,8 @@ class RequestRecordWriter:
         now = self._clock()
         if self._waiting_since is None:
             self._waiting_since = now
-        self._pending.append(_Pending(now, record, text))
+        self._queued += 1
+        self._pending.append(_Pending(now, record, self._queued, text))
         self._idle.clear()
         if len(self._pending) >= self._wake_at:
             self._wakeup.set()
@@ -378,11 +387,26 @@ class RequestRecordWriter:
         self._wakeup.clear()
 
     async def _append_texts(self, entries: list[_Pending]) -> None:
+        """Store ``entries`` (in order, the front of the queue). The database skips those an
+        earlier attempt stored (migration 0015): a commit can happen and its answer be lost
+        (the connection cut in a failover, a synchronous standby's wait cancelled), so a batch
+        sent again may be stored already; that is stored, not an error."""
         texts = [entry.text or "" for entry in entries]
         trace = self.run_trace(max(self._stored_seq, _highest_seq(entries)))
-        await self._store.run(
+        trace["batch_first"] = entries[0].position
+        trace["stored_records"] = entries[-1].position
+        skipped = await self._store.run(
             lambda conn: records.append_requests(conn, self._stream, texts, trace)
         )
+        if skipped:
+            self.already_stored += skipped
+            _log.warning(
+                "audit_batch_already_stored",
+                stream=self._stream,
+                records=skipped,
+                of=len(entries),
+                first_position=entries[0].position,
+            )
 
     async def _beat(self) -> None:
         """The run's trace every ``heartbeat_seconds`` in which nothing else wrote it (a
