@@ -514,57 +514,75 @@ def refund_form(operation: Operation) -> dict[str, str]:
     return {"charge": operation.charge, "amount": str(REFUND_AMOUNT)}
 
 
+async def approve(
+    session: aiohttp.ClientSession, stripe: Stripe, gate: Opgate, stream: Stream
+) -> Operation | None:
+    """The application's approval step: a refund of a fresh charge, approved through the
+    operations API; None when the approval was refused."""
+    charge = await stripe.charge()
+    approval = {
+        "tenant": TENANT,
+        "provider": "stripe",
+        "action": "refund.create",
+        "amount": REFUND_AMOUNT,
+        "params": {"charge": charge},
+        "approval_ref": "patroni-run",
+        "approved_by": "failover-run@example.com",
+        "ttl_seconds": 3600,
+    }
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    answer, body = await call(
+        session, "POST", f"{gate.ops_url}/v1/operations", json=approval, headers=admin
+    )
+    stream.answers[f"approve {answer}"] += 1
+    if not answer.startswith("201"):
+        return None
+    operation = Operation(body["operation_id"], body["idempotency_key"], charge)
+    stream.operations.append(operation)
+    return operation
+
+
 async def approver(
     session: aiohttp.ClientSession, stripe: Stripe, gate: Opgate, stream: Stream
 ) -> None:
-    """The application's approval step: a refund of a fresh charge, approved through the
-    operations API and queued for the agents, until told to stop. Approvals outpace sends,
-    so the queue is full when the leader dies: those approvals are sent into the outage."""
-    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    """Approvals queued for the agents, until told to stop. Approvals outpace sends, so the
+    queue is full when the leader dies: those approvals are sent into the outage."""
     while not stream.stop.is_set():
-        charge = await stripe.charge()
-        approval = {
-            "tenant": TENANT,
-            "provider": "stripe",
-            "action": "refund.create",
-            "amount": REFUND_AMOUNT,
-            "params": {"charge": charge},
-            "approval_ref": "patroni-run",
-            "approved_by": "failover-run@example.com",
-            "ttl_seconds": 3600,
-        }
-        answer, body = await call(
-            session, "POST", f"{gate.ops_url}/v1/operations", json=approval, headers=admin
-        )
-        stream.answers[f"approve {answer}"] += 1
-        if not answer.startswith("201"):
+        operation = await approve(session, stripe, gate, stream)
+        if operation is None:
             await asyncio.sleep(FAILED_ATTEMPT_PAUSE_SECONDS)
             continue
-        operation = Operation(body["operation_id"], body["idempotency_key"], charge)
-        stream.operations.append(operation)
         await stream.approved.put(operation)
 
 
+async def send(
+    session: aiohttp.ClientSession, gate: Opgate, stream: Stream, operation: Operation
+) -> str:
+    """One send of an approved refund with the agent's token: its tally key."""
+    headers = {"Authorization": f"Bearer {AGENT_TOKEN}", "Idempotency-Key": operation.key}
+    sent = time.monotonic()
+    answer, _ = await call(
+        session,
+        "POST",
+        f"{gate.agent_url}/stripe/v1/refunds",
+        data=refund_form(operation),
+        headers=headers,
+    )
+    stream.answers[f"send {answer}"] += 1
+    operation.send_statuses.append(answer)
+    if answer.startswith("200"):
+        operation.confirmed = True
+        stream.confirmed.append((sent, time.monotonic()))
+    else:
+        stream.refused_seconds.append(time.monotonic() - sent)
+    return answer
+
+
 async def agent(session: aiohttp.ClientSession, gate: Opgate, stream: Stream) -> None:
-    """Send each approved refund once with the agent's token, until the approvals end. A
-    send not answered 200 is left to the recovery read, after the stream."""
+    """Send each approved refund once, until the approvals end. A send not answered 200 is
+    left to the recovery read, after the stream."""
     while (operation := await stream.approved.get()) is not None:
-        headers = {"Authorization": f"Bearer {AGENT_TOKEN}", "Idempotency-Key": operation.key}
-        sent = time.monotonic()
-        answer, _ = await call(
-            session,
-            "POST",
-            f"{gate.agent_url}/stripe/v1/refunds",
-            data=refund_form(operation),
-            headers=headers,
-        )
-        stream.answers[f"send {answer}"] += 1
-        operation.send_statuses.append(answer)
-        if answer.startswith("200"):
-            operation.confirmed = True
-            stream.confirmed.append((sent, time.monotonic()))
-        else:
-            stream.refused_seconds.append(time.monotonic() - sent)
+        if not (await send(session, gate, stream, operation)).startswith("200"):
             await asyncio.sleep(FAILED_ATTEMPT_PAUSE_SECONDS)
     await stream.approved.put(None)
 
@@ -683,6 +701,13 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 )
 
             await until("the stream to warm up", warmed_up, 60)
+            # Approved before the kill and kept aside: in strict mode, sent while the
+            # promoted node has no standby (when no new approval can commit).
+            reserve: list[Operation] = []
+            while args.strict and len(reserve) < args.agents:
+                operation = await approve(session, stripe, gate, stream)
+                if operation is not None:
+                    reserve.append(operation)
             leader_name = next(
                 (n for n, r in (await roles(session, cluster)).items() if r == "master"), ""
             )
@@ -709,12 +734,25 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 # The promoted node has no standby: synchronous_standby_names stays '*' and
                 # every commit (opgate's claims) waits. Hold, then bring the old node back.
                 held = time.monotonic() + args.strict_hold
+
+                async def timed_send(operation: Operation) -> tuple[str, float]:
+                    started = time.monotonic()
+                    answer = await send(session, gate, stream, operation)
+                    return answer, time.monotonic() - started
+
+                # No approval can commit now: the ones kept aside show what a send gets.
+                reserve_sent = asyncio.gather(*(timed_send(op) for op in reserve))
                 readyz: collections.Counter[str] = collections.Counter()
                 while time.monotonic() < held:
-                    probe, _ = await rest(session, f"{gate.ops_url}/readyz")
-                    readyz[str(probe)] += 1
+                    probe, body = await rest(session, f"{gate.ops_url}/readyz")
+                    detail = body.get("detail", "") if isinstance(body, dict) else ""
+                    readyz[f"{probe} {detail[:40]}".strip()] += 1
                     await asyncio.sleep(0.5)  # a probe's period
                 summary["readyz_while_no_standby"] = dict(readyz)
+                summary["reserve_sends_while_no_standby"] = [
+                    {"answer": answer, "seconds": round(seconds, 2)}
+                    for answer, seconds in await reserve_sent
+                ]
                 summary["confirmed_while_no_standby"] = len(confirmed_after_kill())
                 times.rejoined_started = time.monotonic()
                 cluster.start_node(leader)
