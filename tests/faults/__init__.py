@@ -1,0 +1,1 @@
+"""Faults of opgate's own infrastructure: its database, its process, its log sink."""
