@@ -175,10 +175,17 @@ async def test_without_pg_monitor_the_standbys_are_unverified(cluster: Cluster) 
     """A role without pg_monitor reads the walsenders' state as NULL: 'unverified' (served,
     readiness left to the heartbeat); granted pg_monitor, the same standby reads synchronous."""
     role = f"plain_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(cluster.primary.dsn())
+    database = f"repl_{uuid.uuid4().hex[:8]}"
+    await cluster.create_database(database)  # migrated: a new connection records its timeline
+    admin = await asyncpg.connect(cluster.primary.dsn(database))
     try:
         await admin.execute(f'CREATE ROLE "{role}" LOGIN')
-        dsn = f"postgresql://{role}@127.0.0.1:{cluster.primary_port}/postgres"
+        # what an application role is given on opgate's tables, pg_monitor aside
+        await admin.execute(
+            f'GRANT ALL ON ALL TABLES IN SCHEMA public TO "{role}";'
+            f' GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO "{role}"'
+        )
+        dsn = f"postgresql://{role}@127.0.0.1:{cluster.primary_port}/{database}"
         store = await Store.open(dsn, min_size=1, max_size=1)
         try:
             verdict = judge(await store.replication_facts(), accept_async=False)
@@ -190,5 +197,5 @@ async def test_without_pg_monitor_the_standbys_are_unverified(cluster: Cluster) 
         finally:
             await store.close()
     finally:
-        await admin.execute(f'DROP ROLE "{role}"')
+        await admin.execute(f'DROP OWNED BY "{role}"; DROP ROLE "{role}"')
         await admin.close()
