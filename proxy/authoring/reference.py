@@ -184,7 +184,10 @@ STATUS_SHOWN: dict[Reason, str] = {
 
 
 def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    """One table cell: one line, ``|`` escaped, and ``<`` outside code spans escaped so that
+    ``<data_dir>`` shows rather than being taken for an HTML tag."""
+    spans = " ".join(text.split()).replace("|", "\\|").split("`")
+    return "`".join(s if i % 2 else s.replace("<", "&lt;") for i, s in enumerate(spans))
 
 
 def render_codes() -> str:
