@@ -54,110 +54,244 @@ def _host_port(value: str) -> str:
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="OPGATE_", extra="forbid", frozen=True)
 
-    # The PostgreSQL *primary*. Empty: opgate runs an embedded PostgreSQL in data_dir.
-    database_url: str | None = None
-    data_dir: Path = Path(".opgate")
-    policy_dir: Path = Path("policies")
-    agent_listen: str = "127.0.0.1:8080"
-    ops_listen: str = "127.0.0.1:8081"
-    admin_token_sha256: Annotated[str, Field(pattern=_DIGEST)] | None = None
-    # The console's read-only role (proxy/console/): sees everything, changes nothing.
-    reviewer_token_sha256: Annotated[str, Field(pattern=_DIGEST)] | None = None
-    agents: list[AgentConfig] = Field(default_factory=list)
-    # The approver role: decides agents' proposals (and sees what a reviewer sees).
-    approvers: list[ApproverConfig] = Field(default_factory=list)
-    # A proposal waits this long for a human, then it is expired (neither approvable nor
-    # sendable); once approved, its operation stands this long (checked against the provider's
-    # idempotency-key retention when proposed).
-    proposal_pending_seconds: Annotated[float, Field(gt=0, le=7 * 86400)] = 86400.0
-    proposal_approval_seconds: Annotated[int, Field(gt=0, le=30 * 86400)] = 3600
-    secrets_dir: Path | None = None
-    # Per provider: send to this base URL instead of the policy's upstream (staging, tests).
-    upstream_overrides: dict[str, str] = Field(default_factory=dict)
-    instance_id: str = Field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
-    # Set by the worker supervisor for its workers, not by hand: where they share their metric
-    # counts (proxy/observe/shared_metrics.py).
-    metrics_dir: Path | None = None
-    pool_min_size: Annotated[int, Field(ge=1)] = 2
-    pool_max_size: Annotated[int, Field(ge=1)] = 10
-    pool_acquire_timeout_seconds: Annotated[float, Field(gt=0)] = 5.0
-    statement_timeout_ms: Annotated[int, Field(gt=0)] = 5000
-    # Added to a provider's total timeout: an attempt's lease outlives the attempt itself.
-    lease_margin_seconds: Annotated[float, Field(ge=0)] = 5.0
-    # A generous bound on client connections held idle between requests.
-    keepalive_timeout_seconds: Annotated[float, Field(gt=0)] = 75.0
-    # The whole request body must arrive within this (one deadline over the whole read, not
-    # per read: a byte every second would never trip a per-read timeout). Else 408.
-    body_read_timeout_seconds: Annotated[float, Field(gt=0)] = 10.0
-    # An agent's answer must be written within this (one deadline over the whole write: an
-    # agent that never reads would hold its connection, and the slot, forever); else the
-    # connection is aborted, and an `answer_undelivered` audit record says so.
-    answer_write_timeout_seconds: Annotated[float, Field(gt=0)] = 30.0
-    # Requests of one agent in flight at once in this process (from identification to the
-    # recorded outcome); one more is 429. Per process: a replica with W workers admits W times
-    # this per agent, a deployment of R such replicas R x W times.
-    max_requests_in_flight_per_agent: Annotated[int, Field(ge=1)] = 64
-    # The same for all agents of one tenant together (None: no cap), and request rates per
-    # agent and per tenant over every provider (None: none; a provider's policy can add its
-    # own, `rate_limits`). Per process, like the cap above; one more is 429 rate_limited.
-    max_requests_in_flight_per_tenant: Annotated[int, Field(ge=1)] | None = None
-    requests_per_second_per_agent: Annotated[float, Field(gt=0)] | None = None
-    requests_per_second_per_tenant: Annotated[float, Field(gt=0)] | None = None
-    log_level: str = "info"
-    # Worker processes sharing the listening sockets (None: one per core). Each has its own
-    # pool: the database sees workers x pool_max_size connections.
-    workers: Annotated[int, Field(ge=1, le=256)] | None = None
-    # On SIGTERM: stop accepting, let in-flight requests finish for this long, then exit.
+    # Each description is the settings page's text (docs/reference/settings.md, written by
+    # proxy/authoring/reference.py); a test keeps none missing.
+    database_url: str | None = Field(
+        None,
+        description="The PostgreSQL **primary** (never a replica: decisions read from it); "
+        "none: an embedded PostgreSQL in `data_dir`. Several hosts (`h1:5432,h2:5432`) need "
+        "`?target_session_attrs=read-write` (or `primary`), else `opgate serve` refuses to "
+        "start; one host is a warning at start (a promotion is followed only if the address "
+        "moves). A standby's or a read-only server's connection is dropped and made anew.",
+    )
+    data_dir: Path = Field(Path(".opgate"), description="Embedded PostgreSQL and dev tokens.")
+    policy_dir: Path = Field(
+        Path("policies"), description="The policy files (`*.yaml`, one per provider)."
+    )
+    agent_listen: str = Field("127.0.0.1:8080", description="HOST:PORT of the agent listener.")
+    ops_listen: str = Field(
+        "127.0.0.1:8081", description="HOST:PORT of the operations API and the console."
+    )
+    admin_token_sha256: Annotated[str, Field(pattern=_DIGEST)] | None = Field(
+        None, description="The admin token's SHA-256: `opgate token` prints a token and its digest."
+    )
+    reviewer_token_sha256: Annotated[str, Field(pattern=_DIGEST)] | None = Field(
+        None,
+        description="The console's read-only role (sees everything, changes nothing), by the "
+        "token's SHA-256.",
+    )
+    agents: list[AgentConfig] = Field(
+        default_factory=list,
+        description='`[{"id": "...", "tenant": "...", "token_sha256": "...", "owner": "..."}]`; '
+        "`owner` (optional) is the approver the agent belongs to, for four eyes.",
+    )
+    approvers: list[ApproverConfig] = Field(
+        default_factory=list,
+        description='`[{"name": "...", "token_sha256": "..."}]`: who may decide proposals '
+        "(operations API, console, `opgate proposals`), recorded under `name`. Names are unique "
+        "and each token is its own (opgate refuses one that an agent, the admin, the reviewer "
+        "or another approver also holds).",
+    )
+    # Checked against the provider's idempotency-key retention when proposed.
+    proposal_pending_seconds: Annotated[float, Field(gt=0, le=7 * 86400)] = Field(
+        86400.0,
+        description="A proposal waits this long for a decision (at most 7 days), then it is "
+        "expired (neither approvable nor sendable).",
+    )
+    proposal_approval_seconds: Annotated[int, Field(gt=0, le=30 * 86400)] = Field(
+        3600,
+        description="An approved proposal's operation stands this long from its approval (at "
+        "most 30 days, and within the provider's `idempotency.retention_seconds`).",
+    )
+    secrets_dir: Path | None = Field(
+        None,
+        description="Provider credentials: `OPGATE_SECRET_<NAME>` or `<secrets_dir>/<name>`, "
+        "never a policy file.",
+    )
+    upstream_overrides: dict[str, str] = Field(
+        default_factory=dict,
+        description="Per provider, a base URL to send to instead of the policy's upstream: "
+        '`{"stripe": "http://127.0.0.1:8420"}` (staging, local trials).',
+    )
+    instance_id: str = Field(
+        default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}",
+        description="This process's name in claims and audit records (default: `host:pid`).",
+    )
+    metrics_dir: Path | None = Field(
+        None,
+        description="Set by the worker supervisor for its workers, not by hand: where they "
+        "share their metric counts (proxy/observe/shared_metrics.py).",
+    )
+    pool_min_size: Annotated[int, Field(ge=1)] = Field(
+        2, description="Connections each worker's pool keeps open."
+    )
+    pool_max_size: Annotated[int, Field(ge=1)] = Field(
+        10, description="Connections each worker's pool may open."
+    )
+    pool_acquire_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
+        5.0,
+        description="A request that cannot get a connection in time is refused (503), never "
+        "forwarded.",
+    )
+    statement_timeout_ms: Annotated[int, Field(gt=0)] = Field(
+        5000, description="How long one database statement may take (asyncpg's command timeout)."
+    )
+    lease_margin_seconds: Annotated[float, Field(ge=0)] = Field(
+        5.0,
+        description="An attempt's lease is the provider timeout plus this: the lease outlives "
+        "the attempt itself.",
+    )
+    keepalive_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
+        75.0, description="A generous bound on client connections held idle between requests."
+    )
+    # One deadline over the whole read, not per read: a byte every second would never trip a
+    # per-read timeout.
+    body_read_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
+        10.0,
+        description="The whole request body must arrive within this, one deadline over the "
+        "whole read (not per read): else 408 `body_timeout`, nothing sent, and the connection "
+        "is closed. Also bounds bodies on the operations API and the forward listener.",
+    )
+    # An agent that never reads would hold its connection, and the slot, forever.
+    answer_write_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
+        30.0,
+        description="The agent's answer must be written within this (one deadline over the "
+        "whole write): an agent that does not read its answer has its connection aborted, and "
+        "an `answer_undelivered` audit record says so (docs/audit.md).",
+    )
+    max_requests_in_flight_per_agent: Annotated[int, Field(ge=1)] = Field(
+        64,
+        description="Requests of one agent in flight at once, from identification until the "
+        "answer (a forwarded request until its outcome is recorded, even if the agent hung "
+        "up); one more is 429 `agent_concurrency_exceeded` with `Retry-After`, before its body "
+        "is read or the database is touched. **Per process**: a replica with W workers admits "
+        "W times this per agent, R replicas R x W times. Below `pool_max_size`, one agent can "
+        "never hold every pooled connection.",
+    )
+    # A provider's policy can add its own limits (`rate_limits`).
+    max_requests_in_flight_per_tenant: Annotated[int, Field(ge=1)] | None = Field(
+        None,
+        description="The same for all agents of one tenant together (none: no cap): one more "
+        "is 429 `rate_limited`. Per process.",
+    )
+    requests_per_second_per_agent: Annotated[float, Field(gt=0)] | None = Field(
+        None,
+        description="A token bucket over every provider (burst: the rate rounded up); one more "
+        "is 429 `rate_limited` with `Retry-After`. Per process.",
+    )
+    requests_per_second_per_tenant: Annotated[float, Field(gt=0)] | None = Field(
+        None, description="The same per tenant. Per process."
+    )
+    log_level: str = Field("info", description="The level of opgate's log lines.")
+    workers: Annotated[int, Field(ge=1, le=256)] | None = Field(
+        None,
+        description="Worker processes sharing the ports (`--workers N`; none: one per core). "
+        "Each has its own pool: the database sees workers x `pool_max_size` connections.",
+    )
     # Longer than the longest provider timeout (Stripe: 30 s), so a drain cuts nothing short.
-    drain_seconds: Annotated[float, Field(ge=0, le=3600)] = 35.0
-    # Run although the database's standbys are asynchronous (or synchronous_commit is below
-    # remote_write): a failover can then lose a claim whose request has left, and the
-    # operation is sent again (docs/running-ha.md gives the measured risk).
-    accept_async_replication: bool = False
-    # /readyz commits a heartbeat row; not acknowledged within this (a synchronous standby
-    # missing), it answers 503: claims would hang as long.
-    readiness_commit_timeout_seconds: Annotated[float, Field(gt=0, le=60)] = 2.0
-    # asyncpg's prepared-statement cache; 0 for PgBouncer in transaction pooling mode.
-    database_statement_cache_size: Annotated[int, Field(ge=0)] = 100
-    # Policy hot reload: how often the policy files are checked for a change (0: SIGHUP only).
-    policy_reload_interval_seconds: Annotated[float, Field(ge=0)] = 2.0
+    drain_seconds: Annotated[float, Field(ge=0, le=3600)] = Field(
+        35.0,
+        description="On SIGTERM: stop accepting, finish in-flight requests for this long, exit.",
+    )
+    accept_async_replication: bool = Field(
+        False,
+        description="Run although the database's standbys are asynchronous (or "
+        "`synchronous_commit` is below `remote_write`): a failover can then lose a claim whose "
+        "request has left, and the operation is sent again (docs/running-ha.md gives the "
+        "measured risk).",
+    )
+    # A heartbeat not acknowledged in time: claims would hang as long.
+    readiness_commit_timeout_seconds: Annotated[float, Field(gt=0, le=60)] = Field(
+        2.0,
+        description="`/readyz` commits a heartbeat row; not acknowledged within this (a "
+        "synchronous standby missing), it answers 503.",
+    )
+    database_statement_cache_size: Annotated[int, Field(ge=0)] = Field(
+        100,
+        description="asyncpg's prepared-statement cache; 0 behind PgBouncer in transaction "
+        "pooling.",
+    )
+    policy_reload_interval_seconds: Annotated[float, Field(ge=0)] = Field(
+        2.0,
+        description="How often policy files are checked for a change (0: only on SIGHUP).",
+    )
     # --- audit trail and observability (docs/audit.md) ---
-    # Field names whose values are redacted from logs, spans, audit rows and exports.
-    audit_redact_fields: list[str] = Field(default_factory=list)
-    # How often the chain heads are signed (needs OPGATE_SECRET_AUDIT_KEY or secrets_dir).
-    audit_checkpoint_seconds: Annotated[float, Field(gt=0)] = 60.0
-    # While records keep coming, fewer than 8 waiting request records wait this long for more
-    # (one statement chains a batch more cheaply); what a SIGKILL can lose grows with it.
-    audit_linger_seconds: Annotated[float, Field(ge=0, le=60)] = 0.02
-    # How often each run of the writer leaves a trace (audit_instance_runs) while it stores
-    # nothing: `opgate audit verify` takes a run silent for 3 of these as ended.
-    audit_heartbeat_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
-    # /metrics counts operations dispatched longer than this and still unsettled.
-    metrics_dispatched_after_seconds: Annotated[float, Field(gt=0)] = 300.0
+    audit_redact_fields: list[str] = Field(
+        default_factory=list,
+        description="Field names whose values are redacted from logs, spans, audit rows and "
+        "exports (docs/audit.md).",
+    )
+    audit_checkpoint_seconds: Annotated[float, Field(gt=0)] = Field(
+        60.0,
+        description="How often the chain heads are signed (needs `OPGATE_SECRET_AUDIT_KEY` or "
+        "`secrets_dir`).",
+    )
+    # One statement chains a batch more cheaply; what a SIGKILL can lose grows with it.
+    audit_linger_seconds: Annotated[float, Field(ge=0, le=60)] = Field(
+        0.02,
+        description="While records keep coming, fewer than 8 waiting request records wait this "
+        "long for more (one statement chains a batch).",
+    )
+    audit_heartbeat_seconds: Annotated[float, Field(gt=0, le=3600)] = Field(
+        10.0,
+        description="Each run of the audit writer leaves a trace at least this often, by which "
+        "`opgate audit verify` tells a running instance from one that ended without a clean "
+        "stop (silent for 3 of these: ended; docs/audit.md, *Lost writes*).",
+    )
+    metrics_dispatched_after_seconds: Annotated[float, Field(gt=0)] = Field(
+        300.0,
+        description="`/metrics` counts operations dispatched longer than this and still unsettled.",
+    )
     # --- forward-proxy mode ---
-    # The listener agents reach through HTTP_PROXY/HTTPS_PROXY; empty (null) disables it.
-    forward_listen: str | None = "127.0.0.1:3128"
-    # opgate's interception CA (created on first start if absent); default <data_dir>/ca.
-    ca_dir: Path | None = None
-    # Static name resolution for forward-mode egress, like /etc/hosts: {"provider.test":
-    # "127.0.0.1"}. For tests and split-horizon set-ups; addresses are still checked.
-    forward_static_hosts: dict[str, str] = Field(default_factory=dict)
-    # Extra CA certificates (PEM) trusted for providers' TLS in forward mode, besides the
-    # system's: a private CA, or a test CA.
-    upstream_ca_file: Path | None = None
-    forward_tls_handshake_timeout_seconds: Annotated[float, Field(gt=0)] = 10.0
+    forward_listen: str | None = Field(
+        "127.0.0.1:3128",
+        description="The listener agents reach through `HTTP_PROXY`/`HTTPS_PROXY`; `null` "
+        "disables forward mode.",
+    )
+    ca_dir: Path | None = Field(
+        None,
+        description="The interception CA (default: `<data_dir>/ca`); created on first start if "
+        "absent.",
+    )
+    forward_static_hosts: dict[str, str] = Field(
+        default_factory=dict,
+        description='Name -> address, like `/etc/hosts` (`{"provider.test": "127.0.0.1"}`: '
+        "tests, split horizon); addresses are still checked.",
+    )
+    upstream_ca_file: Path | None = Field(
+        None,
+        description="Extra CA certificates (PEM) trusted for providers in forward mode, "
+        "besides the system's.",
+    )
+    forward_tls_handshake_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
+        10.0, description="The agent's TLS handshake inside a CONNECT must finish within this."
+    )
     # --- end forward-proxy mode ---
-    # Recovery: how often each replica looks for operations to reconcile and notifications to
-    # deliver, and where escalations are announced (POST JSON; retried with backoff).
-    background_interval_seconds: Annotated[float, Field(gt=0)] = 5.0
-    reconcile_batch_size: Annotated[int, Field(ge=1, le=1000)] = 20
-    escalation_webhook_url: str | None = None
+    # --- recovery ---
+    background_interval_seconds: Annotated[float, Field(gt=0)] = Field(
+        5.0,
+        description="How often each replica looks for operations to reconcile and "
+        "notifications to deliver.",
+    )
+    reconcile_batch_size: Annotated[int, Field(ge=1, le=1000)] = Field(
+        20, description="Operations each background pass reconciles at most."
+    )
+    escalation_webhook_url: str | None = Field(
+        None,
+        description="Where escalations and pending proposals are announced (POST JSON, signed "
+        "the Standard Webhooks way; retried with backoff).",
+    )
     # --- the web console on the operations listener (proxy/console/) ---
-    # A signed-in session lasts this long, then the human signs in again.
-    console_session_seconds: Annotated[float, Field(gt=0, le=7 * 86400)] = 8 * 3600.0
-    # Where a record's trace id links to, {trace_id} replaced by it (32 hex digits), e.g.
-    # https://jaeger.example/trace/{trace_id}. Empty: trace ids are shown, not linked.
-    trace_url_template: str | None = None
+    console_session_seconds: Annotated[float, Field(gt=0, le=7 * 86400)] = Field(
+        8 * 3600.0,
+        description="A console session's lifetime; then the human signs in again.",
+    )
+    trace_url_template: str | None = Field(
+        None,
+        description="A trace viewer URL with `{trace_id}` (Jaeger, Langfuse, ClickStack, ...), "
+        "e.g. `https://jaeger.example/trace/{trace_id}`: the console links each record's trace "
+        "id to it. None: trace ids are shown, not linked.",
+    )
 
     @field_validator("trace_url_template")
     @classmethod

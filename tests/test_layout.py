@@ -204,8 +204,11 @@ def test_the_circle_check_catches_a_circle() -> None:
     assert import_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
 
 
-DOCUMENTS = ["README.md", "docs/*.md", "bench/README.md", "deploy/README.md"]
+DOCUMENTS = ["README.md", "docs/**/*.md", "bench/README.md", "deploy/README.md"]
 WRITTEN_BY_RUNS = ("bench/results/",)  # output folders a run creates, not part of the tree
+# Files another branch brings, already linked from this one (docs/running-ha.md links the
+# Patroni page): excused only while absent; delete the entry once the file has landed.
+LINKED_AHEAD = {"docs/patroni.md"}
 NAMED_PATH = re.compile(r"(?<![\w/.-])((?:proxy|tests|policies|deploy|bench|docs)/[\w./-]*[\w/])")
 
 
@@ -221,10 +224,51 @@ def test_every_path_the_documentation_names_is_real() -> None:
     missing = [
         f"{doc}: {path}"
         for doc, path in named_paths()
-        if not (REPO / path).exists() and not path.startswith(WRITTEN_BY_RUNS)
+        if not (REPO / path).exists()
+        and not path.startswith(WRITTEN_BY_RUNS)
+        and path not in LINKED_AHEAD
     ]
     assert missing == []
     assert any(path.startswith("proxy/gate/") for _, path in named_paths())
+    assert any(doc.startswith("docs/reference/") for doc, _ in named_paths())
+
+
+LINK = re.compile(r"\]\(([^()\s]+)\)")
+
+
+def anchors(doc: Path) -> set[str]:
+    """The anchors GitHub makes of a Markdown file's headings (code blocks aside)."""
+    found, fence = set(), False
+    for line in doc.read_text("utf-8").splitlines():
+        if line.startswith("```"):
+            fence = not fence
+        elif not fence and line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            found.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return found
+
+
+def relative_links() -> Iterator[tuple[Path, str]]:
+    for pattern in DOCUMENTS:
+        for doc in sorted(REPO.glob(pattern)):
+            for match in LINK.finditer(doc.read_text("utf-8")):
+                if not re.match(r"^[a-z]+:", match.group(1)):
+                    yield doc, match.group(1)
+
+
+def test_every_relative_link_and_anchor_in_the_documentation_is_real() -> None:
+    """Each Markdown link to a file of the repository names a real file, and its #anchor a
+    real heading of it."""
+    broken = []
+    for doc, link in relative_links():
+        target, _, anchor = link.partition("#")
+        path = (doc.parent / target).resolve() if target else doc
+        if not path.exists() and str(path.relative_to(REPO)) not in LINKED_AHEAD:
+            broken.append(f"{doc.relative_to(REPO)}: {link}")
+        elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+            broken.append(f"{doc.relative_to(REPO)}: {link} (no such heading)")
+    assert broken == []
+    assert any(doc.name == "README.md" and "docs/" in link for doc, link in relative_links())
 
 
 WORK_ITEM = re.compile(r"\b(?:issue|task|ticket) #?\d+", re.IGNORECASE)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from proxy.gate.reasons import REASONS, Reason
-from tests.support.paths import README
+from tests.support.paths import REPO
 
 
 def test_every_reason_has_a_status_title_and_next_action() -> None:
@@ -15,8 +15,8 @@ def test_every_reason_has_a_status_title_and_next_action() -> None:
         assert info.next_action
 
 
-def test_every_reason_is_documented_in_the_readme() -> None:
-    """The README's code table lists every code the proxy can answer with."""
-    text = README.read_text()
+def test_every_reason_is_documented_in_the_codes_reference() -> None:
+    """The codes reference (docs/reference/codes.md) lists every code the proxy can answer with."""
+    text = (REPO / "docs" / "reference" / "codes.md").read_text()
     missing = [reason.value for reason in Reason if f"| `{reason.value}` |" not in text]
     assert missing == []
