@@ -206,9 +206,6 @@ def test_the_circle_check_catches_a_circle() -> None:
 
 DOCUMENTS = ["README.md", "docs/**/*.md", "bench/README.md", "deploy/README.md"]
 WRITTEN_BY_RUNS = ("bench/results/",)  # output folders a run creates, not part of the tree
-# Files another branch brings, already linked from this one (docs/running-ha.md links the
-# Patroni page): excused only while absent; delete the entry once the file has landed.
-LINKED_AHEAD = {"docs/patroni.md"}
 NAMED_PATH = re.compile(r"(?<![\w/.-])((?:proxy|tests|policies|deploy|bench|docs)/[\w./-]*[\w/])")
 
 
@@ -224,9 +221,7 @@ def test_every_path_the_documentation_names_is_real() -> None:
     missing = [
         f"{doc}: {path}"
         for doc, path in named_paths()
-        if not (REPO / path).exists()
-        and not path.startswith(WRITTEN_BY_RUNS)
-        and path not in LINKED_AHEAD
+        if not (REPO / path).exists() and not path.startswith(WRITTEN_BY_RUNS)
     ]
     assert missing == []
     assert any(path.startswith("proxy/gate/") for _, path in named_paths())
@@ -263,7 +258,7 @@ def test_every_relative_link_and_anchor_in_the_documentation_is_real() -> None:
     for doc, link in relative_links():
         target, _, anchor = link.partition("#")
         path = (doc.parent / target).resolve() if target else doc
-        if not path.exists() and str(path.relative_to(REPO)) not in LINKED_AHEAD:
+        if not path.exists():
             broken.append(f"{doc.relative_to(REPO)}: {link}")
         elif anchor and path.suffix == ".md" and anchor not in anchors(path):
             broken.append(f"{doc.relative_to(REPO)}: {link} (no such heading)")

@@ -53,7 +53,7 @@ def problem_response(
 
 
 def admin_problem(status: int, code: str, detail: str, **extra: Any) -> web.Response:
-    """A problem answer of the operations API (codes documented in the README)."""
+    """A problem answer of the operations API (codes: docs/reference/codes.md)."""
     body = {
         "type": PROBLEM_TYPE_BASE + code,
         "title": code.replace("_", " "),

@@ -40,7 +40,7 @@ _log = structlog.get_logger("opgate.proposals")
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why a proposal act was refused: an HTTP status, a stable code (README, Proposals), a
+    """Why a proposal act was refused: an HTTP status, a stable code (docs/concepts/proposals.md), a
     sentence, and every problem where there are several."""
 
     status: int

@@ -485,7 +485,7 @@ class Provider(Strict):
     # ISO 4217 codes as PayPal, Square and Adyen take them upper case.
     currency_case: Literal["lower", "upper"] = "lower"
     mode: Mode = Mode.ENFORCE  # report: shadow mode for every rule that does not say otherwise
-    # Proposals (README, Proposals): every rule's four_eyes unless the rule says otherwise.
+    # Proposals (docs/concepts/proposals.md): every rule's four_eyes unless the rule says otherwise.
     four_eyes: bool = False
     rules: Annotated[list[Rule], Field(min_length=1)]
     forward_proxy: ForwardProxy = Field(default_factory=ForwardProxy)  # forward mode
