@@ -14,9 +14,8 @@ from proxy.observe.auditlog.verify import unaccounted_runs, verify
 from proxy.observe.observer import audit_key
 from proxy.operations.proposals import proposal_view
 from proxy.recovery.api import recovery_views
+from proxy.store.console import ConsoleStore
 from proxy.store.operation import Operation
-from proxy.store.queries import QUERIES
-from proxy.store.store import operation_from_record
 
 STATUS_FILTERS: dict[str, list[str]] = {
     "unsettled": ["created", "dispatched"],
@@ -55,22 +54,18 @@ async def summaries(gw: Gateway, ops: list[Operation]) -> list[dict[str, Any]]:
 
 
 async def operations(gw: Gateway, filters: Filters) -> list[dict[str, Any]]:
-    records = await gw.store.run(
-        lambda conn: conn.fetch(
-            QUERIES["console_operations"],
-            STATUS_FILTERS[filters.status],
-            filters.tenant,
-            filters.provider,
-            AGE_FILTERS[filters.age],
-            LIST_LIMIT,
-        )
+    ops = await ConsoleStore(gw.store).operations(
+        STATUS_FILTERS[filters.status],
+        filters.tenant,
+        filters.provider,
+        AGE_FILTERS[filters.age],
+        LIST_LIMIT,
     )
-    return await summaries(gw, [operation_from_record(r) for r in records])
+    return await summaries(gw, ops)
 
 
 async def escalations(gw: Gateway) -> list[dict[str, Any]]:
-    records = await gw.store.run(lambda conn: conn.fetch(QUERIES["console_escalated"], LIST_LIMIT))
-    return await summaries(gw, [operation_from_record(r) for r in records])
+    return await summaries(gw, await ConsoleStore(gw.store).escalated(LIST_LIMIT))
 
 
 async def timeline(gw: Gateway, operation_id: str) -> dict[str, Any] | None:
@@ -81,19 +76,16 @@ async def timeline(gw: Gateway, operation_id: str) -> dict[str, Any] | None:
     if op is None:
         return None
     events = await gw.store.events(operation_id)
-    audit_rows = await gw.store.run(
-        lambda conn: conn.fetch(QUERIES["audit_operation_records"], operation_id)
-    )
-    notices = await gw.store.run(
-        lambda conn: conn.fetch(QUERIES["console_notifications"], operation_id)
-    )
+    console = ConsoleStore(gw.store)
+    audit_rows = await console.audit_records(operation_id)
+    notices = await console.notifications(operation_id)
     records = [
         {
-            "stream": r["stream"],
-            "seq": r["seq"],
-            "at": r["at"],
-            "kind": r["kind"],
-            "record": json.loads(r["record"]),
+            "stream": r.stream,
+            "seq": r.seq,
+            "at": r.at,
+            "kind": r.kind,
+            "record": json.loads(r.record),
         }
         for r in audit_rows
     ]
@@ -103,7 +95,7 @@ async def timeline(gw: Gateway, operation_id: str) -> dict[str, Any] | None:
         "lookups": [e for e in events if e["event"] in LOOKUP_EVENTS],
         "requests": [r for r in records if r["kind"] == "request"],
         "transitions": [r for r in records if r["kind"] == "transition"],
-        "notices": [dict(n) for n in notices],
+        "notices": notices,
     }
 
 
@@ -148,14 +140,14 @@ async def run_verification(gw: Gateway, state: ChainState) -> None:
 
 
 async def chain(gw: Gateway, state: ChainState) -> dict[str, Any]:
-    checkpoint = await gw.store.run(lambda conn: conn.fetchrow(QUERIES["console_last_checkpoint"]))
+    checkpoint = await ConsoleStore(gw.store).last_checkpoint()
     unaccounted, _ = await gw.store.run(unaccounted_runs)  # instances that ended unclean
     observability = gw.observability
     writer = observability.writer if observability is not None else None
     return {
         "checkpoint": None
         if checkpoint is None
-        else {**dict(checkpoint), "mac": checkpoint["mac"].hex()},
+        else {**checkpoint, "mac": checkpoint["mac"].hex()},
         "writer": None
         if writer is None
         else {

@@ -4,8 +4,8 @@ The token decides the role (the admin token, the reviewer token, or an approver'
 configured by their SHA-256); the name typed at sign-in is the identity recorded on what the
 human does, but for an approver, who is the name configured with their token (four eyes
 depends on it). The
-session's cookie value is random and only its SHA-256 is stored (queries.sql
-``console_session_*``); each session has its own CSRF token, required on every form.
+session's cookie value is random and only its SHA-256 is stored (``proxy/store/console.py``);
+each session has its own CSRF token, required on every form.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from enum import StrEnum
 
 from proxy.gate.identity import admin_token_matches
 from proxy.settings import Settings
-from proxy.store.queries import QUERIES
+from proxy.store.console import ConsoleStore
 from proxy.store.store import Store
 
 SESSION_COOKIE = "opgate_console"
@@ -70,24 +70,18 @@ async def open_session(store: Store, role: Role, identity: str, seconds: float) 
     """A new session; returns the cookie value (never stored)."""
     cookie = secrets.token_urlsafe(32)
     csrf = secrets.token_urlsafe(32)
-    await store.run(
-        lambda conn: conn.execute(
-            QUERIES["console_session_create"], _digest(cookie), role.value, identity, csrf, seconds
-        )
-    )
+    await ConsoleStore(store).create_session(_digest(cookie), role.value, identity, csrf, seconds)
     return cookie
 
 
 async def load_session(store: Store, cookie: str | None) -> Session | None:
     if not cookie:
         return None
-    row = await store.run(
-        lambda conn: conn.fetchrow(QUERIES["console_session_load"], _digest(cookie))
-    )
-    if row is None:
+    stored = await ConsoleStore(store).session(_digest(cookie))
+    if stored is None:
         return None
-    return Session(Role(row["role"]), row["identity"], row["csrf_token"])
+    return Session(Role(stored.role), stored.identity, stored.csrf_token)
 
 
 async def close_session(store: Store, cookie: str) -> None:
-    await store.run(lambda conn: conn.execute(QUERIES["console_session_delete"], _digest(cookie)))
+    await ConsoleStore(store).delete_session(_digest(cookie))

@@ -34,7 +34,7 @@ from proxy.observe.telemetry import Telemetry, tracer_provider_from_environment
 from proxy.policy.budgets import BudgetScope
 from proxy.policy.set import PolicySet
 from proxy.settings import Secrets, Settings
-from proxy.store.queries import QUERIES
+from proxy.store.metrics import operation_counts
 from proxy.store.store import Store
 
 # The secret's NAME (OPGATE_SECRET_AUDIT_KEY or <secrets_dir>/audit_key), not its value.
@@ -299,7 +299,7 @@ class Observability:
     async def _operation_gauges(self, store: Store) -> list[list[str]]:
         age = self.settings.metrics_dispatched_after_seconds
         try:
-            row = await store.run(lambda conn: conn.fetchrow(QUERIES["metrics_operations"], age))
+            counts = await operation_counts(store, age)
         except (StoreUnavailable, asyncpg.PostgresError):
             return [
                 gauge("opgate_store_up", "Whether the database answered the scrape.", [((), 0)])
@@ -309,23 +309,23 @@ class Observability:
             gauge(
                 "opgate_operations",
                 "Unsettled operations by status.",
-                [(("created",), row["created"]), (("dispatched",), row["dispatched"])],
+                [(("created",), counts.created), (("dispatched",), counts.dispatched)],
                 ("status",),
             ),
             gauge(
                 "opgate_operations_dispatched_too_long",
                 f"Operations dispatched more than {age:g} seconds ago and still unsettled.",
-                [((), row["dispatched_old"])],
+                [((), counts.dispatched_old)],
             ),
             gauge(
                 "opgate_escalations_open",
                 "Dispatched operations escalated to a human and awaiting a verdict.",
-                [((), row["escalated"])],
+                [((), counts.escalated)],
             ),
             gauge(
                 "opgate_proposals_pending",
                 "Agents' proposals waiting for an approver (not yet expired).",
-                [((), row["proposals_pending"])],
+                [((), counts.proposals_pending)],
             ),
         ]
 

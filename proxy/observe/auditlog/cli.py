@@ -37,6 +37,7 @@ from proxy.observe.auditlog.chain import StoredRecord
 from proxy.observe.auditlog.redact import Redactor
 from proxy.observe.auditlog.verify import VerifyReport, verify
 from proxy.settings import Secrets, load_settings
+from proxy.store import audit as audit_store
 from proxy.store.embedded import database_dsn
 from proxy.store.faults import is_unavailable
 from proxy.store.migrate import migrate
@@ -359,9 +360,7 @@ async def _grant_reviewer(conn: asyncpg.Connection, args: argparse.Namespace, se
     if not args.apply:
         print("\n".join(f"{s};" for s in statements))
         return 0
-    async with conn.transaction():
-        for statement in statements:
-            await conn.execute(statement)
+    await audit_store.grant(conn, statements)
     print(f"granted {args.role} read-only access to the audit tables", file=sys.stderr)
     return 0
 

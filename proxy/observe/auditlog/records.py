@@ -1,6 +1,6 @@
-"""Reading and appending audit records in PostgreSQL. Every statement is a named query of
-``proxy/store/queries.sql``; the chaining itself happens in the database (migrations 0003 and
-0010).
+"""Reading and appending audit records in PostgreSQL: the records' JSON and the chain's types
+here, every statement behind the store (``proxy/store/audit.py``); the chaining itself happens
+in the database (migrations 0003 and 0010).
 
 asyncpg errors are left to the callers here: the writer translates them (it retries), the CLI
 reports them.
@@ -27,17 +27,14 @@ from proxy.observe.auditlog.chain import (
     heads_json,
 )
 from proxy.observe.auditlog.storable import storable
-from proxy.store.queries import QUERIES
+from proxy.store import audit
+from proxy.store.audit import MANY_RECORDS as MANY_RECORDS
 
 STREAM_POLICY = "policy"
 STREAM_RETENTION = "retention"  # one record per prune (retention.py); never pruned itself
 
 
 REQUEST_STREAM_PREFIX = "requests/"
-# From this many records on, a batch is chained by one function instead of the trigger per row
-# (PostgreSQL's CPU per record, measured: equal at 4, -18% at 8, -37% at 16, -56% at 64;
-# bench/README.md).
-MANY_RECORDS = 8
 
 
 def request_stream(instance_id: str) -> str:
@@ -58,8 +55,7 @@ async def append_texts(
     """Records already made ``record_text``, in order, in one statement: chained row by row by
     the trigger, or from ``MANY_RECORDS`` on by one function that moves the head once (the
     same chain; cheaper for PostgreSQL from there on, dearer below: migration 0010)."""
-    query = "audit_append_many" if len(texts) >= MANY_RECORDS else "audit_append_batch"
-    await conn.execute(QUERIES[query], stream, kind, "[" + ",".join(texts) + "]")
+    await audit.append_texts(conn, stream, kind, texts)
 
 
 async def append_requests(
@@ -69,27 +65,17 @@ async def append_requests(
     numbered them got (``run``: migration 0012), in one statement. With ``run["batch_first"]``
     (the first record's position in the run) the records already stored are skipped
     (migration 0015); returns how many were."""
-    many = len(texts) >= MANY_RECORDS
-    skipped: int = await conn.fetchval(
-        QUERIES["audit_append_requests"],
-        stream,
-        "request",
-        "[" + ",".join(texts) + "]",
-        json.dumps(run),
-        many,
-    )
-    return skipped
+    return await audit.append_requests(conn, stream, texts, run)
 
 
 async def run_seen(conn: asyncpg.Connection, run: dict[str, Any]) -> None:
     """A run's trace without records: a heartbeat, or (``"stopped": true``) its clean stop."""
-    await conn.execute(QUERIES["audit_run_seen"], json.dumps(run))
+    await audit.run_seen(conn, run)
 
 
 async def runs_unaccounted(conn: asyncpg.Connection, heartbeats: float) -> list[asyncpg.Record]:
     """Runs not stopped cleanly, or stopped with numbers never stored (migration 0012)."""
-    rows: list[asyncpg.Record] = await conn.fetch(QUERIES["audit_runs_unaccounted"], heartbeats)
-    return rows
+    return await audit.runs_unaccounted(conn, heartbeats)
 
 
 async def append_batch(
@@ -105,9 +91,7 @@ async def record_policy_event(
     version (named by its transition records) changes in the same transaction."""
     async with conn.transaction():
         if now_deciding:
-            await conn.execute(
-                QUERIES["audit_set_instance_policy"], instance_id, record["policy_version"]
-            )
+            await audit.set_instance_policy(conn, instance_id, record["policy_version"])
         await append_batch(conn, STREAM_POLICY, "policy_load", [record])
 
 
@@ -116,18 +100,16 @@ async def write_checkpoint(
 ) -> tuple[int, bytes] | None:
     """Sign the heads that moved since the last checkpoint: (id, mac), or None when none did."""
     async with conn.transaction():
-        await conn.execute(QUERIES["audit_checkpoint_lock"])
-        rows = await conn.fetch(QUERIES["audit_take_changed_heads"])
+        await audit.lock_checkpoints(conn)
+        rows = await audit.take_changed_heads(conn)
         if not rows:
             return None
         heads = heads_json(Head(r["stream"], r["seq"], bytes(r["hash"])) for r in rows)
-        last = await conn.fetchrow(QUERIES["audit_last_checkpoint"])
+        last = await audit.last_checkpoint(conn)
         prev_mac = bytes(last["mac"]) if last else GENESIS
         at = datetime.now(UTC)
         mac = checkpoint_mac(key, prev_mac, at, writer, heads)
-        checkpoint_id: int = await conn.fetchval(
-            QUERIES["audit_insert_checkpoint"], at, writer, heads, prev_mac, mac
-        )
+        checkpoint_id = await audit.insert_checkpoint(conn, at, writer, heads, prev_mac, mac)
         return checkpoint_id, mac
 
 
@@ -149,7 +131,7 @@ async def records_between(
 ) -> AsyncIterator[tuple[StoredRecord, bytes | None]]:
     """Each record in [since, until), earliest first, with its predecessor's stored hash."""
     async with conn.transaction(isolation="repeatable_read", readonly=True):
-        async for row in conn.cursor(QUERIES["audit_records_between"], since, until):
+        async for row in audit.records_between(conn, since, until):
             predecessor = row["predecessor_hash"]
             yield _stored(row), None if predecessor is None else bytes(predecessor)
 
@@ -158,8 +140,7 @@ async def records_after(
     conn: asyncpg.Connection, cursor: dict[str, int], limit: int
 ) -> list[StoredRecord]:
     """At most ``limit`` records after the cursor (per stream, the last seq already read)."""
-    rows = await conn.fetch(QUERIES["audit_records_after"], json.dumps(cursor), limit)
-    return [_stored(row) for row in rows]
+    return [_stored(row) for row in await audit.records_after(conn, cursor, limit)]
 
 
 def read_cursor(path: Path) -> dict[str, int]:
@@ -185,7 +166,7 @@ def write_cursor(path: Path, cursor: dict[str, int]) -> None:
 async def reviewer_grants(conn: asyncpg.Connection, role: str) -> list[str]:
     """The GRANT statements of a read-only audit reviewer, the role's name quoted by
     PostgreSQL itself (an identifier cannot be a bound parameter)."""
-    return [r["statement"] for r in await conn.fetch(QUERIES["audit_reviewer_grants"], role)]
+    return await audit.reviewer_grants(conn, role)
 
 
 async def checkpoints(conn: asyncpg.Connection) -> list[Checkpoint]:
@@ -198,45 +179,37 @@ async def checkpoints(conn: asyncpg.Connection) -> list[Checkpoint]:
             prev_mac=bytes(r["prev_mac"]),
             mac=bytes(r["mac"]),
         )
-        for r in await conn.fetch(QUERIES["audit_checkpoints"])
+        for r in await audit.checkpoints(conn)
     ]
 
 
 async def hashes_at(
     conn: asyncpg.Connection, positions: Sequence[tuple[str, int]]
 ) -> dict[tuple[str, int], bytes | None]:
-    rows = await conn.fetch(QUERIES["audit_records_at"], json.dumps([list(p) for p in positions]))
+    rows = await audit.records_at(conn, positions)
     return {(r["stream"], r["seq"]): None if r["hash"] is None else bytes(r["hash"]) for r in rows}
 
 
 async def mismatched_heads(conn: asyncpg.Connection) -> list[asyncpg.Record]:
-    rows: list[asyncpg.Record] = await conn.fetch(QUERIES["audit_heads_mismatched"])
-    return rows
+    return await audit.heads_mismatched(conn)
 
 
 async def request_numbering(
     conn: asyncpg.Connection, floors: dict[str, int]
 ) -> list[asyncpg.Record]:
     """Missing, duplicate and dropped ranges of each instance's request numbers."""
-    rows: list[asyncpg.Record] = await conn.fetch(
-        QUERIES["audit_request_numbering"], json.dumps(floors)
-    )
-    return rows
+    return await audit.request_numbering(conn, floors)
 
 
 async def retention_records(conn: asyncpg.Connection) -> list[dict[str, Any]]:
-    return [json.loads(r["record"]) for r in await conn.fetch(QUERIES["audit_retention_records"])]
-
-
-def _positions(cuts: Sequence[tuple[str, int]]) -> str:
-    return json.dumps([[stream, seq] for stream, seq in cuts])
+    return [json.loads(text) for text in await audit.retention_records(conn)]
 
 
 async def prunable(
     conn: asyncpg.Connection, cuts: Sequence[tuple[str, int]]
 ) -> AsyncIterator[StoredRecord]:
     """The records at or before each (stream, seq) cut, in chain order (in a transaction)."""
-    async for row in conn.cursor(QUERIES["audit_prunable"], _positions(cuts)):
+    async for row in audit.prunable(conn, cuts):
         yield _stored(row)
 
 
@@ -245,9 +218,8 @@ async def prune(
 ) -> int:
     """Append the prune's record and delete what it covers (in the caller's transaction)."""
     await append_batch(conn, STREAM_RETENTION, "retention", [record])
-    deleted: int = await conn.fetchval(QUERIES["audit_prune"], _positions(cuts))
-    return deleted
+    return await audit.prune(conn, cuts)
 
 
 async def operation_records(conn: asyncpg.Connection, operation_id: str) -> list[StoredRecord]:
-    return [_stored(r) for r in await conn.fetch(QUERIES["audit_operation_records"], operation_id)]
+    return [_stored(r) for r in await audit.operation_records(conn, operation_id)]
