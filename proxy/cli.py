@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,8 @@ def _setting_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _settings(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> Any:
+    from pydantic_settings import SettingsError
+
     from proxy.settings import load_settings
 
     flags = {
@@ -105,6 +108,13 @@ def _settings(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> 
         for err in exc.errors():
             where = ".".join(str(p) for p in err["loc"])
             print(f"opgate: setting {where}: {err['msg']}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    except SettingsError as exc:
+        # raised before any field is validated, for a dict or list setting whose variable is
+        # not JSON, in a sentence that names neither the variable nor what is wrong
+        found = re.search(r'parsing value for field "(\w+)"', str(exc))
+        field = found.group(1) if found else "?"
+        print(f"opgate: setting {field} (OPGATE_{field.upper()}): not valid JSON", file=sys.stderr)
         raise SystemExit(2) from exc
 
 

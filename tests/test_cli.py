@@ -202,3 +202,15 @@ def test_help_is_plain_text(command: list[str]) -> None:
     assert done.returncode == 0, done.stderr
     assert "``" not in done.stdout
     assert ":class:" not in done.stdout
+
+
+@pytest.mark.parametrize("command", [["serve"], ["migrate"]])
+def test_a_setting_that_is_not_json_is_one_line_naming_its_variable(command: list[str]) -> None:
+    """A malformed JSON setting in the environment ends with exit 2 and one line naming the
+    variable, not a pydantic-settings traceback."""
+    result = run_cli(*command, env={"OPGATE_UPSTREAM_OVERRIDES": "{bad"})
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "opgate: setting upstream_overrides (OPGATE_UPSTREAM_OVERRIDES): not valid JSON"
+    ]
