@@ -29,6 +29,15 @@ def main(argv: list[str] | None = None) -> int:
     return result
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("opgate")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="opgate",
@@ -36,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
         description="opgate: a tool-boundary enforcing egress proxy for AI agents "
         "(also: python -m proxy).",
     )
+    parser.add_argument("--version", action="version", version=f"opgate {_version()}")
     commands = parser.add_subparsers()
 
     serve = commands.add_parser("serve", help="run the agent listener and the operations API")

@@ -325,7 +325,10 @@ class Settings(BaseSettings):
     @field_validator("forward_listen")
     @classmethod
     def _valid_optional_address(cls, value: str | None) -> str | None:
-        return _host_port(value) if value else None
+        # "null" as the reference spells it: an environment variable cannot hold YAML's null
+        if not value or value.lower() == "null":
+            return None
+        return _host_port(value)
 
     @property
     def forward_ca_dir(self) -> Path:

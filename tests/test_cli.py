@@ -214,3 +214,12 @@ def test_a_setting_that_is_not_json_is_one_line_naming_its_variable(command: lis
     assert result.stderr.strip().splitlines() == [
         "opgate: setting upstream_overrides (OPGATE_UPSTREAM_OVERRIDES): not valid JSON"
     ]
+
+
+def test_version_prints_the_installed_version() -> None:
+    """`opgate --version` prints the distribution's version and exits 0."""
+    from importlib.metadata import version
+
+    result = run_cli("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"opgate {version('opgate')}"

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from proxy.gate.identity import token_digest
-from proxy.settings import Settings
+from proxy.settings import Settings, load_settings
 
 AGENT = {"id": "agent-a", "tenant": "t1", "token_sha256": token_digest("agent-token")}
 
@@ -49,3 +49,13 @@ def test_distinct_approvers_are_accepted() -> None:
     )
     assert [a.name for a in settings.approvers] == ["olga", "otto"]
     assert settings.agents[0].owner == "olga"
+
+
+@pytest.mark.parametrize("spelling", ["null", "NULL", ""])
+def test_forward_listen_null_in_the_environment_disables_forward_mode(
+    monkeypatch: pytest.MonkeyPatch, spelling: str
+) -> None:
+    """`OPGATE_FORWARD_LISTEN=null`, as the settings reference spells it, disables the forward
+    listener rather than being refused as an address."""
+    monkeypatch.setenv("OPGATE_FORWARD_LISTEN", spelling)
+    assert load_settings().forward_listen is None
