@@ -20,7 +20,6 @@ import secrets
 import statistics
 import sys
 import time
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -28,29 +27,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from proxy.store.operation import Status
 from proxy.store.store import NewOperation, ProviderAnswer, Store
 from tests.support.cluster import running_cluster
+from tests.support.operations import new_operation
 
 _ANSWER = ProviderAnswer(200, "re_1", "application/json", b'{"id": "re_1"}')
 
 
 def _operation() -> NewOperation:
-    operation_id = f"op_{secrets.token_hex(12)}"
-    return NewOperation(
-        operation_id=operation_id,
-        tenant="t1",
-        agent_id=None,
-        provider="fault",
-        action="refund.create",
-        method="POST",
-        path="/v1/refunds",
-        path_params={},
-        amount=500,
-        currency="usd",
-        params={"charge": "ch_1"},
-        idempotency_key=f"key-{operation_id}",
-        approval_ref="bench",
-        approved_by="bench",
-        expires_at=datetime.now(UTC) + timedelta(minutes=10),
-    )
+    return new_operation(f"op_{secrets.token_hex(12)}", approved_by="bench")
 
 
 async def _client(store: Store, until: float) -> int:

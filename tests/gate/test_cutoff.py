@@ -11,7 +11,7 @@ from proxy.errors import StoreUnavailable
 from proxy.gate.cutoff import CutOffClaim, CutOffClaims, claim_owner
 from proxy.store.operation import Status
 from proxy.store.store import Store
-from tests.store.test_store import new_operation
+from tests.support.operations import new_operation
 from tests.support.polling import until
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import asyncpg
 import pytest
@@ -15,7 +15,8 @@ from proxy.errors import StoreUnavailable
 from proxy.store import audit
 from proxy.store.console import ConsoleStore, StoredSession
 from proxy.store.metrics import OperationCounts, operation_counts
-from proxy.store.store import NewOperation, Store
+from proxy.store.store import Store
+from tests.support.operations import new_operation
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -27,29 +28,9 @@ async def store(database_url: str) -> AsyncIterator[Store]:
         await opened.close()
 
 
-def _new(operation_id: str, tenant: str = "t1") -> NewOperation:
-    return NewOperation(
-        operation_id=operation_id,
-        tenant=tenant,
-        agent_id=None,
-        provider="fault",
-        action="refund.create",
-        method="POST",
-        path="/v1/refunds",
-        path_params={},
-        amount=500,
-        currency="usd",
-        params={"charge": "ch_1"},
-        idempotency_key=f"key-{operation_id}",
-        approval_ref="r",
-        approved_by="a",
-        expires_at=datetime.now(UTC) + timedelta(minutes=5),
-    )
-
-
 async def _escalated(store: Store, operation_id: str) -> None:
     """A dispatched operation escalated to a human (its notice queued with it)."""
-    await store.create(_new(operation_id), actor="test")
+    await store.create(new_operation(operation_id), actor="test")
     claimed = await store.claim(operation_id, owner="w", lease_seconds=30, expected_attempts=0)
     assert claimed is not None
     escalated = await store.escalate(operation_id, None, "unknown", {}, look_again_seconds=60)
@@ -70,8 +51,8 @@ async def test_a_session_is_created_read_and_deleted(store: Store) -> None:
 async def test_the_operation_lists_filter_and_order(store: Store) -> None:
     """Operations by status and tenant, newest first, and the escalation queue."""
     console = ConsoleStore(store)
-    await store.create(_new("op_1"), actor="test")
-    await store.create(_new("op_2", tenant="t2"), actor="test")
+    await store.create(new_operation("op_1"), actor="test")
+    await store.create(new_operation("op_2", tenant="t2"), actor="test")
     await _escalated(store, "op_3")
     created = await console.operations(["created"], None, None, None, 10)
     assert [op.operation_id for op in created] == ["op_2", "op_1"]
@@ -88,7 +69,7 @@ async def test_the_timeline_reads_and_the_last_checkpoint(store: Store) -> None:
     """An operation's audit records (its transitions, written by the trigger) read back as
     rows; the newest checkpoint is None until one is written."""
     console = ConsoleStore(store)
-    await store.create(_new("op_a"), actor="test")
+    await store.create(new_operation("op_a"), actor="test")
     rows = await console.audit_records("op_a")
     assert [r.kind for r in rows] == ["transition"]
     assert json.loads(rows[0].record)["operation_id"] == "op_a"
@@ -107,7 +88,7 @@ async def test_the_timeline_reads_and_the_last_checkpoint(store: Store) -> None:
 
 async def test_the_scrape_counts_unsettled_operations(store: Store) -> None:
     """Created, dispatched, dispatched too long ago, and escalated operations are counted."""
-    await store.create(_new("op_1"), actor="test")
+    await store.create(new_operation("op_1"), actor="test")
     await _escalated(store, "op_2")
     assert await operation_counts(store, 3600.0) == OperationCounts(1, 1, 0, 1, 0)
     assert (await operation_counts(store, 0.0)).dispatched_old == 1

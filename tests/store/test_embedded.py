@@ -23,7 +23,7 @@ from proxy.store.embedded import EmbeddedPostgres, start_embedded
 from proxy.store.migrate import migrate
 from proxy.store.operation import Status
 from proxy.store.store import ProviderAnswer, Store
-from tests.store.test_store import new_operation
+from tests.support.operations import new_operation
 from tests.support.polling import until
 
 # A second opgate process, reduced to what matters here: join the server, report, obey stdin.

@@ -15,8 +15,8 @@ from proxy.errors import StoreUnavailable
 from proxy.store.queries import QUERIES
 from proxy.store.replication import Durability, ReplicationFacts, Standby, judge
 from proxy.store.store import Store
-from tests.store.test_store import new_operation
 from tests.support.cluster import Cluster
+from tests.support.operations import new_operation
 
 SYNC = Standby("s1", "streaming", "sync")
 QUORUM = Standby("s1", "streaming", "quorum")

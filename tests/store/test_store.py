@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import asyncpg
 import pytest
@@ -15,7 +15,8 @@ import pytest_asyncio
 from proxy.errors import IdempotencyKeyInUse, StoreUnavailable
 from proxy.store.operation import Operation, Status
 from proxy.store.queries import QUERIES
-from proxy.store.store import NewOperation, ProviderAnswer, Store, operation_from_record
+from proxy.store.store import ProviderAnswer, Store, operation_from_record
+from tests.support.operations import new_operation
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -25,26 +26,6 @@ async def store(database_url: str) -> AsyncIterator[Store]:
         yield opened
     finally:
         await opened.close()
-
-
-def new_operation(operation_id: str, key: str | None = None) -> NewOperation:
-    return NewOperation(
-        operation_id=operation_id,
-        tenant="t1",
-        agent_id=None,
-        provider="fault",
-        action="refund.create",
-        method="POST",
-        path="/v1/refunds",
-        path_params={},
-        amount=500,
-        currency="usd",
-        params={"charge": "ch_1"},
-        idempotency_key=key or f"key-{operation_id}",
-        approval_ref="r",
-        approved_by="a",
-        expires_at=datetime.now(UTC) + timedelta(minutes=5),
-    )
 
 
 async def test_concurrent_claims_have_exactly_one_winner(store: Store) -> None:

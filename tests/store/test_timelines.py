@@ -24,8 +24,8 @@ from proxy.gate.decision import ClaimKind, Forward
 from proxy.policy.load import parse_policy_text
 from proxy.store.operation import LastOutcome, Operation, Status
 from proxy.store.store import ProviderAnswer, Store, TimelineSeen, see_timeline
-from tests.store.test_store import new_operation
 from tests.support.cluster import missing_reason, running_cluster
+from tests.support.operations import new_operation
 from tests.support.opgate import fault_policy
 
 
