@@ -2,9 +2,8 @@
 
 One client, prepared statements, autocommit, on a scratch database migrated up to ``--upto``
 (so one sitting can compare two schemas: the migrations before and after a change). For each
-of ``--operations`` fresh operations: create (not counted), then claim as sent + settle, the
-statements of an approved operation's first send (``--load-then-claim``: load + claim, as a
-first send that is not exactly its approval takes); then ``--records`` request records
+of ``--operations`` fresh operations: create (not counted), then load, claim and settle, the
+statements of an approved operation's first send; then ``--records`` request records
 appended in batches of ``--batch``, as the audit writer does. Reports the backend's CPU from
 /proc (user + system, so the WAL flush of each commit counts) per operation and per record.
 
@@ -64,7 +63,6 @@ async def measure(
     batch: int,
     settings: dict[str, str],
     untriggered: bool,
-    load_then_claim: bool,
 ) -> dict[str, float]:
     conn = await asyncpg.connect(
         target, server_settings={"opgate.instance_id": "bench", **settings}
@@ -104,30 +102,12 @@ async def measure(
         spent = {"load": 0.0, "claim": 0.0, "settle": 0.0}
         for operation_id in ids:
             at = backend_cpu(pid)
-            as_sent = None
-            if load_then_claim:
-                await load.fetchrow(operation_id)
-            else:  # what proxy/gate/exact.py states for the request that was approved
-                as_sent = json.dumps(
-                    {
-                        "tenant": "t",
-                        "agent_id": "agent",
-                        "provider": "stripe",
-                        "action": "charge",
-                        "method": "POST",
-                        "path": "/v1/charges",
-                        "idempotency_key": None,
-                        "amount": 100,
-                        "currency": ["usd", "USD"],
-                        "params": {"amount": 100},
-                    }
-                )
+            await load.fetchrow(operation_id)
             after_load = backend_cpu(pid)
             claimed = await claim.fetchrow(
-                operation_id, "bench", 30.0, 0, "bench", 86400.0, None, None, as_sent
+                operation_id, "bench", 30.0, 0, "bench", 86400.0, None, None
             )
             assert claimed is not None
-            assert as_sent is None or claimed["claimed"]
             after_claim = backend_cpu(pid)
             settled = await settle.fetchrow(
                 operation_id, "confirmed", 200, "ch_1", "application/json", b"{}", "bench"
@@ -175,9 +155,6 @@ async def main() -> None:
     parser.add_argument(
         "--no-transition-records", action="store_true", help="analysis: the trigger disabled"
     )
-    parser.add_argument(
-        "--load-then-claim", action="store_true", help="a load, then the claim (not as sent)"
-    )
     args = parser.parse_args()
     name, target = await scratch(args.dsn, args.upto, args.sql)
     try:
@@ -189,7 +166,6 @@ async def main() -> None:
             args.batch,
             settings,
             args.no_transition_records,
-            args.load_then_claim,
         )
     finally:
         admin = await asyncpg.connect(args.dsn)

@@ -242,12 +242,6 @@ def evaluate(
     return Verdict(mode, results, state, decision)
 
 
-def first_payload_refusal(facts: RequestFacts, op: Operation) -> Deny | None:
-    """The first payload check that ``op`` fails, relaxed or not: for a row claimed as sent
-    (proxy/gate/exact.py), whose claim promised that none does."""
-    return next((denied for check in PAYLOAD_CHECKS if (denied := check(facts, op))), None)
-
-
 def decide(facts: RequestFacts, op: Operation | None, *, operation_lookup_failed: bool) -> Decision:
     """The verdict for one request. ``op`` is the row read from the primary, or None."""
     return evaluate(facts, op, operation_lookup_failed=operation_lookup_failed).decision

@@ -58,22 +58,6 @@ class CredentialSource(Secrets):
             raise CredentialUnavailable(str(exc)) from exc
         return _with_scheme(credential.scheme, token)
 
-    def resolve_now(
-        self, credential: CredentialInjection | OAuth2ClientCredentials, upstream_base: str = ""
-    ) -> str | None:
-        """The header value ``resolve`` would give if it can be had without IO (a configured
-        secret, an access token cached and fresh), else None."""
-        if isinstance(credential, CredentialInjection):
-            return self.header_value(credential)
-        try:
-            credential, client_id, client_secret = self._client(credential, upstream_base)
-        except CredentialUnavailable:
-            return None
-        token = self.tokens.cached(credential, client_id, client_secret)
-        if token is None:
-            return None
-        return _with_scheme(credential.scheme, token)
-
     def _client(
         self, credential: OAuth2ClientCredentials, upstream_base: str
     ) -> tuple[OAuth2ClientCredentials, str, str]:
@@ -110,13 +94,3 @@ async def provider_credential(
     except CredentialUnavailable as exc:
         return Deny(Reason.CREDENTIAL_UNAVAILABLE, f"no credential for {provider.provider}: {exc}")
     return {provider.credential.header: value}
-
-
-def provider_credential_now(
-    source: CredentialSource, provider: Provider, upstream_base: str
-) -> dict[str, str] | None:
-    """``provider_credential`` where it needs no IO, else None (also when it would refuse)."""
-    if provider.credential is None:
-        return {}
-    value = source.resolve_now(provider.credential, upstream_base)
-    return None if value is None else {provider.credential.header: value}

@@ -46,12 +46,9 @@ def claim_owner(instance_id: str) -> str:
 
 @dataclass(frozen=True)
 class CutOffClaim:
-    """A claim whose statement failed with the connection. Without ``operation_id`` (a claim
-    as sent named by its key) the provider and key name the row."""
+    """A claim whose statement failed with the connection."""
 
-    operation_id: str | None
-    provider: str
-    idempotency_key: str | None
+    operation_id: str
     attempt: int  # the attempt the claim would have made
     owner: str  # the claim's lease owner (claim_owner)
 

@@ -73,12 +73,6 @@ class TokenCache:
         # shielded: one waiter giving up (its agent hung up) must not cancel the others' fetch
         return (await asyncio.shield(pending)).value
 
-    def cached(
-        self, credential: OAuth2ClientCredentials, client_id: str, client_secret: str
-    ) -> str | None:
-        """The access token ``token`` would give without a fetch, if it has a fresh one."""
-        return self._fresh(_key(credential, client_id, client_secret))
-
     def _fresh(self, key: _Key) -> str | None:
         cached = self._tokens.get(key)
         if cached is not None and self._clock() < cached.refresh_at:

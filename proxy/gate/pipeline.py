@@ -3,9 +3,6 @@
 identify -> load the row (primary) -> decide (pure checks) -> prepare -> preconditions ->
 claim -> forward -> classify -> record -> audit -> answer, with exactly one audit record:
 emitted before a byte of the answer is written, or in a ``finally`` on every other way out.
-A first send that is exactly what was approved is claimed by the statement that loads its row
-(proxy/gate/exact.py); the checks and the preparation then run on the claimed row, and a
-refusal there withdraws the claim before anything leaves.
 
 Nothing leaves before the claim has committed. Once the claim has committed, the row only
 becomes confirmed or failed from the provider's answer; every other ending leaves it dispatched.
@@ -34,19 +31,16 @@ from proxy.gate import upstream
 from proxy.gate.bodies import BodyRejected, ParsedBody, inject, with_value
 from proxy.gate.budgets import budget_claim, budget_sum
 from proxy.gate.checks import (
-    RequestFacts,
     concealed,
     decide,
     decide_by_state,
-    first_payload_refusal,
     same_currency,
 )
 from proxy.gate.classify import Settled, Unknown, classify_answer
-from proxy.gate.credentials import provider_credential, provider_credential_now
+from proxy.gate.credentials import provider_credential
 from proxy.gate.cutoff import CutOffClaim, claim_owner
 from proxy.gate.decision import ClaimKind, Deny, Forward, Replay
 from proxy.gate.dialects import in_dialect
-from proxy.gate.exact import as_sent
 from proxy.gate.forwarded import FORWARDED
 from proxy.gate.gateway import GATEWAY, Gateway
 from proxy.gate.headers import outbound_headers, response_headers
@@ -66,7 +60,6 @@ from proxy.gate.preconditions import (
     Failed,
     check_preconditions,
     recheck_due,
-    recheck_due_on_first_send,
     refusal,
 )
 from proxy.gate.problem import problem_response
@@ -236,15 +229,11 @@ async def _process_admitted(
     target = keyed
     facts = request_facts(target, body)
 
-    # 2. load the authoritative row from the primary; a first send that is exactly what was
-    # approved is claimed by the same statement (proxy/gate/exact.py)
+    # 2. load the authoritative row from the primary
     try:
-        op, claimed_as_sent, had = await _load(gw, target, facts)
+        op = await load_operation(gw.store, target)
     except StoreUnavailable as exc:
         return _store_unavailable(record, exc)
-    if op is not None and claimed_as_sent and had is not None:
-        record.operation_id, record.status_before = op.operation_id, Status.CREATED.value
-        return await _forward_claimed(gw, target, facts, body, op, had, record, slot)
     if op is not None:
         record.operation_id, record.status_before = op.operation_id, op.status.value
 
@@ -269,10 +258,7 @@ async def _process_admitted(
     # 4. prepare what will leave (pure: it must not fail after the claim), then claim
     provider = target.provider
     base = gw.upstream_base(provider.provider, provider.upstream)
-    if had is not None:  # had already, for the claim as sent
-        credential: dict[str, str] | Deny = had
-    else:
-        credential = await provider_credential(gw.credentials, gw.client, provider, base)
+    credential = await provider_credential(gw.credentials, gw.client, provider, base)
     if isinstance(credential, Deny):
         return _reject(record, credential, op)
     outbound = _prepare(gw, target, body, op, credential)
@@ -300,86 +286,6 @@ async def _process_admitted(
     return await _forward(gw, target, outbound, op, record, slot)
 
 
-async def _load(
-    gw: Gateway, target: Target, facts: RequestFacts
-) -> tuple[Operation | None, bool, dict[str, str] | None]:
-    """The row the request names, read from the primary; whether the same statement claimed
-    it as sent; and the provider's credential if it was had for that (else None), which the
-    ordinary way then uses too. A credential is had before any claim. Only one that needs no
-    IO is had here (a configured secret, an OAuth2 access token cached and fresh): a request
-    that then claims nothing must not have made a token endpoint call, and one whose
-    credential cannot be had goes the ordinary way, so that it is told what it would be told."""
-    exact = as_sent(facts)
-    if exact is None:
-        return await load_operation(gw.store, target), False, None
-    provider = target.provider
-    base = gw.upstream_base(provider.provider, provider.upstream)
-    credential = provider_credential_now(gw.credentials, provider, base)
-    if credential is None:
-        return await load_operation(gw.store, target), False, None
-    owner = claim_owner(gw.settings.instance_id)
-    try:
-        op, claimed = await gw.store.claim_as_sent(
-            target.named_operation_id,
-            exact,
-            owner=owner,
-            lease_seconds=_lease_seconds(gw, target),
-            actor=gw.settings.instance_id,
-        )
-    except StoreUnavailable:  # it may have claimed a created row: its first attempt
-        named = target.named_operation_id
-        cut = CutOffClaim(named, provider.provider, target.idempotency_key, 1, owner)
-        _remember_cut_off(gw, cut)
-        raise
-    return op, claimed, credential
-
-
-async def _forward_claimed(
-    gw: Gateway,
-    target: Target,
-    facts: RequestFacts,
-    body: ParsedBody,
-    op: Operation,
-    credential: dict[str, str],
-    record: AuditRecord,
-    slot: Slot,
-) -> web.StreamResponse:
-    """A row claimed as sent: the checks run on it all the same, and if they or the outbound
-    request's preparation refuse it, the claim is withdrawn as never sent before anything
-    leaves (a later attempt may send it). A row whose preconditions were due for a recheck is
-    withdrawn and escalated: a later attempt would send it unchecked."""
-    record.status_after, record.attempt = op.status.value, op.attempts
-    refused = first_payload_refusal(facts, op)
-    recheck = recheck_due_on_first_send(target.rule, op)
-    if refused is not None:  # the claim's WHERE admitted what the checks refuse: a bug
-        _log.error("claimed as sent, refused by the checks", reason=refused.reason.value)
-        outbound: OutboundRequest | Deny = refused
-    elif recheck is not None:  # the WHERE admitted a row due for its lookup: a bug too
-        _log.error("claimed as sent, due for a recheck", trigger=recheck)
-        outbound = Deny(
-            Reason.PRECONDITION_UNVERIFIABLE,
-            f"the preconditions were not checked ({recheck}): nothing was sent, and the "
-            "operation is escalated to a human",
-        )
-    else:
-        outbound = _prepare(gw, target, body, op, credential)
-    if isinstance(outbound, Deny):
-        try:
-            if recheck is not None:  # first: released unescalated, it could be sent unchecked
-                await _escalate_unchecked(gw, op, recheck)
-            status = await gw.store.release_unknown(
-                op.operation_id, op.attempts, LastOutcome.NOT_SENT.value, None,
-                gw.settings.instance_id,
-            )  # fmt: skip
-        except StoreUnavailable:
-            status = None  # its lease expires: unknown, as for any claim whose end is unrecorded
-        record.status_after = (status or op.status).value
-        lookup_failed = target.named_operation_id is not None
-        told = concealed(facts, outbound, operation_lookup_failed=lookup_failed)
-        return _reject(record, outbound, op, told)
-    return await _forward(gw, target, outbound, op, record, slot)
-
-
 def _escalation_due(decision: Deny, op: Operation) -> bool:
     """The checks refuse it as escalated, and it is not yet: a row in doubt after a timeline
     switch that no lookup can clear (checks.unverifiable_after_switch). It is escalated now,
@@ -400,19 +306,6 @@ async def _escalate_after_switch(gw: Gateway, op: Operation, decision: Deny) -> 
         actor=gw.settings.instance_id,
     )
     return escalated or await gw.store.load(op.operation_id) or op
-
-
-async def _escalate_unchecked(gw: Gateway, op: Operation, trigger: str) -> None:
-    """A claim withdrawn before its preconditions' lookup leaves the row dispatched, where it
-    is never rechecked: a human decides whether it may still be sent."""
-    await gw.store.escalate(
-        op.operation_id,
-        None,
-        "claimed as sent while its preconditions were due for a recheck; nothing was sent",
-        {"trigger": trigger, "attempt": op.attempts},
-        look_again_seconds=_UNCHECKED_LOOK_AGAIN_SECONDS,
-        actor=gw.settings.instance_id,
-    )
 
 
 async def _forward(
@@ -614,7 +507,7 @@ async def _claim(
                 actor=actor,
             )
     except StoreUnavailable:  # it may have committed: the attempt after op.attempts
-        cut = CutOffClaim(op.operation_id, op.provider, op.idempotency_key, op.attempts + 1, owner)
+        cut = CutOffClaim(op.operation_id, op.attempts + 1, owner)
         _remember_cut_off(gw, cut)
         raise
     if budgets is not None:
@@ -644,16 +537,8 @@ def _remember_cut_off(gw: Gateway, claim: CutOffClaim) -> None:
     (proxy/gate/cutoff.py), so that the operation can be sent, not burned by reconciliation."""
 
     async def release(cut: CutOffClaim) -> bool:
-        operation_id = cut.operation_id
-        if operation_id is None:  # a claim as sent named by its key
-            if cut.idempotency_key is None:
-                return False
-            row = await gw.store.load_by_key(cut.provider, cut.idempotency_key)
-            if row is None:
-                return False
-            operation_id = row.operation_id
         released = await gw.store.release_unknown(
-            operation_id,
+            cut.operation_id,
             cut.attempt,
             LastOutcome.NOT_SENT.value,
             None,

@@ -82,9 +82,7 @@ def _from_proposal(preconditions: Preconditions, op: Operation) -> str | None:
 
 
 # Each says why a recheck is due before this operation's first send (None: not for this
-# reason). The claim as sent states that none is due in its WHERE (proxy/gate/exact.py): a
-# trigger added here and not there is caught after that claim, which is then withdrawn and
-# escalated (proxy/gate/pipeline.py), never sent unchecked.
+# reason). Read in one place (``recheck_due``), before any claim.
 RECHECK_TRIGGERS: tuple[Callable[[Preconditions, Operation], str | None], ...] = (
     _superseding,
     _from_proposal,
@@ -96,15 +94,9 @@ def recheck_due(rule: Rule, op: Operation) -> str | None:
     """Why the rule's preconditions must be checked before ``op`` is sent now, or None: only
     while nothing of it can have reached the provider (a created row, or a dispatched one whose
     every attempt ended not_sent)."""
-    if op.status not in (Status.CREATED, Status.DISPATCHED) or not op.nothing_left():
-        return None
-    return recheck_due_on_first_send(rule, op)
-
-
-def recheck_due_on_first_send(rule: Rule, op: Operation) -> str | None:
-    """``recheck_due`` for ``op`` as it was before its first claim, whatever its status now:
-    for a row already claimed by the statement that read it (proxy/gate/exact.py)."""
     if rule.preconditions is None:
+        return None
+    if op.status not in (Status.CREATED, Status.DISPATCHED) or not op.nothing_left():
         return None
     return next((why for t in RECHECK_TRIGGERS if (why := t(rule.preconditions, op))), None)
 

@@ -107,17 +107,6 @@ SELECT c.timeline_id AS current_timeline, l.timeline_id AS previous_timeline,
 --   list showed no effect (the lease is consumed: no other attempt could start meanwhile).
 -- $8, when given: the row's updated_at when it was read for the rule's precondition lookup
 -- (proxy/gate/preconditions.py); the claim then requires the row unchanged since.
--- $9, when given: the request itself (proxy/gate/exact.py), for a first send claimed by the
--- statement that reads the row. It claims only a created row approved for exactly that
--- request: scope, target and key as column equalities, the amount in minor units, the
--- currency in one of two ASCII spellings, and the approved parameters as jsonb texts, which
--- keep 1 and 1.0 apart. Every one of these is stricter than the checks (proxy/gate/checks.py),
--- which then run on the claimed row all the same. Otherwise nothing is claimed and the row
--- comes back as it is (`claimed` false), for the checks to decide on and explain. A request
--- that names its operation only by the provider's key gives no $1: the key in $9 names the row.
--- For a rule with preconditions, $9's no_recheck states that no recheck is due
--- (proxy/gate/preconditions.py): nothing superseded, no proposal's approval, and a row younger
--- than the recheck age less a margin; an older row is left for its lookup.
 -- The claim's transaction waits for a synchronous standby whatever synchronous_commit the
 -- server, database or role says (local or off would acknowledge a claim a failover can lose,
 -- and its request would leave twice): set_config(..., true) lasts to the end of this
@@ -125,11 +114,9 @@ SELECT c.timeline_id AS current_timeline, l.timeline_id AS previous_timeline,
 -- It is in `named`'s WHERE, which every claim evaluates, so the planner cannot drop it.
 -- A row marked lookup_before_send (a timeline switch put it in doubt: timeline_seen) is claimed
 -- only by the holder ($7) of a live reconciliation lease, under which the provider showed no
--- effect (proxy/gate/resend.py), whatever its status; never as sent ($9). The claim clears it.
+-- effect (proxy/gate/resend.py), whatever its status. The claim clears it.
 WITH named AS (
-    SELECT coalesce($1::text, (SELECT k.operation_id FROM operations k
-                          WHERE k.provider = $9::jsonb->>'provider'
-                            AND k.idempotency_key = $9::jsonb->>'idempotency_key')) AS id
+    SELECT $1::text AS id
      WHERE set_config('synchronous_commit',
                       CASE current_setting('synchronous_commit')
                            WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) <> ''
@@ -143,7 +130,7 @@ WITH named AS (
      WHERE operation_id = (SELECT id FROM named)
        AND revoked_at IS NULL AND expires_at > now()
        AND (lookup_before_send IS NULL
-            OR ($9::jsonb IS NULL AND reconcile_owner = $7 AND reconcile_lease_until > now()
+            OR (reconcile_owner = $7 AND reconcile_lease_until > now()
                 AND escalated_at IS NULL))
        AND (status = 'created'
             OR (status = 'dispatched' AND attempts = $4 AND escalated_at IS NULL
@@ -154,21 +141,6 @@ WITH named AS (
                                AND now() < created_at + make_interval(secs => $6))))
                      OR (reconcile_owner = $7 AND reconcile_lease_until > now()))))
        AND ($8::timestamptz IS NULL OR updated_at = $8)
-       AND ($9::jsonb IS NULL
-            OR (status = 'created'
-                AND tenant = $9->>'tenant' AND (agent_id IS NULL OR agent_id = $9->>'agent_id')
-                AND provider = $9->>'provider' AND action = $9->>'action'
-                AND method = $9->>'method' AND path = $9->>'path'
-                AND ($9->>'idempotency_key' IS NULL OR idempotency_key = $9->>'idempotency_key')
-                AND (NOT $9 ? 'amount' OR amount IS NOT DISTINCT FROM ($9->>'amount')::bigint)
-                AND (NOT $9 ? 'currency' OR currency IS NOT DISTINCT FROM $9->'currency'->>0
-                     OR currency = $9->'currency'->>1)
-                AND params::text = ($9->'params')::text
-                AND (NOT $9 ? 'no_recheck'
-                     OR (supersedes IS NULL
-                         AND NOT starts_with(approval_ref, $9->'no_recheck'->>'proposal_prefix')
-                         AND created_at > now() - make_interval(
-                                 secs => ($9->'no_recheck'->>'younger_than')::float8)))))
     RETURNING *
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
@@ -179,11 +151,7 @@ WITH named AS (
                      ELSE jsonb_build_object('after_lookup', $7::text) END
     FROM claimed
 )
-SELECT c.*, now() AS read_at, true AS claimed FROM claimed c
-UNION ALL
-SELECT o.*, now() AS read_at, false AS claimed FROM operations o
- WHERE $9::jsonb IS NOT NULL AND o.operation_id = (SELECT id FROM named)
-   AND NOT EXISTS (SELECT FROM claimed);
+SELECT c.*, now() AS read_at FROM claimed c;
 
 -- name: budget_lock
 -- Claims on one budget take turns ($1: its lock name, proxy/policy/budgets.py), in the claim's

@@ -118,11 +118,10 @@ def _claim_arguments(
     dedup_window_seconds: float | None,
     after_lookup_by: str | None,
     unchanged_since: datetime | None,
-    as_sent: str | None = None,
     actor: str | None = None,
 ) -> tuple[Any, ...]:
-    """queries.sql ``claim_operation``'s $1-$9, in order (the event's actor is the owner unless
-    given), for the claim alone, the claim under budget locks and the claim as sent alike."""
+    """queries.sql ``claim_operation``'s $1-$8, in order (the event's actor is the owner unless
+    given), for the claim alone and the claim under budget locks alike."""
     return (
         operation_id,
         owner,
@@ -132,7 +131,6 @@ def _claim_arguments(
         dedup_window_seconds,
         after_lookup_by,
         unchanged_since,
-        as_sent,
     )
 
 
@@ -314,28 +312,6 @@ class Store:
                 actor=actor,
             ),
         )
-
-    async def claim_as_sent(
-        self,
-        operation_id: str | None,
-        request: str,
-        *,
-        owner: str,
-        lease_seconds: float,
-        actor: str | None = None,
-    ) -> tuple[Operation | None, bool]:
-        """A first send claimed by the statement that reads its row: the claimed row and True
-        when the row is created and approved for exactly ``request`` (the JSON of
-        proxy/gate/exact.py; queries.sql ``claim_operation``, $9), else the row as it is (None
-        if there is none) and False, for the checks to decide on. Without ``operation_id``,
-        the provider and key in ``request`` name the row."""
-        arguments = _claim_arguments(
-            operation_id, owner, lease_seconds, 0, None, None, None, as_sent=request, actor=actor
-        )
-        record = await self._run(lambda conn: conn.fetchrow(QUERIES["claim_operation"], *arguments))
-        if record is None:
-            return None, False
-        return operation_from_record(record), bool(record["claimed"])
 
     async def claim_within_budgets(
         self,

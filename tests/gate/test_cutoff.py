@@ -26,7 +26,7 @@ async def test_release_is_retried_until_the_store_answers() -> None:
         return True
 
     claims = CutOffClaims()
-    cut = CutOffClaim("op_1", "fault", "k", 1, claim_owner("me"))
+    cut = CutOffClaim("op_1", 1, claim_owner("me"))
     claims.remember(cut, release)
     try:
         await until(lambda: claims.pending == 0, "the cut-off claim released")

@@ -158,33 +158,3 @@ def test_a_token_answer_is_read_strictly(answer: bytes) -> None:
     """Anything but a printable bearer token with a numeric lifetime is refused."""
     with pytest.raises(TokenUnavailable):
         read_token_answer(answer)
-
-
-async def test_a_credential_is_had_without_io_only_while_its_token_is_cached(
-    endpoint: TokenEndpoint, session: aiohttp.ClientSession
-) -> None:
-    """``resolve_now`` (for a first send claimed by the statement that reads its row) never
-    calls the token endpoint: it gives what ``resolve`` would, only once a fresh token is held."""
-    creds, cache = credential(endpoint), source()
-    assert cache.resolve_now(creds) is None
-    assert endpoint.requests == 0
-    value = await cache.resolve(creds, session)
-    assert cache.resolve_now(creds) == value
-    assert cache.resolve_now(creds.model_copy(update={"scope": "other"})) is None
-    assert source(secret=None).resolve_now(creds) is None
-    assert endpoint.requests == 1
-
-
-async def test_a_token_due_for_refresh_is_not_had_without_io(
-    endpoint: TokenEndpoint, session: aiohttp.ClientSession
-) -> None:
-    now = [1000.0]
-    cache = TokenCache(clock=lambda: now[0])
-    endpoint.expires_in = 300
-    creds = credential(endpoint, refresh_before_seconds=60)
-    await cache.token(creds, "client-1", "secret-1", session)
-    now[0] += 239
-    assert cache.cached(creds, "client-1", "secret-1") == "tok_1"
-    now[0] += 1  # from here on token() would fetch: cached() has nothing to give
-    assert cache.cached(creds, "client-1", "secret-1") is None
-    assert endpoint.requests == 1

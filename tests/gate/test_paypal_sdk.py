@@ -26,9 +26,14 @@ from paypalserversdk.models.purchase_unit_request import PurchaseUnitRequest
 from paypalserversdk.models.refund_request import RefundRequest
 from paypalserversdk.paypal_serversdk_client import PaypalServersdkClient
 
-from tests.gate.test_pipeline_claim_as_sent import count_store_calls
 from tests.support.fake_paypal import FakePayPal, running_fake_paypal
-from tests.support.opgate import AGENT_TOKEN, SHIPPED_POLICIES, Opgate, StartOpgate
+from tests.support.opgate import (
+    AGENT_TOKEN,
+    SHIPPED_POLICIES,
+    Opgate,
+    StartOpgate,
+    count_store_calls,
+)
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -110,12 +115,12 @@ async def test_an_approved_order_goes_through_once_with_the_operation_id(
     assert (row["status"], row["provider_response"]["object_id"]) == ("confirmed", first.body.id)
 
 
-async def test_an_order_sent_while_the_token_is_cached_is_read_and_claimed_by_one_statement(
+async def test_an_order_sent_while_the_token_is_cached_calls_no_token_endpoint(
     paypal_gate: Opgate, paypal: FakePayPal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The first order finds no token: it is fetched once, before the claim, and the row is
-    loaded (by its key), then claimed. The second, with the token cached, is read and claimed
-    by one statement (proxy/gate/exact.py), with no call to the token endpoint."""
+    """The first order finds no token: it is fetched once, before the claim; the row is loaded
+    (by its key), then claimed. The second, with the token cached, is loaded and claimed the
+    same way, with no call to the token endpoint."""
     calls = count_store_calls(paypal_gate, monkeypatch)
     client = sdk(paypal_gate)
     for n, value in enumerate(("10.99", "10.99")):
@@ -128,7 +133,7 @@ async def test_an_order_sent_while_the_token_is_cached_is_read_and_claimed_by_on
         if n == 0:
             assert calls == Counter({"load_by_key": 1, "claim": 1})
             calls.clear()
-    assert calls == Counter({"claim_as_sent": 1})
+    assert calls == Counter({"load_by_key": 1, "claim": 1})
     assert paypal.tokens.requests == 1
     assert [p.headers["Authorization"] for p in paypal.posts()] == [
         f"Bearer {paypal.tokens.issued[0]}"

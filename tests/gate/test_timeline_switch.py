@@ -108,7 +108,7 @@ async def test_an_operation_the_provider_does_not_have_is_sent_after_the_lookup(
         fresh = await gate.approve(params={"charge": "ch_1"}, approval_ref="after")
         status, _, body = await _send_until_settled(gate, op)
         row = await gate.operation(op["operation_id"])
-        # created after the switch: a first send, claimed as sent, asked about nothing
+        # created after the switch: a first send, asked about nothing
         lookups_before = sum(r.method == "GET" for r in fault_provider.requests)
         sent, _, _ = await gate.send(REFUND, data=GOOD_BODY, headers=op_header(fresh))
         lookups_after = sum(r.method == "GET" for r in fault_provider.requests)

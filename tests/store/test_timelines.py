@@ -11,7 +11,6 @@ standby)."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
@@ -163,28 +162,12 @@ async def _mark(store: Store, database_url: str, *operation_ids: str) -> None:
 async def test_a_row_in_doubt_is_claimed_only_after_its_lookup(
     store: Store, database_url: str
 ) -> None:
-    """No plain claim, no claim as sent, no reconciliation lease for a created row (absence
+    """No plain claim, no reconciliation lease for a created row (absence
     there means "send", not "failed"); the lookup's lease, then the claim under it, which
     clears the mark."""
     await store.create(new_operation("op_1"), actor="test")
     await _mark(store, database_url, "op_1")
     assert await store.claim("op_1", owner="a", lease_seconds=30, expected_attempts=0) is None
-    request = json.dumps(
-        {
-            "tenant": "t1",
-            "agent_id": None,
-            "provider": "fault",
-            "action": "refund.create",
-            "method": "POST",
-            "path": "/v1/refunds",
-            "idempotency_key": "key-op_1",
-            "amount": 500,
-            "currency": ["usd", "USD"],
-            "params": {"charge": "ch_1"},
-        }
-    )
-    row, claimed = await store.claim_as_sent("op_1", request, owner="a", lease_seconds=30)
-    assert (row is not None, claimed) == (True, False)
     assert await store.claim_reconcile_one("op_1", "r1", 30) is None
     taken = await store.claim_reconcile_one("op_1", "r1", 30, in_doubt=True)
     assert taken is not None
