@@ -26,7 +26,7 @@ from proxy.authoring.explain import Explanation, SampleRequest, explain
 from proxy.gate.checks import Agent
 from proxy.gate.decision import ClaimKind
 from proxy.gate.lookup import Inconclusive
-from proxy.gate.preconditions import Answer
+from proxy.gate.preconditions import LookupAnswer
 from proxy.gate.reasons import Reason
 from proxy.policy.load import TESTS_SUFFIX, PolicyProblem, parse_yaml_model
 from proxy.policy.set import PolicySet
@@ -160,7 +160,7 @@ class CaseLookup(_Strict):
     body: str | None = None
     error: str | None = None
 
-    def answer(self) -> Answer:
+    def answer(self) -> LookupAnswer:
         if self.error is not None:
             return Inconclusive(self.error)
         raw = self.body.encode() if self.body is not None else json.dumps(self.json_body).encode()

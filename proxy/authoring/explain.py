@@ -37,12 +37,12 @@ from proxy.gate.intake import (
     with_body_key,
 )
 from proxy.gate.preconditions import (
-    Answer,
     Checked,
+    LookupAnswer,
     judge,
     planned_lookups,
+    precondition_refusal,
     recheck_due,
-    refusal,
 )
 from proxy.gate.reasons import REASONS
 from proxy.observe.audit import Decision as AuditDecision
@@ -162,7 +162,7 @@ def explain(
     policy: PolicySet,
     sample: SampleRequest,
     rows: Iterable[Operation] = (),
-    lookups: Mapping[str, Answer] | None = None,
+    lookups: Mapping[str, LookupAnswer] | None = None,
 ) -> Explanation:
     """Decide ``sample`` against ``policy``; ``rows`` stand in for the operation store and
     ``lookups`` for the provider's answers to precondition lookups (by path and query)."""
@@ -195,7 +195,7 @@ def conclude(
     policy: PolicySet,
     admitted: Admitted,
     op: Operation | None,
-    lookups: Mapping[str, Answer] | None = None,
+    lookups: Mapping[str, LookupAnswer] | None = None,
 ) -> Explanation:
     target, body = admitted
     verdict = evaluate(
@@ -208,7 +208,7 @@ def conclude(
     trigger = recheck_due(target.rule, op) if op is not None else None
     if op is not None and trigger is not None and isinstance(decision, Forward):
         stage = _preconditions(target, op, trigger, lookups or {})
-        deny = refusal(stage.checked) if stage.checked is not None else None
+        deny = precondition_refusal(stage.checked) if stage.checked is not None else None
         if deny is not None and target.provider.mode_for(target.rule) is Mode.REPORT:
             decision = replace(decision, would_deny=decision.would_deny or deny)
         elif deny is not None:
@@ -217,7 +217,7 @@ def conclude(
 
 
 def _preconditions(
-    target: Target, op: Operation, trigger: str, lookups: Mapping[str, Answer]
+    target: Target, op: Operation, trigger: str, lookups: Mapping[str, LookupAnswer]
 ) -> PreconditionStage:
     """The pipeline's precondition stage on answers given instead of asked for."""
     planned = planned_lookups(target.rule, op)

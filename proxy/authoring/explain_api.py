@@ -22,7 +22,7 @@ from proxy.gate.bodies import BodyRejected, parse_json_object
 from proxy.gate.checks import Agent
 from proxy.gate.gateway import GATEWAY
 from proxy.gate.intake import load_operation
-from proxy.gate.preconditions import Answer
+from proxy.gate.preconditions import LookupAnswer
 from proxy.gate.problem import admin_problem
 from proxy.policy.set import PolicySet
 from proxy.store.store import Store
@@ -51,7 +51,7 @@ async def explain_with_store(
     sample: SampleRequest,
     operation_id: str | None,
     agent: Agent | None,
-    lookups: Mapping[str, Answer] | None = None,
+    lookups: Mapping[str, LookupAnswer] | None = None,
 ) -> Explanation:
     """Explain ``sample``, reading its operation from the store as the pipeline does."""
     if operation_id is not None:

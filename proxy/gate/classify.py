@@ -20,10 +20,10 @@ class Unknown:
     outcome: LastOutcome
 
 
-Outcome = Settled | Unknown
+Classified = Settled | Unknown
 
 
-def classify_answer(classification: Classification, status: int, body: bytes) -> Outcome:
+def classify_answer(classification: Classification, status: int, body: bytes) -> Classified:
     """Only a status the policy names settles the operation; everything else stays unknown."""
     if classification.is_confirmed(status):
         return Settled(Status.CONFIRMED, object_id_from(classification.object_id, body))

@@ -11,7 +11,7 @@ approvals in 10 failovers).
 
 So the pipeline remembers each cut-off claim here (operation, the attempt it would have made,
 and the claim's own lease owner), and a task of this process retries, with a short backoff,
-until the store acknowledges ``release_unknown`` as ``not_sent`` for exactly that attempt under
+until the store acknowledges ``end_attempt`` as ``not_sent`` for exactly that attempt under
 exactly that owner (queries.sql; a claim that never committed matches no row). The owner is
 unique per claim (:func:`claim_owner`): another request of this same process may hold the
 operation's next attempt and be sending it, and must never be released as unsent.

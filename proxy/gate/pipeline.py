@@ -1,8 +1,14 @@
-"""One agent request, top to bottom:
+"""One agent request, top to bottom (``_outcome``):
 
 identify -> load the row (primary) -> decide (pure checks) -> prepare -> preconditions ->
-claim -> forward -> classify -> record -> audit -> answer, with exactly one audit record:
-emitted before a byte of the answer is written, or in a ``finally`` on every other way out.
+claim -> forward -> classify -> record -> audit -> answer.
+
+Each stage ends in a value: the request's ``RequestOutcome`` (the decision and its reason, the
+row before and after, the provider's answer, the precondition evidence). From that value alone
+``answer`` makes the agent's answer and ``audited`` the audit record: exactly one record,
+emitted before a byte of the answer is written, or in a ``finally`` on every other way out (from
+the outcome known so far, ``Progress``). A store that fails before anything was sent is
+answered in one place, as "nothing was sent".
 
 Nothing leaves before the claim has committed. Once the claim has committed, the row only
 becomes confirmed or failed from the provider's answer; every other ending leaves it dispatched.
@@ -12,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -36,7 +42,7 @@ from proxy.gate.checks import (
     decide_by_state,
     same_currency,
 )
-from proxy.gate.classify import Settled, Unknown, classify_answer
+from proxy.gate.classify import Classified, Settled, Unknown, classify_answer
 from proxy.gate.credentials import provider_credential
 from proxy.gate.cutoff import CutOffClaim, claim_owner
 from proxy.gate.decision import ClaimKind, Deny, Forward, Replay
@@ -57,10 +63,11 @@ from proxy.gate.intake import (
 )
 from proxy.gate.limits import Slot
 from proxy.gate.preconditions import (
+    Checked,
     Failed,
     check_preconditions,
+    precondition_refusal,
     recheck_due,
-    refusal,
 )
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
@@ -81,10 +88,48 @@ from proxy.store.operation import LastOutcome, Operation, Status
 from proxy.store.store import ProviderAnswer
 
 _log = structlog.get_logger("opgate.pipeline")
-# An escalated operation is still looked up at the provider now and then (queries.sql
-# escalate_operation). One whose claim was withdrawn before anything left has nothing there
-# to find: an hour apart is enough.
-_UNCHECKED_LOOK_AGAIN_SECONDS = 3600.0
+# An operation escalated here (in doubt after a timeline switch, which no lookup can clear) is
+# still looked up at the provider now and then (queries.sql escalate_operation): hourly.
+_ESCALATED_LOOK_AGAIN_SECONDS = 3600.0
+
+
+@dataclass(frozen=True)
+class RequestOutcome:
+    """What one request came to, as far as it went. The agent's answer (``answer``) and the
+    audit record (``audited``) are both made from this value, and from nothing else."""
+
+    target: Target | None = None  # who asks for what (None: refused before that was known)
+    before: Operation | None = None  # the row as loaded from the primary
+    decision: str = Decision.DENY  # deny until proven otherwise (observe.audit.Decision)
+    refusal: Deny | None = None  # why it was refused: the truth, kept by the audit record
+    shown: Deny | None = None  # the refusal the agent is shown instead (checks.concealed)
+    row: Operation | None = None  # the row the answer names, when not ``before``
+    status_after: Status | None = None  # the row's status as this request left or replayed it
+    attempt: int | None = None  # the attempt this request claimed
+    would_deny: str | None = None  # shadow mode: the code an enforcing rule would refuse with
+    evidence: dict[str, Any] | None = None  # the precondition lookups and what they read
+    sent_sha256: str | None = None  # the bytes that left for the provider, hashed
+    provider_answer: UpstreamResponse | UpstreamError | None = None
+    provider_status: int | None = None  # the provider's status, for an operation
+    unsettled: LastOutcome | None = None  # forwarded, and not settled by the answer: why
+    store_error: str | None = None  # the store failed before anything was sent
+    close_connection: bool = False  # the rest of a late body is not waited for
+
+
+class Progress:
+    """The outcome known so far: each stage replaces it with a fuller value. A request that
+    ends by an exception (an agent that hangs up cancels its handler) is audited from it."""
+
+    def __init__(self) -> None:
+        self.known = RequestOutcome()
+
+
+@dataclass(frozen=True)
+class ReadyToSend:
+    """Stages 1-4 passed: the request to send, and the row it claimed (None: a read)."""
+
+    outbound: OutboundRequest
+    claimed: Operation | None
 
 
 async def handle_agent_request(request: web.Request) -> web.StreamResponse:
@@ -100,24 +145,24 @@ async def handle_agent_request(request: web.Request) -> web.StreamResponse:
     )
     if forwarded is not None:
         record.listener, record.destination = "forward", forwarded.origin.authority
+    progress = Progress()
     emitted = False
     try:
-        response = await _process(gateway, policy, request, record)
-        provider = policy.provider_named(record.provider) if record.provider else None
-        if provider is not None:  # opgate's refusals in the provider's dialect (errors:)
-            response = in_dialect(response, provider.errors)
-        record.response_status = response.status
+        outcome = progress.known = await _outcome(gateway, policy, request, progress)
+        response: web.StreamResponse = answer(outcome)
+        if outcome.target is not None:  # opgate's refusals in the provider's dialect (errors:)
+            response = in_dialect(response, outcome.target.provider.errors)
         # 9. audit, before a byte of the answer is written: numbered and queued, the record is
         # on its way to the audit log however long the agent takes to read (or a crash comes
         # meanwhile). It says what opgate answered; an answer that then does not reach the
         # agent in full gets a record of its own (audit.emit_undelivered), never a change.
         emitted = True
-        emit(record)
+        emit(audited(record, outcome, response.status))
         await _write_answer(request, response, record, gateway.settings)
         return response
     finally:
         if not emitted:  # every other way out: still exactly one record
-            emit(record)
+            emit(audited(record, progress.known))
 
 
 async def _write_answer(
@@ -171,19 +216,22 @@ async def handle_composed_request(
         policy_version=policy.version,
         listener=listener,
     )
+    progress = Progress()
+    response_status = None
     try:
-        response = await _process(gateway, policy, composed, record)
-        record.response_status = response.status
+        outcome = progress.known = await _outcome(gateway, policy, composed, progress)
+        response = answer(outcome)
+        response_status = response.status
         return response
     finally:
-        emit(record)
+        emit(audited(record, progress.known, response_status))
 
 
-async def _process(
-    gw: Gateway, policy: PolicySet, incoming: web.Request | ComposedRequest, record: AuditRecord
-) -> web.StreamResponse:
-    # 1. identify the agent and the operation; read and parse the body strictly. Only `policy`
-    # (the set captured at the start) is used: a reload mid-request must not mix two sets.
+async def _outcome(
+    gw: Gateway, policy: PolicySet, incoming: web.Request | ComposedRequest, progress: Progress
+) -> RequestOutcome:
+    # 1. identify the agent and the operation. Only `policy` (the set captured at the start)
+    # is used: a reload mid-request must not mix two sets.
     if isinstance(incoming, ComposedRequest):
         target = identify_request(
             policy, gw.agents, incoming.method, incoming.raw_target, incoming.headers
@@ -191,99 +239,111 @@ async def _process(
     else:
         target = identify(policy, gw.agents, incoming)
     if isinstance(target, Deny):
-        return _reject(record, target)
-    record.agent_id, record.tenant = target.agent.agent_id, target.agent.tenant
-    record.provider, record.rule = target.provider.provider, target.rule.name
+        return RequestOutcome(refusal=target)
+    progress.known = RequestOutcome(target=target)
     # Requests in flight and request rates (per agent, per tenant) are capped before the body
     # is read or the database is touched, so that no agent can hold the pool (or a slow
     # body's connection) against others, nor flood the provider (proxy/gate/limits.py).
     slot = gw.in_flight.admit(target.agent, target.provider, gw.settings)
     if isinstance(slot, Deny):
-        return _reject(record, slot)
+        return replace(progress.known, refusal=slot)
     try:
-        return await _process_admitted(gw, target, incoming, record, slot)
+        # 1b. read and parse the body strictly
+        if isinstance(incoming, ComposedRequest):  # what read_body refuses, refused alike
+            unreadable = refuse_before_reading(target, len(incoming.body))
+            body = unreadable or parse_request_body(target, incoming.body)
+        else:
+            body = await read_body(incoming, target, gw.settings.body_read_timeout_seconds)
+        if isinstance(body, Deny):
+            late = body.reason is Reason.BODY_TIMEOUT  # the rest of a late body: not waited for
+            return replace(progress.known, refusal=body, close_connection=late)
+        keyed = with_body_key(target, body)  # a key the provider reads in the body names it too
+        if isinstance(keyed, Deny):
+            return replace(progress.known, refusal=keyed)
+        # 2-4. load, decide, prepare, claim: nothing has left yet, so a store that fails here
+        # is answered here, and only here, as "nothing was sent"
+        try:
+            ready = await _decide_and_claim(gw, keyed, body, progress)
+        except StoreUnavailable as exc:
+            return replace(progress.known, decision=Decision.ERROR, store_error=str(exc))
+        if isinstance(ready, RequestOutcome):
+            return ready
+        # 5-8. forward, classify, record
+        return await _forward(gw, keyed, ready, slot, progress)
     finally:
         slot.release()  # a no-op while a forwarded request's outcome is still being recorded
 
 
-async def _process_admitted(
-    gw: Gateway,
-    target: Target,
-    incoming: web.Request | ComposedRequest,
-    record: AuditRecord,
-    slot: Slot,
-) -> web.StreamResponse:
-    if isinstance(incoming, ComposedRequest):  # what read_body refuses, refused alike
-        unreadable = refuse_before_reading(target, len(incoming.body))
-        body = unreadable or parse_request_body(target, incoming.body)
-    else:
-        body = await read_body(incoming, target, gw.settings.body_read_timeout_seconds)
-    if isinstance(body, Deny):
-        response = _reject(record, body)
-        if body.reason is Reason.BODY_TIMEOUT:
-            response.force_close()  # the rest of a late body is not waited for either
-        return response
-    keyed = with_body_key(target, body)  # a key the provider reads in the body names it too
-    if isinstance(keyed, Deny):
-        return _reject(record, keyed)
-    target = keyed
+async def _decide_and_claim(
+    gw: Gateway, target: Target, body: ParsedBody, progress: Progress
+) -> RequestOutcome | ReadyToSend:
+    """Stages 2-4: the outcome of a request answered without sending, or what to send."""
     facts = request_facts(target, body)
-
     # 2. load the authoritative row from the primary
-    try:
-        op = await load_operation(gw.store, target)
-    except StoreUnavailable as exc:
-        return _store_unavailable(record, exc)
-    if op is not None:
-        record.operation_id, record.status_before = op.operation_id, op.status.value
+    op = await load_operation(gw.store, target)
+    progress.known = replace(progress.known, before=op)
 
     # 3. decide: ordered pure checks
     lookup_failed = target.named_operation_id is not None
     decision = decide(facts, op, operation_lookup_failed=lookup_failed)
-    if not isinstance(decision, Deny) and decision.would_deny is not None:  # shadow mode
-        record.would_deny = decision.would_deny.reason.value
     if isinstance(decision, Deny):
-        told = concealed(facts, decision, operation_lookup_failed=lookup_failed)
-        if told is None and op is not None and _escalation_due(decision, op):
-            try:
-                op = await _escalate_after_switch(gw, op, decision)
-            except StoreUnavailable as exc:
-                return _store_unavailable(record, exc)
-            record.status_after = op.status.value
-        return _reject(record, decision, op, told)
+        shown = concealed(facts, decision, operation_lookup_failed=lookup_failed)
+        if shown is None and op is not None and _escalation_due(decision, op):
+            escalated = await _escalate_after_switch(gw, op, decision)
+            return replace(
+                progress.known, refusal=decision, row=escalated, status_after=escalated.status
+            )
+        return replace(progress.known, refusal=decision, shown=shown)
+    if decision.would_deny is not None:  # shadow mode
+        progress.known = replace(progress.known, would_deny=decision.would_deny.reason.value)
     if isinstance(decision, Replay):
         assert op is not None
-        return _replay(record, op)
+        return replace(progress.known, decision=Decision.REPLAY, row=op, status_after=op.status)
 
-    # 4. prepare what will leave (pure: it must not fail after the claim), then claim
+    # 4. prepare what will leave (pure: it must not fail after the claim)
     provider = target.provider
     base = gw.upstream_base(provider.provider, provider.upstream)
     credential = await provider_credential(gw.credentials, gw.client, provider, base)
     if isinstance(credential, Deny):
-        return _reject(record, credential, op)
+        return replace(progress.known, refusal=credential)
     outbound = _prepare(gw, target, body, op, credential)
     if isinstance(outbound, Deny):
-        return _reject(record, outbound, op)
-    if decision.claim is not ClaimKind.NONE:
-        assert op is not None
-        # 4b. preconditions: ask the provider whether what the approval assumed still holds
-        # (a lookup, before and outside the claim, which then needs the row unchanged since)
-        try:
-            refused = await _check_preconditions(gw, target, op, record)
-        except StoreUnavailable as exc:
-            return _store_unavailable(record, exc)
-        if refused is not None:
-            return refused
-        unchanged_since = op.updated_at if record.precondition is not None else None
-        try:
-            claimed = await _claim(gw, target, op, decision, record, unchanged_since)
-        except StoreUnavailable as exc:
-            return _store_unavailable(record, exc)
-        if isinstance(claimed, ClaimConflict):
-            return _answer_claim_conflict(record, claimed)
-        op = claimed
-        record.status_after, record.attempt = op.status.value, op.attempts
-    return await _forward(gw, target, outbound, op, record, slot)
+        return replace(progress.known, refusal=outbound)
+    if decision.claim is ClaimKind.NONE:
+        return ReadyToSend(outbound, None)
+    assert op is not None
+
+    # 4b. preconditions: ask the provider whether what the approval assumed still holds (a
+    # lookup, before and outside the claim, which then needs the row unchanged since)
+    checked = await _look_up_preconditions(gw, target, op)
+    if checked is not None:
+        progress.known = replace(progress.known, evidence=checked.evidence)
+        refused = precondition_refusal(checked)
+        if refused is not None and provider.mode_for(target.rule) is Mode.REPORT:
+            would_deny = progress.known.would_deny or refused.reason.value
+            progress.known = replace(progress.known, would_deny=would_deny)
+        elif refused is not None:
+            if isinstance(checked, Failed):
+                await gw.store.record_precondition_failed(
+                    op.operation_id, gw.settings.instance_id, checked.evidence
+                )
+            shown_extra = {**(refused.extra or {}), "precondition": checked.evidence}
+            return replace(progress.known, refusal=replace(refused, extra=shown_extra))
+
+    # 4c. claim: the row becomes dispatched in one conditional statement
+    unchanged_since = op.updated_at if checked is not None else None
+    claimed = await _claim(gw, target, op, decision, unchanged_since, progress)
+    if isinstance(claimed, ClaimConflict):  # answered from the row as it is now
+        current = claimed.current
+        if isinstance(claimed.outcome, Replay):  # it carries the answer that won the race
+            return replace(
+                progress.known, decision=Decision.REPLAY, row=current, status_after=current.status
+            )
+        return replace(progress.known, refusal=claimed.outcome, row=current)
+    progress.known = replace(
+        progress.known, row=claimed, status_after=claimed.status, attempt=claimed.attempts
+    )
+    return ReadyToSend(outbound, claimed)
 
 
 def _escalation_due(decision: Deny, op: Operation) -> bool:
@@ -302,75 +362,80 @@ async def _escalate_after_switch(gw: Gateway, op: Operation, decision: Deny) -> 
         {"timeline_switch_seen_at": op.lookup_before_send.isoformat()}
         if op.lookup_before_send is not None
         else {},
-        look_again_seconds=_UNCHECKED_LOOK_AGAIN_SECONDS,
+        look_again_seconds=_ESCALATED_LOOK_AGAIN_SECONDS,
         actor=gw.settings.instance_id,
     )
     return escalated or await gw.store.load(op.operation_id) or op
 
 
 async def _forward(
-    gw: Gateway,
-    target: Target,
-    outbound: OutboundRequest,
-    op: Operation | None,
-    record: AuditRecord,
-    slot: Slot,
-) -> web.StreamResponse:
-    # 5-8. forward, classify, record; shielded so that an agent hanging up cannot stop the
-    # outcome of a request that has already left from being recorded (nor free its slot)
-    record.decision = Decision.ALLOW
-    record.forwarded_body_sha256 = hashlib.sha256(outbound.body).hexdigest()
-    forwarding = _forward_and_record(gw, target, outbound, op, record)
+    gw: Gateway, target: Target, ready: ReadyToSend, slot: Slot, progress: Progress
+) -> RequestOutcome:
+    """Shielded, so that an agent hanging up cannot stop the outcome of a request that has
+    already left from being recorded (nor free its slot)."""
+    sent_sha256 = hashlib.sha256(ready.outbound.body).hexdigest()
+    sending = replace(progress.known, decision=Decision.ALLOW, sent_sha256=sent_sha256)
+    progress.known = sending
+    forwarding = _send_and_record(gw, target, ready, sending)
     return await asyncio.shield(slot.held_through(forwarding))
 
 
-async def _forward_and_record(
-    gw: Gateway,
-    target: Target,
-    outbound: OutboundRequest,
-    op: Operation | None,
-    record: AuditRecord,
-) -> web.StreamResponse:
+async def _send_and_record(
+    gw: Gateway, target: Target, ready: ReadyToSend, sending: RequestOutcome
+) -> RequestOutcome:
     # 6. forward
     try:
         client = gw.egress_client(target.forwarded)  # forward mode: addresses are re-checked
-        answer: UpstreamResponse | UpstreamError = await upstream.send(client, outbound)
+        answered: UpstreamResponse | UpstreamError = await upstream.send(client, ready.outbound)
     except UpstreamError as exc:
-        answer = exc
+        answered = exc
+    op = ready.claimed
     if op is None:  # a read without an operation: nothing to record
-        return _pass_through(record, answer, None, None)
+        if isinstance(answered, UpstreamError):
+            not_sent = LastOutcome.NOT_SENT if isinstance(answered, UpstreamNotSent) else None
+            return replace(
+                sending, decision=Decision.ERROR, provider_answer=answered, unsettled=not_sent
+            )
+        return replace(sending, provider_answer=answered)
 
     # 7. classify the provider's answer
-    if isinstance(answer, UpstreamError):
-        outcome: Settled | Unknown = Unknown(_unknown_outcome(answer))
+    provider_status = None
+    if isinstance(answered, UpstreamError):
+        classified: Classified = Unknown(_unknown_outcome(answered))
     else:
-        record.provider_status = answer.status
+        provider_status = answered.status
         classification = target.provider.classification_for(target.rule)
-        outcome = classify_answer(classification, answer.status, answer.body)
+        classified = classify_answer(classification, answered.status, answered.body)
 
     # 8. record the outcome
     actor = gw.settings.instance_id
     try:
-        if isinstance(outcome, Settled):
-            assert isinstance(answer, UpstreamResponse)
+        if isinstance(classified, Settled):
+            assert isinstance(answered, UpstreamResponse)
             stored = ProviderAnswer(
-                answer.status, outcome.object_id, answer.headers.get("Content-Type"), answer.body
+                answered.status,
+                classified.object_id,
+                answered.headers.get("Content-Type"),
+                answered.body,
             )
-            recorded = await gw.store.settle(op.operation_id, outcome.status, stored, actor)
+            recorded = await gw.store.settle(op.operation_id, classified.status, stored, actor)
         else:
-            status = None if isinstance(answer, UpstreamError) else answer.status
-            recorded = await gw.store.release_unknown(
-                op.operation_id, op.attempts, outcome.outcome.value, status, actor
+            recorded = await gw.store.end_attempt(
+                op.operation_id, op.attempts, classified.outcome.value, provider_status, actor
             )
     except StoreUnavailable:
         # The provider has answered but the row could not be updated: it stays dispatched with
         # a lease that will expire, i.e. unknown, which is true from the row's point of view.
         recorded = None
-    status_now = recorded or op.status
-    record.status_after = status_now.value
-    if isinstance(outcome, Unknown):
-        record.decision, record.reason = Decision.ERROR, outcome.outcome.value
-    return _pass_through(record, answer, op.operation_id, status_now)
+    outcome = replace(
+        sending,
+        provider_answer=answered,
+        provider_status=provider_status,
+        status_after=recorded or op.status,
+    )
+    if isinstance(classified, Unknown):
+        return replace(outcome, decision=Decision.ERROR, unsettled=classified.outcome)
+    return outcome
 
 
 def _prepare(
@@ -428,27 +493,13 @@ class ClaimConflict:
     current: Operation
 
 
-async def _check_preconditions(
-    gw: Gateway, target: Target, op: Operation, record: AuditRecord
-) -> web.Response | None:
-    """The rule's preconditions, when a recheck is due (proxy/gate/preconditions.py): None to
-    go on to the claim, else the refusal. In report mode a refusal is only ``would_deny``."""
+async def _look_up_preconditions(gw: Gateway, target: Target, op: Operation) -> Checked | None:
+    """The rule's preconditions, looked up at the provider when a recheck is due
+    (proxy/gate/preconditions.py); None when none is."""
     trigger = recheck_due(target.rule, op)
     if trigger is None:
         return None
-    checked = await check_preconditions(gw, target.provider, target.rule, op, trigger)
-    record.precondition = checked.evidence
-    deny = refusal(checked)
-    if deny is None:
-        return None
-    if target.provider.mode_for(target.rule) is Mode.REPORT:
-        record.would_deny = record.would_deny or deny.reason.value
-        return None
-    if isinstance(checked, Failed):
-        await gw.store.record_precondition_failed(
-            op.operation_id, gw.settings.instance_id, checked.evidence
-        )
-    return _reject(record, deny, op, extra={"precondition": checked.evidence})
+    return await check_preconditions(gw, target.provider, target.rule, op, trigger)
 
 
 async def _claim(
@@ -456,8 +507,8 @@ async def _claim(
     target: Target,
     op: Operation,
     decision: Forward,
-    record: AuditRecord,
-    unchanged_since: datetime | None = None,
+    unchanged_since: datetime | None,
+    progress: Progress,
 ) -> Operation | ClaimConflict:
     """The conditional UPDATE (a re-send after an unknown outcome asks the provider first),
     under the locks of the spend budgets it counts against; on zero rows, re-read the row and
@@ -507,17 +558,17 @@ async def _claim(
                 actor=actor,
             )
     except StoreUnavailable:  # it may have committed: the attempt after op.attempts
-        cut = CutOffClaim(op.operation_id, op.attempts + 1, owner)
-        _remember_cut_off(gw, cut)
+        _remember_cut_off(gw, CutOffClaim(op.operation_id, op.attempts + 1, owner))
         raise
     if budgets is not None:
-        refusal, would_deny = budgets.judge(made.spent)
-        if refusal is not None:
+        over_budget, would_deny = budgets.judge(made.spent)
+        if over_budget is not None:
             if lookup_owner is not None:
                 await gw.store.release_reconcile(op.operation_id, lookup_owner)
-            return ClaimConflict(refusal, op)
-        if would_deny is not None and record.would_deny is None:  # shadow mode
-            record.would_deny = would_deny.reason.value
+            return ClaimConflict(over_budget, op)
+        if would_deny is not None:  # shadow mode; an earlier stage's code stays first
+            known = progress.known
+            progress.known = replace(known, would_deny=known.would_deny or would_deny.reason.value)
         claimed = made.operation
     if claimed is not None:
         return claimed
@@ -537,7 +588,7 @@ def _remember_cut_off(gw: Gateway, claim: CutOffClaim) -> None:
     (proxy/gate/cutoff.py), so that the operation can be sent, not burned by reconciliation."""
 
     async def release(cut: CutOffClaim) -> bool:
-        released = await gw.store.release_unknown(
+        released = await gw.store.end_attempt(
             cut.operation_id,
             cut.attempt,
             LastOutcome.NOT_SENT.value,
@@ -555,26 +606,62 @@ def _lease_seconds(gw: Gateway, target: Target) -> float:
     return target.provider.timeouts.total_seconds + gw.settings.lease_margin_seconds
 
 
-def _answer_claim_conflict(record: AuditRecord, conflict: ClaimConflict) -> web.StreamResponse:
-    """Answer from the row as it is now: a replay must carry the answer that won the race."""
-    if isinstance(conflict.outcome, Replay):
-        return _replay(record, conflict.current)
-    return _reject(record, conflict.outcome, conflict.current)
+# --- the answer and the audit record, each made once from the outcome ----------------------
+def answer(outcome: RequestOutcome) -> web.Response:
+    """The agent's answer to the request that came to ``outcome``."""
+    if outcome.store_error is not None:
+        return problem_response(
+            Reason.STORE_UNAVAILABLE, f"nothing was sent: {outcome.store_error}"
+        )
+    row = outcome.row or outcome.before
+    if outcome.decision == Decision.REPLAY:
+        assert row is not None
+        return _replay(row)
+    if outcome.provider_answer is not None:
+        unsettled = outcome.decision == Decision.ERROR
+        return _pass_through(outcome.provider_answer, row, outcome.status_after, unsettled)
+    assert outcome.refusal is not None
+    response = _refusal(outcome.refusal, outcome.shown, row)
+    if outcome.close_connection:
+        response.force_close()
+    return response
 
 
-def _reject(
-    record: AuditRecord,
-    deny: Deny,
-    op: Operation | None = None,
-    told: Deny | None = None,
-    extra: dict[str, Any] | None = None,
-) -> web.Response:
-    """Refuse with ``deny``, or answer ``told`` instead (checks.concealed): the audit record
+def audited(
+    record: AuditRecord, outcome: RequestOutcome, response_status: int | None = None
+) -> AuditRecord:
+    """``record`` (begun when the request came in) completed from ``outcome``: the one place
+    a request's audit fields are written."""
+    target, before = outcome.target, outcome.before
+    if target is not None:
+        record.agent_id, record.tenant = target.agent.agent_id, target.agent.tenant
+        record.provider, record.rule = target.provider.provider, target.rule.name
+    if before is not None:
+        record.operation_id, record.status_before = before.operation_id, before.status.value
+    record.decision = outcome.decision
+    if outcome.store_error is not None:
+        record.reason = Reason.STORE_UNAVAILABLE.value
+    elif outcome.refusal is not None:
+        record.reason = outcome.refusal.reason.value
+    elif outcome.unsettled is not None:
+        record.reason = outcome.unsettled.value
+    record.status_after = outcome.status_after.value if outcome.status_after else None
+    record.attempt = outcome.attempt
+    record.would_deny = outcome.would_deny
+    record.precondition = outcome.evidence
+    record.provider_status = outcome.provider_status
+    record.forwarded_body_sha256 = outcome.sent_sha256
+    record.response_status = response_status
+    return record
+
+
+def _refusal(refusal: Deny, shown: Deny | None, op: Operation | None) -> web.Response:
+    """Refuse with ``refusal``, or show ``shown`` instead (checks.concealed): the audit record
     keeps the real reason and operation, the agent learns neither, nor the operation's status."""
-    record.decision, record.reason = Decision.DENY, deny.reason.value
-    if told is not None:  # nothing of the real refusal is told, its evidence neither
-        deny, op, extra = told, None, None
-    extra = {**(deny.extra or {}), **(extra or {})} or None
+    deny = refusal
+    if shown is not None:  # nothing of the real refusal is shown, its evidence neither
+        deny, op = shown, None
+    extra = dict(deny.extra) if deny.extra else None
     if op is not None and deny.reason is Reason.OPERATION_FAILED and op.provider_status:
         extra = {"provider_response": op.to_public()["provider_response"]}
     return problem_response(
@@ -587,8 +674,7 @@ def _reject(
     )
 
 
-def _replay(record: AuditRecord, op: Operation) -> web.Response:
-    record.decision, record.status_after = Decision.REPLAY, op.status.value
+def _replay(op: Operation) -> web.Response:
     response = web.Response(
         status=op.provider_status or 200,
         body=op.response_body or b"",
@@ -603,11 +689,6 @@ def _replay(record: AuditRecord, op: Operation) -> web.Response:
     return response
 
 
-def _store_unavailable(record: AuditRecord, exc: StoreUnavailable) -> web.Response:
-    record.decision, record.reason = Decision.ERROR, Reason.STORE_UNAVAILABLE.value
-    return problem_response(Reason.STORE_UNAVAILABLE, f"nothing was sent: {exc}")
-
-
 def _unknown_outcome(error: UpstreamError) -> LastOutcome:
     if isinstance(error, UpstreamNotSent):
         return LastOutcome.NOT_SENT
@@ -619,44 +700,43 @@ def _unknown_outcome(error: UpstreamError) -> LastOutcome:
 
 
 def _pass_through(
-    record: AuditRecord,
-    answer: UpstreamResponse | UpstreamError,
-    op_id: str | None,
+    answered: UpstreamResponse | UpstreamError,
+    op: Operation | None,
     status: Status | None,
+    unsettled: bool,
 ) -> web.Response:
     """The agent's answer once something was (or may have been) sent: for an operation, its
     id and its status now."""
+    op_id = op.operation_id if op else None
     op_status = status.value if status else None
-    if isinstance(answer, UpstreamError):
-        record.decision = Decision.ERROR
-        if isinstance(answer, UpstreamNotSent):
-            record.reason = record.reason or LastOutcome.NOT_SENT.value
+    if isinstance(answered, UpstreamError):
+        if isinstance(answered, UpstreamNotSent):
             return problem_response(
                 Reason.UPSTREAM_UNAVAILABLE,
-                f"nothing was sent: {answer}",
+                f"nothing was sent: {answered}",
                 operation_id=op_id,
                 operation_status=op_status,
             )
         return problem_response(
             Reason.OUTCOME_UNKNOWN,
-            str(answer),
-            status=504 if isinstance(answer, UpstreamTimeout) else 502,
+            str(answered),
+            status=504 if isinstance(answered, UpstreamTimeout) else 502,
             operation_id=op_id,
             operation_status=op_status,
         )
-    if op_id is not None and record.decision == Decision.ERROR:
+    if op_id is not None and unsettled:
         # The provider answered, but not in a way that settles the operation (e.g. a 5xx).
         return problem_response(
             Reason.OUTCOME_UNKNOWN,
-            f"the provider answered {answer.status}",
+            f"the provider answered {answered.status}",
             operation_id=op_id,
             operation_status=op_status,
-            extra={"provider_status": answer.status},
+            extra={"provider_status": answered.status},
         )
-    headers = response_headers(answer.headers)
+    headers = response_headers(answered.headers)
     if op_id is not None and op_status is not None:
         headers["X-Operation-Id"] = op_id
         headers["X-Operation-Status"] = op_status
     return web.Response(
-        status=answer.status, reason=answer.reason, headers=headers, body=answer.body
+        status=answered.status, reason=answered.reason, headers=headers, body=answered.body
     )

@@ -143,7 +143,7 @@ def judge_answer(
 
 
 # A lookup's answer as the provider gave it (status, body), or why there was none.
-Answer = tuple[int, bytes] | Inconclusive
+LookupAnswer = tuple[int, bytes] | Inconclusive
 
 
 def planned_lookups(rule: Rule, op: Operation) -> list[tuple[PreconditionLookup, str | None]]:
@@ -157,7 +157,7 @@ def judge(
     trigger: str,
     op: Operation,
     planned: list[tuple[PreconditionLookup, str | None]],
-    answers: Mapping[str, Answer],
+    answers: Mapping[str, LookupAnswer],
 ) -> Checked:
     """Every planned lookup's answer (``answers``, by target) as one verdict. A false
     assertion anywhere fails the whole: it is a fact about the world, whatever another lookup
@@ -184,7 +184,7 @@ def judge(
     return Held(evidence)
 
 
-def refusal(checked: Checked) -> Deny | None:
+def precondition_refusal(checked: Checked) -> Deny | None:
     """What the agent is told when the preconditions do not hold (None: they do)."""
     if isinstance(checked, Failed):
         return Deny(Reason.PRECONDITION_FAILED, failed_detail(checked.evidence))
@@ -213,7 +213,7 @@ async def check_preconditions(
     """Each declared lookup, in order, then their verdict; every lookup is made (each says
     something the evidence should show), and each is bounded by the provider's timeouts."""
     planned = planned_lookups(rule, op)
-    answers: dict[str, Answer] = {}
+    answers: dict[str, LookupAnswer] = {}
     for _, target in planned:
         if target is None or target in answers:
             continue

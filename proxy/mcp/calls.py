@@ -37,7 +37,7 @@ from proxy.operations.proposing import Refusal as ProposalRefusal
 from proxy.operations.proposing import propose_for_agent
 from proxy.recovery.api import (
     RECOVERY_RULE,
-    Refusal,
+    ReadRefusal,
     in_scope,
     operation_view,
     recovery_view,
@@ -117,7 +117,7 @@ async def _get(call: McpCall, args: dict[str, Any], record: AuditRecord) -> Answ
     assert isinstance(operation_id, str)
     gw, agent = call.gateway, call.agent
     view = await operation_view(gw, agent, operation_id, record, with_request=True)
-    if isinstance(view, Refusal):
+    if isinstance(view, ReadRefusal):
         told = view.told if view.told is not view.reason else None
         return _refuse(call, record, Deny(view.reason, view.detail), told=told)
     return Answered(view)

@@ -247,7 +247,7 @@ async def _read_operation(
             "an operation id is 1-255 printable ASCII characters",
         )
     view = await operation_view(gw, agent, operation_id, record)
-    if isinstance(view, Refusal):
+    if isinstance(view, ReadRefusal):
         return _refuse(record, view.reason, view.detail, told=view.told)
     response = web.json_response(view)
     if view["retry_after_seconds"]:
@@ -256,7 +256,7 @@ async def _read_operation(
 
 
 @dataclass(frozen=True)
-class Refusal:
+class ReadRefusal:
     """Why a read is refused (on record) and what the agent is told."""
 
     reason: Reason
@@ -266,18 +266,18 @@ class Refusal:
 
 async def operation_view(
     gw: Gateway, agent: Agent, operation_id: str, record: AuditRecord, *, with_request: bool = False
-) -> dict[str, Any] | Refusal:
+) -> dict[str, Any] | ReadRefusal:
     """The recovery view of ``operation_id`` for ``agent`` (reconciled first where it says
     reconcile), filling ``record``; the same refusal for "absent" and "not yours"."""
     record.operation_id = operation_id
     op = await gw.store.load(operation_id)
     if op is None:
         reason = Reason.OPERATION_UNKNOWN
-        return Refusal(reason, f"no operation {operation_id}", reason)
+        return ReadRefusal(reason, f"no operation {operation_id}", reason)
     if not in_scope(op, agent):
         # the same answer for "absent" and "not yours": no probing other tenants' ids
         detail = f"no operation {operation_id}"
-        return Refusal(Reason.OPERATION_SCOPE_MISMATCH, detail, Reason.OPERATION_UNKNOWN)
+        return ReadRefusal(Reason.OPERATION_SCOPE_MISMATCH, detail, Reason.OPERATION_UNKNOWN)
     record.provider, record.status_before = op.provider, op.status.value
     [view] = await recovery_views(gw, [op], with_request=with_request)
     if view["next_action"] == NextAction.RECONCILE:

@@ -411,7 +411,7 @@ class Store:
             actor,
         )
 
-    async def release_unknown(
+    async def end_attempt(
         self,
         operation_id: str,
         attempt: int,
@@ -421,8 +421,10 @@ class Store:
         *,
         owner: str | None = None,
     ) -> Status | None:
-        """The row's status (still dispatched), or None if ``attempt`` no longer holds it.
-        ``owner``: only if that claim holds it, its end unrecorded (a cut-off claim)."""
+        """End ``attempt`` without settling the operation (queries.sql ``release_unknown``):
+        its outcome unknown, or ``not_sent`` (a claim withdrawn before anything left). The
+        row's status (still dispatched), or None if ``attempt`` no longer holds it. ``owner``:
+        only if that claim holds it, its end unrecorded (a cut-off claim)."""
         return await self._status(
             "release_unknown", operation_id, attempt, outcome, provider_status, actor, owner
         )

@@ -17,7 +17,7 @@ from proxy.authoring.explain import (
 )
 from proxy.gate.checks import decide, evaluate
 from proxy.gate.decision import Deny, Forward
-from proxy.gate.preconditions import Answer
+from proxy.gate.preconditions import LookupAnswer
 from proxy.gate.reasons import Reason
 from proxy.policy.load import load_policy_dir
 from proxy.policy.model import Mode
@@ -95,7 +95,7 @@ CHARGE_PATH = "/v1/charges/ch_1"
 
 
 def refund_explained(
-    lookups: dict[str, Answer] | None, age: float = 3600, policy: PolicySet = POLICY
+    lookups: dict[str, LookupAnswer] | None, age: float = 3600, policy: PolicySet = POLICY
 ) -> Explanation:
     """An agent's refund of 500 of ch_1, approved ``age`` seconds ago, explained."""
     sample = SampleRequest(
@@ -110,7 +110,7 @@ def refund_explained(
     return explain(policy, sample, [row], lookups)
 
 
-def charge(**fields: object) -> Answer:
+def charge(**fields: object) -> LookupAnswer:
     values = {"status": "succeeded", "refunded": False, "amount": 2000, "amount_refunded": 0}
     return (200, json.dumps(values | fields).encode())
 

@@ -38,7 +38,7 @@ async def escalated(gate: Opgate, **approval: Any) -> dict[str, Any]:
     store = gate.running.gateway.store
     operation_id = op["operation_id"]
     assert await store.claim(operation_id, owner="test", lease_seconds=60, expected_attempts=0)
-    assert await store.release_unknown(operation_id, 1, "timeout", None, "test")
+    assert await store.end_attempt(operation_id, 1, "timeout", None, "test")
     assert await store.escalate(
         operation_id, None, "lookups inconclusive 2 times", {"lookups": []}, look_again_seconds=3600
     )

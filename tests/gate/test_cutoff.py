@@ -57,14 +57,14 @@ async def test_release_names_only_the_cut_off_claim(store: Store) -> None:
     sending, cut = claim_owner("me"), claim_owner("me")
     claimed = await store.claim("op_cut", owner=sending, lease_seconds=30, expected_attempts=0)
     assert claimed is not None
-    assert await store.release_unknown("op_cut", 1, "not_sent", None, "me", owner=cut) is None
+    assert await store.end_attempt("op_cut", 1, "not_sent", None, "me", owner=cut) is None
     row = await store.load("op_cut")
     assert row is not None
     assert (row.status, row.last_outcome, row.lease_owner) == (Status.DISPATCHED, None, sending)
 
-    released = await store.release_unknown("op_cut", 1, "not_sent", None, "me", owner=sending)
+    released = await store.end_attempt("op_cut", 1, "not_sent", None, "me", owner=sending)
     assert released is Status.DISPATCHED
-    again = await store.release_unknown("op_cut", 1, "not_sent", None, "me", owner=sending)
+    again = await store.end_attempt("op_cut", 1, "not_sent", None, "me", owner=sending)
     assert again is None  # its end is recorded: a second release changes nothing
     row = await store.load("op_cut")
     assert row is not None

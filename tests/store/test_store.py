@@ -60,12 +60,12 @@ async def test_settle_only_from_dispatched_and_never_twice(store: Store) -> None
 
 
 async def test_unknown_keeps_dispatched_and_only_the_lease_holder_releases(store: Store) -> None:
-    """release_unknown leaves the row dispatched; a stale attempt number changes nothing."""
+    """end_attempt leaves the row dispatched; a stale attempt number changes nothing."""
     await store.create(new_operation("op_unknown"), actor="test")
     claimed = await store.claim("op_unknown", owner="a", lease_seconds=30, expected_attempts=0)
     assert claimed is not None
-    assert await store.release_unknown("op_unknown", 99, "unknown:timeout", None, "x") is None
-    assert await store.release_unknown("op_unknown", 1, "unknown:timeout", None, "a") is (
+    assert await store.end_attempt("op_unknown", 99, "unknown:timeout", None, "x") is None
+    assert await store.end_attempt("op_unknown", 1, "unknown:timeout", None, "a") is (
         Status.DISPATCHED
     )
     released = await store.load("op_unknown")
@@ -129,7 +129,7 @@ async def test_transitions_and_their_events_commit_together(store: Store) -> Non
     """Every transition writes its event row in the same statement."""
     await store.create(new_operation("op_events"), actor="admin")
     await store.claim("op_events", owner="a", lease_seconds=30, expected_attempts=0)
-    await store.release_unknown("op_events", 1, "unknown:status", 500, "a")
+    await store.end_attempt("op_events", 1, "unknown:status", 500, "a")
     await store.claim(
         "op_events", owner="b", lease_seconds=30, expected_attempts=1, dedup_window_seconds=600
     )
@@ -172,7 +172,7 @@ async def test_a_resend_claim_itself_rechecks_why_the_last_attempt_ended(store: 
     await store.create(new_operation("op_stale"), actor="test")
     first = await store.claim("op_stale", owner="a", lease_seconds=30, expected_attempts=0)
     assert first is not None
-    await store.release_unknown("op_stale", 1, "unknown:timeout", None, "a")
+    await store.end_attempt("op_stale", 1, "unknown:timeout", None, "a")
     stale = await store.claim("op_stale", owner="b", lease_seconds=30, expected_attempts=1)
     assert stale is None
     # within a deduplicating provider's retention of the key, the same re-send may go
@@ -187,7 +187,7 @@ async def test_a_resend_claim_after_not_sent_needs_no_deduplication(store: Store
     """Nothing left on the last attempt: a re-send may claim whatever the provider does."""
     await store.create(new_operation("op_not_sent"), actor="test")
     await store.claim("op_not_sent", owner="a", lease_seconds=30, expected_attempts=0)
-    await store.release_unknown("op_not_sent", 1, "not_sent", None, "a")
+    await store.end_attempt("op_not_sent", 1, "not_sent", None, "a")
     again = await store.claim("op_not_sent", owner="b", lease_seconds=30, expected_attempts=1)
     assert again is not None
     assert again.attempts == 2
@@ -201,14 +201,14 @@ async def test_a_stale_reconciliation_cannot_settle_after_a_newer_attempt(
     its lease is gone and an attempt started after its lookup began."""
     await store.create(new_operation("op_slow_lookup"), actor="test")
     await store.claim("op_slow_lookup", owner="a", lease_seconds=30, expected_attempts=0)
-    await store.release_unknown("op_slow_lookup", 1, "not_sent", None, "a")
+    await store.end_attempt("op_slow_lookup", 1, "not_sent", None, "a")
     taken = await store.claim_reconcile_one("op_slow_lookup", "reconciler", 30)
     assert taken is not None
     assert taken.attempts == 1
     await expire_reconcile_lease(database_url, "op_slow_lookup")
     resent = await store.claim("op_slow_lookup", owner="b", lease_seconds=30, expected_attempts=1)
     assert resent is not None
-    await store.release_unknown("op_slow_lookup", 2, "unknown:timeout", None, "b")
+    await store.end_attempt("op_slow_lookup", 2, "unknown:timeout", None, "b")
     settled = await store.settle_reconciled(
         "op_slow_lookup",
         "reconciler",
@@ -228,7 +228,7 @@ async def test_a_claim_waits_for_a_live_reconciliation(store: Store) -> None:
     """While a reconciliation holds the row, no attempt starts: its answer would be stale."""
     await store.create(new_operation("op_held"), actor="test")
     await store.claim("op_held", owner="a", lease_seconds=30, expected_attempts=0)
-    await store.release_unknown("op_held", 1, "not_sent", None, "a")
+    await store.end_attempt("op_held", 1, "not_sent", None, "a")
     assert await store.claim_reconcile_one("op_held", "reconciler", 30) is not None
     assert await store.claim("op_held", owner="b", lease_seconds=30, expected_attempts=1) is None
 
@@ -238,7 +238,7 @@ async def test_on_demand_lookups_are_paced_per_operation(store: Store) -> None:
     rule's retry time: an agent polling fast cannot multiply calls to the provider."""
     await store.create(new_operation("op_paced"), actor="test")
     await store.claim("op_paced", owner="a", lease_seconds=30, expected_attempts=0)
-    await store.release_unknown("op_paced", 1, "unknown:timeout", None, "a")
+    await store.end_attempt("op_paced", 1, "unknown:timeout", None, "a")
     taken = await store.claim_reconcile_one("op_paced", "one", 30)
     assert taken is not None
     await store.reconcile_inconclusive("op_paced", "one", 600, {"lookups": []}, expected_attempts=1)
@@ -322,7 +322,7 @@ async def test_a_failed_precondition_is_kept_while_nothing_of_the_operation_left
     await store.create(new_operation("op_pfr"), actor="test")
     await store.claim("op_pfr", owner="a", lease_seconds=30, expected_attempts=0)
     assert not await store.record_precondition_failed("op_pfr", "test", {"n": 1})  # in flight
-    await store.release_unknown("op_pfr", 1, "not_sent", None, "a")
+    await store.end_attempt("op_pfr", 1, "not_sent", None, "a")
     row = await store.load("op_pfr")
     assert row is not None
     assert (row.attempts, row.unsent_attempts) == (1, 1)
@@ -330,7 +330,7 @@ async def test_a_failed_precondition_is_kept_while_nothing_of_the_operation_left
     assert await store.precondition_failures(["op_pfr"]) == {"op_pfr": {"n": 2}}
     await store.claim("op_pfr", owner="a", lease_seconds=30, expected_attempts=1)
     assert await store.precondition_failures(["op_pfr"]) == {}  # before this claim
-    await store.release_unknown("op_pfr", 2, "unknown:timeout", None, "a")
+    await store.end_attempt("op_pfr", 2, "unknown:timeout", None, "a")
     row = await store.load("op_pfr")
     assert row is not None
     assert (row.attempts, row.unsent_attempts) == (2, 1)

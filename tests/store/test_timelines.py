@@ -65,7 +65,7 @@ async def _dispatched(store: Store, operation_id: str, outcome: LastOutcome | No
     claimed = await store.claim(operation_id, owner="o", lease_seconds=30, expected_attempts=0)
     assert claimed is not None
     if outcome is not None:
-        await store.release_unknown(operation_id, 1, outcome.value, None, "test")
+        await store.end_attempt(operation_id, 1, outcome.value, None, "test")
 
 
 async def _events(store: Store, operation_id: str) -> list[str]:
