@@ -3,7 +3,10 @@ and the audit record are each made from it by one pure function."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+
+import pytest
 
 from proxy.gate.decision import Deny
 from proxy.gate.pipeline import RequestOutcome, answer, audited
@@ -68,3 +71,14 @@ def test_a_replay_answers_from_the_row_the_claim_found() -> None:
     assert response.headers["Idempotent-Replayed"] == "true"
     record = audited(AuditRecord(), outcome, response.status)
     assert (record.status_before, record.status_after) == ("created", "confirmed")
+
+
+def test_an_update_is_a_new_outcome_as_replace_would_make_it() -> None:
+    """``updated`` leaves the outcome it starts from as it was, gives what
+    ``dataclasses.replace`` gives, and refuses a name that is not a field."""
+    start = RequestOutcome(before=make_operation())
+    later = start.updated(would_deny="amount_mismatch", attempt=1)
+    assert later == dataclasses.replace(start, would_deny="amount_mismatch", attempt=1)
+    assert (start.would_deny, start.attempt) == (None, None)
+    with pytest.raises(TypeError, match="wuold_deny"):
+        start.updated(wuold_deny="amount_mismatch")
