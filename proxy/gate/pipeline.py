@@ -117,8 +117,8 @@ class RequestOutcome:
 
     def updated(self, **changes: Any) -> RequestOutcome:
         """This outcome with ``changes``: ``dataclasses.replace`` without its per-field
-        introspection and ``__init__``, which made a request's few updates cost 5-10% of
-        opgate's CPU per operation on the bench (bench/one-decision-path.md)."""
+        introspection and ``__init__``, which cost as much as building the audit record
+        (47 us against 9 us for this copy, on the shared bench machine)."""
         if not changes.keys() <= _OUTCOME_FIELDS:
             raise TypeError(f"not outcome fields: {sorted(changes.keys() - _OUTCOME_FIELDS)}")
         outcome = object.__new__(RequestOutcome)
