@@ -24,6 +24,7 @@ from pathlib import Path
 import asyncpg
 
 from proxy.observe.auditlog import records
+from proxy.store import queries
 from proxy.store.migrate import load_migrations
 from proxy.store.queries import QUERIES
 
@@ -48,7 +49,9 @@ async def scratch(dsn: str, upto: int, extra_sql: list[str]) -> tuple[str, str]:
         for migration in load_migrations():
             if migration.number <= upto:
                 await conn.execute(migration.sql)
-        await conn.execute(QUERIES["audit_set_instance_policy"], "bench", "sha256:bench")
+        await queries.execute(
+            conn, "audit_set_instance_policy", instance_id="bench", policy_version="sha256:bench"
+        )
         for sql in extra_sql:
             await conn.execute(sql)
     finally:
@@ -75,42 +78,67 @@ async def measure(
         pid = await conn.fetchval("SELECT pg_backend_pid()")
         expires = datetime.now(UTC) + timedelta(hours=1)
         ids = [f"op_{secrets.token_hex(8)}" for _ in range(operations)]
-        create = await conn.prepare(QUERIES["create_operation"])
+        create = await conn.prepare(QUERIES["create_operation"].sql)
         for i, operation_id in enumerate(ids):
             await create.fetchrow(
-                operation_id,
-                "t",
-                "agent",
-                "stripe",
-                "charge",
-                "POST",
-                "/v1/charges",
-                "{}",
-                100,
-                "usd",
-                '{"amount": 100}',
-                f"key-{operation_id}",
-                f"ref-{i}",
-                "human",
-                expires,
-                "bench",
-                None,
+                *QUERIES["create_operation"].arguments(
+                    {
+                        "operation_id": operation_id,
+                        "tenant": "t",
+                        "agent_id": "agent",
+                        "provider": "stripe",
+                        "action": "charge",
+                        "method": "POST",
+                        "path": "/v1/charges",
+                        "path_params": "{}",
+                        "amount": 100,
+                        "currency": "usd",
+                        "params": '{"amount": 100}',
+                        "idempotency_key": f"key-{operation_id}",
+                        "approval_ref": f"ref-{i}",
+                        "approved_by": "human",
+                        "expires_at": expires,
+                        "actor": "bench",
+                        "supersedes": None,
+                    }
+                )
             )
-        load = await conn.prepare(QUERIES["load_operation"])
-        claim = await conn.prepare(QUERIES["claim_operation"])
-        settle = await conn.prepare(QUERIES["settle_operation"])
+        load = await conn.prepare(QUERIES["load_operation"].sql)
+        claim = await conn.prepare(QUERIES["claim_operation"].sql)
+        settle = await conn.prepare(QUERIES["settle_operation"].sql)
         spent = {"load": 0.0, "claim": 0.0, "settle": 0.0}
         for operation_id in ids:
             at = backend_cpu(pid)
             await load.fetchrow(operation_id)
             after_load = backend_cpu(pid)
             claimed = await claim.fetchrow(
-                operation_id, "bench", 30.0, 0, "bench", 86400.0, None, None
+                *QUERIES["claim_operation"].arguments(
+                    {
+                        "operation_id": operation_id,
+                        "owner": "bench",
+                        "lease_seconds": 30.0,
+                        "expected_attempts": 0,
+                        "actor": None,
+                        "dedup_window_seconds": 86400.0,
+                        "after_lookup_by": None,
+                        "unchanged_since": None,
+                    }
+                )
             )
             assert claimed is not None
             after_claim = backend_cpu(pid)
             settled = await settle.fetchrow(
-                operation_id, "confirmed", 200, "ch_1", "application/json", b"{}", "bench"
+                *QUERIES["settle_operation"].arguments(
+                    {
+                        "operation_id": operation_id,
+                        "status": "confirmed",
+                        "provider_status": 200,
+                        "object_id": "ch_1",
+                        "content_type": "application/json",
+                        "body": b"{}",
+                        "actor": "bench",
+                    }
+                )
             )
             assert settled is not None
             spent["load"] += after_load - at

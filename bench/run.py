@@ -740,15 +740,17 @@ def pgbench_script(tmp: Path, db_url: str) -> Path:
 
     Each placeholder becomes a pgbench variable cast to the type PostgreSQL infers for it when
     it prepares the statement (what asyncpg's prepared statement has): pgbench turns every
-    *occurrence* of a variable into its own parameter, so a repeated one (``$2`` in the event's
-    ``jsonb_build_object``) would otherwise have no type at all."""
+    *occurrence* of a variable into its own parameter, so a repeated one (``owner`` in the
+    event's ``jsonb_build_object``) would otherwise have no type at all. Each variable is named
+    ``<prefix>_<parameter>`` after the query's named parameter (``opid``: the operation id)."""
     sys.path.insert(0, str(REPO))
     from proxy.store.queries import load_queries  # stdlib-only module: the SQL opgate runs
 
     queries = load_queries()
 
-    def with_variables(name: str, prefix: str, literals: dict[int, str] | None = None) -> str:
-        sql = queries[name]
+    def with_variables(name: str, prefix: str, literals: dict[str, str] | None = None) -> str:
+        query = queries[name]
+        sql = query.sql
         types = psql(
             db_url,
             f"PREPARE bench_probe AS {sql}; SELECT unnest(parameter_types)::text "
@@ -757,15 +759,18 @@ def pgbench_script(tmp: Path, db_url: str) -> Path:
 
         def variable(match: re.Match[str]) -> str:
             number = int(match.group(1))
-            if literals and number in literals:  # a NULL, which no pgbench variable can be
-                return f"{literals[number]}::{types[number - 1]}"
-            name = "opid" if number == 1 else f"{prefix}_p{number}"
+            parameter = query.parameters[number - 1]
+            if literals and parameter in literals:  # a NULL, which no pgbench variable can be
+                return f"{literals[parameter]}::{types[number - 1]}"
+            name = "opid" if parameter == "operation_id" else f"{prefix}_{parameter}"
             return f":{name}::{types[number - 1]}"
 
         return re.sub(r"\$(\d+)", variable, sql)
 
-    # A first attempt, as opgate's pipeline claims one: no reconciliation lookup before it ($7).
-    claim = with_variables("claim_operation", "claim", {7: "NULL"})
+    # A first attempt, as opgate's pipeline claims one: no reconciliation lookup before it, no
+    # precondition lookup, the event's actor the owner.
+    nothing = {name: "NULL" for name in ("after_lookup_by", "unchanged_since", "actor")}
+    claim = with_variables("claim_operation", "claim", nothing)
     settle = with_variables("settle_operation", "settle")
     script = tmp / "claim_settle.sql"
     script.write_text(
@@ -792,10 +797,11 @@ def run_pgbench(config: Config, db_url: str, tmp: Path, script: Path) -> Row:
     variables = {
         "next": "0", "per": str(per), "base": str(base),
         # the first attempt (attempts 0), the bench policy's retention_seconds as the window
-        "claim_p2": owner, "claim_p3": "35", "claim_p4": "0", "claim_p5": owner,
-        "claim_p6": "86400",
-        "settle_p2": "confirmed", "settle_p3": "200", "settle_p4": "re_bench_1",
-        "settle_p5": "application/json", "settle_p6": answer, "settle_p7": owner,
+        "claim_owner": owner, "claim_lease_seconds": "35", "claim_expected_attempts": "0",
+        "claim_dedup_window_seconds": "86400",
+        "settle_status": "confirmed", "settle_provider_status": "200",
+        "settle_object_id": "re_bench_1", "settle_content_type": "application/json",
+        "settle_body": answer, "settle_actor": owner,
     }  # fmt: skip
     log_prefix = tmp / "pgbench_log"
     argv = [

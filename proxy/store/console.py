@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from proxy.store import audit
+from proxy.store import audit, queries
 from proxy.store.operation import Operation
-from proxy.store.queries import QUERIES
 from proxy.store.store import Store, operation_from_record
 
 
@@ -48,22 +47,30 @@ class ConsoleStore:
         """A new session under the SHA-256 of its cookie (``digest``), for ``seconds``;
         expired sessions are cleared in the same statement."""
         await self._store.run(
-            lambda conn: conn.execute(
-                QUERIES["console_session_create"], digest, role, identity, csrf_token, seconds
+            lambda conn: queries.execute(
+                conn,
+                "console_session_create",
+                digest=digest,
+                role=role,
+                identity=identity,
+                csrf_token=csrf_token,
+                seconds=seconds,
             )
         )
 
     async def session(self, digest: str) -> StoredSession | None:
         """The live session whose cookie hashes to ``digest`` (None once expired)."""
         row = await self._store.run(
-            lambda conn: conn.fetchrow(QUERIES["console_session_load"], digest)
+            lambda conn: queries.fetchrow(conn, "console_session_load", digest=digest)
         )
         if row is None:
             return None
         return StoredSession(row["role"], row["identity"], row["csrf_token"])
 
     async def delete_session(self, digest: str) -> None:
-        await self._store.run(lambda conn: conn.execute(QUERIES["console_session_delete"], digest))
+        await self._store.run(
+            lambda conn: queries.execute(conn, "console_session_delete", digest=digest)
+        )
 
     async def operations(
         self,
@@ -76,8 +83,14 @@ class ConsoleStore:
         """Operations in ``statuses``, of the tenant and provider (None: any), created at least
         ``older_than_seconds`` ago (None: any age), newest first."""
         records = await self._store.run(
-            lambda conn: conn.fetch(
-                QUERIES["console_operations"], statuses, tenant, provider, older_than_seconds, limit
+            lambda conn: queries.fetch(
+                conn,
+                "console_operations",
+                statuses=statuses,
+                tenant=tenant,
+                provider=provider,
+                older_than_seconds=older_than_seconds,
+                limit=limit,
             )
         )
         return [operation_from_record(r) for r in records]
@@ -85,7 +98,7 @@ class ConsoleStore:
     async def escalated(self, limit: int) -> list[Operation]:
         """The escalation queue: operations waiting on a human, oldest escalation first."""
         records = await self._store.run(
-            lambda conn: conn.fetch(QUERIES["console_escalated"], limit)
+            lambda conn: queries.fetch(conn, "console_escalated", limit=limit)
         )
         return [operation_from_record(r) for r in records]
 
@@ -97,11 +110,11 @@ class ConsoleStore:
     async def notifications(self, operation_id: str) -> list[dict[str, Any]]:
         """One operation's escalation notices and their delivery."""
         rows = await self._store.run(
-            lambda conn: conn.fetch(QUERIES["console_notifications"], operation_id)
+            lambda conn: queries.fetch(conn, "console_notifications", operation_id=operation_id)
         )
         return [dict(r) for r in rows]
 
     async def last_checkpoint(self) -> dict[str, Any] | None:
         """The newest checkpoint: id, when, by whom, how many heads it signed, its mac."""
-        row = await self._store.run(lambda conn: conn.fetchrow(QUERIES["console_last_checkpoint"]))
+        row = await self._store.run(lambda conn: queries.fetchrow(conn, "console_last_checkpoint"))
         return None if row is None else dict(row)

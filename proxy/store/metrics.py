@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proxy.store.queries import QUERIES
+from proxy.store import queries
 from proxy.store.store import Store
 
 
@@ -26,7 +26,9 @@ async def operation_counts(store: Store, dispatched_after_seconds: float) -> Ope
     """The scrape-time counts; ``dispatched_old``: dispatched more than
     ``dispatched_after_seconds`` ago and still unsettled."""
     row = await store.run(
-        lambda conn: conn.fetchrow(QUERIES["metrics_operations"], dispatched_after_seconds)
+        lambda conn: queries.fetchrow(
+            conn, "metrics_operations", dispatched_after_seconds=dispatched_after_seconds
+        )
     )
     assert row is not None  # an aggregate: one row always
     return OperationCounts(

@@ -5,11 +5,12 @@
 
 -- name: load_operation
 -- The authoritative row, with the database's clock (all decisions compare against it).
-SELECT o.*, now() AS read_at FROM operations o WHERE o.operation_id = $1;
+SELECT o.*, now() AS read_at FROM operations o WHERE o.operation_id = %(operation_id)s;
 
 -- name: load_operation_by_key
 -- The row an agent named only by its approved idempotency key.
-SELECT o.*, now() AS read_at FROM operations o WHERE o.provider = $1 AND o.idempotency_key = $2;
+SELECT o.*, now() AS read_at FROM operations o
+ WHERE o.provider = %(provider)s AND o.idempotency_key = %(idempotency_key)s;
 
 -- name: create_operation
 -- A new approved operation (status created). A repeated operation_id inserts nothing and returns
@@ -19,12 +20,15 @@ WITH created AS (
         operation_id, tenant, agent_id, provider, action, method, path, path_params,
         amount, currency, params, idempotency_key, approval_ref, approved_by, expires_at,
         supersedes)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11::jsonb, $12, $13, $14, $15, $17)
+    VALUES (%(operation_id)s, %(tenant)s, %(agent_id)s, %(provider)s, %(action)s, %(method)s,
+            %(path)s, %(path_params)s::jsonb, %(amount)s, %(currency)s, %(params)s::jsonb,
+            %(idempotency_key)s, %(approval_ref)s, %(approved_by)s, %(expires_at)s,
+            %(supersedes)s)
     ON CONFLICT (operation_id) DO NOTHING
     RETURNING *
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-    SELECT operation_id, 'created', NULL, 'created', $16,
+    SELECT operation_id, 'created', NULL, 'created', %(actor)s,
            -- the whole approval, so the chained record alone says what was approved (the
            -- row is mutable); the key only as its SHA-256: whoever reads the audit log must
            -- not be able to re-send with it
@@ -95,116 +99,120 @@ SELECT c.timeline_id AS current_timeline, l.timeline_id AS previous_timeline,
 
 -- name: claim_operation
 -- created -> dispatched, or a new attempt of a dispatched operation. Takes the in-flight lease
--- ($2 owner, $3 seconds) so that a crashed replica's claim expires. Revoked or expired
+-- (owner, for lease_seconds) so that a crashed replica's claim expires. Revoked or expired
 -- approvals never claim.
 -- A re-send is decided here, on the row as it is now, not on the caller's earlier read: the
--- attempt it follows ($4) must still be the last, no attempt or reconciliation may be live,
--- and the last attempt must be known to have had no effect at the provider:
+-- attempt it follows (expected_attempts) must still be the last, no attempt or reconciliation may
+-- be live, and the last attempt must be known to have had no effect at the provider:
 --   it never left (not_sent), or
---   the provider still deduplicates its key ($6: the retention in seconds, NULL if it does
+--   the provider still deduplicates its key (dedup_window_seconds: the retention, NULL if it does
 --   not deduplicate; counted from creation, before which the key was never sent), or
---   the caller ($7) holds a live reconciliation lease under which the provider's complete
---   list showed no effect (the lease is consumed: no other attempt could start meanwhile).
--- $8, when given: the row's updated_at when it was read for the rule's precondition lookup
--- (proxy/gate/preconditions.py); the claim then requires the row unchanged since.
+--   the caller (after_lookup_by) holds a live reconciliation lease under which the provider's
+--   complete list showed no effect (the lease is consumed: no other attempt could start meanwhile).
+-- unchanged_since, when given: the row's updated_at when it was read for the rule's
+-- precondition lookup (proxy/gate/preconditions.py); the claim then requires the row unchanged
+-- since.
 -- The claim's transaction waits for a synchronous standby whatever synchronous_commit the
 -- server, database or role says (local or off would acknowledge a claim a failover can lose,
 -- and its request would leave twice): set_config(..., true) lasts to the end of this
 -- transaction, so it holds through PgBouncer's transaction pooling; remote_apply is kept.
 -- It is in `named`'s WHERE, which every claim evaluates, so the planner cannot drop it.
 -- A row marked lookup_before_send (a timeline switch put it in doubt: timeline_seen) is claimed
--- only by the holder ($7) of a live reconciliation lease, under which the provider showed no
--- effect (proxy/gate/resend.py), whatever its status. The claim clears it.
+-- only by the holder (after_lookup_by) of a live reconciliation lease, under which the provider
+-- showed no effect (proxy/gate/resend.py), whatever its status. The claim clears it.
 WITH named AS (
-    SELECT $1::text AS id
+    SELECT %(operation_id)s::text AS id
      WHERE set_config('synchronous_commit',
                       CASE current_setting('synchronous_commit')
                            WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) <> ''
 ), claimed AS (
     UPDATE operations
        SET status = 'dispatched', attempts = attempts + 1, dispatched_at = now(),
-           lease_owner = $2, lease_until = now() + make_interval(secs => $3),
+           lease_owner = %(owner)s, lease_until = now() + make_interval(secs => %(lease_seconds)s),
            last_outcome = NULL, attempt_ended_at = NULL, reconcile_owner = NULL,
            reconcile_lease_until = NULL, next_reconcile_at = NULL, lookup_before_send = NULL,
            updated_at = now()
      WHERE operation_id = (SELECT id FROM named)
        AND revoked_at IS NULL AND expires_at > now()
        AND (lookup_before_send IS NULL
-            OR (reconcile_owner = $7 AND reconcile_lease_until > now()
+            OR (reconcile_owner = %(after_lookup_by)s AND reconcile_lease_until > now()
                 AND escalated_at IS NULL))
        AND (status = 'created'
-            OR (status = 'dispatched' AND attempts = $4 AND escalated_at IS NULL
+            OR (status = 'dispatched' AND attempts = %(expected_attempts)s AND escalated_at IS NULL
                 AND (lease_until IS NULL OR lease_until <= now())
                 AND (((reconcile_lease_until IS NULL OR reconcile_lease_until <= now())
                       AND (last_outcome = 'not_sent'
-                           OR ($6::float8 IS NOT NULL
-                               AND now() < created_at + make_interval(secs => $6))))
-                     OR (reconcile_owner = $7 AND reconcile_lease_until > now()))))
-       AND ($8::timestamptz IS NULL OR updated_at = $8)
+                           OR (%(dedup_window_seconds)s::float8 IS NOT NULL
+                               AND now() < created_at
+                                           + make_interval(secs => %(dedup_window_seconds)s))))
+                     OR (reconcile_owner = %(after_lookup_by)s AND reconcile_lease_until > now()))))
+       AND (%(unchanged_since)s::timestamptz IS NULL OR updated_at = %(unchanged_since)s)
     RETURNING *
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
     SELECT operation_id, 'claimed', CASE WHEN attempts = 1 THEN 'created' ELSE 'dispatched' END,
-           'dispatched', $5,
-           jsonb_build_object('attempt', attempts, 'lease_owner', $2)
-             || CASE WHEN $7::text IS NULL THEN '{}'::jsonb
-                     ELSE jsonb_build_object('after_lookup', $7::text) END
+           'dispatched', coalesce(%(actor)s::text, %(owner)s),
+           jsonb_build_object('attempt', attempts, 'lease_owner', %(owner)s)
+             || CASE WHEN %(after_lookup_by)s::text IS NULL THEN '{}'::jsonb
+                     ELSE jsonb_build_object('after_lookup', %(after_lookup_by)s::text) END
     FROM claimed
 )
 SELECT c.*, now() AS read_at FROM claimed c;
 
 -- name: budget_lock
--- Claims on one budget take turns ($1: its lock name, proxy/policy/budgets.py), in the claim's
--- transaction and before the sum below: the sum then sees every claim that went before, and
+-- Claims on one budget take turns (lock_name: its lock name, proxy/policy/budgets.py), in the
+-- claim's transaction and before the sum below: the sum then sees every claim that went before, and
 -- no claim can commit between this one's sum and its UPDATE. Released at commit or rollback.
-SELECT pg_advisory_xact_lock(hashtextextended($1, 0));
+SELECT pg_advisory_xact_lock(hashtextextended(%(lock_name)s, 0));
 
 -- name: budget_spent
--- What counts against one budget: the amounts of provider $1's operations in currency $2
--- (tenant $3 and agent $4, NULL: any) that are dispatched (in flight or unknown: the money
--- may have moved) or confirmed, whose last attempt was claimed in the last $5 seconds. $6 is
--- left out (the operation being claimed: a re-send must not count its own amount twice).
+-- What counts against one budget: the amounts of the provider's operations in the currency
+-- (tenant and agent_id, NULL: any) that are dispatched (in flight or unknown: the money
+-- may have moved) or confirmed, whose last attempt was claimed in the last window_seconds seconds.
+-- excluding is left out (the operation being claimed: a re-send must not count its own amount
+-- twice).
 SELECT coalesce(sum(amount), 0)::bigint AS spent FROM operations
- WHERE provider = $1 AND currency = $2 AND status IN ('dispatched', 'confirmed')
-   AND dispatched_at > now() - make_interval(secs => $5)
-   AND ($3::text IS NULL OR tenant = $3) AND ($4::text IS NULL OR agent_id = $4)
-   AND ($6::text IS NULL OR operation_id <> $6)
+ WHERE provider = %(provider)s AND currency = %(currency)s AND status IN ('dispatched', 'confirmed')
+   AND dispatched_at > now() - make_interval(secs => %(window_seconds)s)
+   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+   AND (%(agent_id)s::text IS NULL OR agent_id = %(agent_id)s)
+   AND (%(excluding)s::text IS NULL OR operation_id <> %(excluding)s)
    AND amount IS NOT NULL;
 
 -- name: budget_spent_by_key
--- The same sums for every tenant ($3 true) and agent ($4 true) that has spent anything in the
--- window, for reads of the remaining budgets (the API, /metrics); never for a decision.
-SELECT CASE WHEN $3::bool THEN tenant END AS tenant,
-       CASE WHEN $4::bool THEN agent_id END AS agent_id,
+-- The same sums for every tenant (by_tenant true) and agent (by_agent true) that has spent anything
+-- in the window, for reads of the remaining budgets (the API, /metrics); never for a decision.
+SELECT CASE WHEN %(by_tenant)s::bool THEN tenant END AS tenant,
+       CASE WHEN %(by_agent)s::bool THEN agent_id END AS agent_id,
        sum(amount)::bigint AS spent
   FROM operations
- WHERE provider = $1 AND currency = $2 AND status IN ('dispatched', 'confirmed')
-   AND dispatched_at > now() - make_interval(secs => $5) AND amount IS NOT NULL
-   AND (NOT $4::bool OR agent_id IS NOT NULL)
+ WHERE provider = %(provider)s AND currency = %(currency)s AND status IN ('dispatched', 'confirmed')
+   AND dispatched_at > now() - make_interval(secs => %(window_seconds)s) AND amount IS NOT NULL
+   AND (NOT %(by_agent)s::bool OR agent_id IS NOT NULL)
  GROUP BY 1, 2
  ORDER BY 1, 2;
 -- name: record_precondition_failed
 -- The rule's preconditions did not hold before a send that nothing had gone before (the first,
 -- or a re-send after attempts that all ended not_sent): nothing was sent and the row keeps its
--- status (no transition); the lookup's evidence ($3) is kept as its event, which the recovery
+-- status (no transition); the lookup's evidence (evidence) is kept as its event, which the recovery
 -- read answers from (new_approval_required). Only while nothing of the operation has left and
 -- no attempt is in flight.
 INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-SELECT operation_id, 'precondition_failed', status, status, $2, $3::jsonb
+SELECT operation_id, 'precondition_failed', status, status, %(actor)s, %(evidence)s::jsonb
   FROM operations
- WHERE operation_id = $1
+ WHERE operation_id = %(operation_id)s
    AND (status = 'created'
         OR (status = 'dispatched' AND attempts = unsent_attempts
             AND (lease_until IS NULL OR lease_until <= now())))
 RETURNING event_id;
 
 -- name: precondition_failures
--- The latest precondition_failed evidence of each of the operations $1 of which nothing has
--- left (what their recovery read shows): still created, or dispatched with every attempt ended
+-- The latest precondition_failed evidence of each of the operations operation_ids of which nothing
+-- has left (what their recovery read shows): still created, or dispatched with every attempt ended
 -- not_sent and the failure after the last claim (a later lookup that held let that claim go).
 SELECT DISTINCT ON (e.operation_id) e.operation_id, e.detail
   FROM operation_events e JOIN operations o USING (operation_id)
- WHERE e.operation_id = ANY($1::text[]) AND e.event = 'precondition_failed'
+ WHERE e.operation_id = ANY(%(operation_ids)s::text[]) AND e.event = 'precondition_failed'
    AND (o.status = 'created'
         OR (o.status = 'dispatched' AND o.attempts = o.unsent_attempts
             AND e.at > o.dispatched_at))
@@ -217,40 +225,45 @@ SELECT DISTINCT ON (e.operation_id) e.operation_id, e.detail
 -- known to the caller, and would cross the connection again for nothing.
 WITH settled AS (
     UPDATE operations
-       SET status = $2, last_outcome = $2, provider_status = $3, provider_object_id = $4,
-           response_content_type = $5, response_body = $6, settled_at = now(),
+       SET status = %(status)s, last_outcome = %(status)s, provider_status = %(provider_status)s,
+           provider_object_id = %(object_id)s, response_content_type = %(content_type)s,
+           response_body = %(body)s, settled_at = now(),
            settled_reason = 'provider_answer', attempt_ended_at = now(),
            lease_owner = NULL, lease_until = NULL, updated_at = now()
-     WHERE operation_id = $1 AND status = 'dispatched'
+     WHERE operation_id = %(operation_id)s AND status = 'dispatched'
     RETURNING operation_id, attempts, status
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-    SELECT operation_id, $2, 'dispatched', $2, $7,
-           jsonb_build_object('attempt', attempts, 'provider_status', $3, 'object_id', $4)
+    SELECT operation_id, %(status)s, 'dispatched', %(status)s, %(actor)s,
+           jsonb_build_object('attempt', attempts, 'provider_status', %(provider_status)s,
+                              'object_id', %(object_id)s)
     FROM settled
 )
 SELECT s.status FROM settled s;
 
 -- name: release_unknown
 -- The attempt ended without a conclusive answer: the row STAYS dispatched, the lease is
--- released and the reason kept. Only the attempt that holds the lease ($2) may release it.
--- An attempt that ended before a byte left ($3 not_sent) is counted in unsent_attempts.
--- $6, when given: the claim's own lease owner, for a claim whose statement was cut off
+-- released and the reason kept. Only the attempt that holds the lease (attempt) may release it.
+-- An attempt that ended before a byte left (outcome not_sent) is counted in unsent_attempts.
+-- owner, when given: the claim's own lease owner, for a claim whose statement was cut off
 -- (proxy/gate/cutoff.py): only that claim, if it committed at all, and only while its attempt
 -- has no recorded end.
 -- Returns only the status (dispatched), as settle_operation does.
 WITH released AS (
     UPDATE operations
-       SET lease_owner = NULL, lease_until = NULL, last_outcome = $3, provider_status = $4,
+       SET lease_owner = NULL, lease_until = NULL, last_outcome = %(outcome)s,
+           provider_status = %(provider_status)s,
            attempt_ended_at = now(), updated_at = now(),
-           unsent_attempts = unsent_attempts + (CASE WHEN $3 = 'not_sent' THEN 1 ELSE 0 END)
-     WHERE operation_id = $1 AND status = 'dispatched' AND attempts = $2
-       AND ($6::text IS NULL OR (lease_owner = $6 AND attempt_ended_at IS NULL))
+           unsent_attempts = unsent_attempts
+                             + (CASE WHEN %(outcome)s = 'not_sent' THEN 1 ELSE 0 END)
+     WHERE operation_id = %(operation_id)s AND status = 'dispatched' AND attempts = %(attempt)s
+       AND (%(owner)s::text IS NULL OR (lease_owner = %(owner)s AND attempt_ended_at IS NULL))
     RETURNING operation_id, attempts, status
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-    SELECT operation_id, 'unknown', 'dispatched', 'dispatched', $5,
-           jsonb_build_object('attempt', attempts, 'outcome', $3, 'provider_status', $4)
+    SELECT operation_id, 'unknown', 'dispatched', 'dispatched', %(actor)s,
+           jsonb_build_object('attempt', attempts, 'outcome', %(outcome)s,
+                              'provider_status', %(provider_status)s)
     FROM released
 )
 SELECT r.status FROM released r;
@@ -259,42 +272,44 @@ SELECT r.status FROM released r;
 -- Withdraw the approval. Never changes status: what was sent stays sent.
 WITH revoked AS (
     UPDATE operations
-       SET revoked_at = now(), revoked_reason = $2, updated_at = now()
-     WHERE operation_id = $1 AND revoked_at IS NULL
+       SET revoked_at = now(), revoked_reason = %(reason)s, updated_at = now()
+     WHERE operation_id = %(operation_id)s AND revoked_at IS NULL
     RETURNING *
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-    SELECT operation_id, 'revoked', status, status, $3, jsonb_build_object('reason', $2)
+    SELECT operation_id, 'revoked', status, status, %(actor)s,
+           jsonb_build_object('reason', %(reason)s)
     FROM revoked
 )
 SELECT r.*, now() AS read_at FROM revoked r;
 
 -- name: list_operations
--- Operations of a tenant ($1, NULL for all) in the given statuses, oldest first.
+-- Operations of a tenant (NULL for all) in the given statuses, oldest first.
 SELECT o.*, now() AS read_at FROM operations o
- WHERE ($1::text IS NULL OR o.tenant = $1) AND o.status = ANY($2::text[])
-   AND ($3::text IS NULL OR o.agent_id IS NULL OR o.agent_id = $3)
+ WHERE (%(tenant)s::text IS NULL OR o.tenant = %(tenant)s) AND o.status = ANY(%(statuses)s::text[])
+   AND (%(agent_id)s::text IS NULL OR o.agent_id IS NULL OR o.agent_id = %(agent_id)s)
  ORDER BY o.created_at, o.operation_id
- LIMIT $4;
+ LIMIT %(limit)s;
 
 -- name: claim_reconcile_one
 -- Take the reconciliation lease of one dispatched operation whose attempt is over, so that no
 -- two replicas (or a replica and a re-send) act on it at once. Paced: not before
 -- next_reconcile_at, whoever asks (an agent polling, a re-send, an admin), so no caller can
--- multiply lookups made with opgate's provider credential. With $4 true, also a created row that
--- a timeline switch put in doubt (lookup_before_send): the lookup before its first send here
--- (proxy/gate/resend.py). Reconciliation ($4 false) never takes a created row: absence there
--- means "send it", not "failed". $5, when given: the row's updated_at as a precondition lookup
--- saw it (claim_operation's $8); the lease is taken only on the row unchanged since, and the
--- claim then needs it unchanged since the lease.
+-- multiply lookups made with opgate's provider credential. With in_doubt true, also a created row
+-- that a timeline switch put in doubt (lookup_before_send): the lookup before its first send here
+-- (proxy/gate/resend.py). Reconciliation (in_doubt false) never takes a created row: absence there
+-- means "send it", not "failed". unchanged_since, when given: the row's updated_at as a
+-- precondition lookup saw it (claim_operation's unchanged_since); the lease is taken only on the
+-- row unchanged since, and the claim then needs it unchanged since the lease.
 WITH taken AS (
     UPDATE operations
-       SET reconcile_owner = $2, reconcile_lease_until = now() + make_interval(secs => $3),
+       SET reconcile_owner = %(owner)s,
+           reconcile_lease_until = now() + make_interval(secs => %(lease_seconds)s),
            updated_at = now()
-     WHERE operation_id = $1 AND escalated_at IS NULL
+     WHERE operation_id = %(operation_id)s AND escalated_at IS NULL
        AND (status = 'dispatched'
-            OR ($4::bool AND status = 'created' AND lookup_before_send IS NOT NULL))
-       AND ($5::timestamptz IS NULL OR updated_at = $5)
+            OR (%(in_doubt)s::bool AND status = 'created' AND lookup_before_send IS NOT NULL))
+       AND (%(unchanged_since)s::timestamptz IS NULL OR updated_at = %(unchanged_since)s)
        AND (lease_until IS NULL OR lease_until <= now())
        AND (reconcile_lease_until IS NULL OR reconcile_lease_until <= now())
        AND (next_reconcile_at IS NULL OR next_reconcile_at <= now())
@@ -313,11 +328,12 @@ WITH due AS (
        AND (reconcile_lease_until IS NULL OR reconcile_lease_until <= now())
        AND (next_reconcile_at IS NULL OR next_reconcile_at <= now())
      ORDER BY dispatched_at
-     LIMIT $3
+     LIMIT %(limit)s
      FOR UPDATE SKIP LOCKED
 ), taken AS (
     UPDATE operations o
-       SET reconcile_owner = $1, reconcile_lease_until = now() + make_interval(secs => $2),
+       SET reconcile_owner = %(owner)s,
+           reconcile_lease_until = now() + make_interval(secs => %(lease_seconds)s),
            updated_at = now()
       FROM due WHERE o.operation_id = due.operation_id
     RETURNING o.*
@@ -325,28 +341,30 @@ WITH due AS (
 SELECT t.*, now() AS read_at FROM taken t;
 
 -- name: settle_reconciled
--- dispatched -> confirmed | failed from the provider's own record, by the holder ($2) of a
+-- dispatched -> confirmed | failed from the provider's own record, by the holder (owner) of a
 -- reconciliation lease that is still live, while no attempt is in flight and none has started
--- since the lookup began ($10: the attempts it saw). A lapsed lease or a newer attempt makes
--- the lookup's answer stale: zero rows. Settling an escalated operation tells the humans.
+-- since the lookup began (expected_attempts: the attempts it saw). A lapsed lease or a newer
+-- attempt makes the lookup's answer stale: zero rows. Settling an escalated operation tells the
+-- humans.
 -- A created row in doubt after a timeline switch (lookup_before_send) is settled the same way
--- when the lookup finds its effect (claim_reconcile_one with $4): it was sent on the lost
+-- when the lookup finds its effect (claim_reconcile_one in_doubt): it was sent on the lost
 -- timeline.
 WITH settled AS (
     UPDATE operations
-       SET status = $3, last_outcome = $3, settled_reason = $4, provider_object_id = $5,
-           provider_status = $6, response_content_type = $7, response_body = $8,
+       SET status = %(status)s, last_outcome = %(status)s, settled_reason = %(reason)s,
+           provider_object_id = %(object_id)s, provider_status = %(provider_status)s,
+           response_content_type = %(content_type)s, response_body = %(body)s,
            settled_at = now(), reconcile_owner = NULL, reconcile_lease_until = NULL,
            lookup_before_send = NULL, updated_at = now()
-     WHERE operation_id = $1 AND reconcile_owner = $2
+     WHERE operation_id = %(operation_id)s AND reconcile_owner = %(owner)s
        AND (status = 'dispatched' OR (status = 'created' AND lookup_before_send IS NOT NULL))
-       AND reconcile_lease_until > now() AND attempts = $10
+       AND reconcile_lease_until > now() AND attempts = %(expected_attempts)s
        AND (lease_until IS NULL OR lease_until <= now())
     RETURNING *
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
     SELECT operation_id, 'reconciled', CASE WHEN attempts = 0 THEN 'created' ELSE 'dispatched' END,
-           $3, $2, $9::jsonb FROM settled
+           %(status)s, %(owner)s, %(evidence)s::jsonb FROM settled
 ), notification AS (
     INSERT INTO escalation_notifications (operation_id, kind)
     SELECT operation_id, 'settled_by_provider' FROM settled WHERE escalated_at IS NOT NULL
@@ -355,46 +373,50 @@ SELECT s.*, now() AS read_at FROM settled s;
 
 -- name: reconcile_inconclusive
 -- The lookup settled nothing: count the try, release the lease, say when to look again. Only
--- by the lease's holder ($2), and only for the attempt it looked up ($5); a created row only
--- in doubt after a timeline switch (its lookup before the send).
+-- by the lease's holder (owner), and only for the attempt it looked up (expected_attempts); a
+-- created row only in doubt after a timeline switch (its lookup before the send).
 WITH noted AS (
     UPDATE operations
        SET reconcile_attempts = reconcile_attempts + 1, reconcile_owner = NULL,
-           reconcile_lease_until = NULL, next_reconcile_at = now() + make_interval(secs => $3),
+           reconcile_lease_until = NULL,
+           next_reconcile_at = now() + make_interval(secs => %(retry_in_seconds)s),
            updated_at = now()
-     WHERE operation_id = $1 AND reconcile_owner = $2
+     WHERE operation_id = %(operation_id)s AND reconcile_owner = %(owner)s
        AND (status = 'dispatched' OR (status = 'created' AND lookup_before_send IS NOT NULL))
-       AND attempts = $5
+       AND attempts = %(expected_attempts)s
     RETURNING *
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-    SELECT operation_id, 'reconcile_inconclusive', status, status, $2, $4::jsonb
+    SELECT operation_id, 'reconcile_inconclusive', status, status, %(owner)s, %(evidence)s::jsonb
     FROM noted
 )
 SELECT n.*, now() AS read_at FROM noted n;
 
 -- name: escalate_operation
 -- A human must decide. Stays dispatched; the notification is queued in the same statement.
--- By the holder ($2) of a live reconciliation lease for the attempt it looked up ($6), or
--- without one ($2 NULL) by $7 (NULL: an admin). The provider is still looked up, every $5
--- seconds: an effect it shows later settles the operation (absence never does; that stays
--- with the human). A created row in doubt after a timeline switch (lookup_before_send) whose
--- rule declares no lookup is escalated too, without a lease: it may have been sent on the lost
--- timeline, and nothing can ask; it stays created, and no claim takes it any more.
+-- By the holder (owner) of a live reconciliation lease for the attempt it looked up
+-- (expected_attempts), or without one (owner NULL) by actor (NULL: an admin). The provider is still
+-- looked up, every look_again_seconds seconds: an effect it shows later settles the operation
+-- (absence never does; that stays with the human). A created row in doubt after a timeline switch
+-- (lookup_before_send) whose rule declares no lookup is escalated too, without a lease: it may have
+-- been sent on the lost timeline, and nothing can ask; it stays created, and no claim takes it any
+-- more.
 WITH escalated AS (
     UPDATE operations
-       SET escalated_at = now(), escalation_reason = $3, reconcile_owner = NULL,
-           reconcile_lease_until = NULL, next_reconcile_at = now() + make_interval(secs => $5),
+       SET escalated_at = now(), escalation_reason = %(reason)s, reconcile_owner = NULL,
+           reconcile_lease_until = NULL,
+           next_reconcile_at = now() + make_interval(secs => %(look_again_seconds)s),
            updated_at = now()
-     WHERE operation_id = $1 AND escalated_at IS NULL
+     WHERE operation_id = %(operation_id)s AND escalated_at IS NULL
        AND (status = 'dispatched' OR (status = 'created' AND lookup_before_send IS NOT NULL))
-       AND ($2::text IS NULL
-            OR (reconcile_owner = $2 AND reconcile_lease_until > now() AND attempts = $6))
+       AND (%(owner)s::text IS NULL
+            OR (reconcile_owner = %(owner)s AND reconcile_lease_until > now()
+                AND attempts = %(expected_attempts)s))
     RETURNING *
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-    SELECT operation_id, 'escalated', status, status, coalesce($2, $7, 'admin'),
-           $4::jsonb || jsonb_build_object('reason', $3)
+    SELECT operation_id, 'escalated', status, status, coalesce(%(owner)s, %(actor)s, 'admin'),
+           %(evidence)s::jsonb || jsonb_build_object('reason', %(reason)s)
     FROM escalated
 ), notification AS (
     INSERT INTO escalation_notifications (operation_id) SELECT operation_id FROM escalated
@@ -407,19 +429,20 @@ SELECT e.*, now() AS read_at FROM escalated e;
 -- after a timeline switch (escalate_operation): the human says whether the lost timeline sent it.
 WITH resolved AS (
     UPDATE operations
-       SET status = $2, last_outcome = $2, settled_reason = 'human_verdict',
-           provider_object_id = coalesce($3, provider_object_id), resolution_note = $4,
+       SET status = %(status)s, last_outcome = %(status)s, settled_reason = 'human_verdict',
+           provider_object_id = coalesce(%(object_id)s, provider_object_id),
+           resolution_note = %(note)s,
            settled_at = now(), reconcile_owner = NULL, reconcile_lease_until = NULL,
            lookup_before_send = NULL, updated_at = now()
-     WHERE operation_id = $1
+     WHERE operation_id = %(operation_id)s
        AND (status = 'dispatched' OR (status = 'created' AND escalated_at IS NOT NULL))
        AND (lease_until IS NULL OR lease_until <= now())
     RETURNING *
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
     SELECT operation_id, 'resolved', CASE WHEN attempts = 0 THEN 'created' ELSE 'dispatched' END,
-           $2, $5,
-           jsonb_build_object('verdict', $2, 'object_id', $3, 'note', $4)
+           %(status)s, %(actor)s,
+           jsonb_build_object('verdict', %(status)s, 'object_id', %(object_id)s, 'note', %(note)s)
     FROM resolved
 )
 SELECT r.*, now() AS read_at FROM resolved r;
@@ -428,35 +451,37 @@ SELECT r.*, now() AS read_at FROM resolved r;
 -- Give back a reconciliation lease that was taken but not used (a re-send that, after its
 -- lookup, could not claim): the next caller need not wait for it to lapse.
 UPDATE operations SET reconcile_owner = NULL, reconcile_lease_until = NULL, updated_at = now()
- WHERE operation_id = $1 AND reconcile_owner = $2;
+ WHERE operation_id = %(operation_id)s AND reconcile_owner = %(owner)s;
 
 -- name: claim_notifications
--- Notifications (of an operation's escalation or of a pending proposal) due for delivery, leased so one replica sends each at a time.
+-- Notifications (of an operation's escalation or of a pending proposal) due for delivery, leased so
+-- one replica sends each at a time.
 WITH due AS (
     SELECT notification_id FROM escalation_notifications
      WHERE delivered_at IS NULL AND next_attempt_at <= now()
        AND (lease_until IS NULL OR lease_until <= now())
-     ORDER BY notification_id LIMIT $1 FOR UPDATE SKIP LOCKED
+     ORDER BY notification_id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 )
 UPDATE escalation_notifications n
-   SET lease_until = now() + make_interval(secs => $2), attempts = attempts + 1
+   SET lease_until = now() + make_interval(secs => %(lease_seconds)s), attempts = attempts + 1
   FROM due WHERE n.notification_id = due.notification_id
 RETURNING n.notification_id, n.operation_id, n.proposal_id, n.attempts, n.kind;
 
 -- name: notification_delivered
 UPDATE escalation_notifications SET delivered_at = now(), lease_until = NULL, last_error = NULL
- WHERE notification_id = $1;
+ WHERE notification_id = %(notification_id)s;
 
 -- name: notification_failed
--- Retry later with backoff ($2 seconds); never blocks a request.
+-- Retry later with backoff (retry_in_seconds seconds); never blocks a request.
 UPDATE escalation_notifications
-   SET lease_until = NULL, next_attempt_at = now() + make_interval(secs => $2), last_error = $3
- WHERE notification_id = $1;
+   SET lease_until = NULL, next_attempt_at = now() + make_interval(secs => %(retry_in_seconds)s),
+       last_error = %(error)s
+ WHERE notification_id = %(notification_id)s;
 
 -- name: operation_events
 -- One operation's transitions, oldest first.
 SELECT event_id, at, event, from_status, to_status, actor, detail
-  FROM operation_events WHERE operation_id = $1 ORDER BY event_id;
+  FROM operation_events WHERE operation_id = %(operation_id)s ORDER BY event_id;
 
 -- name: ping
 -- Readiness: the database answers, and it is a writable primary (a standby, e.g. a demoted
@@ -488,51 +513,55 @@ UPDATE opgate_heartbeat
 RETURNING beat_at;
 
 -- ===================================================================================== audit
--- The tamper-evident audit log (migration 0003, docs/audit.md, proxy/observe/auditlog/). Chaining is
--- done in the database (the audit_log trigger, and opgate_audit_append_batch for a larger
+-- The tamper-evident audit log (migration 0003, docs/audit.md, proxy/observe/auditlog/). Chaining
+-- is done in the database (the audit_log trigger, and opgate_audit_append_batch for a larger
 -- batch: migration 0010); these queries only append, checkpoint and read.
 
 -- name: audit_append_batch
--- Records of one stream ($1, kind $2), in order: a JSON array of record objects ($3). One
+-- Records of one stream (and kind), in order: a JSON array of record objects (records). One
 -- statement per batch; the trigger chains each row (a few records: see the next query).
 INSERT INTO audit_log (stream, seq, kind, operation_id, record, prev_hash, hash)
-SELECT $1, 0, $2, r.value ->> 'operation_id', r.value, '\x', '\x'
-  FROM jsonb_array_elements($3::jsonb) WITH ORDINALITY AS r (value, position)
+SELECT %(stream)s, 0, %(kind)s, r.value ->> 'operation_id', r.value, '\x', '\x'
+  FROM jsonb_array_elements(%(records)s::jsonb) WITH ORDINALITY AS r (value, position)
  ORDER BY r.position;
 
 -- name: audit_append_many
 -- The same for a larger batch: chained by one function (migration 0010) that locks and moves
 -- the stream's head once, instead of the trigger moving it once per row.
-SELECT opgate_audit_append_batch($1, $2, $3::jsonb);
+SELECT opgate_audit_append_batch(%(stream)s, %(kind)s, %(records)s::jsonb);
 
 -- name: audit_append_requests
--- A batch of one instance's request records ($1 stream, $2 kind, $3 a JSON array of records)
--- and its run's trace ($4, migration 0012) in one statement; $5: chained by one function (a
+-- A batch of one instance's request records (stream, kind, records: a JSON array)
+-- and its run's trace (run, migration 0012) in one statement; many: chained by one function (a
 -- batch of records.MANY_RECORDS or more) rather than by the trigger row by row. Records an
 -- earlier attempt of the batch stored (its commit's answer lost) are skipped, exactly, under
 -- the run's row lock; returns how many were (migration 0015).
-SELECT opgate_audit_append_requests($1, $2, $3::jsonb, $4::jsonb, $5);
+SELECT opgate_audit_append_requests(%(stream)s, %(kind)s, %(records)s::jsonb, %(run)s::jsonb,
+                                    %(many)s);
 
 -- name: audit_run_seen
--- A run's trace while it has nothing to store, and at its clean stop ($1 with "stopped": true).
-SELECT opgate_audit_run_seen($1::jsonb);
+-- A run's trace while it has nothing to store, and at its clean stop (run with "stopped": true).
+SELECT opgate_audit_run_seen(%(run)s::jsonb);
 
 -- name: audit_runs_unaccounted
 -- Runs whose tail the stored records cannot vouch for: not stopped cleanly, or stopped with
--- numbers never stored. `running`: no stop, and a trace within $1 heartbeats of now (a running
--- run leaves one at least every heartbeat); otherwise it ended without a clean stop.
+-- numbers never stored. `running`: no stop, and a trace within heartbeats heartbeats of now (a
+-- running run leaves one at least every heartbeat); otherwise it ended without a clean stop.
 SELECT run_id, instance_id, stream, started_at, numbered_seq, stored_seq, last_seen_at,
        stopped_at, stopped_at IS NULL
-           AND last_seen_at >= now() - make_interval(secs => $1 * heartbeat_seconds) AS running,
+           AND last_seen_at >= now() - make_interval(secs => %(heartbeats)s * heartbeat_seconds)
+           AS running,
        extract(epoch FROM now() - last_seen_at)::double precision AS seconds_since_seen
   FROM audit_instance_runs
  WHERE stopped_at IS NULL OR numbered_seq > stored_seq
  ORDER BY started_at, run_id;
 
 -- name: audit_set_instance_policy
--- The policy set this instance ($1) now decides with ($2): transition records name it.
-INSERT INTO audit_instances (instance_id, policy_version) VALUES ($1, $2)
-ON CONFLICT (instance_id) DO UPDATE SET policy_version = $2, loaded_at = now();
+-- The policy set (policy_version) this instance (instance_id) now decides with: transition records
+-- name it.
+INSERT INTO audit_instances (instance_id, policy_version)
+VALUES (%(instance_id)s, %(policy_version)s)
+ON CONFLICT (instance_id) DO UPDATE SET policy_version = %(policy_version)s, loaded_at = now();
 
 -- name: audit_checkpoint_lock
 -- Checkpoint writers (one per replica, rarely) take turns; request traffic never takes it.
@@ -552,7 +581,7 @@ SELECT checkpoint_id, mac FROM audit_checkpoints ORDER BY checkpoint_id DESC LIM
 
 -- name: audit_insert_checkpoint
 INSERT INTO audit_checkpoints (at, writer, heads, prev_mac, mac)
-VALUES ($1, $2, $3::jsonb, $4, $5)
+VALUES (%(at)s, %(writer)s, %(heads)s::jsonb, %(prev_mac)s, %(mac)s)
 RETURNING checkpoint_id;
 
 -- name: audit_checkpoints
@@ -561,19 +590,19 @@ SELECT checkpoint_id, at, writer, heads::text AS heads, prev_mac, mac
   FROM audit_checkpoints ORDER BY checkpoint_id;
 
 -- name: audit_records_between
--- Records recorded in [$1, $2), with the stored hash of each one's predecessor in its stream
+-- Records recorded in [since, until), with the stored hash of each one's predecessor in its stream
 -- (NULL when the predecessor is missing), earliest first.
 SELECT a.stream, a.seq, a.at, a.kind, a.operation_id, a.record::text AS record, a.prev_hash,
        a.hash, p.hash AS predecessor_hash
   FROM audit_log a
   LEFT JOIN audit_log p ON p.stream = a.stream AND p.seq = a.seq - 1
- WHERE a.at >= $1 AND a.at < $2
+ WHERE a.at >= %(since)s AND a.at < %(until)s
  ORDER BY a.at, a.stream, a.seq;
 
 -- name: audit_records_at
--- The records named by checkpoint claims: [[stream, seq], ...] ($1).
+-- The records named by checkpoint claims: [[stream, seq], ...] (positions).
 SELECT c.value ->> 0 AS stream, (c.value ->> 1)::bigint AS seq, a.hash
-  FROM jsonb_array_elements($1::jsonb) AS c (value)
+  FROM jsonb_array_elements(%(positions)s::jsonb) AS c (value)
   LEFT JOIN audit_log a ON a.stream = c.value ->> 0 AND a.seq = (c.value ->> 1)::bigint;
 
 -- name: audit_heads_mismatched
@@ -591,7 +620,7 @@ SELECT h.stream, h.seq AS head_seq, h.hash AS head_hash, l.seq AS last_seq
 -- the first one are run 0, what is left of a run whose beginning was pruned): the numbers no
 -- stored record carries (missing), those carried twice (duplicate), and those a `dropped`
 -- record declares lost before storage (dropped). In run 0, numbers up to the stream's
--- retention floor ($1: {"stream": floor, ...}) were pruned and are not expected. A run's
+-- retention floor (floors: {"stream": floor, ...}) were pruned and are not expected. A run's
 -- numbers after its last stored one cannot be checked here (only the log stream has them).
 WITH entries AS (
     SELECT stream, record,
@@ -609,7 +638,7 @@ WITH entries AS (
      WHERE e.record ->> 'record_type' = 'dropped'
 ), floored AS (
     SELECT n.stream, n.run, n.lo, n.hi, n.dropped,
-           CASE WHEN n.run = 0 THEN coalesce(($1::jsonb ->> n.stream)::bigint, 0) ELSE 0 END
+           CASE WHEN n.run = 0 THEN coalesce((%(floors)s::jsonb ->> n.stream)::bigint, 0) ELSE 0 END
                AS floor
       FROM numbers n
 ), ordered AS (
@@ -633,10 +662,10 @@ SELECT record::text AS record FROM audit_log WHERE stream = 'retention' ORDER BY
 
 -- name: audit_prunable
 -- What a prune removes, in chain order: the records at or before each stream's cut
--- ($1: [[stream, seq], ...], the heads signed by the checkpoints it goes through).
+-- (cuts: [[stream, seq], ...], the heads signed by the checkpoints it goes through).
 SELECT a.stream, a.seq, a.at, a.kind, a.operation_id, a.record::text AS record, a.prev_hash,
        a.hash
-  FROM jsonb_array_elements($1::jsonb) AS c (value)
+  FROM jsonb_array_elements(%(cuts)s::jsonb) AS c (value)
   JOIN audit_log a ON a.stream = c.value ->> 0 AND a.seq <= (c.value ->> 1)::bigint
  ORDER BY a.stream, a.seq;
 
@@ -644,7 +673,7 @@ SELECT a.stream, a.seq, a.at, a.kind, a.operation_id, a.record::text AS record, 
 -- Removes them, in the transaction that appends the prune's own record; returns how many.
 WITH gone AS (
     DELETE FROM audit_log a
-     USING jsonb_array_elements($1::jsonb) AS c (value)
+     USING jsonb_array_elements(%(cuts)s::jsonb) AS c (value)
      WHERE a.stream = c.value ->> 0 AND a.seq <= (c.value ->> 1)::bigint
     RETURNING 1
 )
@@ -653,16 +682,19 @@ SELECT count(*) FROM gone;
 -- name: audit_operation_records
 -- One operation's audit records (its transitions and the agent requests that named it).
 SELECT stream, seq, at, kind, operation_id, record::text AS record, prev_hash, hash
-  FROM audit_log WHERE operation_id = $1 ORDER BY at, stream, seq;
+  FROM audit_log WHERE operation_id = %(operation_id)s ORDER BY at, stream, seq;
 
 -- name: metrics_operations
 -- Scrape-time gauges: unsettled operations by status (the partial index), those dispatched
--- longer than $1 seconds, open escalations, and proposals waiting for a human (unexpired).
+-- longer than dispatched_after_seconds seconds, open escalations, and proposals waiting for a human
+-- (unexpired).
 SELECT
     count(*) FILTER (WHERE status = 'created') AS created,
     count(*) FILTER (WHERE status = 'dispatched') AS dispatched,
     count(*) FILTER (WHERE status = 'dispatched'
-                       AND dispatched_at < now() - make_interval(secs => $1)) AS dispatched_old,
+                       AND dispatched_at < now()
+                                           - make_interval(secs => %(dispatched_after_seconds)s))
+        AS dispatched_old,
     count(*) FILTER (WHERE escalated_at IS NOT NULL) AS escalated,
     (SELECT count(*) FROM proposals
       WHERE status = 'pending' AND expires_at > now()) AS proposals_pending
@@ -670,7 +702,7 @@ SELECT
 
 -- name: audit_records_after
 -- Export with a cursor: the records of each stream after the seq the cursor holds for it
--- ($1: {"stream": seq, ...}; a stream it does not name starts at 0), at most $2 of them. A
+-- (cursor: {"stream": seq, ...}; a stream it does not name starts at 0), at most limit of them. A
 -- stream's seq is given by its head, under the head's row lock, at insert: within a stream,
 -- seq order is commit order, and a record that commits late still gets a seq after every
 -- record already visible in its stream. So a per-stream cursor never skips a record (a window
@@ -679,15 +711,15 @@ SELECT
 SELECT a.stream, a.seq, a.at, a.kind, a.operation_id, a.record::text AS record, a.prev_hash,
        a.hash
   FROM audit_log a
- WHERE a.seq > coalesce(($1::jsonb ->> a.stream)::bigint, 0)
+ WHERE a.seq > coalesce((%(cursor)s::jsonb ->> a.stream)::bigint, 0)
  ORDER BY a.stream, a.seq
- LIMIT $2;
+ LIMIT %(limit)s;
 
 -- name: audit_reviewer_grants
--- The statements that make role $1 a read-only audit reviewer: it may read the audit tables
+-- The statements that make the role a read-only audit reviewer: it may read the audit tables
 -- (what `opgate audit verify|show|export` read) and nothing else: not the operations (their
 -- idempotency keys and parameters), and it can write nothing. PostgreSQL quotes the name.
-SELECT format(statement, current_schema(), $1::text) AS statement
+SELECT format(statement, current_schema(), %(role)s::text) AS statement
   FROM (VALUES
     (1, 'GRANT USAGE ON SCHEMA %I TO %I'),
     (2, 'GRANT SELECT ON %1$I.audit_log, %1$I.audit_heads, %1$I.audit_checkpoints,'
@@ -700,32 +732,34 @@ SELECT format(statement, current_schema(), $1::text) AS statement
 -- The web console (proxy/console/): its sessions (migration 0006) and its reads.
 
 -- name: console_session_create
--- A new session ($1: SHA-256 of the cookie value, $2 role, $3 identity, $4 CSRF token, $5
+-- A new session (digest: SHA-256 of the cookie value, role, identity, csrf_token, for seconds
 -- lifetime in seconds); expired sessions are cleared in the same statement.
 WITH expired AS (
     DELETE FROM console_sessions WHERE expires_at <= now()
 )
 INSERT INTO console_sessions (session_digest, role, identity, csrf_token, expires_at)
-VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5));
+VALUES (%(digest)s, %(role)s, %(identity)s, %(csrf_token)s,
+        now() + make_interval(secs => %(seconds)s));
 
 -- name: console_session_load
--- The live session whose cookie hashes to $1 (none once expired).
+-- The live session whose cookie hashes to digest (none once expired).
 SELECT role, identity, csrf_token FROM console_sessions
- WHERE session_digest = $1 AND expires_at > now();
+ WHERE session_digest = %(digest)s AND expires_at > now();
 
 -- name: console_session_delete
-DELETE FROM console_sessions WHERE session_digest = $1;
+DELETE FROM console_sessions WHERE session_digest = %(digest)s;
 
 -- name: console_operations
--- Operations in the statuses $1, of tenant $2 and provider $3 (NULL: any), created at least
--- $4 seconds ago (NULL: any age), newest first, at most $5.
+-- Operations in the statuses, of the tenant and provider (NULL: any), created at least
+-- older_than_seconds seconds ago (NULL: any age), newest first, at most limit.
 SELECT o.*, now() AS read_at FROM operations o
- WHERE o.status = ANY($1::text[])
-   AND ($2::text IS NULL OR o.tenant = $2)
-   AND ($3::text IS NULL OR o.provider = $3)
-   AND ($4::float8 IS NULL OR o.created_at <= now() - make_interval(secs => $4))
+ WHERE o.status = ANY(%(statuses)s::text[])
+   AND (%(tenant)s::text IS NULL OR o.tenant = %(tenant)s)
+   AND (%(provider)s::text IS NULL OR o.provider = %(provider)s)
+   AND (%(older_than_seconds)s::float8 IS NULL
+        OR o.created_at <= now() - make_interval(secs => %(older_than_seconds)s))
  ORDER BY o.created_at DESC, o.operation_id
- LIMIT $5;
+ LIMIT %(limit)s;
 
 -- name: console_escalated
 -- The escalation queue: operations waiting on a human (dispatched, or created and in doubt
@@ -733,12 +767,12 @@ SELECT o.*, now() AS read_at FROM operations o
 SELECT o.*, now() AS read_at FROM operations o
  WHERE o.status IN ('created', 'dispatched') AND o.escalated_at IS NOT NULL
  ORDER BY o.escalated_at, o.operation_id
- LIMIT $1;
+ LIMIT %(limit)s;
 
 -- name: console_notifications
 -- One operation's escalation notices and their delivery.
 SELECT notification_id, kind, created_at, attempts, delivered_at, last_error
-  FROM escalation_notifications WHERE operation_id = $1 ORDER BY notification_id;
+  FROM escalation_notifications WHERE operation_id = %(operation_id)s ORDER BY notification_id;
 
 -- name: console_last_checkpoint
 -- The newest checkpoint: when, by whom, and how many chain heads it signed.
@@ -754,21 +788,24 @@ SELECT checkpoint_id, at, writer, jsonb_array_length(heads) AS heads, mac
 -- transition takes it out of pending any more.
 
 -- name: proposal_create
--- A new pending proposal, validated as an approval ($1 proposal id, $2..$14 the operation it
--- would create, $15 the agent's reason, $16 seconds the approved operation stands, $17
--- seconds the proposal waits for a human). Its `proposed` event keeps the whole request (the
--- key only as its SHA-256), and approvers' notice is queued in the same statement.
+-- A new pending proposal, validated as an approval (proposal_id; operation_id to idempotency_key:
+-- the operation it would create, proposed by its agent_id; reason, the agent's; approval_seconds,
+-- how long the approved operation stands; pending_seconds, seconds the proposal waits for a human).
+-- Its `proposed` event keeps the whole request (the key only as its SHA-256), and approvers' notice
+-- is queued in the same statement.
 WITH proposed AS (
     INSERT INTO proposals (
         proposal_id, operation_id, tenant, agent_id, provider, action, method, path,
         path_params, amount, currency, params, idempotency_key, reason, approval_seconds,
         expires_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, $12::jsonb, $13, $15, $16,
-            now() + make_interval(secs => $17))
+    VALUES (%(proposal_id)s, %(operation_id)s, %(tenant)s, %(agent_id)s, %(provider)s,
+            %(action)s, %(method)s, %(path)s, %(path_params)s::jsonb, %(amount)s, %(currency)s,
+            %(params)s::jsonb, %(idempotency_key)s, %(reason)s, %(approval_seconds)s,
+            now() + make_interval(secs => %(pending_seconds)s))
     RETURNING *
 ), event AS (
     INSERT INTO proposal_events (proposal_id, event, from_status, to_status, actor, detail)
-    SELECT proposal_id, 'proposed', NULL, 'pending', $14,
+    SELECT proposal_id, 'proposed', NULL, 'pending', %(agent_id)s,  -- the agent proposes
            jsonb_build_object(
                'operation_id', operation_id, 'tenant', tenant, 'agent_id', agent_id,
                'provider', provider, 'action', action,
@@ -787,41 +824,42 @@ SELECT p.*, now() AS read_at FROM proposed p;
 
 -- name: proposal_load
 -- One proposal, with the database's clock (expiry is decided against it).
-SELECT p.*, now() AS read_at FROM proposals p WHERE p.proposal_id = $1;
+SELECT p.*, now() AS read_at FROM proposals p WHERE p.proposal_id = %(proposal_id)s;
 
 -- name: proposal_list
--- Proposals of a tenant ($1, NULL for all) in the states $2 (pending, expired, approved,
--- declined: expired is a pending one past its expiry), oldest first, at most $3.
+-- Proposals of a tenant (NULL for all) in the states (pending, expired, approved,
+-- declined: expired is a pending one past its expiry), oldest first, at most limit.
 SELECT p.*, now() AS read_at FROM proposals p
- WHERE ($1::text IS NULL OR p.tenant = $1)
+ WHERE (%(tenant)s::text IS NULL OR p.tenant = %(tenant)s)
    AND (CASE WHEN p.status = 'pending' AND p.expires_at <= now() THEN 'expired'
-             ELSE p.status END) = ANY($2::text[])
+             ELSE p.status END) = ANY(%(states)s::text[])
  ORDER BY p.created_at, p.proposal_id
- LIMIT $3;
+ LIMIT %(limit)s;
 
 -- name: proposal_approve
 -- pending and unexpired -> approved, and the operation row created from the proposal as it
--- was proposed (approval_ref: the proposal id; approved_by: $2, the approver's identity;
+-- was proposed (approval_ref: the proposal id; approved_by: the approver's identity;
 -- standing approval_seconds from now), with both events, in one statement: two approvals
 -- racing serialise on the proposal's row lock and the second finds it approved (zero rows), so
--- one proposal creates at most one operation. $3 is the actor, $4 the approver's note.
+-- one proposal creates at most one operation. note: the approver's.
 WITH approved AS (
     UPDATE proposals
-       SET status = 'approved', decided_at = now(), decided_by = $2, decision_note = $4
-     WHERE proposal_id = $1 AND status = 'pending' AND expires_at > now()
+       SET status = 'approved', decided_at = now(), decided_by = %(approved_by)s,
+           decision_note = %(note)s
+     WHERE proposal_id = %(proposal_id)s AND status = 'pending' AND expires_at > now()
     RETURNING *
 ), created AS (
     INSERT INTO operations (
         operation_id, tenant, agent_id, provider, action, method, path, path_params,
         amount, currency, params, idempotency_key, approval_ref, approved_by, expires_at)
     SELECT operation_id, tenant, agent_id, provider, action, method, path, path_params,
-           amount, currency, params, idempotency_key, proposal_id, $2,
+           amount, currency, params, idempotency_key, proposal_id, %(approved_by)s,
            now() + make_interval(secs => approval_seconds)
       FROM approved
     RETURNING *
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-    SELECT operation_id, 'created', NULL, 'created', $3,
+    SELECT operation_id, 'created', NULL, 'created', %(actor)s,
            -- as create_operation's, and the proposal it came from
            jsonb_build_object(
                'approval_ref', approval_ref, 'proposal_id', approval_ref,
@@ -836,39 +874,40 @@ WITH approved AS (
     FROM created
 ), decided AS (
     INSERT INTO proposal_events (proposal_id, event, from_status, to_status, actor, detail)
-    SELECT proposal_id, 'approved', 'pending', 'approved', $3,
-           jsonb_build_object('approved_by', $2::text, 'operation_id', operation_id,
-                              'note', $4::text)
+    SELECT proposal_id, 'approved', 'pending', 'approved', %(actor)s,
+           jsonb_build_object('approved_by', %(approved_by)s::text, 'operation_id', operation_id,
+                              'note', %(note)s::text)
     FROM approved
 )
 SELECT c.*, now() AS read_at FROM created c;
 
 -- name: proposal_decline
--- pending and unexpired -> declined ($2 who, $3 the actor, $4 the note). No operation is ever
--- created for it: nothing the agent sends can be let through.
+-- pending and unexpired -> declined (by declined_by, the event's actor, a note). No operation is
+-- ever created for it: nothing the agent sends can be let through.
 WITH declined AS (
     UPDATE proposals
-       SET status = 'declined', decided_at = now(), decided_by = $2, decision_note = $4
-     WHERE proposal_id = $1 AND status = 'pending' AND expires_at > now()
+       SET status = 'declined', decided_at = now(), decided_by = %(declined_by)s,
+           decision_note = %(note)s
+     WHERE proposal_id = %(proposal_id)s AND status = 'pending' AND expires_at > now()
     RETURNING *
 ), decided AS (
     INSERT INTO proposal_events (proposal_id, event, from_status, to_status, actor, detail)
-    SELECT proposal_id, 'declined', 'pending', 'declined', $3,
-           jsonb_build_object('declined_by', $2::text, 'note', $4::text)
+    SELECT proposal_id, 'declined', 'pending', 'declined', %(actor)s,
+           jsonb_build_object('declined_by', %(declined_by)s::text, 'note', %(note)s::text)
     FROM declined
 )
 SELECT d.*, now() AS read_at FROM declined d;
 
 -- name: proposal_refusal
 -- An approval refused before any transition (four eyes, no longer sendable, a limit): on the
--- proposal's audit stream too, its status unchanged ($2 actor, $3 code, $4 detail).
+-- proposal's audit stream too, its status unchanged (the event's actor, code and detail).
 INSERT INTO proposal_events (proposal_id, event, from_status, to_status, actor, detail)
-SELECT proposal_id, 'approval_refused', status, status, $2,
-       jsonb_build_object('code', $3::text, 'detail', $4::text)
-  FROM proposals WHERE proposal_id = $1;
+SELECT proposal_id, 'approval_refused', status, status, %(actor)s,
+       jsonb_build_object('code', %(code)s::text, 'detail', %(detail)s::text)
+  FROM proposals WHERE proposal_id = %(proposal_id)s;
 
 -- name: proposal_events
 -- One proposal's decisions, oldest first.
 SELECT event_id, at, event, from_status, to_status, actor, detail::text AS detail
-  FROM proposal_events WHERE proposal_id = $1 ORDER BY event_id;
+  FROM proposal_events WHERE proposal_id = %(proposal_id)s ORDER BY event_id;
 -- ============================================================================ end proposals

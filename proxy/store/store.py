@@ -17,11 +17,11 @@ import asyncpg
 import structlog
 
 from proxy.errors import AlreadySuperseded, IdempotencyKeyInUse, StoreUnavailable
+from proxy.store import queries
 from proxy.store.connections import Connections
 from proxy.store.faults import is_unavailable
 from proxy.store.operation import Operation, Status
 from proxy.store.proposal import Proposal
-from proxy.store.queries import QUERIES
 from proxy.store.replication import ReplicationFacts, Verdict, facts_from_row, judge
 
 T = TypeVar("T")
@@ -97,14 +97,15 @@ async def _budgets_spent(
     ``excluding`` (the one being claimed: a re-send counts once)."""
     spent = []
     for s in sums:
-        value = await conn.fetchval(
-            QUERIES["budget_spent"],
-            s.provider,
-            s.currency,
-            s.tenant,
-            s.agent_id,
-            s.window_seconds,
-            excluding,
+        value = await queries.fetchval(
+            conn,
+            "budget_spent",
+            provider=s.provider,
+            currency=s.currency,
+            tenant=s.tenant,
+            agent_id=s.agent_id,
+            window_seconds=s.window_seconds,
+            excluding=excluding,
         )
         spent.append(int(value))
     return spent
@@ -119,19 +120,19 @@ def _claim_arguments(
     after_lookup_by: str | None,
     unchanged_since: datetime | None,
     actor: str | None = None,
-) -> tuple[Any, ...]:
-    """queries.sql ``claim_operation``'s $1-$8, in order (the event's actor is the owner unless
-    given), for the claim alone and the claim under budget locks alike."""
-    return (
-        operation_id,
-        owner,
-        lease_seconds,
-        expected_attempts,
-        actor or owner,
-        dedup_window_seconds,
-        after_lookup_by,
-        unchanged_since,
-    )
+) -> dict[str, Any]:
+    """queries.sql ``claim_operation``'s parameters (the event's actor, None: the owner), for
+    the claim alone and the claim under budget locks alike."""
+    return {
+        "operation_id": operation_id,
+        "owner": owner,
+        "lease_seconds": lease_seconds,
+        "expected_attempts": expected_attempts,
+        "actor": actor or None,
+        "dedup_window_seconds": dedup_window_seconds,
+        "after_lookup_by": after_lookup_by,
+        "unchanged_since": unchanged_since,
+    }
 
 
 @dataclass(frozen=True)
@@ -147,9 +148,9 @@ async def see_timeline(conn: asyncpg.Connection) -> TimelineSeen:
     """Record the timeline ``conn`` writes on, marking the operations a switch put in doubt.
     Nothing on a standby: it refuses the statement (one that writes, even nothing), and a
     connection to one must still open, to be refused by what uses it (``ping``)."""
-    if await conn.fetchval(QUERIES["ping"]):
+    if await queries.fetchval(conn, "ping"):
         return TimelineSeen(None, None, None)
-    record = await conn.fetchrow(QUERIES["timeline_seen"])
+    record = await queries.fetchrow(conn, "timeline_seen")
     assert record is not None  # one row always
     return TimelineSeen(record["current_timeline"], record["previous_timeline"], record["marked"])
 
@@ -237,19 +238,21 @@ class Store:
                 raise StoreUnavailable(str(exc) or type(exc).__name__) from exc
             raise
 
-    async def _one(self, query: str, *args: Any) -> Operation | None:
-        record = await self._run(lambda conn: conn.fetchrow(QUERIES[query], *args))
+    async def _one(self, query: str, **values: Any) -> Operation | None:
+        record = await self._run(lambda conn: queries.fetchrow(conn, query, **values))
         return None if record is None else operation_from_record(record)
 
-    async def _status(self, query: str, *args: Any) -> Status | None:
-        value = await self._run(lambda conn: conn.fetchval(QUERIES[query], *args))
+    async def _status(self, query: str, **values: Any) -> Status | None:
+        value = await self._run(lambda conn: queries.fetchval(conn, query, **values))
         return None if value is None else Status(value)
 
     async def load(self, operation_id: str) -> Operation | None:
-        return await self._one("load_operation", operation_id)
+        return await self._one("load_operation", operation_id=operation_id)
 
     async def load_by_key(self, provider: str, idempotency_key: str) -> Operation | None:
-        return await self._one("load_operation_by_key", provider, idempotency_key)
+        return await self._one(
+            "load_operation_by_key", provider=provider, idempotency_key=idempotency_key
+        )
 
     async def create(self, new: NewOperation, actor: str) -> Operation | None:
         """The created row, or None if ``operation_id`` exists already."""
@@ -261,26 +264,7 @@ class Store:
             raise AlreadySuperseded(str(new.supersedes)) from exc
 
     async def _create(self, new: NewOperation, actor: str) -> Operation | None:
-        return await self._one(
-            "create_operation",
-            new.operation_id,
-            new.tenant,
-            new.agent_id,
-            new.provider,
-            new.action,
-            new.method,
-            new.path,
-            _jsonb(new.path_params),
-            new.amount,
-            new.currency,
-            _jsonb(new.params),
-            new.idempotency_key,
-            new.approval_ref,
-            new.approved_by,
-            new.expires_at,
-            actor,
-            new.supersedes,
-        )
+        return await self._one("create_operation", **_operation_values(new), actor=actor)
 
     async def claim(
         self,
@@ -301,7 +285,7 @@ class Store:
         event's (default: the owner)."""
         return await self._one(
             "claim_operation",
-            *_claim_arguments(
+            **_claim_arguments(
                 operation_id,
                 owner,
                 lease_seconds,
@@ -336,13 +320,14 @@ class Store:
         async def claim_under_locks(conn: asyncpg.Connection) -> BudgetedClaim:
             async with conn.transaction():
                 for name in sorted({s.lock_name for s in sums}):
-                    await conn.execute(QUERIES["budget_lock"], name)
+                    await queries.execute(conn, "budget_lock", lock_name=name)
                 spent = await _budgets_spent(conn, sums, excluding=operation_id)
                 if not admit(spent):
                     return BudgetedClaim(spent, False, None)
-                record = await conn.fetchrow(
-                    QUERIES["claim_operation"],
-                    *_claim_arguments(
+                record = await queries.fetchrow(
+                    conn,
+                    "claim_operation",
+                    **_claim_arguments(
                         operation_id,
                         owner,
                         lease_seconds,
@@ -368,8 +353,14 @@ class Store:
     ) -> list[tuple[str | None, str | None, int]]:
         """(tenant, agent id, spent) for every key of a budget that spent anything."""
         records = await self._run(
-            lambda conn: conn.fetch(
-                QUERIES["budget_spent_by_key"], provider, currency, tenant, agent, window_seconds
+            lambda conn: queries.fetch(
+                conn,
+                "budget_spent_by_key",
+                provider=provider,
+                currency=currency,
+                by_tenant=tenant,
+                by_agent=agent,
+                window_seconds=window_seconds,
             )
         )
         return [(r["tenant"], r["agent_id"], int(r["spent"])) for r in records]
@@ -380,11 +371,12 @@ class Store:
         """Keep a failed precondition's evidence as the operation's event (False: the row is
         no longer created, and nothing was recorded)."""
         event_id = await self._run(
-            lambda c: c.fetchval(
-                QUERIES["record_precondition_failed"],
-                operation_id,
-                actor,
-                _jsonb(evidence),
+            lambda conn: queries.fetchval(
+                conn,
+                "record_precondition_failed",
+                operation_id=operation_id,
+                actor=actor,
+                evidence=_jsonb(evidence),
             )
         )
         return event_id is not None
@@ -393,7 +385,9 @@ class Store:
         """The latest failed-precondition evidence of each of these operations still created."""
         if not operation_ids:
             return {}
-        rows = await self._run(lambda c: c.fetch(QUERIES["precondition_failures"], operation_ids))
+        rows = await self._run(
+            lambda conn: queries.fetch(conn, "precondition_failures", operation_ids=operation_ids)
+        )
         return {row["operation_id"]: json.loads(row["detail"]) for row in rows}
 
     async def settle(
@@ -402,13 +396,13 @@ class Store:
         """The row's status once settled, or None if it was not dispatched."""
         return await self._status(
             "settle_operation",
-            operation_id,
-            status.value,
-            answer.status,
-            answer.object_id,
-            answer.content_type,
-            answer.body,
-            actor,
+            operation_id=operation_id,
+            status=status.value,
+            provider_status=answer.status,
+            object_id=answer.object_id,
+            content_type=answer.content_type,
+            body=answer.body,
+            actor=actor,
         )
 
     async def end_attempt(
@@ -426,11 +420,17 @@ class Store:
         row's status (still dispatched), or None if ``attempt`` no longer holds it. ``owner``:
         only if that claim holds it, its end unrecorded (a cut-off claim)."""
         return await self._status(
-            "release_unknown", operation_id, attempt, outcome, provider_status, actor, owner
+            "release_unknown",
+            operation_id=operation_id,
+            attempt=attempt,
+            outcome=outcome,
+            provider_status=provider_status,
+            actor=actor,
+            owner=owner,
         )
 
-    async def many(self, query: str, *args: Any) -> list[Operation]:
-        records = await self._run(lambda conn: conn.fetch(QUERIES[query], *args))
+    async def many(self, query: str, **values: Any) -> list[Operation]:
+        records = await self._run(lambda conn: queries.fetch(conn, query, **values))
         return [operation_from_record(r) for r in records]
 
     async def list_operations(
@@ -440,7 +440,9 @@ class Store:
         agent_id: str | None = None,
         limit: int = 100,
     ) -> list[Operation]:
-        return await self.many("list_operations", tenant, statuses, agent_id, limit)
+        return await self.many(
+            "list_operations", tenant=tenant, statuses=statuses, agent_id=agent_id, limit=limit
+        )
 
     async def claim_reconcile_one(
         self,
@@ -455,13 +457,20 @@ class Store:
         created one that a timeline switch put in doubt (its lookup before the send).
         ``unchanged_since``: the row's ``updated_at`` as a precondition lookup saw it."""
         return await self._one(
-            "claim_reconcile_one", operation_id, owner, lease_seconds, in_doubt, unchanged_since
+            "claim_reconcile_one",
+            operation_id=operation_id,
+            owner=owner,
+            lease_seconds=lease_seconds,
+            in_doubt=in_doubt,
+            unchanged_since=unchanged_since,
         )
 
     async def claim_reconcile_batch(
         self, owner: str, lease_seconds: float, limit: int
     ) -> list[Operation]:
-        return await self.many("claim_reconcile_batch", owner, lease_seconds, limit)
+        return await self.many(
+            "claim_reconcile_batch", owner=owner, lease_seconds=lease_seconds, limit=limit
+        )
 
     async def settle_reconciled(
         self,
@@ -476,16 +485,16 @@ class Store:
     ) -> Operation | None:
         return await self._one(
             "settle_reconciled",
-            operation_id,
-            owner,
-            status.value,
-            reason,
-            answer.object_id if answer else None,
-            answer.status if answer else None,
-            answer.content_type if answer else None,
-            answer.body if answer else None,
-            _jsonb(evidence),
-            expected_attempts,
+            operation_id=operation_id,
+            owner=owner,
+            status=status.value,
+            reason=reason,
+            object_id=answer.object_id if answer else None,
+            provider_status=answer.status if answer else None,
+            content_type=answer.content_type if answer else None,
+            body=answer.body if answer else None,
+            evidence=_jsonb(evidence),
+            expected_attempts=expected_attempts,
         )
 
     async def reconcile_inconclusive(
@@ -499,16 +508,18 @@ class Store:
     ) -> Operation | None:
         return await self._one(
             "reconcile_inconclusive",
-            operation_id,
-            owner,
-            retry_in_seconds,
-            _jsonb(evidence),
-            expected_attempts,
+            operation_id=operation_id,
+            owner=owner,
+            retry_in_seconds=retry_in_seconds,
+            evidence=_jsonb(evidence),
+            expected_attempts=expected_attempts,
         )
 
     async def release_reconcile(self, operation_id: str, owner: str) -> None:
         await self._run(
-            lambda conn: conn.execute(QUERIES["release_reconcile"], operation_id, owner)
+            lambda conn: queries.execute(
+                conn, "release_reconcile", operation_id=operation_id, owner=owner
+            )
         )
 
     async def escalate(
@@ -526,89 +537,105 @@ class Store:
         it looked up, or without one (``owner`` None) by ``actor`` (an admin if None)."""
         return await self._one(
             "escalate_operation",
-            operation_id,
-            owner,
-            reason,
-            _jsonb(evidence),
-            look_again_seconds,
-            expected_attempts,
-            actor,
+            operation_id=operation_id,
+            owner=owner,
+            reason=reason,
+            evidence=_jsonb(evidence),
+            look_again_seconds=look_again_seconds,
+            expected_attempts=expected_attempts,
+            actor=actor,
         )
 
     async def resolve(
         self, operation_id: str, status: Status, object_id: str | None, note: str, actor: str
     ) -> Operation | None:
         return await self._one(
-            "resolve_operation", operation_id, status.value, object_id, note, actor
+            "resolve_operation",
+            operation_id=operation_id,
+            status=status.value,
+            object_id=object_id,
+            note=note,
+            actor=actor,
         )
 
     async def claim_notifications(self, limit: int, lease_seconds: float) -> list[dict[str, Any]]:
         records = await self._run(
-            lambda conn: conn.fetch(QUERIES["claim_notifications"], limit, lease_seconds)
+            lambda conn: queries.fetch(
+                conn, "claim_notifications", limit=limit, lease_seconds=lease_seconds
+            )
         )
         return [dict(r) for r in records]
 
     async def notification_delivered(self, notification_id: int) -> None:
         await self._run(
-            lambda conn: conn.execute(QUERIES["notification_delivered"], notification_id)
+            lambda conn: queries.execute(
+                conn, "notification_delivered", notification_id=notification_id
+            )
         )
 
     async def notification_failed(self, notification_id: int, retry_in: float, error: str) -> None:
         await self._run(
-            lambda conn: conn.execute(
-                QUERIES["notification_failed"], notification_id, retry_in, error[:500]
+            lambda conn: queries.execute(
+                conn,
+                "notification_failed",
+                notification_id=notification_id,
+                retry_in_seconds=retry_in,
+                error=error[:500],
             )
         )
 
     async def revoke(self, operation_id: str, reason: str, actor: str) -> Operation | None:
-        return await self._one("revoke_operation", operation_id, reason, actor)
+        return await self._one(
+            "revoke_operation", operation_id=operation_id, reason=reason, actor=actor
+        )
 
     async def events(self, operation_id: str) -> list[dict[str, Any]]:
         records = await self._run(
-            lambda conn: conn.fetch(QUERIES["operation_events"], operation_id)
+            lambda conn: queries.fetch(conn, "operation_events", operation_id=operation_id)
         )
         return [
             {**dict(r), "at": r["at"].isoformat(), "detail": json.loads(r["detail"])}
             for r in records
         ]
 
-    async def _proposal(self, query: str, *args: Any) -> Proposal | None:
-        record = await self._run(lambda conn: conn.fetchrow(QUERIES[query], *args))
+    async def _proposal(self, query: str, **values: Any) -> Proposal | None:
+        record = await self._run(lambda conn: queries.fetchrow(conn, query, **values))
         return None if record is None else proposal_from_record(record)
 
     async def create_proposal(self, new: NewProposal) -> Proposal:
         op = new.operation
         created = await self._proposal(
             "proposal_create",
-            new.proposal_id,
-            op.operation_id,
-            op.tenant,
-            op.agent_id,
-            op.provider,
-            op.action,
-            op.method,
-            op.path,
-            _jsonb(op.path_params),
-            op.amount,
-            op.currency,
-            _jsonb(op.params),
-            op.idempotency_key,
-            op.agent_id,
-            new.reason,
-            new.approval_seconds,
-            new.pending_seconds,
+            proposal_id=new.proposal_id,
+            operation_id=op.operation_id,
+            tenant=op.tenant,
+            agent_id=op.agent_id,
+            provider=op.provider,
+            action=op.action,
+            method=op.method,
+            path=op.path,
+            path_params=_jsonb(op.path_params),
+            amount=op.amount,
+            currency=op.currency,
+            params=_jsonb(op.params),
+            idempotency_key=op.idempotency_key,
+            reason=new.reason,
+            approval_seconds=new.approval_seconds,
+            pending_seconds=new.pending_seconds,
         )
         assert created is not None  # an INSERT with no condition returns its row
         return created
 
     async def load_proposal(self, proposal_id: str) -> Proposal | None:
-        return await self._proposal("proposal_load", proposal_id)
+        return await self._proposal("proposal_load", proposal_id=proposal_id)
 
     async def list_proposals(
         self, tenant: str | None, states: list[str], limit: int = 100
     ) -> list[Proposal]:
         records = await self._run(
-            lambda conn: conn.fetch(QUERIES["proposal_list"], tenant, states, limit)
+            lambda conn: queries.fetch(
+                conn, "proposal_list", tenant=tenant, states=states, limit=limit
+            )
         )
         return [proposal_from_record(r) for r in records]
 
@@ -619,26 +646,45 @@ class Store:
         IdempotencyKeyInUse if an operation already holds its id or its key (the statement
         then changed nothing)."""
         try:
-            return await self._one("proposal_approve", proposal_id, approved_by, actor, note)
+            return await self._one(
+                "proposal_approve",
+                proposal_id=proposal_id,
+                approved_by=approved_by,
+                actor=actor,
+                note=note,
+            )
         except asyncpg.exceptions.UniqueViolationError as exc:
             raise IdempotencyKeyInUse(proposal_id) from exc
 
     async def decline_proposal(
         self, proposal_id: str, declined_by: str, actor: str, note: str | None
     ) -> Proposal | None:
-        return await self._proposal("proposal_decline", proposal_id, declined_by, actor, note)
+        return await self._proposal(
+            "proposal_decline",
+            proposal_id=proposal_id,
+            declined_by=declined_by,
+            actor=actor,
+            note=note,
+        )
 
     async def record_proposal_refusal(
         self, proposal_id: str, actor: str, code: str, detail: str
     ) -> None:
         await self._run(
-            lambda conn: conn.execute(
-                QUERIES["proposal_refusal"], proposal_id, actor, code, detail[:2000]
+            lambda conn: queries.execute(
+                conn,
+                "proposal_refusal",
+                proposal_id=proposal_id,
+                actor=actor,
+                code=code,
+                detail=detail[:2000],
             )
         )
 
     async def proposal_events(self, proposal_id: str) -> list[dict[str, Any]]:
-        records = await self._run(lambda conn: conn.fetch(QUERIES["proposal_events"], proposal_id))
+        records = await self._run(
+            lambda conn: queries.fetch(conn, "proposal_events", proposal_id=proposal_id)
+        )
         return [
             {**dict(r), "at": r["at"].isoformat(), "detail": json.loads(r["detail"])}
             for r in records
@@ -647,7 +693,8 @@ class Store:
     async def replication_facts(self) -> ReplicationFacts:
         """Whether commits here are replicated before they are acknowledged
         (proxy/store/replication.py judges them)."""
-        row = await self._run(lambda conn: conn.fetchrow(QUERIES["replication_state"]))
+        row = await self._run(lambda conn: queries.fetchrow(conn, "replication_state"))
+        assert row is not None  # one row always
         return facts_from_row(
             row["in_recovery"], row["standby_names"], row["synchronous_commit"], row["standbys"]
         )
@@ -657,7 +704,7 @@ class Store:
         StoreUnavailable if it is not acknowledged within ``timeout_seconds`` (a synchronous
         standby missing: the claims' commits would hang as long)."""
         await self._run(
-            lambda conn: conn.fetchval(QUERIES["commit_heartbeat"], timeout=timeout_seconds)
+            lambda conn: queries.fetchval(conn, "commit_heartbeat", timeout=timeout_seconds)
         )
 
     async def durability(self, *, accept_async: bool, commit_timeout_seconds: float) -> Verdict:
@@ -680,7 +727,7 @@ class Store:
         primary, when the DSN names it)."""
 
         async def primary(conn: asyncpg.Connection) -> bool:
-            if await conn.fetchval(QUERIES["ping"]):
+            if await queries.fetchval(conn, "ping"):
                 conn.terminate()
                 return False
             return True
@@ -735,6 +782,28 @@ def proposal_from_record(record: asyncpg.Record) -> Proposal:
         created_at=record["created_at"],
         read_at=record["read_at"],
     )
+
+
+def _operation_values(new: NewOperation) -> dict[str, Any]:
+    """queries.sql ``create_operation``'s parameters but the actor: the approval as written."""
+    return {
+        "operation_id": new.operation_id,
+        "tenant": new.tenant,
+        "agent_id": new.agent_id,
+        "provider": new.provider,
+        "action": new.action,
+        "method": new.method,
+        "path": new.path,
+        "path_params": _jsonb(new.path_params),
+        "amount": new.amount,
+        "currency": new.currency,
+        "params": _jsonb(new.params),
+        "idempotency_key": new.idempotency_key,
+        "approval_ref": new.approval_ref,
+        "approved_by": new.approved_by,
+        "expires_at": new.expires_at,
+        "supersedes": new.supersedes,
+    }
 
 
 def _jsonb(value: Any) -> str:

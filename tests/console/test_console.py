@@ -15,7 +15,7 @@ import pytest_asyncio
 from yarl import URL
 
 from proxy.console.render import CONTENT_SECURITY_POLICY
-from proxy.store.queries import QUERIES
+from proxy.store import queries
 from tests.console.helpers import (
     REVIEWER_DIGEST,
     REVIEWER_TOKEN,
@@ -284,7 +284,7 @@ async def test_the_audit_page_names_an_instance_that_ended_without_a_clean_stop(
     }  # fmt: skip
     conn = await asyncpg.connect(database_url)
     try:
-        await conn.execute(QUERIES["audit_run_seen"], json.dumps(trace))
+        await queries.execute(conn, "audit_run_seen", run=json.dumps(trace))
     finally:
         await conn.close()
     async with browser() as session:

@@ -17,8 +17,8 @@ from proxy.observe.auditlog import records
 from proxy.observe.auditlog.chain import GENESIS, record_hash
 from proxy.observe.auditlog.records import MANY_RECORDS
 from proxy.observe.auditlog.verify import VerifyReport, verify
+from proxy.store import queries
 from proxy.store.migrate import load_migrations, migrate
-from proxy.store.queries import QUERIES
 from tests.support.postgres import dsn_for_database
 
 BEGINNING, END = datetime(1970, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC)
@@ -98,7 +98,7 @@ async def test_an_empty_batch_appends_nothing_and_leaves_no_head(
 ) -> None:
     """An empty batch on a new stream writes no record and no head (a head at 0 with no
     record would read as a deleted tail)."""
-    await conn.execute(QUERIES["audit_append_many"], STREAM, "request", "[]")
+    await queries.execute(conn, "audit_append_many", stream=STREAM, kind="request", records="[]")
     assert await conn.fetchval("SELECT count(*) FROM audit_heads WHERE stream = $1", STREAM) == 0
     assert (await _whole(conn)).ok
 
@@ -213,16 +213,20 @@ async def _transition(conn: asyncpg.Connection, operation_id: str, *, migrated: 
     """A created operation (its first transition record), then its claim (the second); the
     claim as the schema of migration 0009 takes it unless ``migrated`` (to the latest)."""
     expires = datetime.now(UTC) + timedelta(hours=1)
-    created = await conn.fetchrow(
-        QUERIES["create_operation"],
-        operation_id, "t", "agent", "fault", "refund", "POST", "/v1/refunds", "{}", 500,
-        "usd", "{}", f"key-{operation_id}", "ref", "human", expires, "test", None,
+    created = await queries.fetchrow(
+        conn, "create_operation",
+        operation_id=operation_id, tenant="t", agent_id="agent", provider="fault",
+        action="refund", method="POST", path="/v1/refunds", path_params="{}", amount=500,
+        currency="usd", params="{}", idempotency_key=f"key-{operation_id}", approval_ref="ref",
+        approved_by="human", expires_at=expires, actor="test", supersedes=None,
     )  # fmt: skip
     assert created is not None
     if migrated:
-        claimed = await conn.fetchrow(
-            QUERIES["claim_operation"], operation_id, "me", 30.0, 0, "me", None, None, None, None
-        )
+        claimed = await queries.fetchrow(
+            conn, "claim_operation",
+            operation_id=operation_id, owner="me", lease_seconds=30.0, expected_attempts=0,
+            actor=None, dedup_window_seconds=None, after_lookup_by=None, unchanged_since=None,
+        )  # fmt: skip
     else:
         claimed = await conn.fetchrow(_CLAIM_BEFORE_0010, operation_id)
     assert claimed is not None
@@ -246,9 +250,10 @@ async def test_chains_written_before_migration_0010_go_on_after_it(pg_server_dsn
             await conn.execute(
                 _APPEND_BEFORE_0010, STREAM, "request", json.dumps(_requests(4 + MANY_RECORDS, 1))
             )
-            await conn.fetchrow(
-                QUERIES["settle_operation"], "op_before", "confirmed", 200, "re_1",
-                "application/json", b"{}", "me",
+            await queries.fetchrow(
+                conn, "settle_operation",
+                operation_id="op_before", status="confirmed", provider_status=200,
+                object_id="re_1", content_type="application/json", body=b"{}", actor="me",
             )  # fmt: skip
             requests = await _chain(conn, STREAM)
             count = 3 + MANY_RECORDS + 1

@@ -12,7 +12,7 @@ import pytest
 import pytest_asyncio
 
 from proxy.errors import StoreUnavailable
-from proxy.store.queries import QUERIES
+from proxy.store import queries
 from proxy.store.replication import Durability, ReplicationFacts, Standby, judge
 from proxy.store.store import Store
 from tests.support.cluster import Cluster
@@ -103,9 +103,11 @@ async def test_claim_sets_its_own_synchronous_commit(database_url: str) -> None:
     try:
         await conn.execute("SET synchronous_commit = off")
         async with conn.transaction():
-            claimed = await conn.fetchrow(
-                QUERIES["claim_operation"],
-                "op_sync", "me", 30.0, 0, "me", None, None, None, None,
+            claimed = await queries.fetchrow(
+                conn, "claim_operation",
+                operation_id="op_sync", owner="me", lease_seconds=30.0, expected_attempts=0,
+                actor=None, dedup_window_seconds=None, after_lookup_by=None,
+                unchanged_since=None,
             )  # fmt: skip
             assert claimed is not None
             level = await conn.fetchval("SHOW synchronous_commit")

@@ -13,8 +13,8 @@ import pytest
 import pytest_asyncio
 
 from proxy.errors import IdempotencyKeyInUse, StoreUnavailable
+from proxy.store import queries
 from proxy.store.operation import Operation, Status
-from proxy.store.queries import QUERIES
 from proxy.store.store import ProviderAnswer, Store, operation_from_record
 from tests.support.operations import new_operation
 
@@ -253,7 +253,7 @@ async def test_a_row_becomes_the_operation_its_dataclass_would_build(
     await store.create(new_operation("op_convert"), actor="test")
     conn = await asyncpg.connect(database_url)
     try:
-        row = await conn.fetchrow(QUERIES["load_operation"], "op_convert")
+        row = await queries.fetchrow(conn, "load_operation", operation_id="op_convert")
     finally:
         await conn.close()
     assert row is not None
