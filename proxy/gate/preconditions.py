@@ -38,7 +38,7 @@ from proxy.gate.reasons import Reason
 from proxy.observe.auditlog.storable import storable
 from proxy.policy import expressions
 from proxy.policy.model import PreconditionLookup, Preconditions, Provider, Rule
-from proxy.store.operation import Operation, Status
+from proxy.store.operation import Operation
 from proxy.store.proposal import PROPOSAL_ID_PREFIX
 
 
@@ -96,7 +96,7 @@ def recheck_due(rule: Rule, op: Operation) -> str | None:
     """Why the rule's preconditions must be checked before ``op`` is sent now, or None: only
     while nothing of it can have reached the provider (a created row, or a dispatched one whose
     every attempt ended not_sent)."""
-    if op.status not in (Status.CREATED, Status.DISPATCHED) or not op.nothing_left():
+    if not op.nothing_left_yet():
         return None
     return recheck_due_on_first_send(rule, op)
 
