@@ -278,10 +278,7 @@ async def reconcile_operation(request: web.Request) -> web.Response:
 
 async def list_escalations(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    ops = await gateway.store.list_operations(
-        query_of(request).get("tenant"), ["created", "dispatched"], None, 1000
-    )
-    escalated = [op for op in ops if op.escalated_at is not None]
+    escalated = await gateway.store.escalated(query_of(request).get("tenant"), 1000)
     views = []
     for op in escalated:
         view = recovery_view(gateway, op)

@@ -2,6 +2,10 @@
 -- Each state transition is ONE conditional statement that also writes its event row (a CTE), so
 -- the transition and its audit record commit together, in one round trip. Zero rows back means
 -- the row was not in the expected state: a conflict to be explained, never blindly retried.
+-- Parameters are named, %(name)s, and bound by keyword (proxy/store/queries.py translates each
+-- query once into PostgreSQL's numbered ones). A condition several statements share is one SQL
+-- function of migration 0016 (opgate_lease_free, opgate_unsettled, opgate_nothing_left_yet),
+-- which PostgreSQL inlines where it is called.
 
 -- name: load_operation
 -- The authoritative row, with the database's clock (all decisions compare against it).
@@ -319,6 +323,16 @@ WITH revoked AS (
     FROM revoked
 )
 SELECT r.*, now() AS read_at FROM revoked r;
+
+-- name: escalated_operations
+-- The escalation queue (the operations API's and the console's): operations of a tenant (NULL:
+-- all) waiting on a human (dispatched, or created and in doubt after a timeline switch),
+-- oldest escalation first.
+SELECT o.*, now() AS read_at FROM operations o
+ WHERE opgate_unsettled(o.status) AND o.escalated_at IS NOT NULL
+   AND (%(tenant)s::text IS NULL OR o.tenant = %(tenant)s)
+ ORDER BY o.escalated_at, o.operation_id
+ LIMIT %(limit)s;
 
 -- name: list_operations
 -- Operations of a tenant (NULL for all) in the given statuses, oldest first.
@@ -793,14 +807,6 @@ SELECT o.*, now() AS read_at FROM operations o
    AND (%(older_than_seconds)s::float8 IS NULL
         OR o.created_at <= now() - make_interval(secs => %(older_than_seconds)s))
  ORDER BY o.created_at DESC, o.operation_id
- LIMIT %(limit)s;
-
--- name: console_escalated
--- The escalation queue: operations waiting on a human (dispatched, or created and in doubt
--- after a timeline switch), oldest escalation first.
-SELECT o.*, now() AS read_at FROM operations o
- WHERE o.status IN ('created', 'dispatched') AND o.escalated_at IS NOT NULL
- ORDER BY o.escalated_at, o.operation_id
  LIMIT %(limit)s;
 
 -- name: console_notifications
