@@ -15,13 +15,9 @@ from proxy.observe.observer import audit_key
 from proxy.operations.proposals import proposal_view
 from proxy.recovery.api import recovery_views
 from proxy.store.console import ConsoleStore
+from proxy.store.operation import STATUS_FILTERS as STATUS_FILTERS  # views.py reads it here
 from proxy.store.operation import Operation
 
-STATUS_FILTERS: dict[str, list[str]] = {
-    "unsettled": ["created", "dispatched"],
-    "all": ["created", "dispatched", "confirmed", "failed"],
-    **{s: [s] for s in ("created", "dispatched", "confirmed", "failed")},
-}
 # "older than": the age filter's choices, in seconds
 AGE_FILTERS: dict[str, float | None] = {
     "": None,

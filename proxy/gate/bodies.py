@@ -30,6 +30,7 @@ from functools import cached_property, lru_cache
 from typing import Any
 from urllib.parse import quote, quote_plus
 
+from proxy.policy import pointers
 from proxy.policy.fields import form_param_parts
 from proxy.policy.model import BodyKind
 
@@ -138,15 +139,8 @@ def _json_value(node: Any, tokens: list[str]) -> Any:
             if not isinstance(node, list):
                 return ABSENT
             return [_json_value(item, tokens[index + 1 :]) for item in node]
-        token = raw.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict):
-            node = node.get(token, ABSENT)
-        elif isinstance(node, list) and re.fullmatch(r"0|[1-9][0-9]*", token):
-            position = int(token)
-            node = node[position] if position < len(node) else ABSENT
-        else:
-            return ABSENT
-        if node is ABSENT:
+        node = pointers.step(node, pointers.unescape(raw))
+        if node is pointers.MISSING:
             return ABSENT
     return node
 
@@ -323,7 +317,7 @@ def _json_leaves(value: Any, prefix: str) -> list[tuple[str, JsonLeaf]]:
     if isinstance(value, dict) and value:
         out: list[tuple[str, JsonLeaf]] = []
         for key, item in value.items():
-            escaped = key.replace("~", "~0").replace("/", "~1")
+            escaped = pointers.escape(key)
             out.extend(_json_leaves(item, f"{prefix}/{escaped}"))
         return out
     if isinstance(value, list) and value:
@@ -386,7 +380,7 @@ def body_from_fields(kind: BodyKind, fields: Mapping[str, Any]) -> ParsedBody:
             tokens = pointer.split("/")[1:]
             if not tokens:
                 raise BodyRejected("the whole body is not a field")
-            _put(root, _unescape(tokens[0]), tokens[1:], value, pointer)
+            _put(root, pointers.unescape(tokens[0]), tokens[1:], value, pointer)
         _no_holes(root)
         return ParsedBody(BodyKind.JSON, json=root)
     if fields:
@@ -395,10 +389,6 @@ def body_from_fields(kind: BodyKind, fields: Mapping[str, Any]) -> ParsedBody:
 
 
 _HOLE: Any = object()  # an array position no field has filled yet
-
-
-def _unescape(token: str) -> str:
-    return token.replace("~1", "/").replace("~0", "~")
 
 
 def _put(parent: Any, key: Any, tokens: list[str], value: Any, pointer: str) -> None:
@@ -419,7 +409,7 @@ def _put(parent: Any, key: Any, tokens: list[str], value: Any, pointer: str) -> 
         for index, item in enumerate(value):
             _put(child, index, rest, item, pointer)
         return
-    _put(_container(parent, key, dict, pointer), _unescape(name), rest, value, pointer)
+    _put(_container(parent, key, dict, pointer), pointers.unescape(name), rest, value, pointer)
 
 
 def _container(parent: Any, key: Any, kind: type, pointer: str) -> Any:
@@ -448,11 +438,11 @@ def _parent_object(document: dict[str, Any], pointer: str, *, create: bool) -> t
     demand). A token that indexes an array (``/purchase_units/0/custom_id``) steps into an
     element the body already has; arrays are never grown, and the holder is always an object."""
     node: Any = document
-    *parents, leaf = [p.replace("~1", "/").replace("~0", "~") for p in pointer.split("/")[1:]]
+    *parents, leaf = pointers.tokens(pointer)
     for name in parents:
         if isinstance(node, list):
-            position = int(name) if re.fullmatch(r"0|[1-9][0-9]*", name) else len(node)
-            if position >= len(node):
+            position = pointers.array_index(name)
+            if position is None or position >= len(node):
                 raise BodyRejected(f"{pointer}: the array has no element {name!r}")
             child = node[position]
         else:

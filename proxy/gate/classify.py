@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from proxy.policy import pointers
 from proxy.policy.model import Classification
 from proxy.store.operation import LastOutcome, Status
 
@@ -39,12 +40,5 @@ def object_id_from(pointer: str | None, body: bytes) -> str | None:
         node: object = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return None
-    for part in pointer.split("/")[1:]:
-        key = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and key in node:
-            node = node[key]
-        elif isinstance(node, list) and key.isascii() and key.isdigit() and int(key) < len(node):
-            node = node[int(key)]
-        else:
-            return None
-    return node if isinstance(node, str) else None
+    found = pointers.resolve(node, pointer)
+    return found if isinstance(found, str) else None

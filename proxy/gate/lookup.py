@@ -27,6 +27,7 @@ from proxy.gate import upstream
 from proxy.gate.credentials import provider_credential
 from proxy.gate.decision import Deny
 from proxy.gate.gateway import Gateway
+from proxy.policy import pointers
 from proxy.policy.model import PreconditionLookup, Provider, Reconcile, ReconcileLookup
 from proxy.store.operation import Operation
 
@@ -200,13 +201,6 @@ def describe(result: LookupResult) -> str:
 
 
 def _at(document: Any, pointer: str) -> Any:
-    node = document
-    for part in pointer.split("/")[1:]:
-        key = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and key in node:
-            node = node[key]
-        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
-            node = node[int(key)]
-        else:
-            return None
-    return node
+    """What ``pointer`` names in the answer; None where it names nothing."""
+    found = pointers.resolve(document, pointer)
+    return None if found is pointers.MISSING else found

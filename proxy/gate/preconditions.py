@@ -38,7 +38,7 @@ from proxy.gate.reasons import Reason
 from proxy.observe.auditlog.storable import storable
 from proxy.policy import expressions
 from proxy.policy.model import PreconditionLookup, Preconditions, Provider, Rule
-from proxy.store.operation import Operation, Status
+from proxy.store.operation import Operation
 from proxy.store.proposal import PROPOSAL_ID_PREFIX
 
 
@@ -96,7 +96,7 @@ def recheck_due(rule: Rule, op: Operation) -> str | None:
     every attempt ended not_sent)."""
     if rule.preconditions is None:
         return None
-    if op.status not in (Status.CREATED, Status.DISPATCHED) or not op.nothing_left():
+    if not op.nothing_left_yet():
         return None
     return next((why for t in RECHECK_TRIGGERS if (why := t(rule.preconditions, op))), None)
 

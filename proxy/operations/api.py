@@ -35,7 +35,7 @@ from proxy.operations.approvals import (
 from proxy.operations.proposals import Approver, approver_for
 from proxy.recovery.api import recovery_view, recovery_views
 from proxy.recovery.reconcile import reconcile_now
-from proxy.store.operation import Status
+from proxy.store.operation import STATUS_FILTERS, Status
 
 _log = structlog.get_logger("opgate.ops")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -249,25 +249,18 @@ class ResolveRequest(BaseModel):
     decided_by: str = Field(min_length=1, max_length=256)
 
 
-_STATUS_FILTERS = {
-    "unsettled": ["created", "dispatched"],
-    "all": ["created", "dispatched", "confirmed", "failed"],
-    **{s: [s] for s in ("created", "dispatched", "confirmed", "failed")},
-}
-
-
 async def list_operations(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     query = query_of(request)
     wanted = query.get("status", "unsettled")
-    if wanted not in _STATUS_FILTERS:
+    if wanted not in STATUS_FILTERS:
         return admin_problem(
-            400, "invalid_request", f"status must be one of {sorted(_STATUS_FILTERS)}"
+            400, "invalid_request", f"status must be one of {sorted(STATUS_FILTERS)}"
         )
     given = query.get("limit", "")
     limit = min(int(given), 1000) if given.isascii() and given.isdigit() else 100
     ops = await gateway.store.list_operations(
-        query.get("tenant"), _STATUS_FILTERS[wanted], None, limit
+        query.get("tenant"), STATUS_FILTERS[wanted], None, limit
     )
     return web.json_response({"operations": await recovery_views(gateway, ops)})
 
@@ -285,10 +278,7 @@ async def reconcile_operation(request: web.Request) -> web.Response:
 
 async def list_escalations(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    ops = await gateway.store.list_operations(
-        query_of(request).get("tenant"), ["created", "dispatched"], None, 1000
-    )
-    escalated = [op for op in ops if op.escalated_at is not None]
+    escalated = await gateway.store.escalated(query_of(request).get("tenant"), 1000)
     views = []
     for op in escalated:
         view = recovery_view(gateway, op)

@@ -31,6 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.policy import pointers
+
 OPERATORS = ("==", "!=", "<=", "<", ">=", ">", "in")
 APPROVED_FIELDS = ("amount", "currency")
 APPROVED_MAPS = ("params", "path_params")
@@ -46,7 +48,7 @@ class Pointer:
 
     @property
     def parts(self) -> tuple[str, ...]:
-        return tuple(p.replace("~1", "/").replace("~0", "~") for p in self.text.split("/")[1:])
+        return tuple(pointers.tokens(self.text))
 
 
 @dataclass(frozen=True)
@@ -321,11 +323,8 @@ def _shown(term: Term) -> str:
 
 
 # --- evaluation ------------------------------------------------------------------------------
-class _Missing:
-    """A pointer into the answer that names nothing, or an approved value the operation lacks."""
-
-
-MISSING = _Missing()
+# A pointer into the answer that names nothing, or an approved value the operation lacks.
+MISSING = pointers.MISSING
 
 
 @dataclass(frozen=True)
@@ -386,19 +385,7 @@ class _Unevaluable(Exception):
 
 
 def resolve(document: Any, pointer: Pointer) -> Any:
-    node = document
-    for part in pointer.parts:
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif (
-            isinstance(node, list)
-            and re.fullmatch(r"0|[1-9][0-9]*", part)
-            and int(part) < len(node)
-        ):
-            node = node[int(part)]
-        else:
-            return MISSING
-    return node
+    return pointers.resolve(document, pointer.parts)
 
 
 def _approved_value(term: Approved, approved: Mapping[str, Any]) -> Any:

@@ -29,7 +29,7 @@ from proxy.policy.model import BodyKind, Provider, Rule
 from proxy.policy.set import PolicySet
 from proxy.recovery.next_action import NextAction, next_action
 from proxy.recovery.reconcile import reconcile_now
-from proxy.store.operation import Operation, Status
+from proxy.store.operation import STATUS_FILTERS, Operation
 from proxy.store.proposal import Proposal
 
 RECOVERY_PREFIX = "/_opgate/v1/operations"
@@ -75,9 +75,6 @@ def recovery_view(
     return view
 
 
-_UNSETTLED = (Status.CREATED, Status.DISPATCHED)
-
-
 async def recovery_views(
     gw: Gateway, ops: list[Operation], *, with_request: bool = False
 ) -> list[dict[str, Any]]:
@@ -85,7 +82,7 @@ async def recovery_views(
     operation of which nothing has left has one (its latest ``precondition_failed`` event:
     one read for all)."""
     failures = await gw.store.precondition_failures(
-        [op.operation_id for op in ops if op.status in _UNSETTLED and op.nothing_left()]
+        [op.operation_id for op in ops if op.nothing_left_yet()]
     )
     return [
         recovery_view(gw, op, failures.get(op.operation_id), with_request=with_request)
@@ -292,7 +289,7 @@ async def unsettled_views(
 ) -> list[dict[str, Any]]:
     """The agent's operations that are not settled yet, each with its next action."""
     ops = await gw.store.list_operations(
-        agent.tenant, ["created", "dispatched"], agent.agent_id, 200
+        agent.tenant, STATUS_FILTERS["unsettled"], agent.agent_id, 200
     )
     return await recovery_views(gw, ops, with_request=with_request)
 

@@ -97,10 +97,7 @@ class ConsoleStore:
 
     async def escalated(self, limit: int) -> list[Operation]:
         """The escalation queue: operations waiting on a human, oldest escalation first."""
-        records = await self._store.run(
-            lambda conn: queries.fetch(conn, "console_escalated", limit=limit)
-        )
-        return [operation_from_record(r) for r in records]
+        return await self._store.escalated(None, limit)
 
     async def audit_records(self, operation_id: str) -> list[AuditRow]:
         """Every audit record naming the operation, in order."""

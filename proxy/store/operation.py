@@ -15,6 +15,18 @@ class Status(StrEnum):
     FAILED = "failed"
 
 
+# Not settled yet: an agent or a human may still act on the operation. The one definition, in
+# SQL opgate_unsettled (migration 0016; tests/store/test_conditions.py keeps them equal).
+UNSETTLED = frozenset({Status.CREATED, Status.DISPATCHED})
+
+# The statuses each listing filter (the operations API's and the console's ``status=``) names.
+STATUS_FILTERS: dict[str, list[str]] = {
+    "unsettled": [s.value for s in Status if s in UNSETTLED],
+    "all": [s.value for s in Status],
+    **{s.value: [s.value] for s in Status},
+}
+
+
 class LastOutcome(StrEnum):
     """Why a dispatched operation has no live attempt (``last_outcome`` column)."""
 
@@ -96,6 +108,14 @@ class Operation:
         if window_seconds is None:
             return False
         return self.read_at < self.created_at + timedelta(seconds=window_seconds)
+
+    def unsettled(self) -> bool:
+        return self.status in UNSETTLED
+
+    def nothing_left_yet(self) -> bool:
+        """Not settled, and nothing of it can have reached the provider (SQL:
+        opgate_nothing_left_yet, migration 0016): what a failed precondition is kept for."""
+        return self.unsettled() and self.nothing_left()
 
     def nothing_left(self) -> bool:
         """Whether no attempt can have reached the provider: none was made, or each ended

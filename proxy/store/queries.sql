@@ -2,6 +2,10 @@
 -- Each state transition is ONE conditional statement that also writes its event row (a CTE), so
 -- the transition and its audit record commit together, in one round trip. Zero rows back means
 -- the row was not in the expected state: a conflict to be explained, never blindly retried.
+-- Parameters are named, %(name)s, and bound by keyword (proxy/store/queries.py translates each
+-- query once into PostgreSQL's numbered ones). A condition several statements share is one SQL
+-- function of migration 0016 (opgate_lease_free, opgate_unsettled, opgate_nothing_left_yet),
+-- which PostgreSQL inlines where it is called.
 
 -- name: load_operation
 -- The authoritative row, with the database's clock (all decisions compare against it).
@@ -69,7 +73,7 @@ WITH current_timeline AS (
 ), doubted AS (
     SELECT o.operation_id, o.status FROM operations o, current_timeline c, last_seen l
      WHERE l.timeline_id IS NOT NULL AND c.timeline_id > l.timeline_id
-       AND o.status IN ('created', 'dispatched') AND o.lookup_before_send IS NULL
+       AND opgate_unsettled(o.status) AND o.lookup_before_send IS NULL
 ), recorded AS (
     INSERT INTO timelines (timeline_id, marked)
     SELECT c.timeline_id, (SELECT count(*) FROM doubted)
@@ -139,8 +143,8 @@ WITH named AS (
                 AND escalated_at IS NULL))
        AND (status = 'created'
             OR (status = 'dispatched' AND attempts = %(expected_attempts)s AND escalated_at IS NULL
-                AND (lease_until IS NULL OR lease_until <= now())
-                AND (((reconcile_lease_until IS NULL OR reconcile_lease_until <= now())
+                AND opgate_lease_free(lease_until)
+                AND ((opgate_lease_free(reconcile_lease_until)
                       AND (last_outcome = 'not_sent'
                            OR (%(dedup_window_seconds)s::float8 IS NOT NULL
                                AND now() < created_at
@@ -201,9 +205,8 @@ INSERT INTO operation_events (operation_id, event, from_status, to_status, actor
 SELECT operation_id, 'precondition_failed', status, status, %(actor)s, %(evidence)s::jsonb
   FROM operations
  WHERE operation_id = %(operation_id)s
-   AND (status = 'created'
-        OR (status = 'dispatched' AND attempts = unsent_attempts
-            AND (lease_until IS NULL OR lease_until <= now())))
+   AND opgate_nothing_left_yet(status, attempts, unsent_attempts)
+   AND opgate_lease_free(lease_until)
 RETURNING event_id;
 
 -- name: precondition_failures
@@ -213,9 +216,8 @@ RETURNING event_id;
 SELECT DISTINCT ON (e.operation_id) e.operation_id, e.detail
   FROM operation_events e JOIN operations o USING (operation_id)
  WHERE e.operation_id = ANY(%(operation_ids)s::text[]) AND e.event = 'precondition_failed'
-   AND (o.status = 'created'
-        OR (o.status = 'dispatched' AND o.attempts = o.unsent_attempts
-            AND e.at > o.dispatched_at))
+   AND opgate_nothing_left_yet(o.status, o.attempts, o.unsent_attempts)
+   AND (o.status = 'created' OR e.at > o.dispatched_at)
  ORDER BY e.operation_id, e.event_id DESC;
 
 -- name: settle_operation
@@ -283,6 +285,16 @@ WITH revoked AS (
 )
 SELECT r.*, now() AS read_at FROM revoked r;
 
+-- name: escalated_operations
+-- The escalation queue (the operations API's and the console's): operations of a tenant (NULL:
+-- all) waiting on a human (dispatched, or created and in doubt after a timeline switch),
+-- oldest escalation first.
+SELECT o.*, now() AS read_at FROM operations o
+ WHERE opgate_unsettled(o.status) AND o.escalated_at IS NOT NULL
+   AND (%(tenant)s::text IS NULL OR o.tenant = %(tenant)s)
+ ORDER BY o.escalated_at, o.operation_id
+ LIMIT %(limit)s;
+
 -- name: list_operations
 -- Operations of a tenant (NULL for all) in the given statuses, oldest first.
 SELECT o.*, now() AS read_at FROM operations o
@@ -310,8 +322,7 @@ WITH taken AS (
        AND (status = 'dispatched'
             OR (%(in_doubt)s::bool AND status = 'created' AND lookup_before_send IS NOT NULL))
        AND (%(unchanged_since)s::timestamptz IS NULL OR updated_at = %(unchanged_since)s)
-       AND (lease_until IS NULL OR lease_until <= now())
-       AND (reconcile_lease_until IS NULL OR reconcile_lease_until <= now())
+       AND opgate_lease_free(lease_until) AND opgate_lease_free(reconcile_lease_until)
        AND (next_reconcile_at IS NULL OR next_reconcile_at <= now())
     RETURNING *
 )
@@ -324,8 +335,7 @@ SELECT t.*, now() AS read_at FROM taken t;
 WITH due AS (
     SELECT operation_id FROM operations
      WHERE status = 'dispatched'
-       AND (lease_until IS NULL OR lease_until <= now())
-       AND (reconcile_lease_until IS NULL OR reconcile_lease_until <= now())
+       AND opgate_lease_free(lease_until) AND opgate_lease_free(reconcile_lease_until)
        AND (next_reconcile_at IS NULL OR next_reconcile_at <= now())
      ORDER BY dispatched_at
      LIMIT %(limit)s
@@ -359,7 +369,7 @@ WITH settled AS (
      WHERE operation_id = %(operation_id)s AND reconcile_owner = %(owner)s
        AND (status = 'dispatched' OR (status = 'created' AND lookup_before_send IS NOT NULL))
        AND reconcile_lease_until > now() AND attempts = %(expected_attempts)s
-       AND (lease_until IS NULL OR lease_until <= now())
+       AND opgate_lease_free(lease_until)
     RETURNING *
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
@@ -436,7 +446,7 @@ WITH resolved AS (
            lookup_before_send = NULL, updated_at = now()
      WHERE operation_id = %(operation_id)s
        AND (status = 'dispatched' OR (status = 'created' AND escalated_at IS NOT NULL))
-       AND (lease_until IS NULL OR lease_until <= now())
+       AND opgate_lease_free(lease_until)
     RETURNING *
 ), event AS (
     INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
@@ -458,8 +468,7 @@ UPDATE operations SET reconcile_owner = NULL, reconcile_lease_until = NULL, upda
 -- one replica sends each at a time.
 WITH due AS (
     SELECT notification_id FROM escalation_notifications
-     WHERE delivered_at IS NULL AND next_attempt_at <= now()
-       AND (lease_until IS NULL OR lease_until <= now())
+     WHERE delivered_at IS NULL AND next_attempt_at <= now() AND opgate_lease_free(lease_until)
      ORDER BY notification_id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 )
 UPDATE escalation_notifications n
@@ -698,7 +707,7 @@ SELECT
     count(*) FILTER (WHERE escalated_at IS NOT NULL) AS escalated,
     (SELECT count(*) FROM proposals
       WHERE status = 'pending' AND expires_at > now()) AS proposals_pending
-  FROM operations WHERE status IN ('created', 'dispatched');
+  FROM operations WHERE opgate_unsettled(status);
 
 -- name: audit_records_after
 -- Export with a cursor: the records of each stream after the seq the cursor holds for it
@@ -759,14 +768,6 @@ SELECT o.*, now() AS read_at FROM operations o
    AND (%(older_than_seconds)s::float8 IS NULL
         OR o.created_at <= now() - make_interval(secs => %(older_than_seconds)s))
  ORDER BY o.created_at DESC, o.operation_id
- LIMIT %(limit)s;
-
--- name: console_escalated
--- The escalation queue: operations waiting on a human (dispatched, or created and in doubt
--- after a timeline switch), oldest escalation first.
-SELECT o.*, now() AS read_at FROM operations o
- WHERE o.status IN ('created', 'dispatched') AND o.escalated_at IS NOT NULL
- ORDER BY o.escalated_at, o.operation_id
  LIMIT %(limit)s;
 
 -- name: console_notifications

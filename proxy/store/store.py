@@ -444,6 +444,10 @@ class Store:
             "list_operations", tenant=tenant, statuses=statuses, agent_id=agent_id, limit=limit
         )
 
+    async def escalated(self, tenant: str | None, limit: int) -> list[Operation]:
+        """The escalation queue of ``tenant`` (None: every tenant's), oldest escalation first."""
+        return await self.many("escalated_operations", tenant=tenant, limit=limit)
+
     async def claim_reconcile_one(
         self,
         operation_id: str,

@@ -293,3 +293,34 @@ async def test_an_approval_outliving_the_providers_key_retention_is_not_sendable
             assert "86400" in body["detail"]
         status, _ = await post(gate, {**STRIPE_REFUND, "ttl_seconds": 86_400})
         assert status == 201
+
+
+async def test_an_escalation_behind_a_thousand_unsettled_operations_is_listed(
+    fault_gate: Opgate,
+) -> None:
+    """The escalation queue reads the escalated rows themselves: one escalated after 1,000
+    older unsettled operations is listed (it fell past the 1,000 unsettled rows once read)."""
+    store = fault_gate.running.gateway.store
+    columns = (
+        "operation_id, tenant, provider, action, method, path, idempotency_key, approval_ref,"
+        " approved_by, expires_at, created_at, status, attempts, dispatched_at, escalated_at"
+    )
+    await store.run(
+        lambda conn: conn.execute(
+            f"INSERT INTO operations ({columns})"
+            " SELECT 'op_bulk_' || n, 't1', 'fault', 'refund.create', 'POST', '/v1/refunds',"
+            "        'key-bulk-' || n, 'r', 'a', now() + interval '1 hour',"
+            "        now() - interval '1 hour', 'created', 0, NULL, NULL"
+            "   FROM generate_series(1, 1000) AS n"
+            " UNION ALL"
+            " SELECT 'op_escalated_late', 't1', 'fault', 'refund.create', 'POST', '/v1/refunds',"
+            "        'key-escalated-late', 'r', 'a', now() + interval '1 hour', now(),"
+            "        'dispatched', 1, now(), now()"
+        )
+    )
+    async with fault_gate.http.get(
+        f"{fault_gate.ops_url}/v1/escalations", headers=admin_headers()
+    ) as response:
+        assert response.status == 200
+        queue = (await response.json())["escalations"]
+    assert [view["operation"]["operation_id"] for view in queue] == ["op_escalated_late"]
