@@ -37,7 +37,6 @@ from proxy.gate.framing import (
     admin_malformed_answer,
     agent_malformed_answer,
 )
-from proxy.gate.gateway import Gateway, serve_with
 from proxy.gate.identity import AgentDirectory
 from proxy.gate.intake import expect_continue
 from proxy.gate.pipeline import handle_agent_request
@@ -59,6 +58,7 @@ from proxy.operations.proposals_api import add_agent_proposal_routes, add_ops_pr
 from proxy.policy.reload import PolicyReloader, load_validated_policy, reloading
 from proxy.recovery.api import add_recovery_routes
 from proxy.recovery.background import run_background
+from proxy.runtime import Gateway, serve_with
 from proxy.settings import Settings, split_host_port
 from proxy.store.embedded import database_dsn
 from proxy.store.migrate import migrate

@@ -51,7 +51,6 @@ from proxy.forward.targets import (
 from proxy.gate.checks import Agent
 from proxy.gate.decision import Deny
 from proxy.gate.forwarded import CURRENT_TUNNEL, FORWARDED, ForwardedRequest, Origin, Tunnel
-from proxy.gate.gateway import Gateway, serve_with
 from proxy.gate.identity import credential_from
 from proxy.gate.pipeline import handle_agent_request
 from proxy.gate.problem import PROBLEM, problem_response
@@ -59,6 +58,7 @@ from proxy.gate.reasons import Reason
 from proxy.gate.upstream import new_client_session
 from proxy.observe.audit import AuditRecord, Decision, emit, request_path
 from proxy.observe.observer import observe_agent_request
+from proxy.runtime import Gateway, serve_with
 from proxy.settings import Settings
 
 PROXY_CHALLENGES = ('Basic realm="opgate"', 'Bearer realm="opgate"')

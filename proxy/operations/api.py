@@ -21,7 +21,6 @@ from proxy.errors import AlreadySuperseded, IdempotencyKeyInUse, StoreUnavailabl
 from proxy.gate.bodies import BodyRejected, parse_json_object
 from proxy.gate.budgets import budget_standings, remaining_budget
 from proxy.gate.decision import Deny
-from proxy.gate.gateway import GATEWAY
 from proxy.gate.identity import admin_token_matches, credential_from, path_operation_id
 from proxy.gate.problem import admin_problem
 from proxy.gate.reasons import Reason
@@ -35,6 +34,7 @@ from proxy.operations.approvals import (
 from proxy.operations.proposals import Approver, approver_for
 from proxy.recovery.api import recovery_view, recovery_views
 from proxy.recovery.reconcile import reconcile_now
+from proxy.runtime import GATEWAY
 from proxy.store.operation import Status
 
 _log = structlog.get_logger("opgate.ops")

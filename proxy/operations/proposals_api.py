@@ -14,7 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from proxy.gate.bodies import BodyRejected, parse_json_object
 from proxy.gate.checks import Agent
-from proxy.gate.gateway import GATEWAY, Gateway
 from proxy.gate.identity import path_operation_id
 from proxy.gate.problem import admin_problem, problem_response
 from proxy.gate.reasons import Reason
@@ -33,6 +32,7 @@ from proxy.operations.proposing import (
     propose_for_agent,
 )
 from proxy.recovery.api import recorded, recovery_view
+from proxy.runtime import GATEWAY, Gateway
 from proxy.store.proposal import Proposal, ProposalState
 
 PROPOSALS_PREFIX = "/_opgate/v1/proposals"
