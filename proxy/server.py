@@ -19,6 +19,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
+from proxy.admin.access import admin_malformed_answer
 from proxy.authoring.explain_api import add_explain_routes
 from proxy.console.views import PREFIX as CONSOLE_PREFIX
 from proxy.console.views import console_app
@@ -34,7 +35,6 @@ from proxy.gate.credentials import CredentialSource
 from proxy.gate.framing import (
     MalformedAnswer,
     ProblemAppRunner,
-    admin_malformed_answer,
     agent_malformed_answer,
 )
 from proxy.gate.identity import AgentDirectory

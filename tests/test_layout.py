@@ -27,11 +27,14 @@ MAY_IMPORT: dict[str, set[str]] = {
     # the process's shared resources: holds the gate's, read by every package that serves
     "runtime": {"gate", "observe", "policy", "store"} | BASE,
     "gate": {"runtime", "observe", "policy", "store"} | BASE,
+    # the operations listener's sign-in and answers, shared by what it serves
+    "admin": {"gate"} | BASE,
     "forward": {"runtime", "gate", "observe", "policy", "store"} | BASE,
     "recovery": {"runtime", "gate", "observe", "policy", "store"} | BASE,
-    "operations": {"recovery", "runtime", "gate", "observe", "policy", "store"} | BASE,
-    "authoring": {"runtime", "gate", "observe", "policy", "store"} | BASE,
-    "console": {"operations", "recovery", "runtime", "gate", "observe", "policy", "store"} | BASE,
+    "operations": {"admin", "recovery", "runtime", "gate", "observe", "policy", "store"} | BASE,
+    "authoring": {"admin", "runtime", "gate", "observe", "policy", "store"} | BASE,
+    "console": {"admin", "operations", "recovery", "runtime", "gate", "observe", "policy", "store"}
+    | BASE,
     "mcp": {"operations", "recovery", "runtime", "gate", "observe", "policy", "store"} | BASE,
 }
 

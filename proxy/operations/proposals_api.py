@@ -12,16 +12,16 @@ from typing import Annotated, Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from proxy.admin.access import Approver, admin_problem
 from proxy.gate.bodies import BodyRejected, parse_json_object
 from proxy.gate.checks import Agent
 from proxy.gate.identity import path_operation_id
-from proxy.gate.problem import admin_problem, problem_response
+from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.observe.audit import AuditRecord, Decision
 from proxy.operations.api import APPROVER, BadInput, query_of, read_document
 from proxy.operations.proposals import (
     REASON_MAX,
-    Approver,
     proposal_view,
     validation_errors,
 )

@@ -16,13 +16,13 @@ from typing import Any
 
 import structlog
 
+from proxy.admin.access import Approver
 from proxy.errors import IdempotencyKeyInUse
 from proxy.gate.budgets import remaining_budget
 from proxy.gate.checks import Agent
 from proxy.gate.decision import Deny
 from proxy.operations.approvals import holds_nul
 from proxy.operations.proposals import (
-    Approver,
     ProposalInvalid,
     agent_owners,
     four_eyes_problem,

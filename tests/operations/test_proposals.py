@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from proxy.admin.access import Approver
 from proxy.gate.checks import Agent
 from proxy.operations.proposals import (
-    Approver,
     ProposalInvalid,
     four_eyes_problem,
     plan_proposal,
