@@ -54,8 +54,8 @@ from proxy.operations.api import (
     require_admin,
     store_errors,
 )
-from proxy.operations.proposals_api import add_agent_proposal_routes, add_ops_proposal_routes
 from proxy.policy.reload import PolicyReloader, load_validated_policy, reloading
+from proxy.proposals.api import add_agent_proposal_routes, add_ops_proposal_routes
 from proxy.recovery.api import add_recovery_routes
 from proxy.recovery.background import run_background
 from proxy.runtime import Gateway, serve_with

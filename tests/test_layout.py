@@ -18,6 +18,7 @@ PACKAGE = REPO / "proxy"
 # root modules. The process modules (cli, server, workers, devmode, __main__) may import anything.
 PROCESS = {"cli", "server", "workers", "devmode", "__main__"}
 BASE = {"settings", "errors", "proxy"}  # "proxy": the root package's own (empty) __init__
+SERVES = {"runtime", "gate", "observe", "policy", "store"} | BASE  # what every front end uses
 MAY_IMPORT: dict[str, set[str]] = {
     "errors": {"proxy"},
     "settings": {"proxy"},
@@ -26,16 +27,16 @@ MAY_IMPORT: dict[str, set[str]] = {
     "observe": {"policy", "store"} | BASE,
     # the process's shared resources: holds the gate's, read by every package that serves
     "runtime": {"gate", "observe", "policy", "store"} | BASE,
-    "gate": {"runtime", "observe", "policy", "store"} | BASE,
+    "gate": SERVES,
     # the operations listener's sign-in and answers, shared by what it serves
     "admin": {"gate"} | BASE,
-    "forward": {"runtime", "gate", "observe", "policy", "store"} | BASE,
-    "recovery": {"runtime", "gate", "observe", "policy", "store"} | BASE,
-    "operations": {"admin", "recovery", "runtime", "gate", "observe", "policy", "store"} | BASE,
-    "authoring": {"admin", "runtime", "gate", "observe", "policy", "store"} | BASE,
-    "console": {"admin", "operations", "recovery", "runtime", "gate", "observe", "policy", "store"}
-    | BASE,
-    "mcp": {"operations", "recovery", "runtime", "gate", "observe", "policy", "store"} | BASE,
+    "forward": SERVES,
+    "recovery": SERVES,
+    "authoring": {"admin"} | SERVES,
+    "operations": {"admin", "recovery"} | SERVES,
+    "proposals": {"operations", "admin", "recovery"} | SERVES,
+    "console": {"proposals", "operations", "admin", "recovery"} | SERVES,
+    "mcp": {"proposals", "operations", "recovery"} | SERVES,
 }
 
 

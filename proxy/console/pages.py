@@ -11,7 +11,7 @@ from typing import Any
 
 from proxy.observe.auditlog.verify import unaccounted_runs, verify
 from proxy.observe.observer import audit_key
-from proxy.operations.proposals import proposal_view
+from proxy.proposals.rules import proposal_view
 from proxy.recovery.api import recovery_views
 from proxy.runtime import Gateway
 from proxy.store.console import ConsoleStore

@@ -38,8 +38,8 @@ from proxy.gate.budgets import budget_standings
 from proxy.gate.identity import path_operation_id
 from proxy.gate.reasons import Reason
 from proxy.operations.api import ResolveRequest
-from proxy.operations.proposals import REASON_MAX
-from proxy.operations.proposing import Refusal, approve_proposal, decline_proposal
+from proxy.proposals.proposing import Refusal, approve_proposal, decline_proposal
+from proxy.proposals.rules import REASON_MAX
 from proxy.runtime import GATEWAY
 from proxy.store.operation import Status
 

@@ -30,10 +30,10 @@ from proxy.mcp.tools import (
     ToolError,
 )
 from proxy.observe.audit import AuditRecord, Decision, emit
-from proxy.operations.proposals import proposal_view
-from proxy.operations.proposals_api import PROPOSAL_RULE
-from proxy.operations.proposing import Refusal as ProposalRefusal
-from proxy.operations.proposing import propose_for_agent
+from proxy.proposals.api import PROPOSAL_RULE
+from proxy.proposals.proposing import Refusal as ProposalRefusal
+from proxy.proposals.proposing import propose_for_agent
+from proxy.proposals.rules import proposal_view
 from proxy.recovery.api import (
     RECOVERY_RULE,
     Refusal,

@@ -20,16 +20,16 @@ from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.observe.audit import AuditRecord, Decision
 from proxy.operations.api import APPROVER, BadInput, query_of, read_document
-from proxy.operations.proposals import (
-    REASON_MAX,
-    proposal_view,
-    validation_errors,
-)
-from proxy.operations.proposing import (
+from proxy.proposals.proposing import (
     Refusal,
     approve_proposal,
     decline_proposal,
     propose_for_agent,
+)
+from proxy.proposals.rules import (
+    REASON_MAX,
+    proposal_view,
+    validation_errors,
 )
 from proxy.recovery.api import recorded, recovery_view
 from proxy.runtime import GATEWAY, Gateway

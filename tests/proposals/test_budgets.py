@@ -10,7 +10,7 @@ from typing import Any
 
 from proxy.gate.identity import token_digest
 from tests.gate.test_budgets import budgeted, send, tenant_budget
-from tests.operations.test_proposals_api import APPROVER_TOKEN, PROPOSAL, decide
+from tests.proposals.test_api import APPROVER_TOKEN, PROPOSAL, decide
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import AGENT_TOKEN, Opgate, StartOpgate, admin_headers
 

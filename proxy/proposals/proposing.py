@@ -22,7 +22,7 @@ from proxy.gate.budgets import remaining_budget
 from proxy.gate.checks import Agent
 from proxy.gate.decision import Deny
 from proxy.operations.approvals import holds_nul
-from proxy.operations.proposals import (
+from proxy.proposals.rules import (
     ProposalInvalid,
     agent_owners,
     four_eyes_problem,
