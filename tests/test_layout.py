@@ -40,6 +40,30 @@ MAY_IMPORT: dict[str, set[str]] = {
 }
 
 
+# The gate's public entry points: all that the parts above it use of it. Every other gate
+# module (intake, lookup, upstream, ...) is the request path's own business.
+GATE_ENTRY_POINTS = {
+    "pipeline",  # send a request through the gate
+    "reasons",  # its stable codes
+    "problem",  # and their problem+json answers
+    "decision",  # what a check decides
+    "checks",  # the decision core, and the Agent a decision is about
+    "identity",  # who is calling, which operation they name
+    "bodies",  # the bodies it reads and composes, strictly
+    "budgets",  # the budgets it claims against, and their standings
+}
+# Which gate modules a part may import; parts not listed are bound by MAY_IMPORT alone. The
+# runtime holds the gate's resources and nothing of the request path.
+REACHES_INTO_GATE: dict[str, set[str]] = {
+    "runtime": {"credentials", "cutoff", "identity", "limits"},
+    "admin": GATE_ENTRY_POINTS,
+    "operations": GATE_ENTRY_POINTS,
+    "proposals": GATE_ENTRY_POINTS,
+    "console": GATE_ENTRY_POINTS,
+    "mcp": GATE_ENTRY_POINTS,
+}
+
+
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(REPO).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -97,6 +121,19 @@ def forbidden_imports(graph: Mapping[str, set[str]]) -> list[str]:
                 continue
             if allowed is None or dest not in allowed:
                 problems.append(f"{module} -> {target} ({source} may not import {dest})")
+    return problems
+
+
+def gate_reach_ins(graph: Mapping[str, set[str]]) -> list[str]:
+    """Imports of a gate module that is not among those the importing part may reach."""
+    problems = []
+    for module, targets in sorted(graph.items()):
+        allowed = REACHES_INTO_GATE.get(part_of(module))
+        if allowed is None:
+            continue
+        for target in sorted(targets):
+            if part_of(target) == "gate" and target.removeprefix("proxy.gate.") not in allowed:
+                problems.append(f"{module} -> {target} (not an entry point of gate)")
     return problems
 
 
@@ -158,9 +195,69 @@ def test_every_package_says_what_it_owns_and_what_it_may_import() -> None:
             assert (PACKAGE / name / "__init__.py").is_file(), name
 
 
+def modules_missing_from_docstring(package: Path) -> list[str]:
+    """The modules and subpackages of ``package`` its __init__ docstring does not name (as a
+    word: ``intake`` or ``intake.py``)."""
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text("utf-8"))) or ""
+    held = [p.stem for p in package.glob("*.py") if p.name != "__init__.py"]
+    held += [d.name for d in package.iterdir() if (d / "__init__.py").is_file()]
+    return sorted(n for n in held if not re.search(rf"(?<![\w.]){re.escape(n)}(?!\w)", doc))
+
+
+def test_every_package_docstring_names_every_module_it_holds() -> None:
+    """A reader of a package's __init__ learns every module it holds, so a new one is placed
+    and described, not just dropped in."""
+    missing = {
+        str(init.parent.relative_to(REPO)): modules_missing_from_docstring(init.parent)
+        for init in sorted(PACKAGE.rglob("*/__init__.py"))
+    }
+    assert {package: names for package, names in missing.items() if names} == {}
+
+
 def test_imports_point_one_way() -> None:
     """No module imports a part of opgate that sits above it (e.g. gate -> recovery)."""
     assert forbidden_imports(import_graph()) == []
+
+
+def test_the_front_ends_reach_into_gate_only_through_its_entry_points() -> None:
+    """Console, mcp, operations, proposals and admin import from gate only its entry points
+    (pipeline, reasons, decisions, ...), never its inner stages (intake, lookup, upstream)."""
+    assert gate_reach_ins(import_graph()) == []
+
+
+@pytest.mark.parametrize(
+    ("graph", "expected"),
+    [
+        pytest.param(
+            {"proxy.console.views": {"proxy.gate.intake"}},
+            ["proxy.console.views -> proxy.gate.intake"],
+            id="console-to-an-inner-stage",
+        ),
+        pytest.param(
+            {"proxy.mcp.calls": {"proxy.gate"}},
+            ["proxy.mcp.calls -> proxy.gate"],
+            id="mcp-to-the-package-itself",
+        ),
+        pytest.param(
+            {"proxy.operations.api": {"proxy.gate.reasons", "proxy.gate.pipeline"}},
+            [],
+            id="operations-to-entry-points",
+        ),
+        pytest.param(
+            {"proxy.recovery.reconcile": {"proxy.gate.lookup"}},
+            [],
+            id="recovery-is-not-restricted",
+        ),
+    ],
+)
+def test_the_entry_point_check_catches_a_reach_in(
+    graph: dict[str, set[str]], expected: list[str]
+) -> None:
+    """The checker itself: a front end importing a gate module off the list is reported."""
+    found = gate_reach_ins(graph)
+    assert len(found) == len(expected)
+    for problem, words in zip(found, expected, strict=True):
+        assert words in problem
 
 
 def test_no_import_circles() -> None:
