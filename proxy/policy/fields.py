@@ -30,11 +30,6 @@ def is_json_pointer(text: str) -> bool:
     return _POINTER.fullmatch(text) is not None
 
 
-def pointer_tokens(pointer: str) -> list[str]:
-    """The unescaped tokens of a JSON pointer (``/a~1b/c`` is ``["a/b", "c"]``)."""
-    return [t.replace("~1", "/").replace("~0", "~") for t in pointer.split("/")[1:]]
-
-
 def is_pattern(field: str) -> bool:
     return "*" in field
 
