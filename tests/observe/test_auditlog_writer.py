@@ -26,6 +26,7 @@ from proxy.store.store import Store
 from tests.forward.test_listener import LOOPBACK_ALLOWED
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import AGENT_TOKEN, Opgate, StartOpgate, fault_policy
+from tests.support.polling import until
 
 BEGINNING, END = datetime(1970, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC)
 FLUSH_DEADLINE = 10.0
@@ -211,19 +212,6 @@ async def test_a_few_records_wait_for_others_and_a_flush_does_not(database_url: 
     assert await verified_ok(database_url)
 
 
-class _CountedWakeups(asyncio.Event):
-    """The writer's wakeup, counting the sets that could end a wait (the event was clear)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.wakeups = 0
-
-    def set(self) -> None:
-        if not self.is_set():
-            self.wakeups += 1
-        super().set()
-
-
 async def test_a_lingering_writer_is_woken_by_a_full_batch_not_by_each_record(
     database_url: str,
 ) -> None:
@@ -233,20 +221,17 @@ async def test_a_lingering_writer_is_woken_by_a_full_batch_not_by_each_record(
     stream = "requests/wakeup-test"
     store = await Store.open(database_url, min_size=1, max_size=2)
     writer = RequestRecordWriter(store, stream, linger_seconds=FLUSH_DEADLINE * 3)
-    wakeup = _CountedWakeups()
-    writer._wakeup = wakeup
     writer.start()
     conn = await asyncpg.connect(database_url)
     try:
         await asyncio.wait_for(writer.flush(), FLUSH_DEADLINE)  # the started record
         writer.submit({"request_id": "first"})  # wakes the writer, which then lingers
-        await conn.fetchval("SELECT 1")  # the writer has had its turns meanwhile
-        before = wakeup.wakeups
-        for i in range(MANY_RECORDS - 1):
+        await until(lambda: writer._wake_at == MANY_RECORDS, "the writer lingers for a batch")
+        for i in range(MANY_RECORDS - 2):
             writer.submit({"request_id": f"r{i}"})
-            for _ in range(3):  # each request is its own turn of the loop: the writer's too
-                await asyncio.sleep(0)
-        assert wakeup.wakeups - before == 1  # the record that made the batch full
+        assert not writer._wakeup.is_set()  # one record short of a batch: still lingering
+        writer.submit({"request_id": "full"})
+        assert writer._wakeup.is_set()  # the record that made the batch full
         written_by = asyncio.get_running_loop().time() + FLUSH_DEADLINE
         while writer.written < 1 + MANY_RECORDS and asyncio.get_running_loop().time() < written_by:
             await conn.fetchval("SELECT 1")  # not a flush: it would end the linger itself
