@@ -386,3 +386,17 @@ def test_comments_say_what_the_code_is_not_which_work_item_added_it() -> None:
         if WORK_ITEM.search(line)
     ]
     assert found == []
+
+
+def test_no_test_module_imports_another() -> None:
+    """Helpers two test modules share live in tests/support/, not in one of them: a test module
+    imports none other (pytest would also collect a test it imports twice)."""
+    found = [
+        f"{path.relative_to(REPO)} imports {node.module}"
+        for path in sorted((REPO / "tests").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text("utf-8")))
+        if isinstance(node, ast.ImportFrom)
+        and (node.module or "").startswith("tests.")
+        and (node.module or "").rpartition(".")[2].startswith("test_")
+    ]
+    assert found == []

@@ -25,7 +25,7 @@ from proxy.policy.model import Provider
 from proxy.store.operation import Operation, Status
 from proxy.store.proposal import PROPOSAL_ID_PREFIX
 from proxy.store.store import NewOperation, Store
-from tests.gate.test_checks import (
+from tests.support.facts import (
     AGENT,
     JPAY,
     PAY,

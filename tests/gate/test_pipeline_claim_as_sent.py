@@ -5,9 +5,7 @@ checks would refuse is withdrawn before anything leaves."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -18,27 +16,14 @@ from proxy.gate.checks import RequestFacts
 from proxy.gate.decision import Deny
 from proxy.gate.reasons import Reason
 from proxy.store.operation import Operation
-from tests.gate.test_pipeline import op_header
-from tests.gate.test_preconditions import gets, policy_with_preconditions, posts
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import Opgate, StartOpgate, problem
+from tests.support.pipeline import op_header
+from tests.support.preconditions import gets, policy_with_preconditions, posts
+from tests.support.store_calls import count_store_calls
 
 REFUND = "/fault/v1/refunds"
 GOOD_BODY = "amount=500&currency=usd&charge=ch_1"
-
-
-def count_store_calls(gate: Opgate, monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
-    """How often the gate's store is asked to load (by id or key), claim and claim as sent."""
-    store, calls = gate.running.gateway.store, Counter[str]()
-    for name in ("load", "load_by_key", "claim", "claim_as_sent"):
-        real: Callable[..., Awaitable[Any]] = getattr(store, name)
-
-        async def counted(*args: Any, _name: str = name, _real: Any = real, **kw: Any) -> Any:
-            calls[_name] += 1
-            return await _real(*args, **kw)
-
-        monkeypatch.setattr(store, name, counted)
-    return calls
 
 
 @pytest.mark.parametrize(

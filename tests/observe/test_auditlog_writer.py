@@ -10,7 +10,6 @@ import hashlib
 import json
 import secrets
 import string
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,54 +19,13 @@ from structlog.testing import capture_logs
 from yarl import URL
 
 from proxy.observe.auditlog.records import MANY_RECORDS
-from proxy.observe.auditlog.verify import verify
 from proxy.observe.auditlog.writer import RequestRecordWriter
 from proxy.store.store import Store
-from tests.forward.test_listener import LOOPBACK_ALLOWED
+from tests.support.auditlog import FLUSH_DEADLINE, flushed, get, stored_requests, verified_ok
 from tests.support.fault_provider import FaultProvider
+from tests.support.forward import LOOPBACK_ALLOWED
 from tests.support.opgate import AGENT_TOKEN, Opgate, StartOpgate, fault_policy
 from tests.support.polling import until
-
-BEGINNING, END = datetime(1970, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC)
-FLUSH_DEADLINE = 10.0
-
-
-async def flushed(gate: Opgate) -> RequestRecordWriter:
-    """The gate's writer once everything submitted so far is stored (bounded wait)."""
-    observability = gate.running.gateway.observability
-    assert observability is not None
-    assert observability.writer is not None
-    await asyncio.wait_for(observability.writer.flush(), FLUSH_DEADLINE)
-    return observability.writer
-
-
-async def stored_requests(database_url: str) -> list[dict[str, Any]]:
-    conn = await asyncpg.connect(database_url)
-    try:
-        rows = await conn.fetch(
-            "SELECT record::text FROM audit_log WHERE kind = 'request' ORDER BY seq"
-        )
-    finally:
-        await conn.close()
-    return [json.loads(r[0]) for r in rows]
-
-
-async def verified_ok(database_url: str) -> bool:
-    conn = await asyncpg.connect(database_url)
-    try:
-        report = await verify(conn, BEGINNING, END, key=None, whole_log=True)
-    finally:
-        await conn.close()
-    assert report.ok, [b.describe() for b in report.breaks]
-    return report.ok
-
-
-async def get(gate: Opgate, raw_path: str, token: str | None = None) -> int:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    url = URL(f"{gate.agent_url}{raw_path}", encoded=True)
-    async with gate.http.get(url, headers=headers) as response:
-        await response.read()
-        return response.status
 
 
 @pytest.mark.parametrize(

@@ -17,8 +17,8 @@ from aiohttp import web
 
 from proxy.gate.lookup import Absent, Found, Inconclusive, interpret_lookup, render_lookup
 from proxy.policy.model import ReconcileLookup
-from tests.recovery.test_next_action import operation
 from tests.support.fault_provider import FaultMode, FaultProvider
+from tests.support.operations import operation
 from tests.support.opgate import Opgate, StartOpgate, admin_headers, fault_policy
 from tests.support.polling import until
 
