@@ -15,7 +15,7 @@ from proxy.authoring.commands import add_policy_commands
 from proxy.observe.auditlog.cli import add_audit_commands
 from proxy.observe.logs import configure_logging
 from proxy.operations.cli import add_ops_commands
-from proxy.operations.proposals_cli import add_proposal_commands
+from proxy.proposals.cli import add_proposal_commands
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
+from proxy.admin.access import admin_malformed_answer
 from proxy.authoring.explain_api import add_explain_routes
 from proxy.console.views import PREFIX as CONSOLE_PREFIX
 from proxy.console.views import console_app
@@ -34,10 +35,8 @@ from proxy.gate.credentials import CredentialSource
 from proxy.gate.framing import (
     MalformedAnswer,
     ProblemAppRunner,
-    admin_malformed_answer,
     agent_malformed_answer,
 )
-from proxy.gate.gateway import Gateway, serve_with
 from proxy.gate.identity import AgentDirectory
 from proxy.gate.intake import expect_continue
 from proxy.gate.pipeline import handle_agent_request
@@ -55,10 +54,11 @@ from proxy.operations.api import (
     require_admin,
     store_errors,
 )
-from proxy.operations.proposals_api import add_agent_proposal_routes, add_ops_proposal_routes
 from proxy.policy.reload import PolicyReloader, load_validated_policy, reloading
+from proxy.proposals.api import add_agent_proposal_routes, add_ops_proposal_routes
 from proxy.recovery.api import add_recovery_routes
 from proxy.recovery.background import run_background
+from proxy.runtime import Gateway, serve_with
 from proxy.settings import Settings, split_host_port
 from proxy.store.embedded import database_dsn
 from proxy.store.migrate import migrate

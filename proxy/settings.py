@@ -30,7 +30,7 @@ class AgentConfig(BaseModel):
     tenant: Annotated[str, Field(min_length=1)]
     token_sha256: Annotated[str, Field(pattern=_DIGEST)]
     # The approver (by name) this agent belongs to: with `four_eyes: true` in the policy, that
-    # approver may not approve the agent's proposals (proxy/operations/proposals.py).
+    # approver may not approve the agent's proposals (proxy/proposals/rules.py).
     owner: Annotated[str, Field(min_length=1, max_length=200)] | None = None
 
 

@@ -13,6 +13,8 @@ pytest_plugins = [
     "tests.support.fault_provider",
     "tests.support.opgate",
     "tests.support.cluster",
+    "tests.support.crash_handoff",  # relay, crash_policy_dir, opgate_env
+    "tests.support.webhooks",  # receiver
 ]
 
 

@@ -17,21 +17,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from tests.support.cli import free_port, run_cli, wait_ready
 from tests.support.opgate import SHIPPED_POLICIES
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "proxy", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, **(env or {})},
-        timeout=60,
-        check=False,
-    )
+from tests.support.paths import REPO
 
 
 def test_policy_check_accepts_the_shipped_policies() -> None:
@@ -67,13 +55,6 @@ def test_token_prints_a_token_and_its_digest() -> None:
     digest = result.stdout.split("token_sha256:")[1].split()[0]
     assert token.startswith("opg_")
     assert hashlib.sha256(token.encode()).hexdigest() == digest
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.fixture
@@ -143,20 +124,6 @@ async def test_serve_dev_starts_on_the_embedded_database_and_stops_cleanly(
             process.send_signal(signal.SIGTERM)
         code = await asyncio.wait_for(process.wait(), 60)
     assert code == 0
-
-
-async def wait_ready(http: aiohttp.ClientSession, url: str) -> dict[str, str]:
-    """Poll readiness, bounded: start-up includes initdb of the embedded PostgreSQL."""
-    for _ in range(600):
-        try:
-            async with http.get(url) as response:
-                if response.status == 200:
-                    body: dict[str, str] = await response.json()
-                    return body
-        except aiohttp.ClientConnectionError:
-            pass
-        await asyncio.sleep(0.1)  # polling a readiness probe, not synchronising on a guess
-    raise AssertionError("opgate did not become ready within 60 s")
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])

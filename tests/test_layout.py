@@ -18,19 +18,49 @@ PACKAGE = REPO / "proxy"
 # root modules. The process modules (cli, server, workers, devmode, __main__) may import anything.
 PROCESS = {"cli", "server", "workers", "devmode", "__main__"}
 BASE = {"settings", "errors", "proxy"}  # "proxy": the root package's own (empty) __init__
+SERVES = {"runtime", "gate", "observe", "policy", "store"} | BASE  # what every front end uses
 MAY_IMPORT: dict[str, set[str]] = {
     "errors": {"proxy"},
     "settings": {"proxy"},
     "store": {"errors", "proxy"},
     "policy": {"errors", "proxy"},
     "observe": {"policy", "store"} | BASE,
-    "gate": {"observe", "policy", "store"} | BASE,
-    "forward": {"gate", "observe", "policy", "store"} | BASE,
-    "recovery": {"gate", "observe", "policy", "store"} | BASE,
-    "operations": {"recovery", "gate", "observe", "policy", "store"} | BASE,
-    "authoring": {"gate", "observe", "policy", "store"} | BASE,
-    "console": {"operations", "recovery", "gate", "observe", "policy", "store"} | BASE,
-    "mcp": {"operations", "recovery", "gate", "observe", "policy", "store"} | BASE,
+    # the process's shared resources: holds the gate's, read by every package that serves
+    "runtime": {"gate", "observe", "policy", "store"} | BASE,
+    "gate": SERVES,
+    # the operations listener's sign-in and answers, shared by what it serves
+    "admin": {"gate"} | BASE,
+    "forward": SERVES,
+    "recovery": SERVES,
+    "authoring": {"admin"} | SERVES,
+    "operations": {"admin", "recovery"} | SERVES,
+    "proposals": {"operations", "admin", "recovery"} | SERVES,
+    "console": {"proposals", "operations", "admin", "recovery"} | SERVES,
+    "mcp": {"proposals", "operations", "recovery"} | SERVES,
+}
+
+
+# The gate's public entry points: all that the parts above it use of it. Every other gate
+# module (intake, lookup, upstream, ...) is the request path's own business.
+GATE_ENTRY_POINTS = {
+    "pipeline",  # send a request through the gate
+    "reasons",  # its stable codes
+    "problem",  # and their problem+json answers
+    "decision",  # what a check decides
+    "checks",  # the decision core, and the Agent a decision is about
+    "identity",  # who is calling, which operation they name
+    "bodies",  # the bodies it reads and composes, strictly
+    "budgets",  # the budgets it claims against, and their standings
+}
+# Which gate modules a part may import; parts not listed are bound by MAY_IMPORT alone. The
+# runtime holds the gate's resources and nothing of the request path.
+REACHES_INTO_GATE: dict[str, set[str]] = {
+    "runtime": {"credentials", "cutoff", "identity", "limits"},
+    "admin": GATE_ENTRY_POINTS,
+    "operations": GATE_ENTRY_POINTS,
+    "proposals": GATE_ENTRY_POINTS,
+    "console": GATE_ENTRY_POINTS,
+    "mcp": GATE_ENTRY_POINTS,
 }
 
 
@@ -94,6 +124,19 @@ def forbidden_imports(graph: Mapping[str, set[str]]) -> list[str]:
     return problems
 
 
+def gate_reach_ins(graph: Mapping[str, set[str]]) -> list[str]:
+    """Imports of a gate module that is not among those the importing part may reach."""
+    problems = []
+    for module, targets in sorted(graph.items()):
+        allowed = REACHES_INTO_GATE.get(part_of(module))
+        if allowed is None:
+            continue
+        for target in sorted(targets):
+            if part_of(target) == "gate" and target.removeprefix("proxy.gate.") not in allowed:
+                problems.append(f"{module} -> {target} (not an entry point of gate)")
+    return problems
+
+
 def import_cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
     """Every strongly connected set of modules larger than one (Tarjan)."""
     index: dict[str, int] = {}
@@ -129,10 +172,15 @@ def import_cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
+# The root: the process, and what it shares with every package (settings, errors, runtime).
+ROOT = PROCESS | BASE | {"runtime", "__init__"}
+
+
 def test_the_root_holds_only_the_process() -> None:
-    """`ls proxy/*.py` lists at most 8 modules: the rest lives in packages named for their role."""
-    root = sorted(p.name for p in PACKAGE.glob("*.py"))
-    assert len(root) <= 8, root
+    """`ls proxy/*.py` lists the process and what it shares: the rest lives in packages named
+    for their role."""
+    root = {p.stem for p in PACKAGE.glob("*.py")}
+    assert root <= ROOT, sorted(root - ROOT)
 
 
 def test_every_package_says_what_it_owns_and_what_it_may_import() -> None:
@@ -143,13 +191,73 @@ def test_every_package_says_what_it_owns_and_what_it_may_import() -> None:
         assert len(doc.splitlines()) >= 3, f"{init}: a docstring of a few lines"
         assert "May import" in doc, f"{init}: the docstring does not say what it may import"
     for name in MAY_IMPORT:
-        if name not in BASE:
+        if name not in ROOT:
             assert (PACKAGE / name / "__init__.py").is_file(), name
+
+
+def modules_missing_from_docstring(package: Path) -> list[str]:
+    """The modules and subpackages of ``package`` its __init__ docstring does not name (as a
+    word: ``intake`` or ``intake.py``)."""
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text("utf-8"))) or ""
+    held = [p.stem for p in package.glob("*.py") if p.name != "__init__.py"]
+    held += [d.name for d in package.iterdir() if (d / "__init__.py").is_file()]
+    return sorted(n for n in held if not re.search(rf"(?<![\w.]){re.escape(n)}(?!\w)", doc))
+
+
+def test_every_package_docstring_names_every_module_it_holds() -> None:
+    """A reader of a package's __init__ learns every module it holds, so a new one is placed
+    and described, not just dropped in."""
+    missing = {
+        str(init.parent.relative_to(REPO)): modules_missing_from_docstring(init.parent)
+        for init in sorted(PACKAGE.rglob("*/__init__.py"))
+    }
+    assert {package: names for package, names in missing.items() if names} == {}
 
 
 def test_imports_point_one_way() -> None:
     """No module imports a part of opgate that sits above it (e.g. gate -> recovery)."""
     assert forbidden_imports(import_graph()) == []
+
+
+def test_the_front_ends_reach_into_gate_only_through_its_entry_points() -> None:
+    """Console, mcp, operations, proposals and admin import from gate only its entry points
+    (pipeline, reasons, decisions, ...), never its inner stages (intake, lookup, upstream)."""
+    assert gate_reach_ins(import_graph()) == []
+
+
+@pytest.mark.parametrize(
+    ("graph", "expected"),
+    [
+        pytest.param(
+            {"proxy.console.views": {"proxy.gate.intake"}},
+            ["proxy.console.views -> proxy.gate.intake"],
+            id="console-to-an-inner-stage",
+        ),
+        pytest.param(
+            {"proxy.mcp.calls": {"proxy.gate"}},
+            ["proxy.mcp.calls -> proxy.gate"],
+            id="mcp-to-the-package-itself",
+        ),
+        pytest.param(
+            {"proxy.operations.api": {"proxy.gate.reasons", "proxy.gate.pipeline"}},
+            [],
+            id="operations-to-entry-points",
+        ),
+        pytest.param(
+            {"proxy.recovery.reconcile": {"proxy.gate.lookup"}},
+            [],
+            id="recovery-is-not-restricted",
+        ),
+    ],
+)
+def test_the_entry_point_check_catches_a_reach_in(
+    graph: dict[str, set[str]], expected: list[str]
+) -> None:
+    """The checker itself: a front end importing a gate module off the list is reported."""
+    found = gate_reach_ins(graph)
+    assert len(found) == len(expected)
+    for problem, words in zip(found, expected, strict=True):
+        assert words in problem
 
 
 def test_no_import_circles() -> None:
@@ -171,7 +279,7 @@ def test_no_import_circles() -> None:
             id="store-to-gate",
         ),
         pytest.param(
-            {"proxy.observe.observer": {"proxy.gate.gateway"}, "proxy.gate.gateway": set()},
+            {"proxy.observe.observer": {"proxy.gate.pipeline"}, "proxy.gate.pipeline": set()},
             ["observe may not import gate"],
             id="observe-to-gate",
         ),
@@ -276,5 +384,19 @@ def test_comments_say_what_the_code_is_not_which_work_item_added_it() -> None:
         for path in sorted(PACKAGE.rglob("*.py"))
         for n, line in enumerate(path.read_text("utf-8").splitlines(), 1)
         if WORK_ITEM.search(line)
+    ]
+    assert found == []
+
+
+def test_no_test_module_imports_another() -> None:
+    """Helpers two test modules share live in tests/support/, not in one of them: a test module
+    imports none other (pytest would also collect a test it imports twice)."""
+    found = [
+        f"{path.relative_to(REPO)} imports {node.module}"
+        for path in sorted((REPO / "tests").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text("utf-8")))
+        if isinstance(node, ast.ImportFrom)
+        and (node.module or "").startswith("tests.")
+        and (node.module or "").rpartition(".")[2].startswith("test_")
     ]
     assert found == []

@@ -3,5 +3,6 @@ policy test cases (cases), explanations that run the gate's own intake and check
 and ``POST /v1/explain`` (explain_api); the reference pages that restate code,
 docs/reference/codes.md, settings.md and cli.md (reference).
 
-May import: gate, observe, policy, store, settings, errors. Imported by: the process.
+May import: admin, runtime, gate, observe, policy, store, settings, errors. Imported by: the
+process.
 """

@@ -16,15 +16,15 @@ from typing import Annotated
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from proxy.admin.access import admin_problem
 from proxy.authoring.cases import CaseLookup
 from proxy.authoring.explain import EXPLAIN_AGENT, Explanation, SampleRequest, admit, conclude
 from proxy.gate.bodies import BodyRejected, parse_json_object
 from proxy.gate.checks import Agent
-from proxy.gate.gateway import GATEWAY
 from proxy.gate.intake import load_operation
 from proxy.gate.preconditions import LookupAnswer
-from proxy.gate.problem import admin_problem
 from proxy.policy.set import PolicySet
+from proxy.runtime import GATEWAY
 from proxy.store.store import Store
 
 

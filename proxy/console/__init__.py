@@ -4,6 +4,7 @@ rendered (Jinja2, autoescaped; no JavaScript, nothing from another origin), sign
 token exchanged for a server-side session (sessions), two roles: admin and read-only reviewer
 (sessions), pages and forms (views), what each page shows (pages), rendering (render).
 
-May import: operations, recovery, gate, observe, policy, store, settings, errors.
+May import: proposals, operations, admin, recovery, runtime, gate (its entry points), observe,
+policy, store, settings, errors.
 Imported by: the process (server).
 """

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from proxy.gate.gateway import Gateway
 from proxy.observe.auditlog.verify import unaccounted_runs, verify
 from proxy.observe.observer import audit_key
-from proxy.operations.proposals import proposal_view
+from proxy.proposals.rules import proposal_view
 from proxy.recovery.api import recovery_views
+from proxy.runtime import Gateway
 from proxy.store.console import ConsoleStore
 from proxy.store.operation import STATUS_FILTERS as STATUS_FILTERS  # views.py reads it here
 from proxy.store.operation import Operation

@@ -16,7 +16,7 @@ import secrets
 from dataclasses import dataclass
 from enum import StrEnum
 
-from proxy.gate.identity import admin_token_matches
+from proxy.admin.access import admin_token_matches
 from proxy.settings import Settings
 from proxy.store.console import ConsoleStore
 from proxy.store.store import Store

@@ -19,6 +19,7 @@ import structlog
 from aiohttp import web
 from pydantic import ValidationError
 
+from proxy.admin.access import Approver, admin_problem, approver_for
 from proxy.console import pages
 from proxy.console.render import SECURITY_HEADERS, page, trace_url
 from proxy.console.sessions import (
@@ -34,13 +35,12 @@ from proxy.console.sessions import (
 )
 from proxy.errors import StoreUnavailable
 from proxy.gate.budgets import budget_standings
-from proxy.gate.gateway import GATEWAY
 from proxy.gate.identity import path_operation_id
-from proxy.gate.problem import admin_problem
 from proxy.gate.reasons import Reason
 from proxy.operations.api import ResolveRequest
-from proxy.operations.proposals import REASON_MAX, Approver, approver_for
-from proxy.operations.proposing import Refusal, approve_proposal, decline_proposal
+from proxy.proposals.proposing import Refusal, approve_proposal, decline_proposal
+from proxy.proposals.rules import REASON_MAX
+from proxy.runtime import GATEWAY
 from proxy.store.operation import Status
 
 PREFIX = "/console"

@@ -9,5 +9,6 @@ targets.py       pure: which provider or pass-through entry a host:port is, Host
 destinations.py  pure address-safety decisions, and the resolver that applies them
 ca.py            opgate's own CA and the leaf certificates it issues on the fly
 
-May import: gate, observe, policy, store, settings, errors. Imported by: the process (server).
+May import: runtime, gate, observe, policy, store, settings, errors. Imported by: the process
+(server).
 """

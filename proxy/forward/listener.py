@@ -16,6 +16,7 @@ The pipeline learns about forward mode from ``request[FORWARDED]`` only (intake.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
@@ -50,8 +51,7 @@ from proxy.forward.targets import (
 )
 from proxy.gate.checks import Agent
 from proxy.gate.decision import Deny
-from proxy.gate.forwarded import CURRENT_TUNNEL, FORWARDED, ForwardedRequest, Origin, Tunnel
-from proxy.gate.gateway import Gateway, serve_with
+from proxy.gate.forwarded import FORWARDED, ForwardedRequest, Origin
 from proxy.gate.identity import credential_from
 from proxy.gate.pipeline import handle_agent_request
 from proxy.gate.problem import PROBLEM, problem_response
@@ -59,7 +59,24 @@ from proxy.gate.reasons import Reason
 from proxy.gate.upstream import new_client_session
 from proxy.observe.audit import AuditRecord, Decision, emit, request_path
 from proxy.observe.observer import observe_agent_request
+from proxy.runtime import Gateway, serve_with
 from proxy.settings import Settings
+
+
+@dataclass(frozen=True)
+class Tunnel:
+    """An inspected CONNECT tunnel: the agent the CONNECT authenticated, and its target."""
+
+    agent: Agent
+    origin: Origin
+    provider: str
+
+
+# Set by the CONNECT handler before the tunnel's request handler starts: every request task
+# of that handler inherits it, and no other connection sees it.
+CURRENT_TUNNEL: contextvars.ContextVar[Tunnel | None] = contextvars.ContextVar(
+    "opgate_tunnel", default=None
+)
 
 PROXY_CHALLENGES = ('Basic realm="opgate"', 'Bearer realm="opgate"')
 PASS_THROUGH_CONNECT_TIMEOUT = 10.0

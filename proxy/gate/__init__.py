@@ -1,9 +1,34 @@
-"""One agent request, top to bottom (``pipeline.handle_agent_request``): identify the agent and
-the operation (intake, identity, headers, bodies), decide with ordered pure checks (checks,
-decision, reasons), claim, inject (credentials), send (upstream), classify the answer, and
-answer refusals as problem+json (problem), including requests aiohttp's parser refuses before
-any handler runs (framing). ``gateway`` holds the process's shared resources.
+"""One agent request, top to bottom (``pipeline.handle_agent_request``): identify, decide with
+ordered pure checks, claim, inject, send, classify, record, audit.
 
-May import: observe, policy, store, settings, errors. Never recovery, operations, authoring or
-the process modules. Imported by: forward, recovery, operations, authoring, the process.
+pipeline.py       the request on one screen, its stages numbered; also composed requests (mcp)
+intake.py         stage 1: provider, rule, agent, operation reference, the parsed body
+identity.py       agent tokens, token digests, the grammar of operation ids and keys
+forwarded.py      what the forward listener hands over about a request it let through
+headers.py        which headers cross, each way, and which can be read at all
+bodies.py         strict body parsing (JSON, form) and bodies composed from fields
+checks.py         the decision core: ordered pure checks, and the Agent they are about
+decision.py       a decision's values: Deny, Forward, Replay
+reasons.py        the stable refusal codes, each with status, title and next action
+problem.py        refusals as RFC 9457 problem+json
+dialects.py       refusals in a provider's own error shape
+exact.py          a first send claimed by the statement that reads its row
+budgets.py        spend budgets at claim time, and their standings
+limits.py         requests in flight and request rates per agent and tenant
+cutoff.py         claims cut off before anything left, released as not_sent
+preconditions.py  before a first send, ask the provider whether the approval still holds
+resend.py         before a re-send of an unknown outcome, ask the provider
+lookup.py         the rule's declared lookups: does the operation's effect exist?
+credentials.py    the provider credential a policy injects
+oauth2.py         OAuth 2.0 client-credentials tokens for providers that want them
+upstream.py       the one outbound exchange, translated into opgate's errors
+classify.py       what a provider's answer means for the operation
+framing.py        problem+json for requests aiohttp's parser refuses before any handler
+shutdown.py       connections caught by a drain are closed at once
+
+Entry points for the parts above (tests/test_layout.py ``GATE_ENTRY_POINTS``): pipeline,
+reasons, problem, decision, checks, identity, bodies, budgets. May import: runtime, observe,
+policy, store, settings, errors. Never recovery, operations, proposals, authoring or the process
+modules. Imported by: runtime, admin, forward, recovery, operations, proposals, authoring,
+console, mcp, the process.
 """

@@ -3,7 +3,6 @@ request path reads this, and never imports the listener (proxy/forward/)."""
 
 from __future__ import annotations
 
-import contextvars
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -58,22 +57,6 @@ class ForwardedRequest:
 
 
 FORWARDED = web.RequestKey("opgate_forwarded", ForwardedRequest)
-
-
-@dataclass(frozen=True)
-class Tunnel:
-    """An inspected CONNECT tunnel: the agent the CONNECT authenticated, and its target."""
-
-    agent: Agent
-    origin: Origin
-    provider: str
-
-
-# Set by the CONNECT handler before the tunnel's request handler starts: every request task
-# of that handler inherits it, and no other connection sees it.
-CURRENT_TUNNEL: contextvars.ContextVar[Tunnel | None] = contextvars.ContextVar(
-    "opgate_tunnel", default=None
-)
 
 
 def forwarded_route(

@@ -27,11 +27,11 @@ from aiohttp.http_exceptions import (
 )
 from aiohttp.web_request import BaseRequest
 
-from proxy.gate.gateway import Gateway
-from proxy.gate.problem import admin_problem, problem_response
+from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.gate.shutdown import DrainingRequestHandler
 from proxy.observe.audit import REQUEST_OBSERVER, AuditRecord, Decision, emit
+from proxy.runtime import Gateway
 
 # The answer to a request the parser refused, given the parser's one-line reason.
 MalformedAnswer = Callable[[str], web.Response]
@@ -82,11 +82,6 @@ def agent_malformed_answer(gateway: Gateway, listener: str) -> MalformedAnswer:
         return response
 
     return answer
-
-
-def admin_malformed_answer(reason: str) -> web.Response:
-    """The operations API's answer: its problem shape, no agent audit record."""
-    return admin_problem(400, Reason.REQUEST_MALFORMED.value, reason)
 
 
 class _ProblemRequestHandler(DrainingRequestHandler):

@@ -1,5 +1,6 @@
-"""Who is calling and which operation they name: agent tokens (agent listener), the admin
-token (operations API), and the one grammar of operation ids and idempotency keys.
+"""Who is calling and which operation they name: agent tokens (agent listener), token digests
+(also the operations listener's, proxy/admin/access.py), and the one grammar of operation ids
+and idempotency keys.
 
 Tokens are configured by their SHA-256, never in clear, so a leaked config file leaks nothing
 usable. An agent presents its token in ``Proxy-Authorization`` (Basic with the token as the
@@ -16,7 +17,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import hmac
 import re
 import secrets
 from dataclasses import dataclass
@@ -123,9 +123,3 @@ def presented_agent_token(
     if len(set(found)) > 1:
         raise AmbiguousCredentials("two different credentials are presented")
     return found[0] if found else None
-
-
-def admin_token_matches(presented: str | None, expected_digest: str | None) -> bool:
-    if presented is None or expected_digest is None:
-        return False
-    return hmac.compare_digest(token_digest(presented), expected_digest)

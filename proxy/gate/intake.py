@@ -24,7 +24,6 @@ from proxy.gate.forwarded import (
     forwarded_agent,
     forwarded_route,
 )
-from proxy.gate.gateway import GATEWAY
 from proxy.gate.headers import duplicated_header, unreadable_header
 from proxy.gate.identity import (
     AgentDirectory,
@@ -36,6 +35,7 @@ from proxy.gate.reasons import Reason
 from proxy.policy.model import BodyKind, OperationRequirement, Provider, Rule
 from proxy.policy.paths import is_canonical_path
 from proxy.policy.set import PolicySet, match_rule
+from proxy.runtime import GATEWAY
 from proxy.store.operation import Operation
 from proxy.store.store import Store
 

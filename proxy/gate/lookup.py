@@ -26,9 +26,9 @@ from proxy.errors import UpstreamError
 from proxy.gate import upstream
 from proxy.gate.credentials import provider_credential
 from proxy.gate.decision import Deny
-from proxy.gate.gateway import Gateway
 from proxy.policy import pointers
 from proxy.policy.model import PreconditionLookup, Provider, Reconcile, ReconcileLookup
+from proxy.runtime import Gateway
 from proxy.store.operation import Operation
 
 _log = structlog.get_logger("opgate.lookup")

@@ -48,7 +48,6 @@ from proxy.gate.cutoff import CutOffClaim, claim_owner
 from proxy.gate.decision import ClaimKind, Deny, Forward, Replay
 from proxy.gate.dialects import in_dialect
 from proxy.gate.forwarded import FORWARDED
-from proxy.gate.gateway import GATEWAY, Gateway
 from proxy.gate.headers import outbound_headers, response_headers
 from proxy.gate.intake import (
     Target,
@@ -83,6 +82,7 @@ from proxy.observe.audit import (
 )
 from proxy.policy.model import Mode
 from proxy.policy.set import PolicySet
+from proxy.runtime import GATEWAY, Gateway
 from proxy.settings import Settings
 from proxy.store.operation import LastOutcome, Operation, Status
 from proxy.store.store import ProviderAnswer

@@ -32,13 +32,13 @@ from datetime import timedelta
 from typing import Any
 
 from proxy.gate.decision import Deny
-from proxy.gate.gateway import Gateway
 from proxy.gate.lookup import Inconclusive, fetch, render_lookup
 from proxy.gate.reasons import Reason
 from proxy.observe.auditlog.storable import storable
 from proxy.policy import expressions
 from proxy.policy.model import PreconditionLookup, Preconditions, Provider, Rule
-from proxy.store.operation import Operation
+from proxy.runtime import Gateway
+from proxy.store.operation import Operation, Status
 from proxy.store.proposal import PROPOSAL_ID_PREFIX
 
 

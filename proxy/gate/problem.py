@@ -50,20 +50,3 @@ def problem_response(
         response.headers["Retry-After"] = str(retry_after)
     response[PROBLEM] = body
     return response
-
-
-def admin_problem(status: int, code: str, detail: str, **extra: Any) -> web.Response:
-    """A problem answer of the operations API (codes: docs/reference/codes.md)."""
-    body = {
-        "type": PROBLEM_TYPE_BASE + code,
-        "title": code.replace("_", " "),
-        "status": status,
-        "code": code,
-        "detail": detail,
-        **extra,
-    }
-    return web.Response(
-        status=status,
-        body=json.dumps(body, allow_nan=False).encode("utf-8"),
-        content_type="application/problem+json",
-    )

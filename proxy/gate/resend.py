@@ -39,7 +39,6 @@ from typing import Any
 from proxy.gate.checks import reconcile_required
 from proxy.gate.classify import object_id_from
 from proxy.gate.decision import Deny
-from proxy.gate.gateway import Gateway
 from proxy.gate.lookup import (
     ask_provider,
     grace_remaining,
@@ -48,6 +47,7 @@ from proxy.gate.lookup import (
 )
 from proxy.gate.reasons import Reason
 from proxy.policy.model import Provider, Reconcile
+from proxy.runtime import Gateway
 from proxy.store.operation import Operation, Status
 from proxy.store.store import ProviderAnswer
 

@@ -3,6 +3,7 @@ opgate composes for ``execute_operation`` (compose), the tool calls against the 
 the Streamable HTTP endpoint on the agent listener (endpoint) and the stdio relay that local
 agent runtimes spawn (stdio). Every mutating call goes through ``proxy.gate.pipeline``.
 
-May import: operations (proposals), recovery, gate, observe, policy, store, settings, errors.
+May import: proposals, operations, recovery, runtime, gate (its entry points), observe,
+policy, store, settings, errors.
 Never authoring or console. Imported by: the process (server, cli).
 """

@@ -15,7 +15,6 @@ from aiohttp import web
 from proxy.errors import StoreUnavailable
 from proxy.gate.checks import Agent
 from proxy.gate.decision import Deny
-from proxy.gate.gateway import Gateway
 from proxy.gate.identity import valid_operation_id
 from proxy.gate.pipeline import handle_composed_request
 from proxy.gate.problem import PROBLEM, problem_response
@@ -31,10 +30,10 @@ from proxy.mcp.tools import (
     ToolError,
 )
 from proxy.observe.audit import AuditRecord, Decision, emit
-from proxy.operations.proposals import proposal_view
-from proxy.operations.proposals_api import PROPOSAL_RULE
-from proxy.operations.proposing import Refusal as ProposalRefusal
-from proxy.operations.proposing import propose_for_agent
+from proxy.proposals.api import PROPOSAL_RULE
+from proxy.proposals.proposing import Refusal as ProposalRefusal
+from proxy.proposals.proposing import propose_for_agent
+from proxy.proposals.rules import proposal_view
 from proxy.recovery.api import (
     RECOVERY_RULE,
     ReadRefusal,
@@ -43,6 +42,7 @@ from proxy.recovery.api import (
     recovery_view,
     unsettled_views,
 )
+from proxy.runtime import Gateway
 from proxy.store.operation import Operation
 from proxy.store.proposal import Proposal, ProposalState
 

@@ -15,11 +15,11 @@ from typing import Any
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.gate.approved import approved_fields
 from proxy.gate.bodies import BodyRejected, body_from_fields
 from proxy.gate.decision import Deny
 from proxy.gate.pipeline import ComposedRequest
 from proxy.gate.reasons import Reason
+from proxy.policy.approved import approved_fields
 from proxy.policy.model import Provider, Rule
 from proxy.store.operation import Operation
 

@@ -24,7 +24,6 @@ from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
 from proxy.gate.decision import Deny
-from proxy.gate.gateway import GATEWAY
 from proxy.gate.identity import AmbiguousCredentials, presented_agent_token
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
@@ -32,6 +31,7 @@ from proxy.mcp.calls import LISTENER, MCP_RULE, McpCall, call_tool
 from proxy.mcp.tools import TOOLS, tool_result
 from proxy.observe.audit import REQUEST_OBSERVER, AuditRecord, Decision, emit, request_path
 from proxy.observe.observer import OBSERVABILITY
+from proxy.runtime import GATEWAY
 
 MCP_PATH = "/_opgate/mcp"
 MAX_MESSAGE_BYTES = 1 << 20  # one JSON-RPC message; the tools' arguments are small

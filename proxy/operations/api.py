@@ -17,13 +17,12 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from proxy.admin.access import Approver, admin_problem, admin_token_matches, approver_for
 from proxy.errors import AlreadySuperseded, IdempotencyKeyInUse, StoreUnavailable
 from proxy.gate.bodies import BodyRejected, parse_json_object
 from proxy.gate.budgets import budget_standings, remaining_budget
 from proxy.gate.decision import Deny
-from proxy.gate.gateway import GATEWAY
-from proxy.gate.identity import admin_token_matches, credential_from, path_operation_id
-from proxy.gate.problem import admin_problem
+from proxy.gate.identity import credential_from, path_operation_id
 from proxy.gate.reasons import Reason
 from proxy.operations.approvals import (
     OperationRequest,
@@ -32,9 +31,9 @@ from proxy.operations.approvals import (
     same_approval,
     supersession_problem,
 )
-from proxy.operations.proposals import Approver, approver_for
 from proxy.recovery.api import recovery_view, recovery_views
 from proxy.recovery.reconcile import reconcile_now
+from proxy.runtime import GATEWAY
 from proxy.store.operation import STATUS_FILTERS, Status
 
 _log = structlog.get_logger("opgate.ops")

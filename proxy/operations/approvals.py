@@ -23,11 +23,11 @@ from pydantic import (
     model_validator,
 )
 
-from proxy.gate.approved import approved_fields
 from proxy.gate.bodies import BodyRejected, body_from_fields
 from proxy.gate.identity import valid_operation_id
 from proxy.policy import amounts
 from proxy.policy.amounts import AmountFormat
+from proxy.policy.approved import approved_fields
 from proxy.policy.budgets import budget_problems
 from proxy.policy.model import BodyKind, OperationRequirement, Provider, Rule
 from proxy.policy.set import PolicySet

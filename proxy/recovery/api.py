@@ -17,19 +17,19 @@ from typing import Any
 from aiohttp import web
 
 from proxy.errors import StoreUnavailable
-from proxy.gate.approved import approved_fields
 from proxy.gate.bodies import body_from_fields
 from proxy.gate.checks import Agent
-from proxy.gate.gateway import GATEWAY, Gateway
 from proxy.gate.identity import AmbiguousCredentials, path_operation_id, presented_agent_token
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.observe.audit import AuditRecord, Decision, emit, request_path
+from proxy.policy.approved import approved_fields
 from proxy.policy.model import BodyKind, Provider, Rule
 from proxy.policy.set import PolicySet
 from proxy.recovery.next_action import NextAction, next_action
 from proxy.recovery.reconcile import reconcile_now
-from proxy.store.operation import STATUS_FILTERS, Operation
+from proxy.runtime import GATEWAY, Gateway
+from proxy.store.operation import STATUS_FILTERS, Operation, Status
 from proxy.store.proposal import Proposal
 
 RECOVERY_PREFIX = "/_opgate/v1/operations"

@@ -17,7 +17,6 @@ import aiohttp
 import structlog
 
 from proxy.errors import StoreUnavailable
-from proxy.gate.gateway import Gateway
 from proxy.gate.upstream import new_client_session
 from proxy.recovery.api import proposal_request
 from proxy.recovery.reconcile import longest_lease_seconds, reconcile_claimed, reconcile_owner
@@ -27,6 +26,7 @@ from proxy.recovery.webhooks import (
     signed_headers,
     webhook_key,
 )
+from proxy.runtime import Gateway
 
 _log = structlog.get_logger("opgate.background")
 _NOTIFY_LEASE_SECONDS = 30.0

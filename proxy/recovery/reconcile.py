@@ -29,7 +29,6 @@ from typing import Any
 import structlog
 
 from proxy.gate.classify import object_id_from
-from proxy.gate.gateway import Gateway
 from proxy.gate.lookup import (
     ask_provider,
     grace_remaining,
@@ -37,6 +36,7 @@ from proxy.gate.lookup import (
     lookup_lease_seconds,
 )
 from proxy.policy.set import PolicySet
+from proxy.runtime import Gateway
 from proxy.store.operation import LastOutcome, Operation, Status
 from proxy.store.store import ProviderAnswer
 

@@ -782,7 +782,7 @@ SELECT checkpoint_id, at, writer, jsonb_array_length(heads) AS heads, mac
 -- ============================================================================== end console
 
 -- ================================================================================ proposals
--- Proposals (migration 0009, proxy/operations/proposals.py): an agent asks for the approval of
+-- Proposals (migration 0009, proxy/proposals/rules.py): an agent asks for the approval of
 -- the exact request it intends; a human approves or declines it. Each transition is one
 -- conditional statement that writes its proposal_events row (chained into the audit log by
 -- the trigger) in the same round trip. A pending proposal past expires_at is expired: no

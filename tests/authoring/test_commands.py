@@ -10,9 +10,9 @@ from pathlib import Path
 from proxy.authoring.cases import case_files, load_cases, run_cases
 from proxy.authoring.commands import render_schema
 from proxy.policy.load import load_policy_dir
+from tests.support.cli import run_cli
 from tests.support.opgate import SHIPPED_POLICIES
 from tests.support.paths import FIXTURES
-from tests.test_cli import run_cli
 
 CORPUS = FIXTURES / "policies"
 

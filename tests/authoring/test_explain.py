@@ -22,7 +22,7 @@ from proxy.gate.reasons import Reason
 from proxy.policy.load import load_policy_dir
 from proxy.policy.model import Mode
 from proxy.policy.set import PolicySet
-from tests.gate.test_checks import PAY, make_facts, make_operation
+from tests.support.facts import PAY, make_facts, make_operation
 from tests.support.opgate import SHIPPED_POLICIES
 
 POLICY = load_policy_dir(SHIPPED_POLICIES)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.gate.test_preconditions import policy_with_preconditions
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import Opgate, StartOpgate, admin_headers
+from tests.support.preconditions import policy_with_preconditions
 
 
 async def explain(gate: Opgate, body: dict[str, Any], token: bool = True) -> tuple[int, Any]:

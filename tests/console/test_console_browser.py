@@ -5,13 +5,11 @@ stylesheet is the console's own and loads under the CSP."""
 
 from __future__ import annotations
 
-import asyncio
 import os
-import secrets
 import shutil
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest_asyncio
 
@@ -22,13 +20,13 @@ from tests.console.helpers import (
     TRACE_TEMPLATE,
     escalated,
 )
+from tests.support.browser import click, in_browser, navigate, sign_in
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import ADMIN_TOKEN, Opgate, StartOpgate, fault_policy
 from tests.support.paths import REPO
 
 pytestmark = NEEDS_BROWSER
 GOOD_BODY = "amount=500&currency=usd&charge=ch_1"
-T = TypeVar("T")
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -42,50 +40,6 @@ async def gate(
         trace_url_template=TRACE_TEMPLATE,
     ) as running:
         yield running
-
-
-async def in_browser(step: Callable[[], T]) -> T:
-    """A blocking Selenium step, off the event loop that serves opgate."""
-    return await asyncio.to_thread(step)
-
-
-def navigate(driver: Any, action: Callable[[], object]) -> None:
-    """Do what leaves the page (a click, a form submission) and wait, bounded, until the next
-    page has replaced it and loaded: a click returns before the browser has navigated.
-
-    The old page is marked with a window property a new document cannot have. (Waiting for an
-    old element to go stale is not enough: while the page unloads, Chromium may answer the
-    staleness probe with "Node with given id does not belong to the document", an unknown
-    error rather than a stale reference.)"""
-    from selenium.common.exceptions import WebDriverException
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    marker = secrets.token_hex(8)
-    driver.execute_script("window.opgateTestPage = arguments[0];", marker)
-    action()
-
-    def replaced(d: Any) -> bool:
-        return bool(
-            d.execute_script(
-                "return window.opgateTestPage === undefined && document.readyState === 'complete';"
-            )
-        )
-
-    # while the old document unloads, a script may fail to run: that is "not yet"
-    WebDriverWait(driver, 15, ignored_exceptions=(WebDriverException,)).until(replaced)
-
-
-def click(driver: Any, element: Any) -> None:
-    navigate(driver, element.click)
-
-
-def sign_in(driver: Any, base: str, token: str, identity: str) -> None:
-    from selenium.webdriver.common.by import By
-
-    driver.get(f"{base}/console/login")
-    driver.find_element(By.ID, "identity").send_keys(identity)
-    driver.find_element(By.ID, "token").send_keys(token)
-    click(driver, driver.find_element(By.ID, "sign-in"))
 
 
 async def test_sign_in_filter_timeline_resolve_and_reviewer_refused(

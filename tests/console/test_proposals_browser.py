@@ -17,7 +17,7 @@ import stripe
 
 from proxy.gate.identity import token_digest
 from tests.console.helpers import NEEDS_BROWSER
-from tests.console.test_console_browser import click, in_browser, sign_in
+from tests.support.browser import click, in_browser, sign_in
 from tests.support.localstripe_server import create_charge, list_refunds
 from tests.support.opgate import AGENT_TOKEN, SHIPPED_POLICIES, Opgate, StartOpgate
 

@@ -27,6 +27,7 @@ import proxy.forward.listener
 from proxy.forward.ca import CA_CERT_FILE
 from proxy.observe.audit import AuditRecord
 from tests.support.fault_provider import FaultProvider
+from tests.support.forward import LOOPBACK_ALLOWED
 from tests.support.localstripe_server import create_charge, list_refunds
 from tests.support.opgate import (
     AGENT_TOKEN,
@@ -48,7 +49,6 @@ from tests.support.tls_front import (  # noqa: F401  (fixtures)
 )
 
 GOOD_FORM = {"amount": "500", "currency": "usd", "charge": "ch_1"}
-LOOPBACK_ALLOWED = "forward_proxy:\n  allow_destinations: [loopback]\n"
 
 
 def blocked_policy(port: int) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 import asyncpg
 from structlog.testing import capture_logs
 
+from tests.support.budgets import budgeted, budgets, send, tenant_budget
 from tests.support.fault_provider import FaultMode, FaultProvider
 from tests.support.opgate import (
     OTHER_TENANT_TOKEN,
@@ -18,31 +19,6 @@ from tests.support.opgate import (
     fault_policy,
     problem,
 )
-
-REFUND = "/fault/v1/refunds"
-BODY = "amount=500&currency=usd&charge=ch_1"
-
-
-def budgeted(policy_dir: Path, budgets: str, *, deduplicates: bool = False, mode: str = "") -> None:
-    text = fault_policy(deduplicates=deduplicates).replace("rules:\n", f"{budgets}\nrules:\n", 1)
-    if mode:
-        text = text.replace("provider: fault\n", f"provider: fault\nmode: {mode}\n")
-    (policy_dir / "fault.yaml").write_text(text)
-
-
-def tenant_budget(limit: int, window: str = "24h", mode: str = "enforce") -> str:
-    return (
-        f"budgets: [{{scope: tenant, currency: usd, limit: {limit}, window: {window}, "
-        f"mode: {mode}}}]"
-    )
-
-
-async def send(gate: Opgate, op: dict[str, Any], token: str | None = None) -> tuple[int, bytes]:
-    extra = {"token": token} if token else {}
-    status, _, body = await gate.send(
-        REFUND, data=BODY, headers={"X-Operation-Id": op["operation_id"]}, **extra
-    )
-    return status, body
 
 
 async def create(gate: Opgate, **fields: Any) -> tuple[int, dict[str, Any]]:
@@ -63,13 +39,6 @@ async def create(gate: Opgate, **fields: Any) -> tuple[int, dict[str, Any]]:
     ) as response:
         payload: dict[str, Any] = await response.json(content_type=None)
         return response.status, payload
-
-
-async def budgets(gate: Opgate, query: str = "") -> list[dict[str, Any]]:
-    async with gate.http.get(f"{gate.ops_url}/v1/budgets{query}", headers=admin_headers()) as r:
-        assert r.status == 200
-        found: list[dict[str, Any]] = (await r.json())["budgets"]
-        return found
 
 
 async def test_a_claim_over_the_budget_is_refused_with_what_remains(

@@ -1,4 +1,4 @@
-"""Who is calling: agent and admin tokens (proxy/gate/identity.py)."""
+"""Who is calling: agent tokens and operation ids (proxy/gate/identity.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from proxy.gate.identity import (
     TOKEN_PREFIX,
     AgentDirectory,
     AmbiguousCredentials,
-    admin_token_matches,
     credential_from,
     new_token,
     presented_agent_token,
@@ -133,22 +132,6 @@ def test_token_digest_is_sha256_hex() -> None:
     assert token_digest("abc") == (
         "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     )
-
-
-@pytest.mark.parametrize(
-    ("presented", "expected_digest", "matches"),
-    [
-        pytest.param("admin-secret", token_digest("admin-secret"), True, id="right token"),
-        pytest.param("wrong", token_digest("admin-secret"), False, id="wrong token"),
-        pytest.param(None, token_digest("admin-secret"), False, id="no token presented"),
-        pytest.param("admin-secret", None, False, id="no admin configured"),
-    ],
-)
-def test_admin_token_matches(
-    presented: str | None, expected_digest: str | None, matches: bool
-) -> None:
-    """The admin token matches only its configured digest; nothing matches when none is set."""
-    assert admin_token_matches(presented, expected_digest) is matches
 
 
 @pytest.mark.parametrize(

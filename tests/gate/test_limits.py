@@ -16,7 +16,7 @@ from proxy.gate.reasons import Reason
 from proxy.policy.load import parse_policy_text
 from proxy.policy.model import Provider
 from tests.support.opgate import make_settings
-from tests.support.polling import Clock
+from tests.support.polling import Clock, until
 
 A = Agent(agent_id="agent-a", tenant="t1")
 SAME_ID_OTHER_TENANT = Agent(agent_id="agent-a", tenant="t2")
@@ -74,9 +74,7 @@ async def test_work_holds_the_slot_after_its_waiter_is_cancelled() -> None:
     assert slots.count(A) == 1
     assert slots.take(A, 1) is None
     may_finish.set()
-    async with asyncio.timeout(5):
-        while slots.count(A):  # noqa: ASYNC110  (the work's finally runs on the loop)
-            await asyncio.sleep(0)
+    await until(lambda: not slots.count(A), "the work's finally gave the slot back")
     assert slots.take(A, 1) is not None
 
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from tests.gate.test_pipeline import GOOD_BODY, REFUND, op_header
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import AGENT_TOKEN, Opgate, StartOpgate, fault_policy, problem
+from tests.support.pipeline import GOOD_BODY, REFUND, op_header
 from tests.support.raw_http import RawResponse, exchange, request_bytes
 
 FORM = "application/x-www-form-urlencoded"

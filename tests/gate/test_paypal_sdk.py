@@ -27,13 +27,8 @@ from paypalserversdk.models.refund_request import RefundRequest
 from paypalserversdk.paypal_serversdk_client import PaypalServersdkClient
 
 from tests.support.fake_paypal import FakePayPal, running_fake_paypal
-from tests.support.opgate import (
-    AGENT_TOKEN,
-    SHIPPED_POLICIES,
-    Opgate,
-    StartOpgate,
-    count_store_calls,
-)
+from tests.support.opgate import AGENT_TOKEN, SHIPPED_POLICIES, Opgate, StartOpgate
+from tests.support.store_calls import count_store_calls
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -23,41 +23,14 @@ from proxy.gate.preconditions import Failed, Held, Unverifiable, judge_answer, r
 from proxy.policy.load import parse_policy_text
 from proxy.policy.model import Rule
 from proxy.store.operation import Status
-from tests.gate.test_bounded_resources import until
-from tests.gate.test_checks import make_operation as make_op
-from tests.gate.test_pipeline import GOOD_BODY, op_header
+from tests.support.facts import make_operation as make_op
 from tests.support.fault_provider import FaultMode, FaultProvider
-from tests.support.opgate import StartOpgate, admin_headers, fault_policy, problem
+from tests.support.opgate import StartOpgate, admin_headers, problem
+from tests.support.pipeline import GOOD_BODY, op_header
+from tests.support.polling import until
+from tests.support.preconditions import gets, policy_with_preconditions, posts
 
 REFUND = "/fault/v1/refunds"
-# The fault provider lists every refund it made: none may exist before ours.
-NOT_YET_REFUNDED = """
-    preconditions:
-      recheck_after_seconds: {recheck}
-      lookups:
-        - path: /v1/refunds
-          query: {{charge: "{{charge}}"}}
-          require: ['/object == "list"', "/data == []"]"""
-
-
-def policy_with_preconditions(
-    recheck: float = 0, mode: str | None = None, *, deduplicates: bool = False, **kw: Any
-) -> str:
-    """The suite's fault policy, its refund rule asking the provider first."""
-    text = fault_policy(deduplicates=deduplicates, **kw)
-    marker = "\n  - name: refund.cancel"
-    text = text.replace(marker, NOT_YET_REFUNDED.format(recheck=recheck) + marker, 1)
-    if mode is not None:
-        text = text.replace("provider: fault\n", f"provider: fault\nmode: {mode}\n")
-    return text
-
-
-def posts(provider: FaultProvider) -> int:
-    return sum(1 for r in provider.requests if r.method == "POST")
-
-
-def gets(provider: FaultProvider) -> list[str]:
-    return [r.query_string for r in provider.requests if r.method == "GET"]
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import asyncpg
 import pytest
 import pytest_asyncio
 import requests
@@ -21,6 +20,7 @@ from structlog.testing import capture_logs
 
 from tests.support.localstripe_server import LOCALSTRIPE_API_KEY, create_charge, list_refunds
 from tests.support.opgate import AGENT_TOKEN, SHIPPED_POLICIES, Opgate, StartOpgate
+from tests.support.preconditions import age_approval
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -58,20 +58,6 @@ def human_sdk(
     """A human's SDK, straight at localstripe: behind opgate's back."""
     monkeypatch.setattr(stripe, "enable_telemetry", False)
     yield from sdk(localstripe_url, LOCALSTRIPE_API_KEY)
-
-
-async def age_approval(database_url: str, operation_id: str, minutes: int) -> None:
-    """The approval was given ``minutes`` ago (past the rule's recheck_after_seconds)."""
-    conn = await asyncpg.connect(database_url)
-    try:
-        await conn.execute(
-            "UPDATE operations SET created_at = now() - make_interval(mins => $2) "
-            "WHERE operation_id = $1",
-            operation_id,
-            minutes,
-        )
-    finally:
-        await conn.close()
 
 
 async def approve_refund(gate: Opgate, charge: str, amount: int) -> dict[str, Any]:

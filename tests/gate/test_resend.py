@@ -9,9 +9,9 @@ from pathlib import Path
 
 import asyncpg
 
-from tests.gate.test_pipeline import GOOD_BODY, op_header
 from tests.support.fault_provider import FaultMode, FaultProvider
 from tests.support.opgate import StartOpgate, admin_headers, fault_policy
+from tests.support.pipeline import GOOD_BODY, op_header
 
 
 def lookups(provider: FaultProvider) -> list[str]:

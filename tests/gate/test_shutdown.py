@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator
 import pytest_asyncio
 from aiohttp import web
 
-from proxy.gate.framing import ProblemAppRunner, admin_malformed_answer
+from proxy.admin.access import admin_malformed_answer
+from proxy.gate.framing import ProblemAppRunner
 
 
 async def ok(request: web.Request) -> web.Response:

@@ -17,9 +17,6 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.gate.test_pipeline import GOOD_BODY, op_header
-from tests.gate.test_preconditions_stripe import age_approval
-from tests.store.test_timelines import _pretend_the_last_timeline_was_lower
 from tests.support.cluster import missing_reason, running_cluster
 from tests.support.fault_provider import FaultProvider
 from tests.support.localstripe_server import create_charge, list_refunds
@@ -31,6 +28,9 @@ from tests.support.opgate import (
     fault_policy,
     problem,
 )
+from tests.support.pipeline import GOOD_BODY, op_header
+from tests.support.preconditions import age_approval
+from tests.support.timelines import pretend_the_last_timeline_was_lower
 
 REFUND = "/fault/v1/refunds"
 
@@ -79,7 +79,7 @@ async def test_a_lost_claim_is_found_by_the_lookup_and_replayed(
         status, _, _ = await gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))
         assert status == 200
     await _lose_the_claim(database_url, op["operation_id"])
-    await _pretend_the_last_timeline_was_lower(database_url)
+    await pretend_the_last_timeline_was_lower(database_url)
     async with start_opgate(**overrides) as gate:  # new connections: they see the switch
         status, headers, body = await _send_until_settled(gate, op)
         row = await gate.operation(op["operation_id"])
@@ -103,7 +103,7 @@ async def test_an_operation_the_provider_does_not_have_is_sent_after_the_lookup(
     async with start_opgate(**overrides) as gate:
         op = await gate.approve()
         fresh_before = await gate.approve(params={"charge": "ch_2"})
-    await _pretend_the_last_timeline_was_lower(database_url)
+    await pretend_the_last_timeline_was_lower(database_url)
     async with start_opgate(**overrides) as gate:
         fresh = await gate.approve(params={"charge": "ch_1"}, approval_ref="after")
         status, _, body = await _send_until_settled(gate, op)
@@ -184,7 +184,7 @@ async def test_an_old_approval_in_doubt_is_sent_after_its_preconditions_and_its_
             params={"charge": charge},
         )  # fmt: skip
     await age_approval(database_url, op["operation_id"], 10)
-    await _pretend_the_last_timeline_was_lower(database_url)
+    await pretend_the_last_timeline_was_lower(database_url)
     async with start_opgate(**overrides) as gate:
         for _ in range(50):
             status, _, body = await gate.send(

@@ -8,7 +8,7 @@ from typing import Any
 import pytest_asyncio
 
 # The HTTP crash handoff's relay and opgate process settings, reused by the MCP one.
-from tests.recovery.test_crash_handoff import (  # noqa: F401 (fixtures, found by name)
+from tests.support.crash_handoff import (  # noqa: F401 (fixtures, found by name)
     crash_policy_dir,
     opgate_env,
     relay,

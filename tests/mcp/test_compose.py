@@ -15,7 +15,7 @@ from proxy.mcp.stdio import endpoint_url
 from proxy.mcp.tools import TOOLS, Answered, ToolError, tool_result
 from proxy.policy.load import parse_policy_text
 from proxy.policy.model import Provider
-from tests.recovery.test_next_action import operation
+from tests.support.operations import operation
 from tests.support.opgate import SHIPPED_POLICIES, fault_policy
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.recovery.test_crash_handoff import HoldingRelay, approve, refund_approval
+from tests.support.crash_handoff import HoldingRelay, approve, refund_approval
 from tests.support.killable_opgate import REPO, spawn_opgate
 from tests.support.localstripe_server import create_charge, list_refunds
 from tests.support.mcp_client import http_client

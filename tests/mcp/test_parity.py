@@ -14,7 +14,6 @@ import asyncpg
 import pytest
 
 from tests.mcp.conftest import revoke
-from tests.recovery.test_reconcile import eventually
 from tests.support.fault_provider import FaultMode, FaultProvider
 from tests.support.mcp_client import http_client, refused_code, structured
 from tests.support.opgate import (
@@ -24,6 +23,7 @@ from tests.support.opgate import (
     StartOpgate,
     fault_policy,
 )
+from tests.support.polling import until
 
 APPROVED_FORM = "amount=500&currency=usd&charge=ch_1"
 
@@ -204,7 +204,7 @@ async def test_in_flight_is_refused_alike(
         async def stalled() -> bool:
             return fault_provider.stalled == 1
 
-        await eventually(stalled)
+        await until(stalled, "stalled", seconds=20)
         via_http = await http_code(fault_gate, op)
         via_mcp = await mcp_code(fault_gate, op)
         fault_provider.release()
@@ -275,7 +275,7 @@ async def test_an_agent_over_its_in_flight_limit_is_refused_alike(
             async def stalled() -> bool:
                 return fault_provider.stalled == 1
 
-            await eventually(stalled)
+            await until(stalled, "stalled", seconds=20)
             via_http = await http_code(gate, other)
             via_mcp = await mcp_code(gate, other)
             fault_provider.release()

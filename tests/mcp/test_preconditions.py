@@ -8,11 +8,11 @@ import json
 
 import aiohttp
 
-from tests.gate.test_preconditions_stripe import age_approval
 from tests.mcp.conftest import approved_refund
 from tests.support.localstripe_server import LOCALSTRIPE_API_KEY, list_refunds
 from tests.support.mcp_client import http_client, refused_code, structured
 from tests.support.opgate import AGENT_TOKEN, Opgate
+from tests.support.preconditions import age_approval
 
 
 async def test_a_failed_precondition_stops_mcp_as_it_stops_http(

@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from tests.recovery.test_reconcile import eventually
 from tests.support.fault_provider import FaultMode, FaultProvider
 from tests.support.mcp_client import http_client, refused_code, structured
 from tests.support.mcp_recovery_agent import follow_next_action
 from tests.support.opgate import AGENT_TOKEN, Opgate, StartOpgate, fault_policy
+from tests.support.polling import until
 
 
 async def test_send_then_proceed(fault_gate: Opgate, fault_provider: FaultProvider) -> None:
@@ -43,7 +43,7 @@ async def test_wait_while_an_attempt_is_in_flight(
         async def stalled() -> bool:
             return fault_provider.stalled == 1
 
-        await eventually(stalled)
+        await until(stalled, "stalled", seconds=20)
         waiting = structured(
             await second.call_tool("get_operation", {"operation_id": operation_id})
         )

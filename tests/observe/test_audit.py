@@ -15,10 +15,10 @@ from structlog.testing import capture_logs
 
 from proxy.gate.reasons import Reason
 from proxy.observe.audit import AuditRecord, emit
-from tests.gate.test_pipeline import GOOD_BODY, REFUND, REJECTIONS, op_header
-from tests.observe.test_audit_doc import documented_request_fields
+from tests.support.audit_doc import documented_request_fields
 from tests.support.fault_provider import FaultMode, FaultProvider
 from tests.support.opgate import Opgate, StartOpgate, fault_policy
+from tests.support.pipeline import GOOD_BODY, REFUND, REJECTIONS, op_header
 
 CAPTURE_KEYS = {"event", "log_level"}  # added by structlog's capture
 

@@ -3,26 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 
 from proxy.gate.reasons import Reason
 from proxy.observe.audit import AuditRecord, Decision
 from proxy.store.operation import LastOutcome
-from tests.support.paths import AUDIT_DOC
-
-DOCS = AUDIT_DOC
-
-
-def documented_request_fields() -> set[str]:
-    """The field names of the `request` table in docs/audit.md (a row may name several)."""
-    text = DOCS.read_text()
-    section = text.split("### `request`", 1)[1].split("###", 1)[0]
-    fields: set[str] = set()
-    for line in section.splitlines():
-        if line.startswith("| `"):
-            first_cell = line.split("|")[1]
-            fields.update(re.findall(r"`([a-z_0-9]+)`", first_cell))
-    return fields
+from tests.support.audit_doc import DOCS, documented_request_fields
 
 
 def test_every_reason_code_is_in_the_audit_doc() -> None:

@@ -4,8 +4,6 @@ name it."""
 
 from __future__ import annotations
 
-import asyncio
-import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,10 +15,10 @@ import pytest_asyncio
 from proxy.observe.auditlog import records
 from proxy.observe.auditlog.chain import GENESIS, record_hash
 from proxy.observe.auditlog.verify import VerifyReport, verify
+from tests.support.auditlog import AUDIT_KEY, run_cli
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import StartOpgate, fault_policy
 
-AUDIT_KEY = "test-audit-key-0123456789abcdef"
 BEGINNING, END = datetime(1970, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC)
 
 
@@ -52,16 +50,6 @@ async def audited_db(
         yield conn
     finally:
         await conn.close()
-
-
-async def run_cli(*args: str, env: dict[str, str]) -> tuple[int, str]:
-    """``python -m proxy ARGS`` as a real process; its exit code and stdout."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy", *args, env=env, stdout=asyncio.subprocess.PIPE
-    )
-    stdout, _ = await asyncio.wait_for(process.communicate(), 60)
-    assert process.returncode is not None
-    return process.returncode, stdout.decode()
 
 
 async def _verify(conn: asyncpg.Connection) -> VerifyReport:

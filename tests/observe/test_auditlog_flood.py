@@ -12,7 +12,7 @@ from typing import Any
 import asyncpg
 from yarl import URL
 
-from tests.observe.test_auditlog_writer import flushed, get, stored_requests, verified_ok
+from tests.support.auditlog import flushed, get, stored_requests, verified_ok
 from tests.support.opgate import AGENT_TOKEN, Opgate
 
 FLOOD = 2_000

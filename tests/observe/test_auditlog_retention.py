@@ -14,8 +14,7 @@ import pytest
 
 from proxy.observe.auditlog import records
 from proxy.observe.auditlog.chain import record_hash
-from tests.observe.test_auditlog_chain import AUDIT_KEY, run_cli
-from tests.observe.test_auditlog_writer import FLUSH_DEADLINE, get
+from tests.support.auditlog import AUDIT_KEY, FLUSH_DEADLINE, get, run_cli
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import AGENT_TOKEN, Opgate, StartOpgate, fault_policy
 

@@ -11,8 +11,7 @@ import asyncpg
 from structlog.testing import capture_logs
 
 from proxy.observe.auditlog.chain import GENESIS, record_hash
-from tests.observe.test_auditlog_chain import run_cli
-from tests.observe.test_auditlog_writer import FLUSH_DEADLINE, flushed, get, stored_requests
+from tests.support.auditlog import FLUSH_DEADLINE, flushed, get, run_cli, stored_requests
 from tests.support.opgate import AGENT_TOKEN, Opgate
 
 READ = "/fault/v1/charges/ch_1"

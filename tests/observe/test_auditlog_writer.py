@@ -10,7 +10,6 @@ import hashlib
 import json
 import secrets
 import string
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,53 +19,13 @@ from structlog.testing import capture_logs
 from yarl import URL
 
 from proxy.observe.auditlog.records import MANY_RECORDS
-from proxy.observe.auditlog.verify import verify
 from proxy.observe.auditlog.writer import RequestRecordWriter
 from proxy.store.store import Store
-from tests.forward.test_listener import LOOPBACK_ALLOWED
+from tests.support.auditlog import FLUSH_DEADLINE, flushed, get, stored_requests, verified_ok
 from tests.support.fault_provider import FaultProvider
+from tests.support.forward import LOOPBACK_ALLOWED
 from tests.support.opgate import AGENT_TOKEN, Opgate, StartOpgate, fault_policy
-
-BEGINNING, END = datetime(1970, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC)
-FLUSH_DEADLINE = 10.0
-
-
-async def flushed(gate: Opgate) -> RequestRecordWriter:
-    """The gate's writer once everything submitted so far is stored (bounded wait)."""
-    observability = gate.running.gateway.observability
-    assert observability is not None
-    assert observability.writer is not None
-    await asyncio.wait_for(observability.writer.flush(), FLUSH_DEADLINE)
-    return observability.writer
-
-
-async def stored_requests(database_url: str) -> list[dict[str, Any]]:
-    conn = await asyncpg.connect(database_url)
-    try:
-        rows = await conn.fetch(
-            "SELECT record::text FROM audit_log WHERE kind = 'request' ORDER BY seq"
-        )
-    finally:
-        await conn.close()
-    return [json.loads(r[0]) for r in rows]
-
-
-async def verified_ok(database_url: str) -> bool:
-    conn = await asyncpg.connect(database_url)
-    try:
-        report = await verify(conn, BEGINNING, END, key=None, whole_log=True)
-    finally:
-        await conn.close()
-    assert report.ok, [b.describe() for b in report.breaks]
-    return report.ok
-
-
-async def get(gate: Opgate, raw_path: str, token: str | None = None) -> int:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    url = URL(f"{gate.agent_url}{raw_path}", encoded=True)
-    async with gate.http.get(url, headers=headers) as response:
-        await response.read()
-        return response.status
+from tests.support.polling import until
 
 
 @pytest.mark.parametrize(
@@ -211,19 +170,6 @@ async def test_a_few_records_wait_for_others_and_a_flush_does_not(database_url: 
     assert await verified_ok(database_url)
 
 
-class _CountedWakeups(asyncio.Event):
-    """The writer's wakeup, counting the sets that could end a wait (the event was clear)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.wakeups = 0
-
-    def set(self) -> None:
-        if not self.is_set():
-            self.wakeups += 1
-        super().set()
-
-
 async def test_a_lingering_writer_is_woken_by_a_full_batch_not_by_each_record(
     database_url: str,
 ) -> None:
@@ -233,20 +179,17 @@ async def test_a_lingering_writer_is_woken_by_a_full_batch_not_by_each_record(
     stream = "requests/wakeup-test"
     store = await Store.open(database_url, min_size=1, max_size=2)
     writer = RequestRecordWriter(store, stream, linger_seconds=FLUSH_DEADLINE * 3)
-    wakeup = _CountedWakeups()
-    writer._wakeup = wakeup
     writer.start()
     conn = await asyncpg.connect(database_url)
     try:
         await asyncio.wait_for(writer.flush(), FLUSH_DEADLINE)  # the started record
         writer.submit({"request_id": "first"})  # wakes the writer, which then lingers
-        await conn.fetchval("SELECT 1")  # the writer has had its turns meanwhile
-        before = wakeup.wakeups
-        for i in range(MANY_RECORDS - 1):
+        await until(lambda: writer._wake_at == MANY_RECORDS, "the writer lingers for a batch")
+        for i in range(MANY_RECORDS - 2):
             writer.submit({"request_id": f"r{i}"})
-            for _ in range(3):  # each request is its own turn of the loop: the writer's too
-                await asyncio.sleep(0)
-        assert wakeup.wakeups - before == 1  # the record that made the batch full
+        assert not writer._wakeup.is_set()  # one record short of a batch: still lingering
+        writer.submit({"request_id": "full"})
+        assert writer._wakeup.is_set()  # the record that made the batch full
         written_by = asyncio.get_running_loop().time() + FLUSH_DEADLINE
         while writer.written < 1 + MANY_RECORDS and asyncio.get_running_loop().time() < written_by:
             await conn.fetchval("SELECT 1")  # not a flush: it would end the linger itself

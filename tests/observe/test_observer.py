@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from proxy.observe.logs import log_processors
-from tests.observe.test_auditlog_chain import run_cli
+from tests.support.auditlog import run_cli
 from tests.support.fault_provider import FaultMode, FaultProvider
 from tests.support.localstripe_server import create_charge, list_refunds
 from tests.support.opgate import (

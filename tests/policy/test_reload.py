@@ -17,10 +17,11 @@ from structlog.testing import capture_logs
 
 from proxy.gate.identity import token_digest
 from proxy.policy.load import load_policy_dir, policy_version
+from tests.support.cli import free_port, wait_ready
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import ADMIN_TOKEN, StartOpgate, admin_headers, fault_policy, problem
+from tests.support.paths import REPO
 from tests.support.polling import until
-from tests.test_cli import REPO, free_port, wait_ready
 
 POLICY_A = fault_policy(deduplicates=False)  # has the `read` rule
 POLICY_B = POLICY_A.split("  - name: read")[0]  # the same without it: reads are refused

@@ -17,7 +17,7 @@ import pytest_asyncio
 from aiohttp import web
 from square import Square
 
-from tests.recovery.test_crash_handoff import HoldingRelay, approve, replacement_agent
+from tests.support.crash_handoff import HoldingRelay, approve, replacement_agent
 from tests.support.fake_square import SQUARE_TOKEN, FakeSquare, running_fake_square
 from tests.support.killable_opgate import spawn_opgate
 from tests.support.opgate import AGENT_TOKEN, SHIPPED_POLICIES, process_env

@@ -3,45 +3,16 @@ status, lease, outcome, approval state and provider capability."""
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
-from datetime import UTC, datetime, timedelta
+from dataclasses import replace
+from datetime import datetime, timedelta
 from itertools import product
 from typing import Any
 
 import pytest
 
 from proxy.recovery.next_action import NextAction, next_action
-from proxy.store.operation import LastOutcome, Operation, Status
-
-NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-
-
-def operation(**overrides: Any) -> Operation:
-    values: dict[str, Any] = {f.name: None for f in fields(Operation)}
-    values.update(
-        operation_id="op_1",
-        tenant="t1",
-        provider="fault",
-        action="refund.create",
-        method="POST",
-        path="/v1/refunds",
-        path_params={},
-        params={},
-        idempotency_key="k",
-        approval_ref="r",
-        approved_by="a",
-        expires_at=NOW + timedelta(minutes=5),
-        status=Status.CREATED,
-        attempts=0,
-        unsent_attempts=0,
-        reconcile_attempts=0,
-        created_at=NOW,
-        updated_at=NOW,
-        read_at=NOW,
-    )
-    values.update(overrides)
-    return Operation(**values)
-
+from proxy.store.operation import LastOutcome, Status
+from tests.support.operations import NOW, operation
 
 LIVE = NOW + timedelta(seconds=7)
 PAST = NOW - timedelta(seconds=1)

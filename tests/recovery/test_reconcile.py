@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,9 +17,10 @@ from aiohttp import web
 
 from proxy.gate.lookup import Absent, Found, Inconclusive, interpret_lookup, render_lookup
 from proxy.policy.model import ReconcileLookup
-from tests.recovery.test_next_action import operation
 from tests.support.fault_provider import FaultMode, FaultProvider
+from tests.support.operations import operation
 from tests.support.opgate import Opgate, StartOpgate, admin_headers, fault_policy
+from tests.support.polling import until
 
 LIST = ReconcileLookup(path="/v1/refunds", query={"charge": "{charge}"}, absence_is_conclusive=True)
 GOOD_BODY = "amount=500&currency=usd&charge=ch_1"
@@ -108,18 +109,6 @@ async def recovery(gate: Opgate, operation_id: str) -> dict[str, Any]:
     return payload
 
 
-async def eventually(check: Callable[[], Awaitable[Any]], seconds: float = 20.0) -> Any:
-    """Poll a condition with a bound (background work finishes on its own schedule)."""
-    deadline = asyncio.get_running_loop().time() + seconds
-    while True:
-        result = await check()
-        if result:
-            return result
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.05)  # polling interval of a bounded wait, not a synchronisation
-
-
 async def test_unknown_outcome_with_an_effect_reconciles_to_confirmed(
     start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
 ) -> None:
@@ -170,7 +159,7 @@ async def test_unknown_outcome_without_an_effect_settles_as_no_effect_after_the_
                 else None
             )
 
-        final = await eventually(settled)
+        final = await until(settled, "settled", seconds=20)
     assert final["next_action"] == "new_approval_required"
     assert (final["operation"]["status"], final["operation"]["settled_reason"]) == (
         "failed",
@@ -232,7 +221,7 @@ async def test_failing_lookups_escalate_once_and_a_human_verdict_settles(
         async def notified() -> bool:
             return len(webhook.received) >= 1
 
-        await eventually(notified)
+        await until(notified, "notified", seconds=20)
         view = await recovery(gate, op["operation_id"])
         assert view["next_action"] == "escalated"
         assert "inconclusive 2 times" in view["reason"]
@@ -312,7 +301,7 @@ async def test_two_replicas_never_reconcile_the_same_operation_twice(
                 rows = [await sender.operation(op["operation_id"]) for op in ops]
                 return all(row["status"] == "confirmed" for row in rows)
 
-            await eventually(all_confirmed)
+            await until(all_confirmed, "all confirmed", seconds=20)
         rows = [await sender.operation(op["operation_id"]) for op in ops]
     lookups = [r.query_string for r in fault_provider.requests if r.method == "GET"]
     assert sorted(lookups) == sorted(f"charge=ch_{i}" for i in range(20))
@@ -370,19 +359,19 @@ async def test_an_escalated_operation_is_still_looked_up_and_settles_when_the_ef
         async def escalated() -> bool:
             return (await gate.operation(op["operation_id"]))["escalation"] is not None
 
-        await eventually(escalated)
+        await until(escalated, "escalated", seconds=20)
         fault_provider.mode = FaultMode.OK
 
         async def confirmed() -> dict[str, Any] | None:
             row = await gate.operation(op["operation_id"])
             return row if row["status"] == "confirmed" else None
 
-        row = await eventually(confirmed)
+        row = await until(confirmed, "confirmed", seconds=20)
 
         async def told() -> bool:
             return len(webhook.received) >= 2
 
-        await eventually(told)
+        await until(told, "told", seconds=20)
     assert row["settled_reason"] == "reconciled"
     assert row["provider_response"]["object_id"] == fault_provider.effects[0].id
     assert [n["event"] for n in webhook.received] == [
@@ -418,14 +407,14 @@ async def test_an_escalated_operation_whose_effect_is_absent_stays_with_the_huma
         async def escalated() -> bool:
             return (await gate.operation(op["operation_id"]))["escalation"] is not None
 
-        await eventually(escalated)
+        await until(escalated, "escalated", seconds=20)
         fault_provider.mode = FaultMode.OK  # lookups now answer: no refund exists
 
         async def looked_up_again() -> bool:
             gets = [r for r in fault_provider.requests if r.method == "GET"]
             return len(gets) >= 3
 
-        await eventually(looked_up_again)
+        await until(looked_up_again, "looked up again", seconds=20)
         row = await gate.operation(op["operation_id"])
     assert (row["status"], row["escalation"] is not None) == ("dispatched", True)
     assert fault_provider.effects == []
@@ -485,7 +474,7 @@ async def test_without_lookups_a_retained_key_is_left_to_the_agent_not_escalated
             tried = any(e["event"].startswith(("reconcile", "escalated")) for e in row["events"])
             return row if tried else None
 
-        row = await eventually(looked_at)
+        row = await until(looked_at, "looked at", seconds=20)
         view = await recovery(gate, op["operation_id"])
         fault_provider.mode = FaultMode.OK
         status, _, _ = await gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))

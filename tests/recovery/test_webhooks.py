@@ -5,49 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
-import pytest_asyncio
-from aiohttp import web
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from tests.console.helpers import escalated
 from tests.support.opgate import StartOpgate, fault_policy
+from tests.support.webhooks import Receiver
 
 SECRET = "whsec_" + base64.b64encode(b"a-webhook-key-of-32-bytes-012345").decode()
-
-
-@dataclass
-class Receiver:
-    url: str = ""
-    received: list[tuple[bytes, dict[str, str]]] = field(default_factory=list)
-    arrived: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def receiver() -> AsyncIterator[Receiver]:
-    hook = Receiver()
-
-    async def receive(request: web.Request) -> web.Response:
-        hook.received.append((await request.read(), dict(request.headers)))
-        hook.arrived.set()
-        return web.Response(status=204)
-
-    app = web.Application()
-    app.router.add_post("/hook", receive)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    hook.url = f"http://127.0.0.1:{runner.addresses[0][1]}/hook"
-    try:
-        yield hook
-    finally:
-        await runner.cleanup()
 
 
 async def test_an_escalation_notice_is_signed_standard_webhooks_style(

@@ -26,6 +26,7 @@ from proxy.store.store import ProviderAnswer, Store, TimelineSeen, see_timeline
 from tests.support.cluster import missing_reason, running_cluster
 from tests.support.operations import new_operation
 from tests.support.opgate import fault_policy
+from tests.support.timelines import pretend_the_last_timeline_was_lower
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -42,20 +43,6 @@ async def _seen(database_url: str) -> TimelineSeen:
     conn = await asyncpg.connect(database_url)
     try:
         return await see_timeline(conn)
-    finally:
-        await conn.close()
-
-
-async def _pretend_the_last_timeline_was_lower(database_url: str) -> int:
-    """The recorded history ends one timeline below the server's: the next connection sees
-    a switch. Returns the server's timeline."""
-    conn = await asyncpg.connect(database_url)
-    try:
-        current = (await see_timeline(conn)).current
-        assert current is not None
-        await conn.execute("DELETE FROM timelines")
-        await conn.execute("INSERT INTO timelines (timeline_id) VALUES ($1)", current - 1)
-        return current
     finally:
         await conn.close()
 
@@ -100,7 +87,7 @@ async def test_a_greater_timeline_marks_what_was_unsettled_once(
     await _dispatched(store, "op_confirmed", None)
     answer = ProviderAnswer(200, "re_1", "application/json", b"{}")
     await store.settle("op_confirmed", Status.CONFIRMED, answer, "test")
-    current = await _pretend_the_last_timeline_was_lower(database_url)
+    current = await pretend_the_last_timeline_was_lower(database_url)
 
     seen = await _seen(database_url)
     assert (seen.current, seen.previous, seen.marked) == (current, current - 1, 2)
@@ -129,7 +116,7 @@ async def test_opgate_processes_seeing_the_switch_at_once_mark_once(
     records it and marks; the others wait for its commit and mark nothing."""
     for i in range(5):
         await store.create(new_operation(f"op_{i}"), actor="test")
-    await _pretend_the_last_timeline_was_lower(database_url)
+    await pretend_the_last_timeline_was_lower(database_url)
     seen = await asyncio.gather(*(_seen(database_url) for _ in range(10)))
     assert sorted((s.marked for s in seen), key=str) == [5] + [None] * 9
     for i in range(5):
@@ -144,7 +131,7 @@ async def test_a_new_pool_connection_marks_before_it_is_used(database_url: str) 
         await first.create(new_operation("op_1"), actor="test")
     finally:
         await first.close()
-    await _pretend_the_last_timeline_was_lower(database_url)
+    await pretend_the_last_timeline_was_lower(database_url)
     reopened = await Store.open(database_url, min_size=1, max_size=1)
     try:
         op = await reopened.load("op_1")
@@ -155,7 +142,7 @@ async def test_a_new_pool_connection_marks_before_it_is_used(database_url: str) 
 
 
 async def _mark(store: Store, database_url: str, *operation_ids: str) -> None:
-    await _pretend_the_last_timeline_was_lower(database_url)
+    await pretend_the_last_timeline_was_lower(database_url)
     assert (await _seen(database_url)).marked == len(operation_ids)
 
 

@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
-async def until(condition: Callable[[], bool], what: str, seconds: float = 5.0) -> None:
-    """Poll ``condition`` on the loop, bounded: for state (a log list, a counter, a pool's
-    queue) that nothing signals when it changes."""
+async def until(condition: Callable[[], T | Awaitable[T]], what: str, seconds: float = 5.0) -> T:
+    """Poll ``condition`` on the loop, bounded, and answer its first truthy result: for state
+    that nothing signals when it changes (a log list, a counter, a pool's queue), or, with a
+    coroutine function, state only a query or a request can read (a row a background loop
+    settles)."""
     try:
         async with asyncio.timeout(seconds):
-            while not condition():  # noqa: ASYNC110
+            while True:
+                result = condition()
+                if inspect.isawaitable(result):
+                    result = await result
+                if result:
+                    return result
                 await asyncio.sleep(0.01)
     except TimeoutError:
         raise AssertionError(f"not within {seconds} s: {what}") from None

@@ -55,11 +55,6 @@ class Redactor:
         # dozen keys on every request. Bounded, since some keys come from outside.
         self._sensitive: dict[str, bool] = {}
 
-    def with_secrets(self, secrets: Iterable[str]) -> Redactor:
-        redactor = Redactor(secrets=(*self._secrets, *secrets))
-        redactor._keys = self._keys
-        return redactor
-
     def is_sensitive(self, key: str) -> bool:
         known = self._sensitive.get(key)
         if known is None:

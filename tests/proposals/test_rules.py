@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 
+from proxy.admin.access import Approver
 from proxy.gate.checks import Agent
-from proxy.operations.proposals import (
-    Approver,
+from proxy.policy.load import load_policy_dir
+from proxy.policy.set import PolicySet
+from proxy.proposals.rules import (
     ProposalInvalid,
     four_eyes_problem,
     plan_proposal,
@@ -18,8 +20,6 @@ from proxy.operations.proposals import (
     read_proposal,
     replan_problems,
 )
-from proxy.policy.load import load_policy_dir
-from proxy.policy.set import PolicySet
 from proxy.store.proposal import Proposal
 from tests.support.opgate import fault_policy
 

@@ -18,10 +18,6 @@ from structlog.testing import capture_logs
 
 from proxy.gate.identity import token_digest
 from proxy.observe.auditlog.verify import verify
-
-# the escalation webhooks' receiver, a real aiohttp app (a fixture, used by its name here)
-from tests.recovery.test_webhooks import Receiver
-from tests.recovery.test_webhooks import receiver as webhook_receiver  # noqa: F401
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import (
     ADMIN_TOKEN,
@@ -34,21 +30,11 @@ from tests.support.opgate import (
     admin_headers,
     fault_policy,
 )
+from tests.support.proposals import APPROVER_TOKEN, OWNER_TOKEN, PROPOSAL, approver_headers, decide
 
-APPROVER_TOKEN = "opg_test_approver_olga_0123456789"
-OWNER_TOKEN = "opg_test_approver_otto_0123456789"
-PROPOSAL: dict[str, Any] = {
-    "provider": "fault",
-    "action": "refund.create",
-    "amount": 500,
-    "currency": "usd",
-    "params": {"charge": "ch_1"},
-    "reason": "the customer was charged twice for order 1042",
-}
-
-
-def approver_headers(token: str = APPROVER_TOKEN) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
+# the escalation webhooks' receiver, a real aiohttp app (a fixture, used by its name here)
+from tests.support.webhooks import Receiver
+from tests.support.webhooks import receiver as webhook_receiver  # noqa: F401
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -97,17 +83,6 @@ async def read(gate: Opgate, proposal_id: str, token: str = AGENT_TOKEN) -> tupl
         token=token,
     )
     return status, json.loads(raw)
-
-
-async def decide(
-    gate: Opgate, proposal_id: str, verdict: str, token: str = APPROVER_TOKEN, **body: Any
-) -> tuple[int, Any]:
-    async with gate.http.post(
-        f"{gate.ops_url}/v1/proposals/{proposal_id}/{verdict}",
-        json=body,
-        headers=approver_headers(token),
-    ) as response:
-        return response.status, await response.json(content_type=None)
 
 
 async def send_exactly(gate: Opgate, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
+from proxy.admin.access import Approver
 from proxy.gate.checks import Agent
-from proxy.gate.identity import admin_token_matches
 from proxy.operations.approvals import OperationRequest, plan_operation
 from proxy.policy.set import PolicySet
 from proxy.recovery.api import proposal_request
@@ -142,32 +141,6 @@ def replan_problems(proposal: Proposal, policy: PolicySet, now: datetime) -> lis
     if (planned.method, planned.path) != (proposal.method, proposal.path):
         return [f"the policy now sends it as {planned.method} {planned.path}, not as proposed"]
     return []
-
-
-@dataclass(frozen=True)
-class Approver:
-    """Who decides a proposal: the admin (a name it gives, "admin" if none) or a configured
-    approver (its configured name: the token says who it is)."""
-
-    name: str
-    role: str  # admin | approver
-
-    @property
-    def actor(self) -> str:
-        return f"human:{self.name} ({self.role})"
-
-
-def approver_for(token: str | None, settings: Settings) -> Approver | None:
-    """The approver a presented token names: a configured approver, by its name, or the admin
-    (named ``admin`` until it says who decides). None for any other token."""
-    if not token:
-        return None
-    for approver in settings.approvers:
-        if admin_token_matches(token, approver.token_sha256):
-            return Approver(approver.name, "approver")
-    if admin_token_matches(token, settings.admin_token_sha256):
-        return Approver("admin", "admin")
-    return None
 
 
 def agent_owners(settings: Settings) -> dict[str, str | None]:

@@ -12,27 +12,27 @@ from typing import Annotated, Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from proxy.admin.access import Approver, admin_problem
 from proxy.gate.bodies import BodyRejected, parse_json_object
 from proxy.gate.checks import Agent
-from proxy.gate.gateway import GATEWAY, Gateway
 from proxy.gate.identity import path_operation_id
-from proxy.gate.problem import admin_problem, problem_response
+from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.observe.audit import AuditRecord, Decision
 from proxy.operations.api import APPROVER, BadInput, query_of, read_document
-from proxy.operations.proposals import (
-    REASON_MAX,
-    Approver,
-    proposal_view,
-    validation_errors,
-)
-from proxy.operations.proposing import (
+from proxy.proposals.proposing import (
     Refusal,
     approve_proposal,
     decline_proposal,
     propose_for_agent,
 )
+from proxy.proposals.rules import (
+    REASON_MAX,
+    proposal_view,
+    validation_errors,
+)
 from proxy.recovery.api import recorded, recovery_view
+from proxy.runtime import GATEWAY, Gateway
 from proxy.store.proposal import Proposal, ProposalState
 
 PROPOSALS_PREFIX = "/_opgate/v1/proposals"

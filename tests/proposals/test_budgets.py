@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from proxy.gate.identity import token_digest
-from tests.gate.test_budgets import budgeted, send, tenant_budget
-from tests.operations.test_proposals_api import APPROVER_TOKEN, PROPOSAL, decide
+from tests.support.budgets import budgeted, send, tenant_budget
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import AGENT_TOKEN, Opgate, StartOpgate, admin_headers
+from tests.support.proposals import APPROVER_TOKEN, PROPOSAL, decide
 
 
 async def propose(gate: Opgate, **fields: Any) -> tuple[int, dict[str, Any]]:

@@ -16,14 +16,13 @@ from typing import Any
 
 import structlog
 
+from proxy.admin.access import Approver
 from proxy.errors import IdempotencyKeyInUse
 from proxy.gate.budgets import remaining_budget
 from proxy.gate.checks import Agent
 from proxy.gate.decision import Deny
-from proxy.gate.gateway import Gateway
 from proxy.operations.approvals import holds_nul
-from proxy.operations.proposals import (
-    Approver,
+from proxy.proposals.rules import (
     ProposalInvalid,
     agent_owners,
     four_eyes_problem,
@@ -31,6 +30,7 @@ from proxy.operations.proposals import (
     read_proposal,
     replan_problems,
 )
+from proxy.runtime import Gateway
 from proxy.store.operation import Operation
 from proxy.store.proposal import Proposal, ProposalState
 from proxy.store.store import NewOperation
