@@ -12,7 +12,6 @@ decision.py       a decision's values: Deny, Forward, Replay
 reasons.py        the stable refusal codes, each with status, title and next action
 problem.py        refusals as RFC 9457 problem+json
 dialects.py       refusals in a provider's own error shape
-exact.py          a first send claimed by the statement that reads its row
 budgets.py        spend budgets at claim time, and their standings
 limits.py         requests in flight and request rates per agent and tenant
 cutoff.py         claims cut off before anything left, released as not_sent

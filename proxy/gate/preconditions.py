@@ -38,7 +38,7 @@ from proxy.observe.auditlog.storable import storable
 from proxy.policy import expressions
 from proxy.policy.model import PreconditionLookup, Preconditions, Provider, Rule
 from proxy.runtime import Gateway
-from proxy.store.operation import Operation, Status
+from proxy.store.operation import Operation
 from proxy.store.proposal import PROPOSAL_ID_PREFIX
 
 

@@ -29,7 +29,7 @@ from proxy.policy.set import PolicySet
 from proxy.recovery.next_action import NextAction, next_action
 from proxy.recovery.reconcile import reconcile_now
 from proxy.runtime import GATEWAY, Gateway
-from proxy.store.operation import STATUS_FILTERS, Operation, Status
+from proxy.store.operation import STATUS_FILTERS, Operation
 from proxy.store.proposal import Proposal
 
 RECOVERY_PREFIX = "/_opgate/v1/operations"
