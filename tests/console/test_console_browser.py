@@ -129,11 +129,13 @@ async def test_sign_in_filter_timeline_resolve_and_reviewer_refused(
         seen["timeline_id"] = chrome.find_element(By.ID, "operation-id").text
         seen["next_action"] = chrome.find_element(By.ID, "next-action").text
         chrome.save_screenshot(str(tmp_path / "timeline.png"))
-        Select(chrome.find_element(By.ID, "verdict")).select_by_value("failed")
         chrome.find_element(By.ID, "note").send_keys("no refund in the provider's dashboard")
-        click(chrome, chrome.find_element(By.ID, "resolve-submit"))
+        click(chrome, chrome.find_element(By.ID, "it-did-not"))
         seen["status_after"] = chrome.find_element(By.ID, "status").text
-        seen["actors"] = [e.text for e in chrome.find_elements(By.CSS_SELECTOR, "td.actor")]
+        seen["actors"] = [
+            e.get_attribute("textContent")
+            for e in chrome.find_elements(By.CSS_SELECTOR, "td.actor")
+        ]
         chrome.save_screenshot(str(tmp_path / "resolved.png"))
         click(chrome, chrome.find_element(By.CSS_SELECTOR, "header form button"))  # sign out
         seen["after_sign_out"] = chrome.current_url
