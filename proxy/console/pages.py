@@ -120,8 +120,9 @@ async def timeline(gw: Gateway, operation_id: str) -> dict[str, Any] | None:
         "requests": [r for r in records if r["kind"] == "request"],
         "transitions": [r for r in records if r["kind"] == "transition"],
         "notices": notices,
-        # where no webhook is configured, no notice is ever sent: nothing to show
-        "webhook": gw.settings.escalation_webhook_url is not None or bool(notices),
+        # notices are queued whatever the settings; with no webhook configured none is ever
+        # sent, and "attempts 0, not delivered" would only alarm
+        "webhook": gw.settings.escalation_webhook_url is not None,
     }
 
 
@@ -264,7 +265,7 @@ async def preconditions_now(
                 {
                     "require": a["require"],
                     "held": a.get("held"),
-                    "values": _shown_values(a.get("values", {}), currency),
+                    "read": _shown_values(a.get("values", {}), currency),
                 }
                 for a in checked.evidence.get("assertions", [])
             ]
