@@ -98,7 +98,7 @@ def policy_checks(
     provider: Provider, rule: Rule, amount: int | None, currency: str | None
 ) -> list[str]:
     """What opgate checks of the request an approval lets through, one sentence each."""
-    checks = [f"only {rule.method} {rule.path} at {provider.upstream} matches this rule"]
+    checks = [f"only {rule.method} {rule.path.text} at {provider.upstream} matches this rule"]
     if rule.amount is not None:
         if amount is None:
             checks.append(f"{rule.amount} must be absent (no amount was asked for)")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
@@ -49,10 +49,13 @@ def age(seconds: float | None) -> str:
 
 
 def moment(value: datetime | str | None) -> str:
+    """A time as a person reads it, to the second, in UTC: 2026-12-03 12:05:51Z."""
     if value is None:
         return ""
-    text = value.isoformat() if isinstance(value, datetime) else value
-    return text.replace("+00:00", "Z")
+    when = datetime.fromisoformat(value) if isinstance(value, str) else value
+    if when.tzinfo is not None:
+        when = when.astimezone(UTC)
+    return when.replace(microsecond=0, tzinfo=None).isoformat(sep=" ") + "Z"
 
 
 def trace_url(template: str | None, trace_id: Any) -> str | None:

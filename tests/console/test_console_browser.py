@@ -6,9 +6,7 @@ stylesheet is the console's own and loads under the CSP."""
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
-import shutil
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,7 +22,6 @@ from tests.console.helpers import (
 )
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import ADMIN_TOKEN, Opgate, StartOpgate, fault_policy
-from tests.support.paths import REPO
 
 pytestmark = NEEDS_BROWSER
 GOOD_BODY = "amount=500&currency=usd&charge=ch_1"
@@ -197,5 +194,3 @@ async def test_sign_in_filter_timeline_resolve_and_reviewer_refused(
     assert row["status"] == "dispatched"
     for name in ("operations", "timeline", "resolved", "reviewer-escalations", "reviewer-refused"):
         assert (tmp_path / f"{name}.png").stat().st_size > 10_000
-    if os.environ.get("OPGATE_WRITE_DOCS_SCREENSHOT") == "1":  # docs/console.png, on request
-        shutil.copyfile(tmp_path / "operations.png", REPO / "docs" / "console.png")

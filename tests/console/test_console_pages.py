@@ -46,7 +46,13 @@ DASHBOARD = "https://fault.example/search?q={operation_id}"
 def keep_screenshot(driver: Any, name: str) -> None:
     """docs/console-<name>.png, only when asked (docs/screenshots.py)."""
     if os.environ.get("OPGATE_WRITE_DOCS_SCREENSHOTS") == "1":
+        size = driver.get_window_size()
+        width, height = size["width"], size["height"]
+        tall = driver.execute_script("return document.documentElement.scrollHeight")
+        driver.set_window_size(width, min(max(tall + 100, height), 1800))
+        driver.execute_script("window.scrollTo(0, 0)")
         driver.save_screenshot(str(REPO / "docs" / f"console-{name}.png"))
+        driver.set_window_size(width, height)
 
 
 # --- a proposal --------------------------------------------------------------------------------
@@ -115,8 +121,8 @@ async def test_a_proposal_reads_as_a_sentence_with_the_providers_answer_now(
             seen[name] = chrome.find_element(By.ID, name).text
         seen["request"] = json.loads(chrome.find_element(By.ID, "exact-request").text)
         seen["now"] = chrome.find_element(By.ID, "precondition-1").text
-        seen["axe_proposal"] = serious_violations(chrome)
         keep_screenshot(chrome, "proposal")
+        seen["axe_proposal"] = serious_violations(chrome)
         # keyboard only: Tab to the note, type it, Tab to Approve, Enter
         tab_to(chrome, "note")
         type_keys(chrome, "checked the charge at Stripe")
@@ -144,12 +150,13 @@ async def test_a_proposal_reads_as_a_sentence_with_the_providers_answer_now(
     assert seen["sentence"] == sentence
     assert seen["request"] == first["request"]
     assert "amount must be exactly 6.00 USD" in seen["checks"]
+    assert "only POST /v1/refunds at https://api.stripe.com matches this rule" in seen["checks"]
     assert seen["budgets"] == "No budget applies."
     assert seen["approvers"] == (
         "the admin or an approver (olga@example.com), but not agent-a: four eyes"
     )
     assert seen["expires"].startswith("in ")
-    assert f"GET /v1/charges/{charge}, read 20" in seen["now"]
+    assert f"GET /v1/charges/{charge}, read 20" in seen["now"]  # and its time
     assert 'holds: /status == "succeeded"' in seen["now"]
     assert (
         "/amount_refunded = 0.00 USD, approved.amount = 6.00 USD, /amount = 20.00 USD"
@@ -298,8 +305,8 @@ async def test_an_escalation_reads_as_a_decision_resolved_with_the_keyboard(
         click(chrome, chrome.find_element(By.ID, "filter"))
         seen["dashboard"] = chrome.find_element(By.ID, "dash-escalations").text
         seen["amounts"] = [e.text for e in chrome.find_elements(By.CSS_SELECTOR, "td .amount")]
-        seen["axe_operations"] = serious_violations(chrome)
         keep_screenshot(chrome, "dashboard")
+        seen["axe_operations"] = serious_violations(chrome)
         click(chrome, chrome.find_element(By.LINK_TEXT, "Escalations"))
         seen["axe_escalations"] = serious_violations(chrome)
         click(chrome, chrome.find_element(By.LINK_TEXT, operation_id))
@@ -320,8 +327,8 @@ async def test_an_escalation_reads_as_a_decision_resolved_with_the_keyboard(
         seen["notices"] = len(chrome.find_elements(By.ID, "notices-details"))
         seen["raw_shown"] = chrome.find_element(By.ID, "transitions").is_displayed()
         seen["source"] = chrome.page_source
-        seen["axe_escalation"] = serious_violations(chrome)
         keep_screenshot(chrome, "escalation")
+        seen["axe_escalation"] = serious_violations(chrome)
         # keyboard only: a note, then "It happened" without an object id
         tab_to(chrome, "note")
         type_keys(chrome, "no refund for ch_1 in the dashboard")
