@@ -144,7 +144,7 @@ def attempts(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         line["ended"] = words.format(status=status if status is not None else "nothing")
     for line in found.values():
         if line["ended"] is None:
-            line["ended"] = "no end recorded (sent, its answer never stored)"
+            line["ended"] = "no end recorded yet: in flight, or its end was lost"
     return [found[n] for n in sorted(found)]
 
 
