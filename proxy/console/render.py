@@ -4,14 +4,15 @@ console's own stylesheet and forms that post to itself)."""
 
 from __future__ import annotations
 
+import json
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-from proxy.policy.amounts import decimal_spelling
+from proxy.policy.amounts import human_amount
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
@@ -48,10 +49,13 @@ def age(seconds: float | None) -> str:
 
 
 def moment(value: datetime | str | None) -> str:
+    """A time as a person reads it, to the second, in UTC: 2026-12-03 12:05:51Z."""
     if value is None:
         return ""
-    text = value.isoformat() if isinstance(value, datetime) else value
-    return text.replace("+00:00", "Z")
+    when = datetime.fromisoformat(value) if isinstance(value, str) else value
+    if when.tzinfo is not None:
+        when = when.astimezone(UTC)
+    return when.replace(microsecond=0, tzinfo=None).isoformat(sep=" ") + "Z"
 
 
 def trace_url(template: str | None, trace_id: Any) -> str | None:
@@ -63,21 +67,23 @@ def trace_url(template: str | None, trace_id: Any) -> str | None:
 
 
 def money(minor_units: Any, currency: Any) -> str:
-    """An amount as a human reads it, in its currency's ISO 4217 exponent ("82000.00 USD",
-    never "8200000 usd": an approver must not misread it by a factor of a hundred). Where the
-    exponent is unknown, the minor units, said to be so."""
+    """An amount as the product shows it to a person (``human_amount``); nothing for a value
+    that is no amount."""
     if not isinstance(minor_units, int) or isinstance(minor_units, bool):
         return ""
-    code = currency if isinstance(currency, str) else None
-    spelt = decimal_spelling(minor_units, code)
-    if spelt is None or code is None:
-        return f"{minor_units} minor units {code or ''}".rstrip()
-    return f"{spelt} {code.upper()}"
+    return human_amount(minor_units, currency if isinstance(currency, str) else None)
+
+
+def pretty(value: Any) -> str:
+    """A JSON value for a person: indented, its characters as they are (``&``, not
+    ``\\u0026``: the page is escaped by Jinja2's autoescape, not by the JSON)."""
+    return json.dumps(value, indent=2, ensure_ascii=False)
 
 
 _templates.filters["age"] = age
 _templates.filters["moment"] = moment
 _templates.filters["money"] = money
+_templates.filters["pretty"] = pretty
 
 
 def page(name: str, status: int = 200, **context: Any) -> web.Response:

@@ -36,7 +36,7 @@ from proxy.console.sessions import (
 from proxy.errors import StoreUnavailable
 from proxy.gate.budgets import budget_standings
 from proxy.gate.identity import path_operation_id
-from proxy.gate.reasons import Reason
+from proxy.gate.reasons import REASONS, Reason
 from proxy.operations.api import ResolveRequest
 from proxy.proposals.proposing import Refusal, approve_proposal, decline_proposal
 from proxy.proposals.rules import REASON_MAX
@@ -52,7 +52,8 @@ _SIGN_IN_PATHS = frozenset({f"{PREFIX}/login"})
 _STATIC_PREFIX = f"{PREFIX}/static/"
 _STYLESHEET = resources.files("proxy.console").joinpath("static/console.css").read_bytes()
 _FORM_MAX = 64 * 1024
-_PROPOSAL_DECISION = re.compile(rf"^{PREFIX}/proposals/[^/]+/(approve|decline)$")
+# an approver's POSTs: a proposal's page (its decision form) or the decision's own path
+_PROPOSAL_DECISION = re.compile(rf"^{PREFIX}/proposals/[^/]+(/approve|/decline)?$")
 
 
 class FormRejected(Exception):
@@ -131,8 +132,10 @@ def redirect(location: str) -> web.Response:
     return web.Response(status=303, headers={"Location": location})
 
 
-def _error(status: int, title: str, detail: str, session: Session | None) -> web.Response:
-    return page("error.html", status, title=title, detail=detail, session=session)
+def _error(
+    status: int, title: str, detail: str, session: Session | None, back: str | None = None
+) -> web.Response:
+    return page("error.html", status, title=title, detail=detail, session=session, back=back)
 
 
 def _context(request: web.Request, **values: Any) -> dict[str, Any]:
@@ -142,6 +145,12 @@ def _context(request: web.Request, **values: Any) -> dict[str, Any]:
         "trace_url": lambda trace_id: trace_url(settings.trace_url_template, trace_id),
         **values,
     }
+
+
+async def _page(request: web.Request, name: str, status: int = 200, **values: Any) -> web.Response:
+    """A signed-in page with the dashboard line atop it."""
+    dashboard = await pages.dashboard(request.app[GATEWAY], request.app[CHAIN_STATE])
+    return page(name, status, **_context(request, dashboard=dashboard, **values))
 
 
 async def login_form(request: web.Request) -> web.Response:
@@ -226,38 +235,49 @@ async def operations(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     filters = _filters(request)
     rows = await pages.operations(gw, filters)
-    return page(
+    return await _page(
+        request,
         "operations.html",
-        **_context(
-            request,
-            rows=rows,
-            filters=filters,
-            statuses=list(pages.STATUS_FILTERS),
-            ages=list(pages.AGE_FILTERS),
-            providers=sorted(p.provider for p in gw.policy.providers),
-        ),
+        rows=rows,
+        filters=filters,
+        statuses=list(pages.STATUS_FILTERS),
+        ages=list(pages.AGE_FILTERS),
+        providers=sorted(p.provider for p in gw.policy.providers),
     )
 
 
 async def operation(request: web.Request) -> web.Response:
-    operation_id = path_operation_id(request)
+    return await _operation_page(request, path_operation_id(request))
+
+
+async def _operation_page(
+    request: web.Request,
+    operation_id: str | None,
+    *,
+    status: int = 200,
+    error: str | None = None,
+    form: dict[str, str] | None = None,
+) -> web.Response:
+    """The operation's page; after a refused verdict, with the reason and the form as it was
+    filled in (``error``, ``form``)."""
     found = (
         None if operation_id is None else await pages.timeline(request.app[GATEWAY], operation_id)
     )
     if found is None:
         return _error(404, "Not found", "no such operation", request[SESSION])
-    return page("operation.html", **_context(request, **found))
+    kept = {"object_id": "", "note": "", **(form or {})}
+    return await _page(request, "operation.html", status, error=error, form=kept, **found)
 
 
 async def escalations(request: web.Request) -> web.Response:
     rows = await pages.escalations(request.app[GATEWAY])
-    return page("escalations.html", **_context(request, rows=rows))
+    return await _page(request, "escalations.html", rows=rows)
 
 
 async def budgets(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     found = await budget_standings(gw.store, list(gw.policy.providers))
-    return page("budgets.html", **_context(request, rows=[s.to_public() for s in found]))
+    return await _page(request, "budgets.html", rows=[s.to_public() for s in found])
 
 
 async def resolve(request: web.Request) -> web.Response:
@@ -276,19 +296,29 @@ async def resolve(request: web.Request) -> web.Response:
             decided_by=session.identity,
         )
     except ValidationError as exc:
-        fields = ", ".join(str(e["loc"][0]) for e in exc.errors() if e["loc"])
-        return _error(400, "Not resolved", f"check these fields: {fields}", session)
+        fields = ", ".join(
+            _FIELD_WORDS.get(str(e["loc"][0]), str(e["loc"][0])) for e in exc.errors() if e["loc"]
+        )
+        return await _not_resolved(request, operation_id, 400, f"check {fields}", form)
     if verdict.verdict == "confirmed" and verdict.object_id is None:
-        return _error(400, "Not resolved", "a confirmed verdict names the provider object", session)
+        return await _not_resolved(
+            request,
+            operation_id,
+            400,
+            "to say it happened, give the provider object's id (what you found at the provider)",
+            form,
+        )
     resolved = await gw.store.resolve(
         operation_id, Status(verdict.verdict), verdict.object_id, verdict.note, actor=session.actor
     )
     if resolved is None:
         existing = await gw.store.load(operation_id)
-        detail = "no such operation" if existing is None else f"it is {existing.status.value}"
-        if existing is not None and existing.lease_is_live():
-            detail += " with an attempt in flight"
-        return _error(409, "Not resolved", detail, session)
+        if existing is None:
+            return _error(404, "Not found", "no such operation", session)
+        detail = f"it is {existing.status.value}"
+        if existing.lease_is_live():
+            detail += " with an attempt in flight: wait for its outcome"
+        return await _not_resolved(request, operation_id, 409, detail, form)
     _log.info(
         "operation_resolved", operation_id=operation_id, verdict=verdict.verdict, by=session.actor
     )
@@ -297,7 +327,7 @@ async def resolve(request: web.Request) -> web.Response:
 
 async def proposals(request: web.Request) -> web.Response:
     rows = await pages.pending_proposals(request.app[GATEWAY])
-    return page("proposals.html", **_context(request, rows=rows))
+    return await _page(request, "proposals.html", rows=rows)
 
 
 async def decide(request: web.Request) -> web.Response:
@@ -308,23 +338,80 @@ async def decide(request: web.Request) -> web.Response:
     proposal_id = path_operation_id(request, "proposal_id")
     if proposal_id is None:
         return _error(400, "Bad request", "not a proposal id", session)
-    note = (await read_form(request)).get("note", "").strip() or None
+    form = await read_form(request)
+    note = form.get("note", "").strip() or None
+    verdict = request.match_info.get("verdict") or form.get("decision", "")
+    if verdict not in ("approve", "decline"):
+        return await _proposal_page(
+            request,
+            proposal_id,
+            status=400,
+            error="Not decided: choose Approve or Decline",
+            form=form,
+        )
     if note is not None and len(note) > REASON_MAX:
-        return _error(400, "Not decided", f"a note is at most {REASON_MAX} characters", session)
+        why = f"Not decided: a note is at most {REASON_MAX} characters"
+        return await _proposal_page(request, proposal_id, status=400, error=why, form=form)
     approver = Approver(session.identity, session.role.value)
-    if request.match_info["verdict"] == "approve":
+    if verdict == "approve":
         created = await approve_proposal(gw, proposal_id, approver, note)
         if isinstance(created, Refusal):
-            return _error(created.status, "Not approved", _refusal_text(created), session)
+            why = f"Not approved. {_refusal_text(created)}"
+            return await _proposal_page(
+                request, proposal_id, status=created.status, error=why, form=form
+            )
         return redirect(f"{PREFIX}/operations/{quote(created.operation_id, safe='')}")
     declined = await decline_proposal(gw, proposal_id, approver, note)
     if isinstance(declined, Refusal):
-        return _error(declined.status, "Not declined", _refusal_text(declined), session)
+        why = f"Not declined. {_refusal_text(declined)}"
+        return await _proposal_page(
+            request, proposal_id, status=declined.status, error=why, form=form
+        )
     return redirect(f"{PREFIX}/proposals")
 
 
+async def proposal(request: web.Request) -> web.Response:
+    return await _proposal_page(request, path_operation_id(request, "proposal_id"))
+
+
+async def _proposal_page(
+    request: web.Request,
+    proposal_id: str | None,
+    *,
+    status: int = 200,
+    error: str | None = None,
+    form: dict[str, str] | None = None,
+) -> web.Response:
+    """The proposal's page; after a refused decision, with the reason and the note kept."""
+    found = None if proposal_id is None else await pages.proposal(request.app[GATEWAY], proposal_id)
+    if found is None:
+        return _error(
+            404, "Not found", "no such proposal", request[SESSION], back=f"{PREFIX}/proposals"
+        )
+    kept = {"note": (form or {}).get("note", "")}
+    return await _page(request, "proposal.html", status, error=error, form=kept, **found)
+
+
 def _refusal_text(refusal: Refusal) -> str:
-    return f"{refusal.code}: {refusal.detail}"
+    """A refusal in words: what it is, then the detail, then its stable code."""
+    try:
+        title = REASONS[Reason(refusal.code)].title
+    except (ValueError, KeyError):
+        title = refusal.code.replace("_", " ").capitalize()
+    return f"{title}: {refusal.detail} ({refusal.code})"
+
+
+# form fields as the page names them, for a refusal that lists them
+_FIELD_WORDS = {"verdict": "the verdict", "object_id": "the provider object id", "note": "the note"}
+
+
+async def _not_resolved(
+    request: web.Request, operation_id: str, status: int, why: str, form: dict[str, str]
+) -> web.Response:
+    kept = {k: form.get(k, "") for k in ("object_id", "note")}
+    return await _operation_page(
+        request, operation_id, status=status, error=f"Not resolved: {why}", form=kept
+    )
 
 
 async def audit(request: web.Request) -> web.Response:
@@ -332,7 +419,7 @@ async def audit(request: web.Request) -> web.Response:
     state = request.app[CHAIN_STATE]
     if request.query.get("verify") == "1":  # a read: any role may run it
         await pages.run_verification(gw, state)
-    return page("audit.html", **_context(request, **await pages.chain(gw, state)))
+    return await _page(request, "audit.html", **await pages.chain(gw, state))
 
 
 async def stylesheet(request: web.Request) -> web.Response:
@@ -348,10 +435,13 @@ def console_app() -> web.Application:
     app.router.add_post("/logout", logout)
     app.router.add_get("/operations", operations)
     app.router.add_get("/operations/{operation_id}", operation)
+    app.router.add_post("/operations/{operation_id}", resolve)
     app.router.add_post("/operations/{operation_id}/resolve", resolve)
     app.router.add_get("/escalations", escalations)
     app.router.add_get("/budgets", budgets)
     app.router.add_get("/proposals", proposals)
+    app.router.add_get("/proposals/{proposal_id}", proposal)
+    app.router.add_post("/proposals/{proposal_id}", decide)
     app.router.add_post("/proposals/{proposal_id}/{verdict:approve|decline}", decide)
     app.router.add_get("/audit", audit)
     app.router.add_get("/static/console.css", stylesheet)

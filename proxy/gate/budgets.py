@@ -16,6 +16,7 @@ from typing import Any
 
 from proxy.gate.decision import Deny
 from proxy.gate.reasons import Reason
+from proxy.policy.amounts import human_amount
 from proxy.policy.budgets import (
     BudgetKey,
     BudgetMode,
@@ -67,10 +68,14 @@ def exceeded(keys: list[BudgetKey], spent: list[int], amount: int) -> Deny | Non
         return None
     tightest = min(over, key=lambda s: s.remaining)
     budget = tightest.key.budget
+
+    def shown(minor_units: int) -> str:
+        return human_amount(minor_units, budget.currency)
+
     return Deny(
         Reason.BUDGET_EXCEEDED,
-        f"{amount} {budget.currency} would exceed the {budget.scope.value} budget of "
-        f"{budget.limit} per {budget.window}: {tightest.remaining} remaining",
+        f"{shown(amount)} would exceed the {budget.scope.value} budget of "
+        f"{shown(budget.limit)} per {budget.window}: {shown(tightest.remaining)} remaining",
         extra={"budget": {**tightest.to_public(), "amount": amount}},
     )
 

@@ -16,7 +16,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
 import structlog
@@ -70,7 +70,19 @@ class Asked:
         )
 
 
-def render_lookup(lookup: ReconcileLookup | PreconditionLookup, op: Operation) -> str | None:
+class LookupSubject(Protocol):
+    """What a lookup's templates read: an operation, or a proposal of one (the console shows a
+    proposal's preconditions as the provider answers them now)."""
+
+    @property
+    def operation_id(self) -> str: ...
+    @property
+    def params(self) -> dict[str, Any]: ...
+    @property
+    def path_params(self) -> dict[str, str]: ...
+
+
+def render_lookup(lookup: ReconcileLookup | PreconditionLookup, op: LookupSubject) -> str | None:
     """The lookup's path and query for ``op``; None if it names a value the operation lacks."""
     values = {
         **{k: str(v) for k, v in op.params.items()},

@@ -29,10 +29,10 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from proxy.gate.decision import Deny
-from proxy.gate.lookup import Inconclusive, fetch, render_lookup
+from proxy.gate.lookup import Inconclusive, LookupSubject, fetch, render_lookup
 from proxy.gate.reasons import Reason
 from proxy.observe.auditlog.storable import storable
 from proxy.policy import expressions
@@ -102,7 +102,16 @@ def recheck_due(rule: Rule, op: Operation) -> str | None:
 
 
 # --- what the answers say (pure) -------------------------------------------------------------
-def approved_values(op: Operation) -> dict[str, Any]:
+class Approved(LookupSubject, Protocol):
+    """What the assertions compare with: an operation's approved values, or a proposal's."""
+
+    @property
+    def amount(self) -> int | None: ...
+    @property
+    def currency(self) -> str | None: ...
+
+
+def approved_values(op: Approved) -> dict[str, Any]:
     return {
         "amount": op.amount,
         "currency": op.currency,
@@ -117,7 +126,7 @@ def _not_json(constant: str) -> Any:
 
 
 def judge_answer(
-    lookup: PreconditionLookup, path: str, status: int, body: bytes, op: Operation
+    lookup: PreconditionLookup, path: str, status: int, body: bytes, op: Approved
 ) -> Checked:
     """One lookup's answer against its assertions."""
     evidence: dict[str, Any] = {"path": path, "provider_status": status}

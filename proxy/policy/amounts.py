@@ -1,4 +1,5 @@
-"""How an amount is spelt in a request body, per the rule's ``amount_format``. Pure.
+"""How an amount is spelt in a request body, per the rule's ``amount_format``, and how it is
+shown to a person (``human_amount``: the product's one formatter). Pure.
 
 The approval always holds integer minor units. A rule reads the amount either as those minor
 units (``1099``: a JSON integer, or the digits of a form value) or as a decimal string in the
@@ -34,6 +35,19 @@ def decimal_spelling(minor_units: int, currency: str | None) -> str | None:
         return str(minor_units)
     whole, fraction = divmod(minor_units, 10**places)
     return f"{whole}.{fraction:0{places}d}"
+
+
+def human_amount(minor_units: int, currency: str | None) -> str:
+    """An amount as a person reads it, the one spelling every page, message and table shows a
+    human: in its currency's ISO 4217 exponent with the code upper case ("25.00 USD",
+    "1099 JPY"), so that nobody misreads it by a factor of a hundred. Only where no exponent is
+    known are the minor units shown, and said to be so."""
+    spelt = decimal_spelling(minor_units, currency)
+    if currency is None:
+        return f"{minor_units} (minor units, no currency)"
+    if spelt is None:
+        return f"{minor_units} (minor units of {currency.upper()})"
+    return f"{spelt} {currency.upper()}"
 
 
 def read_decimal(sent: object, currency: str | None) -> int | None:

@@ -487,12 +487,28 @@ class Provider(Strict):
     mode: Mode = Mode.ENFORCE  # report: shadow mode for every rule that does not say otherwise
     # Proposals (docs/concepts/proposals.md): every rule's four_eyes unless the rule says otherwise.
     four_eyes: bool = False
+    # The provider's dashboard search for one operation, the link the console gives a human
+    # an escalation waits on: a URL template over ``{operation_id}`` and the operation's
+    # approved params and path params, as a lookup's path is (each value URL-quoted).
+    dashboard_search_url: (
+        Annotated[str, Field(pattern=r"^https://[^\s]+$", max_length=2000)] | None
+    ) = None
     rules: Annotated[list[Rule], Field(min_length=1)]
     forward_proxy: ForwardProxy = Field(default_factory=ForwardProxy)  # forward mode
     # Spend caps per currency and rolling window, enforced at claim (proxy/policy/budgets.py).
     budgets: list[Budget] = Field(default_factory=list)
     # Request rates and requests in flight per agent and per tenant on this provider.
     rate_limits: RateLimits = Field(default_factory=RateLimits)
+
+    @field_validator("dashboard_search_url")
+    @classmethod
+    def _dashboard_template(cls, template: str | None) -> str | None:
+        if template is not None:
+            try:
+                list(string.Formatter().parse(template))
+            except ValueError as exc:
+                raise ValueError(f"dashboard_search_url {template!r}: {exc}") from exc
+        return template
 
     @field_validator("budgets")
     @classmethod

@@ -37,6 +37,16 @@ class AuditRow:
     record: str
 
 
+@dataclass(frozen=True)
+class Waiting:
+    """The console's dashboard line as the database has it."""
+
+    escalations: int
+    oldest_escalation_seconds: float | None
+    pending_proposals: int
+    last_checkpoint_at: datetime | None
+
+
 class ConsoleStore:
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -110,6 +120,18 @@ class ConsoleStore:
             lambda conn: queries.fetch(conn, "console_notifications", operation_id=operation_id)
         )
         return [dict(r) for r in rows]
+
+    async def dashboard(self) -> Waiting:
+        """What waits on the humans now: escalations (and the oldest's age), pending proposals,
+        and when the newest checkpoint was signed."""
+        row = await self._store.run(lambda conn: queries.fetchrow(conn, "console_dashboard"))
+        assert row is not None  # one row, always
+        return Waiting(
+            row["escalations"],
+            row["oldest_escalation_seconds"],
+            row["pending_proposals"],
+            row["last_checkpoint_at"],
+        )
 
     async def last_checkpoint(self) -> dict[str, Any] | None:
         """The newest checkpoint: id, when, by whom, how many heads it signed, its mac."""

@@ -779,6 +779,21 @@ SELECT notification_id, kind, created_at, attempts, delivered_at, last_error
 -- The newest checkpoint: when, by whom, and how many chain heads it signed.
 SELECT checkpoint_id, at, writer, jsonb_array_length(heads) AS heads, mac
   FROM audit_checkpoints ORDER BY checkpoint_id DESC LIMIT 1;
+-- name: console_dashboard
+-- The line atop every console page: how many operations wait on a human (the escalation
+-- queue's condition, as escalated_operations) and how long the oldest has, how many proposals
+-- wait for a decision (pending and not expired), and when the newest checkpoint was signed.
+WITH waiting AS (
+    SELECT count(*) AS escalations, now() - min(escalated_at) AS oldest
+      FROM operations
+     WHERE status IN ('created', 'dispatched') AND escalated_at IS NOT NULL
+)
+SELECT w.escalations,
+       extract(epoch FROM w.oldest)::float8 AS oldest_escalation_seconds,
+       (SELECT count(*) FROM proposals
+         WHERE status = 'pending' AND expires_at > now()) AS pending_proposals,
+       (SELECT max(at) FROM audit_checkpoints) AS last_checkpoint_at
+  FROM waiting w;
 -- ============================================================================== end console
 
 -- ================================================================================ proposals

@@ -64,3 +64,37 @@ async def sign_in(
     ) as response:
         await response.read()
         return response
+
+
+def serious_violations(driver: Any) -> list[str]:
+    """axe-core's serious and critical violations on the page the browser shows (axe-core as
+    axe-selenium-python ships it, injected by the test: the console's CSP allows no script)."""
+    from axe_selenium_python import Axe
+
+    axe = Axe(driver)
+    axe.inject()
+    results = axe.run()
+    return [
+        f"{v['id']} ({v['impact']}): {v['help']}: {[n['target'] for n in v['nodes']][:3]}"
+        for v in results["violations"]
+        if v["impact"] in ("serious", "critical")
+    ]
+
+
+def tab_to(driver: Any, element_id: str, limit: int = 80) -> None:
+    """Press Tab, as a keyboard-only user does, until the element ``element_id`` has focus."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    for _ in range(limit):
+        if driver.switch_to.active_element.get_attribute("id") == element_id:
+            return
+        ActionChains(driver).send_keys(Keys.TAB).perform()
+    raise AssertionError(f"{limit} presses of Tab never reached #{element_id}")
+
+
+def type_keys(driver: Any, *keys: str) -> None:
+    """Keys typed into whatever has focus."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    ActionChains(driver).send_keys(*keys).perform()

@@ -73,15 +73,18 @@ async def test_a_proposal_approved_in_the_console_is_sent_once_by_the_stripe_sdk
         sign_in(chrome, gate.ops_url, APPROVER_TOKEN, "someone else")
         seen: dict[str, Any] = {"who": chrome.find_element(By.ID, "who").text}
         click(chrome, chrome.find_element(By.LINK_TEXT, "Proposals"))
-        row = chrome.find_element(By.ID, f"proposal-{proposal_id}")
-        seen["request"] = json.loads(row.find_element(By.CSS_SELECTOR, "pre.exact-request").text)
-        seen["reason"] = row.find_element(By.CSS_SELECTOR, "td.reason").text
+        click(chrome, chrome.find_element(By.LINK_TEXT, proposal_id))
+        seen["request"] = json.loads(chrome.find_element(By.ID, "exact-request").text)
+        seen["sentence"] = chrome.find_element(By.ID, "sentence").text
         chrome.save_screenshot(str(tmp_path / "proposals.png"))
-        row.find_element(By.CSS_SELECTOR, "form.approve input[name=note]").send_keys("checked")
-        click(chrome, row.find_element(By.CSS_SELECTOR, "button.approve-submit"))
+        chrome.find_element(By.ID, "note").send_keys("checked")
+        click(chrome, chrome.find_element(By.ID, "approve"))
         seen["operation"] = chrome.find_element(By.ID, "operation-id").text
         seen["next_action"] = chrome.find_element(By.ID, "next-action").text
-        seen["actors"] = [e.text for e in chrome.find_elements(By.CSS_SELECTOR, "td.actor")]
+        seen["actors"] = [
+            e.get_attribute("textContent")
+            for e in chrome.find_elements(By.CSS_SELECTOR, "td.actor")
+        ]
         chrome.save_screenshot(str(tmp_path / "approved.png"))
         return seen
 
@@ -89,7 +92,10 @@ async def test_a_proposal_approved_in_the_console_is_sent_once_by_the_stripe_sdk
     assert seen["who"] == "olga@example.com · approver"
     assert seen["request"] == proposed["request"]  # the page shows what the agent was shown
     assert seen["request"]["form"] == {"amount": "500", "charge": charge}
-    assert seen["reason"] == "order 1042 was charged twice"
+    assert seen["sentence"] == (
+        f"Refund 5.00 USD of charge {charge} at Stripe, asked by agent-a (tenant t1): "
+        "order 1042 was charged twice"
+    )
     assert seen["operation"] == operation_id
     assert seen["next_action"].startswith("send")
     assert "human:olga@example.com (approver)" in seen["actors"]

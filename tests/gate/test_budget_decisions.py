@@ -49,3 +49,13 @@ def test_a_reported_budget_only_would_deny() -> None:
     assert claim.admits([0, 0])
     assert not claim.admits([4600, 0])
     assert claim.judge([0, 0]) == claim.judge([0, 0])
+
+
+def test_the_refusal_says_the_amounts_in_the_currency_a_person_reads() -> None:
+    """The refusal's sentence spells every amount in its currency's exponent (the product's one
+    formatter), never as minor units; the attached budget keeps the minor units."""
+    refusal = exceeded([key("tenant", 100000)], [98000], 2500)
+    assert refusal is not None
+    assert refusal.detail == (
+        "25.00 USD would exceed the tenant budget of 1000.00 USD per 24h: 20.00 USD remaining"
+    )

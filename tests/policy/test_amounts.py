@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.policy.amounts import decimal_spelling, read_decimal, read_minor_units
+from proxy.policy.amounts import decimal_spelling, human_amount, read_decimal, read_minor_units
 from proxy.policy.currencies import EXPONENTS, exponent
 
 CURRENCIES = sorted(EXPONENTS)
@@ -83,3 +83,23 @@ def test_minor_units_are_read_only_as_canonical_integers(
 ) -> None:
     """Form digits without sign or leading zero; JSON integers, never bools or floats."""
     assert read_minor_units(sent, as_text=as_text) == expected
+
+
+@pytest.mark.parametrize(
+    ("minor_units", "currency", "shown"),
+    [
+        pytest.param(2500, "usd", "25.00 USD", id="two decimals"),
+        pytest.param(1099, "JPY", "1099 JPY", id="no decimals"),
+        pytest.param(1234, "kwd", "1.234 KWD", id="three decimals"),
+        pytest.param(7, "usd", "0.07 USD", id="under one unit"),
+        pytest.param(8200000, "usd", "82000.00 USD", id="never a factor of a hundred off"),
+        pytest.param(500, "zzz", "500 (minor units of ZZZ)", id="unknown currency"),
+        pytest.param(500, None, "500 (minor units, no currency)", id="no currency"),
+    ],
+)
+def test_human_amount_is_the_one_spelling_a_person_reads(
+    minor_units: int, currency: str | None, shown: str
+) -> None:
+    """Every amount shown to a person is in its currency's exponent with the code upper case;
+    only where no exponent is known are the minor units shown, and said to be so."""
+    assert human_amount(minor_units, currency) == shown

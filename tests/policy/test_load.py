@@ -345,3 +345,24 @@ def test_forward_headers_cannot_pass_reserved_headers(header: str) -> None:
     [problem] = problems_of(text)
     assert "forward_headers may not list" in problem
     assert header in problem
+
+
+def test_a_dashboard_search_url_is_an_https_template_over_the_operation() -> None:
+    """``dashboard_search_url`` loads as an https URL template over the operation id and its
+    approved values; plain http or a template that does not parse is refused at its line."""
+    good = HEAD + "dashboard_search_url: https://pay.example/search?q={operation_id}\n" + RULES
+    provider, problems = parse_policy_text(good, "pay.yaml")
+    assert problems == []
+    assert provider is not None
+    assert provider.dashboard_search_url == "https://pay.example/search?q={operation_id}"
+    plain = HEAD + "dashboard_search_url: http://pay.example/search?q={operation_id}\n" + RULES
+    assert problems_of(plain)[0].startswith("pay.yaml:5:")
+    broken = HEAD + "dashboard_search_url: https://pay.example/search?q={operation_id\n" + RULES
+    assert "dashboard_search_url" in problems_of(broken)[0]
+
+
+def test_the_shipped_stripe_policy_names_its_dashboard_search() -> None:
+    """Stripe's dashboard has a search URL: the shipped policy sets it for the console."""
+    stripe = load_policy_dir(POLICIES).provider_named("stripe")
+    assert stripe is not None
+    assert stripe.dashboard_search_url == "https://dashboard.stripe.com/search?query={operation_id}"

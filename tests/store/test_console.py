@@ -86,6 +86,22 @@ async def test_the_timeline_reads_and_the_last_checkpoint(store: Store) -> None:
     assert (last["checkpoint_id"], last["writer"], last["heads"]) == (checkpoint_id, "test", 0)
 
 
+async def test_the_dashboard_counts_what_waits_on_the_humans(store: Store) -> None:
+    """The dashboard line: escalations waiting and the oldest's age, pending proposals (none
+    here), and no checkpoint yet on a fresh database."""
+    console = ConsoleStore(store)
+    empty = await console.dashboard()
+    assert (empty.escalations, empty.oldest_escalation_seconds) == (0, None)
+    assert (empty.pending_proposals, empty.last_checkpoint_at) == (0, None)
+    await _escalated(store, "op_dash_1")
+    await _escalated(store, "op_dash_2")
+    await store.create(new_operation("op_dash_3"), actor="test")  # not escalated
+    waiting = await console.dashboard()
+    assert waiting.escalations == 2
+    assert waiting.oldest_escalation_seconds is not None
+    assert 0 <= waiting.oldest_escalation_seconds < 60
+
+
 async def test_the_scrape_counts_unsettled_operations(store: Store) -> None:
     """Created, dispatched, dispatched too long ago, and escalated operations are counted."""
     await store.create(new_operation("op_1"), actor="test")

@@ -1,0 +1,231 @@
+"""What the console tells a human in words, from the policy and an operation's or a proposal's
+rows: a proposal as a sentence, what the policy checks, how each attempt and each lookup ended,
+where to look at the provider, and what each verdict does. Pure: no IO, the values given."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import quote
+
+from proxy.gate.lookup import LookupSubject, render_lookup
+from proxy.policy.amounts import human_amount
+from proxy.policy.model import Provider, Rule
+
+_VERSION = re.compile(r"v[0-9]+")
+# How an attempt ended (``LastOutcome``), said to the human who decides what happened.
+_OUTCOME_WORDS = {
+    "not_sent": "not sent: the connection never opened, no byte left",
+    "unknown:timeout": "outcome unknown: no answer in time",
+    "unknown:dropped": "outcome unknown: the connection dropped",
+    "unknown:status": "outcome unknown: the provider answered {status}",
+    "unknown:truncated": "outcome unknown: the answer was cut off",
+    "confirmed": "confirmed: the provider answered {status}",
+    "failed": "failed: the provider answered {status}, nothing happened",
+}
+# What a reconciliation lookup found (``lookup.describe``).
+_RESULT_WORDS = {
+    "found": "found it: the effect exists",
+    "absent_conclusive": "not there, and the list is authoritative",
+    "absent_inconclusive": "not there, but this list cannot prove it never happened",
+}
+# What each verdict does: the words beside the two buttons.
+CONSEQUENCES = {
+    "confirmed": (
+        "The operation is confirmed with the provider object you name; the agent is told to "
+        "proceed, and opgate never sends it again."
+    ),
+    "failed": (
+        "The operation fails with no effect; the agent is told a new approval is required, and "
+        "this one can never be sent again."
+    ),
+}
+
+
+def action_words(action: str) -> str:
+    """``refund.create`` -> "Refund", ``payment_intent.capture`` -> "Capture payment intent"."""
+    noun, _, verb = action.partition(".")
+    noun_words = noun.replace("_", " ")
+    if not verb or verb == "create":
+        return noun_words[:1].upper() + noun_words[1:]
+    return f"{verb.replace('_', ' ').capitalize()} {noun_words}"
+
+
+def subject_words(path_params: Mapping[str, str], params: Mapping[str, Any]) -> str:
+    """The objects an operation names, as words: "of charge ch_1"."""
+    named = [
+        f"{name.replace('_', ' ')} {value}"
+        for name, value in (*path_params.items(), *params.items())
+        if isinstance(value, str | int) and not isinstance(value, bool)
+    ]
+    return f"of {', '.join(named)}" if named else ""
+
+
+def provider_words(provider: str) -> str:
+    return provider[:1].upper() + provider[1:]
+
+
+def proposal_sentence(proposal: Mapping[str, Any]) -> str:
+    """ "Refund 25.00 USD of charge ch_1 at Stripe, asked by demo-agent (tenant demo): why"."""
+    parts = [action_words(proposal["action"])]
+    if proposal["amount"] is not None:
+        parts.append(human_amount(proposal["amount"], proposal["currency"]))
+    subject = subject_words(proposal["target"]["path_params"], proposal["params"])
+    if subject:
+        parts.append(subject)
+    parts.append(f"at {provider_words(proposal['provider'])},")
+    parts.append(f"asked by {proposal['agent_id']} (tenant {proposal['tenant']}):")
+    parts.append(proposal["reason"])
+    return " ".join(parts)
+
+
+def operation_sentence(op: Mapping[str, Any]) -> str:
+    """ "Refund 5.00 USD of charge ch_1 at Stripe, approved by alice (INC-1)"."""
+    parts = [action_words(op["action"])]
+    if op["amount"] is not None:
+        parts.append(human_amount(op["amount"], op["currency"]))
+    subject = subject_words(op["target"]["path_params"], op["params"])
+    if subject:
+        parts.append(subject)
+    parts.append(f"at {provider_words(op['provider'])},")
+    approval = op["approval"]
+    parts.append(f"approved by {approval['approved_by']} ({approval['ref']})")
+    return " ".join(parts)
+
+
+def policy_checks(
+    provider: Provider, rule: Rule, amount: int | None, currency: str | None
+) -> list[str]:
+    """What opgate checks of the request an approval lets through, one sentence each."""
+    checks = [f"only {rule.method} {rule.path.text} at {provider.upstream} matches this rule"]
+    if rule.amount is not None:
+        if amount is None:
+            checks.append(f"{rule.amount} must be absent (no amount was asked for)")
+        else:
+            checks.append(f"{rule.amount} must be exactly {human_amount(amount, currency)}")
+    if rule.params:
+        checks.append(
+            f"these must equal the approved values or be absent: {', '.join(rule.params)}"
+        )
+    if rule.free:
+        checks.append(f"the agent may set only these besides: {', '.join(rule.free)}")
+    else:
+        checks.append("the agent may set nothing else")
+    if rule.send_key and provider.idempotency.header is not None:
+        checks.append(
+            f"sent once, with opgate's {provider.idempotency.header}; a re-send only as opgate "
+            "decides"
+        )
+    if rule.preconditions is not None:
+        for lookup in rule.preconditions.lookups:
+            checks.append(
+                f"before the first send, {lookup.path} at the provider must show: "
+                + "; ".join(lookup.require)
+            )
+    return checks
+
+
+def attempts(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each attempt and how it ended, from the operation's events (one line per attempt)."""
+    found: dict[int, dict[str, Any]] = {}
+    for event in events:
+        detail = event["detail"]
+        number = detail.get("attempt") if isinstance(detail, dict) else None
+        if not isinstance(number, int):
+            continue
+        line = found.setdefault(number, {"attempt": number, "at": event["at"], "ended": None})
+        if event["event"] == "claimed":
+            line["at"] = event["at"]
+            continue
+        outcome = detail.get("outcome", event["event"])
+        status = detail.get("provider_status")
+        words = _OUTCOME_WORDS.get(str(outcome), str(outcome))
+        line["ended"] = words.format(status=status if status is not None else "nothing")
+    for line in found.values():
+        if line["ended"] is None:
+            line["ended"] = "no end recorded yet: in flight, or its end was lost"
+    return [found[n] for n in sorted(found)]
+
+
+def lookup_tries(
+    events: Sequence[Mapping[str, Any]], kinds: frozenset[str]
+) -> list[dict[str, Any]]:
+    """Each reconciliation try once (the event that recorded it), with what each lookup found."""
+    tries = []
+    for event in events:
+        if event["event"] not in kinds or not isinstance(event["detail"], dict):
+            continue
+        detail = event["detail"]
+        tries.append(
+            {
+                "try": detail.get("try"),
+                "at": event["at"],
+                "event": event["event"],
+                "by": event["actor"],
+                "lookups": [
+                    {"path": lookup.get("path", ""), "found": result_words(lookup.get("result"))}
+                    for lookup in detail.get("lookups", [])
+                    if isinstance(lookup, dict)
+                ],
+            }
+        )
+    return tries
+
+
+def result_words(result: object) -> str:
+    text = str(result)
+    if text in _RESULT_WORDS:
+        return _RESULT_WORDS[text]
+    if text.startswith("inconclusive: "):
+        return "could not tell: " + text.removeprefix("inconclusive: ")
+    return text
+
+
+def searches(provider: Provider, rule: Rule | None, op: LookupSubject) -> list[dict[str, str]]:
+    """What a human searches for at the provider to learn whether the operation happened: each
+    declared lookup as its search ("refunds with metadata.operation_id = op_1") and its exact
+    request; without lookups, the operation id where opgate wrote it."""
+    found = []
+    if rule is not None and rule.reconcile is not None:
+        for lookup in rule.reconcile.lookups:
+            target = render_lookup(lookup, op)
+            if target is None:
+                continue
+            field = lookup.match.strip("/").replace("/", ".")
+            found.append(
+                {
+                    "search": f"{_collection(lookup.path)} with {field} = {op.operation_id}",
+                    "request": f"GET {target}",
+                }
+            )
+    if not found and rule is not None:
+        where = provider.metadata_field(rule)
+        if where is not None:
+            found.append({"search": f"an object whose {where} is {op.operation_id}", "request": ""})
+    return found
+
+
+def _collection(path: str) -> str:
+    """The objects a list path returns: /v2/payments -> payments, /v1/charges/search ->
+    charges."""
+    names = [p for p in path.split("/") if p and "{" not in p and not _VERSION.fullmatch(p)]
+    names = [n for n in names if n != "search"] or ["objects"]
+    return names[-1].replace("_", " ")
+
+
+def dashboard_url(provider: Provider, op: LookupSubject) -> str | None:
+    """The provider's dashboard search for ``op`` (policy ``dashboard_search_url``), each value
+    URL-quoted; None without a template, or if it names a value the operation lacks."""
+    template = provider.dashboard_search_url
+    if template is None:
+        return None
+    values = {
+        **{k: str(v) for k, v in op.params.items()},
+        **op.path_params,
+        "operation_id": op.operation_id,
+    }
+    try:
+        return template.format_map({k: quote(v, safe="") for k, v in values.items()})
+    except (KeyError, ValueError, IndexError):
+        return None
