@@ -785,18 +785,45 @@ SELECT checkpoint_id, at, writer, jsonb_array_length(heads) AS heads, mac
 -- the trigger) in the same round trip. A pending proposal past expires_at is expired: no
 -- transition takes it out of pending any more.
 
+-- name: proposal_lock
+-- Proposals of one tenant ($1) are created one at a time: taken in the creating transaction,
+-- before the count below, so that the count sees every proposal created before and none is
+-- created between this one's count and its INSERT, in any process. Released at commit.
+SELECT pg_advisory_xact_lock(hashtextextended('proposals:' || $1, 0));
+
+-- name: proposals_pending_count
+-- The pending, unexpired proposals of a tenant ($1) and of its agent $2, and the seconds until
+-- the first of each expires (NULL: none pending): the caps on what waits for a human.
+SELECT count(*) FILTER (WHERE agent_id = $2) AS agent_pending,
+       count(*) AS tenant_pending,
+       extract(epoch FROM min(expires_at) FILTER (WHERE agent_id = $2) - now())::float8
+           AS agent_first_expiry_seconds,
+       extract(epoch FROM min(expires_at) - now())::float8 AS tenant_first_expiry_seconds
+  FROM proposals
+ WHERE tenant = $1 AND status = 'pending' AND expires_at > now();
+
 -- name: proposal_create
 -- A new pending proposal, validated as an approval ($1 proposal id, $2..$14 the operation it
 -- would create, $15 the agent's reason, $16 seconds the approved operation stands, $17
 -- seconds the proposal waits for a human). Its `proposed` event keeps the whole request (the
--- key only as its SHA-256), and approvers' notice is queued in the same statement.
-WITH proposed AS (
+-- key only as its SHA-256), and approvers' notice is queued in the same statement. The same
+-- agent's newest proposal of the same request (the reason aside) declined within $18 seconds
+-- is its `declined_twin` (migration 0016), shown to the agent and the approvers.
+WITH twin AS (
+    SELECT proposal_id FROM proposals
+     WHERE tenant = $3 AND agent_id = $4 AND provider = $5 AND action = $6
+       AND status = 'declined' AND decided_at > now() - make_interval(secs => $18)
+       AND path_params = $9::jsonb AND amount IS NOT DISTINCT FROM $10
+       AND currency IS NOT DISTINCT FROM $11 AND params = $12::jsonb
+     ORDER BY decided_at DESC, proposal_id
+     LIMIT 1
+), proposed AS (
     INSERT INTO proposals (
         proposal_id, operation_id, tenant, agent_id, provider, action, method, path,
         path_params, amount, currency, params, idempotency_key, reason, approval_seconds,
-        expires_at)
+        expires_at, declined_twin)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, $12::jsonb, $13, $15, $16,
-            now() + make_interval(secs => $17))
+            now() + make_interval(secs => $17), (SELECT proposal_id FROM twin))
     RETURNING *
 ), event AS (
     INSERT INTO proposal_events (proposal_id, event, from_status, to_status, actor, detail)
@@ -807,7 +834,7 @@ WITH proposed AS (
                'target', jsonb_build_object('method', method, 'path', path),
                'path_params', path_params, 'amount', amount, 'currency', currency,
                'params', params, 'reason', reason, 'expires_at', to_jsonb(expires_at),
-               'approval_seconds', approval_seconds,
+               'approval_seconds', approval_seconds, 'declined_twin', declined_twin,
                'idempotency_key_sha256',
                encode(sha256(convert_to(idempotency_key, 'UTF8')), 'hex'))
     FROM proposed

@@ -20,7 +20,7 @@ from proxy.errors import AlreadySuperseded, IdempotencyKeyInUse, StoreUnavailabl
 from proxy.store.connections import Connections
 from proxy.store.faults import is_unavailable
 from proxy.store.operation import Operation, Status
-from proxy.store.proposal import Proposal
+from proxy.store.proposal import PendingProposals, Proposal
 from proxy.store.queries import QUERIES
 from proxy.store.replication import ReplicationFacts, Verdict, facts_from_row, judge
 
@@ -598,10 +598,18 @@ class Store:
         record = await self._run(lambda conn: conn.fetchrow(QUERIES[query], *args))
         return None if record is None else proposal_from_record(record)
 
-    async def create_proposal(self, new: NewProposal) -> Proposal:
+    async def create_proposal(
+        self,
+        new: NewProposal,
+        admit: Callable[[PendingProposals], bool],
+        declined_twin_seconds: float,
+    ) -> Proposal | PendingProposals:
+        """The new pending proposal, if ``admit`` (pure: the caps) accepts what already waits
+        for a human; else what waits. One transaction that first takes the tenant's proposal
+        lock: proposals created at once, by any number of processes, are counted one after
+        the other, so together they never pass the caps."""
         op = new.operation
-        created = await self._proposal(
-            "proposal_create",
+        arguments = (
             new.proposal_id,
             op.operation_id,
             op.tenant,
@@ -619,9 +627,28 @@ class Store:
             new.reason,
             new.approval_seconds,
             new.pending_seconds,
+            declined_twin_seconds,
         )
-        assert created is not None  # an INSERT with no condition returns its row
-        return created
+
+        async def create_under_lock(conn: asyncpg.Connection) -> Proposal | PendingProposals:
+            async with conn.transaction():
+                await conn.execute(QUERIES["proposal_lock"], op.tenant)
+                row = await conn.fetchrow(
+                    QUERIES["proposals_pending_count"], op.tenant, op.agent_id
+                )
+                waiting = PendingProposals(
+                    agent=row["agent_pending"],
+                    tenant=row["tenant_pending"],
+                    agent_first_expiry_seconds=row["agent_first_expiry_seconds"],
+                    tenant_first_expiry_seconds=row["tenant_first_expiry_seconds"],
+                )
+                if not admit(waiting):
+                    return waiting
+                record = await conn.fetchrow(QUERIES["proposal_create"], *arguments)
+            assert record is not None  # an INSERT with no condition returns its row
+            return proposal_from_record(record)
+
+        return await self._run(create_under_lock)
 
     async def load_proposal(self, proposal_id: str) -> Proposal | None:
         return await self._proposal("proposal_load", proposal_id)
@@ -756,6 +783,7 @@ def proposal_from_record(record: asyncpg.Record) -> Proposal:
         decision_note=record["decision_note"],
         created_at=record["created_at"],
         read_at=record["read_at"],
+        declined_twin=record["declined_twin"],
     )
 
 
