@@ -157,6 +157,10 @@ def paypal(problem: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]
         "details": [{"issue": problem["code"], "description": problem["detail"]}],
         "links": [{"href": problem["type"], "rel": "information_link"}],
         "code": problem["code"],
+        # OAuth's error fields (RFC 6749 section 5.2): what the SDK's token request reads
+        # (paypalserversdk/exceptions/o_auth_provider_exception.py:37-45, for 400 and 401)
+        "error": problem["code"],
+        "error_description": f"{problem['title']}: {problem['detail']}",
         **_alongside(problem),
     }
     return status, body, {}

@@ -72,6 +72,7 @@ from proxy.gate.preconditions import (
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.gate.resend import ask_before_resend
+from proxy.gate.token_exchange import answer_token_request, token_request_provider
 from proxy.gate.upstream import OutboundRequest, UpstreamResponse
 from proxy.observe.audit import (
     AuditRecord,
@@ -191,6 +192,10 @@ async def _process(
 ) -> web.StreamResponse:
     # 1. identify the agent and the operation; read and parse the body strictly. Only `policy`
     # (the set captured at the start) is used: a reload mid-request must not mix two sets.
+    if not isinstance(incoming, ComposedRequest) and incoming.get(FORWARDED) is None:
+        token_provider = token_request_provider(policy, incoming.method, incoming.raw_path)
+        if token_provider is not None:  # the SDK's own token request, answered here
+            return await answer_token_request(gw, token_provider, incoming, record)
     if isinstance(incoming, ComposedRequest):
         target = identify_request(
             policy, gw.agents, incoming.method, incoming.raw_target, incoming.headers

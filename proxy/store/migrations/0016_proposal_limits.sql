@@ -1,4 +1,4 @@
--- 0016: proposals cannot flood the approvers (issue 29).
+-- 0016: proposals cannot flood the approvers.
 --
 -- A proposal identical to one of the same agent declined lately links it (`declined_twin`,
 -- queries.sql proposal_create), so the agent and the approver see that it was refused before.
