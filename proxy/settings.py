@@ -103,6 +103,23 @@ class Settings(BaseSettings):
         description="An approved proposal's operation stands this long from its approval (at "
         "most 30 days, and within the provider's `idempotency.retention_seconds`).",
     )
+    # Proposals cost a human's attention: capped by what waits, whatever the request rate.
+    max_pending_proposals_per_agent: Annotated[int, Field(ge=1)] = Field(
+        20,
+        description="Pending proposals one agent may have waiting for a decision; one more is "
+        "429 `rate_limited` with `Retry-After` (nothing proposed). Counted in the database: "
+        "one cap across every process.",
+    )
+    max_pending_proposals_per_tenant: Annotated[int, Field(ge=1)] | None = Field(
+        100,
+        description="The same for all agents of one tenant together (none: no cap).",
+    )
+    proposal_declined_twin_seconds: Annotated[float, Field(ge=0, le=30 * 86400)] = Field(
+        86400.0,
+        description="A proposal identical to one of the same agent declined within this long "
+        "(same action, path parameters, amount, currency and parameters; the reason aside) "
+        "links the declined one (`declined_twin`), for the agent and the approvers (0: never).",
+    )
     secrets_dir: Path | None = Field(
         None,
         description="Provider credentials: `OPGATE_SECRET_<NAME>` or `<secrets_dir>/<name>`, "

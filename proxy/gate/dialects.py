@@ -6,9 +6,13 @@ dialect the refusal is that provider's error object carrying opgate's stable cod
 with the problem+json fields alongside where the shape allows, and a status the SDK maps to the
 typed error that fits (a mismatch is the SDK's invalid-request error, not a server error).
 
-Retrying: a refusal a re-send would only repeat says so the way the SDK reads it (Stripe:
-``Stripe-Should-Retry: false``); ``operation_in_flight`` (409) and a concurrency cap (429) may
-be retried after ``Retry-After``, which every one of these SDKs honours or ignores safely.
+Retrying: a permanent refusal (every code but ``reasons.RETRYABLE``) is answered so that the
+SDK does not send it again on its own: Stripe reads ``Stripe-Should-Retry: false``; where an
+SDK retries a status whatever the body says (Square: 409), the refusal gets a status it does
+not retry, opgate's own ``status`` and ``code`` staying in the body. A retryable refusal keeps
+its status and ``Retry-After``, which every one of these SDKs honours or ignores safely.
+
+An ``idempotency_key_mismatch`` says, in the SDK's terms, how that SDK sends the approved key.
 """
 
 from __future__ import annotations
@@ -20,15 +24,39 @@ from typing import Any
 from aiohttp import web
 
 from proxy.gate.problem import PROBLEM
+from proxy.gate.reasons import RETRYABLE, Reason
 from proxy.policy.model import ErrorDialect
 
-# Answers a re-send of the same request may turn around: a cap, an attempt in flight, and
-# opgate's own unavailability (nothing was sent).
-_RETRYABLE = frozenset({409, 429, 502, 503, 504})
-# 409s a re-send only repeats: the provider's state refused it, and will again.
-_FINAL = frozenset({"precondition_failed"})
 # Headers of opgate's refusal kept on the dialect's answer.
 _KEPT = ("X-Operation-Id", "X-Operation-Status", "Retry-After")
+
+# The statuses each SDK sends again by itself, whatever the body says (as installed):
+# - squareup 46: square/core/http_client.py:120-122 (``_should_retry``: >= 500, 408, 409, 429;
+#   max_retries 2 by default, any method).
+# - paypal-server-sdk 2.4: paypalserversdk/configuration.py:117-122 (408, 413, 429, 500, 502,
+#   503, 504, 521, 522, 524; GET and PUT only, max_retries 0 unless configured), applied by
+#   urllib3's Retry in apimatic_requests_client_adapter/requests_client.py:110-111.
+# - Adyen 16: none (Adyen/httpclient.py sends each request once; no retry in the package).
+# - stripe 16.1: stripe/_http_client.py:144-160: ``Stripe-Should-Retry`` decides, else 409 and
+#   >= 500; so the Stripe dialect keeps its statuses and always sends the header.
+_SQUARE_RETRIES = frozenset({408, 409, 429}) | frozenset(range(500, 600))
+_PAYPAL_RETRIES = frozenset({408, 413, 429, 500, 502, 503, 504, 521, 522, 524})
+
+# How each SDK sends the approved key (its own default key would be a mismatch).
+_KEY_HOW = {
+    ErrorDialect.STRIPE: (
+        "stripe-python puts a key of its own on every POST, so X-Operation-Id alone cannot "
+        'name the operation: pass options={"idempotency_key": <the approved key>}'
+    ),
+    ErrorDialect.SQUARE: "squareup: pass idempotency_key=<the approved key> (in the body)",
+    ErrorDialect.PAYPAL: (
+        'paypal-server-sdk: pass "paypal_request_id": <the approved key>, or none and '
+        "X-Operation-Id"
+    ),
+    ErrorDialect.ADYEN: (
+        "Adyen: pass idempotency_key=<the approved key>, or none and X-Operation-Id"
+    ),
+}
 
 
 def in_dialect(response: web.StreamResponse, dialect: ErrorDialect) -> web.StreamResponse:
@@ -36,6 +64,8 @@ def in_dialect(response: web.StreamResponse, dialect: ErrorDialect) -> web.Strea
     problem = response.get(PROBLEM) if isinstance(response, web.Response) else None
     if problem is None or dialect is ErrorDialect.PROBLEM:
         return response
+    if problem["code"] == Reason.IDEMPOTENCY_KEY_MISMATCH:
+        problem = {**problem, "detail": f"{problem['detail']}; {_KEY_HOW[dialect]}"}
     status, body, headers = _RENDERERS[dialect](problem)
     answer = web.Response(
         status=status,
@@ -48,6 +78,16 @@ def in_dialect(response: web.StreamResponse, dialect: ErrorDialect) -> web.Strea
     answer.headers.update(headers)
     answer[PROBLEM] = problem
     return answer
+
+
+def _not_resent(problem: dict[str, Any], retried: frozenset[int]) -> int:
+    """The status to answer ``problem`` with to an SDK that re-sends ``retried`` by itself:
+    its own, unless it is permanent and the SDK would re-send it (then 400, an invalid-request
+    error in every one of these SDKs; opgate's status stays in the body)."""
+    status: int = problem["status"]
+    if status in retried and problem["code"] not in RETRYABLE:
+        return 400
+    return status
 
 
 def _alongside(problem: dict[str, Any]) -> dict[str, Any]:
@@ -89,7 +129,7 @@ def stripe(problem: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]
         "message": f"{problem['title']}: {problem['detail']}",
         "doc_url": problem["type"],
     }
-    retry = "true" if sent in _RETRYABLE and problem["code"] not in _FINAL else "false"
+    retry = "true" if problem["code"] in RETRYABLE else "false"
     return sent, {"error": error}, {"Stripe-Should-Retry": retry}
 
 
@@ -107,7 +147,7 @@ _PAYPAL_NAMES = {
 def paypal(problem: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
     """PayPal's ``{"name", "message", "debug_id", "details": [{"issue", "description"}]}``:
     the SDK's ErrorException carries them; opgate's code is the detail's ``issue``."""
-    status = problem["status"]
+    status = _not_resent(problem, _PAYPAL_RETRIES)
     fallback = "INTERNAL_SERVER_ERROR" if status >= 500 else "INVALID_REQUEST"
     name = _PAYPAL_NAMES.get(status, fallback)
     body = {
@@ -117,6 +157,10 @@ def paypal(problem: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]
         "details": [{"issue": problem["code"], "description": problem["detail"]}],
         "links": [{"href": problem["type"], "rel": "information_link"}],
         "code": problem["code"],
+        # OAuth's error fields (RFC 6749 section 5.2): what the SDK's token request reads
+        # (paypalserversdk/exceptions/o_auth_provider_exception.py:37-45, for 400 and 401)
+        "error": problem["code"],
+        "error_description": f"{problem['title']}: {problem['detail']}",
         **_alongside(problem),
     }
     return status, body, {}
@@ -124,7 +168,7 @@ def paypal(problem: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]
 
 def square(problem: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
     """Square's ``{"errors": [{"category", "code", "detail"}]}`` (the SDK's ApiError.errors)."""
-    status = problem["status"]
+    status = _not_resent(problem, _SQUARE_RETRIES)
     category = {401: "AUTHENTICATION_ERROR", 429: "RATE_LIMIT_ERROR"}.get(
         status, "API_ERROR" if status >= 500 else "INVALID_REQUEST_ERROR"
     )

@@ -84,19 +84,27 @@ class _Cap:
 
 
 def _caps_and_rates(
-    agent: Agent, provider: Provider, settings: Settings
+    agent: Agent, provider: Provider | None, settings: Settings
 ) -> tuple[list[_Cap], list[_Rate]]:
-    """The in-flight caps and token buckets that apply to one request of ``agent``."""
+    """The in-flight caps and token buckets that apply to one request of ``agent`` (to
+    ``provider``; None: a request opgate answers itself, under the settings' limits only)."""
     me = f"agent {agent.agent_id}"
     tenant = f"tenant {agent.tenant}"
-    name = provider.provider
     caps: list[_Cap] = []
     rates: list[_Rate] = []
-    scoped: tuple[tuple[RateLimit | None, Key, str], ...] = (
-        (provider.rate_limits.per_agent, (name, "agent", agent.tenant, agent.agent_id), me),
-        (provider.rate_limits.per_tenant, (name, "tenant", agent.tenant), tenant),
-    )
-    for limit, key, who in scoped:
+    scoped: tuple[tuple[RateLimit | None, Key, str, str], ...] = ()
+    if provider is not None:
+        name = provider.provider
+        scoped = (
+            (
+                provider.rate_limits.per_agent,
+                (name, "agent", agent.tenant, agent.agent_id),
+                me,
+                name,
+            ),
+            (provider.rate_limits.per_tenant, (name, "tenant", agent.tenant), tenant, name),
+        )
+    for limit, key, who, name in scoped:
         if limit is None:
             continue
         if limit.in_flight is not None:
@@ -133,8 +141,10 @@ class AgentSlots:
             return None
         return self._hold((key,))
 
-    def admit(self, agent: Agent, provider: Provider, settings: Settings) -> Slot | Deny:
-        """A slot for one request of ``agent`` to ``provider``, or the limit it is over."""
+    def admit(self, agent: Agent, provider: Provider | None, settings: Settings) -> Slot | Deny:
+        """A slot for one request of ``agent`` to ``provider``, or the limit it is over.
+        ``provider`` None: a request opgate answers itself (a proposal), under every limit the
+        settings set for all of an agent's requests."""
         cap = settings.max_requests_in_flight_per_agent
         if self.count(agent) >= cap:
             return Deny(Reason.AGENT_CONCURRENCY_EXCEEDED, f"{cap} requests already in flight", 1)

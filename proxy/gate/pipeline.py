@@ -71,6 +71,7 @@ from proxy.gate.preconditions import (
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.gate.resend import ask_before_resend
+from proxy.gate.token_exchange import answer_token_request, token_request_provider
 from proxy.gate.upstream import OutboundRequest, UpstreamResponse
 from proxy.observe.audit import (
     AuditRecord,
@@ -80,7 +81,7 @@ from proxy.observe.audit import (
     emit_undelivered,
     request_path,
 )
-from proxy.policy.model import Mode
+from proxy.policy.model import Mode, Provider
 from proxy.policy.set import PolicySet
 from proxy.runtime import GATEWAY, Gateway
 from proxy.settings import Settings
@@ -160,6 +161,10 @@ async def handle_agent_request(request: web.Request) -> web.StreamResponse:
     )
     if forwarded is not None:
         record.listener, record.destination = "forward", forwarded.origin.authority
+    else:
+        token_provider = token_request_provider(policy, request.method, request.raw_path)
+        if token_provider is not None:  # the SDK's own token request, answered here
+            return await _token_request(gateway, token_provider, request, record)
     progress = Progress()
     emitted = False
     try:
@@ -178,6 +183,26 @@ async def handle_agent_request(request: web.Request) -> web.StreamResponse:
     finally:
         if not emitted:  # every other way out: still exactly one record
             emit(audited(record, progress.known))
+
+
+async def _token_request(
+    gw: Gateway, provider: Provider, request: web.Request, record: AuditRecord
+) -> web.StreamResponse:
+    """An SDK's OAuth token request answered at the boundary (token_exchange.py), in the
+    provider's dialect, its record queued before the answer is written, as every request's."""
+    emitted = False
+    try:
+        response = in_dialect(
+            await answer_token_request(gw, provider, request, record), provider.errors
+        )
+        record.response_status = response.status
+        emitted = True
+        emit(record)
+        await _write_answer(request, response, record, gw.settings)
+        return response
+    finally:
+        if not emitted:
+            emit(record)
 
 
 async def _write_answer(

@@ -71,6 +71,25 @@ class Reason(StrEnum):
     MCP_REQUEST_INVALID = "mcp_request_invalid"
 
 
+# Refusals the same request, sent again later, may get another answer to: a limit, an attempt in
+# flight, opgate or the provider unreachable for now, an outcome a re-send resolves (through
+# proxy/gate/resend.py). Every other refusal is permanent: a re-send only repeats it (a
+# provider's dialect tells its SDK so, proxy/gate/dialects.py).
+RETRYABLE: frozenset[Reason] = frozenset(
+    {
+        Reason.BODY_TIMEOUT,
+        Reason.OPERATION_IN_FLIGHT,
+        Reason.PRECONDITION_UNVERIFIABLE,
+        Reason.AGENT_CONCURRENCY_EXCEEDED,
+        Reason.RATE_LIMITED,
+        Reason.STORE_UNAVAILABLE,
+        Reason.CREDENTIAL_UNAVAILABLE,
+        Reason.OUTCOME_UNKNOWN,
+        Reason.UPSTREAM_UNAVAILABLE,
+    }
+)
+
+
 @dataclass(frozen=True)
 class ReasonInfo:
     status: int

@@ -37,6 +37,7 @@ from proxy.proposals.rules import proposal_view
 from proxy.recovery.api import (
     RECOVERY_RULE,
     ReadRefusal,
+    admitted,
     in_scope,
     operation_view,
     recovery_view,
@@ -76,7 +77,9 @@ async def call_tool(call: McpCall, name: str, arguments: Mapping[str, Any] | Non
     if name == LIST_OPERATIONS:
         return await _recorded_read(call, lambda record: _list(call, args, record))
     if name == PROPOSE_OPERATION:
-        return await _recorded_read(call, lambda record: _propose(call, args, record))
+        return await _recorded_read(
+            call, lambda record: _propose(call, args, record), rate_limited=True
+        )
     if name == GET_PROPOSAL:
         return await _recorded_read(call, lambda record: _get_proposal(call, args, record))
     record = _record(call, MCP_RULE)
@@ -86,16 +89,20 @@ async def call_tool(call: McpCall, name: str, arguments: Mapping[str, Any] | Non
 # -- reads --------------------------------------------------------------------------------
 
 
-async def _recorded_read(call: McpCall, read: Callable[[AuditRecord], Awaitable[Answer]]) -> Answer:
+async def _recorded_read(
+    call: McpCall,
+    read: Callable[[AuditRecord], Awaitable[Answer]],
+    *,
+    rate_limited: bool = False,
+) -> Answer:
     """A call answered by opgate itself, like the recovery read: one record, a slot of the
-    agent's requests in flight (a read may ask the provider, when it reconciles)."""
+    agent's requests in flight (a read may ask the provider, when it reconciles); a proposal
+    (``rate_limited``) is admitted under every limit of the agent's requests."""
     gw = call.gateway
     record = _record(call, RECOVERY_RULE)
-    cap = gw.settings.max_requests_in_flight_per_agent
-    slot = gw.in_flight.take(call.agent, cap)
-    if slot is None:
-        busy = Deny(Reason.AGENT_CONCURRENCY_EXCEEDED, f"{cap} requests in flight", 1)
-        return _refuse(call, record, busy)
+    slot = admitted(gw, call.agent, rate_limited)
+    if isinstance(slot, Deny):
+        return _refuse(call, record, slot)
     try:
         answer = await read(record)
     except StoreUnavailable as exc:
@@ -143,7 +150,7 @@ async def _propose(call: McpCall, args: dict[str, Any], record: AuditRecord) -> 
         if isinstance(named, str) and call.gateway.policy.provider_named(named) is not None:
             record.provider = named
         extra: dict[str, Any] = {"errors": result.errors} if result.errors else {}
-        deny = Deny(Reason(result.code), result.detail)
+        deny = Deny(Reason(result.code), result.detail, result.retry_after)
         return _refuse(call, record, deny, extra={**extra, **result.extra})
     record.provider, record.operation_id = result.provider, result.operation_id
     record.status_after = ProposalState.PENDING.value

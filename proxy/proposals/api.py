@@ -49,10 +49,16 @@ _STATES = {
 }
 
 
-def _refuse(record: AuditRecord, reason: Reason, detail: str, **extra: Any) -> web.Response:
+def _refuse(
+    record: AuditRecord,
+    reason: Reason,
+    detail: str,
+    retry_after: int | None = None,
+    **extra: Any,
+) -> web.Response:
     record.decision = Decision.DENY
     record.reason = reason.value
-    return problem_response(reason, detail, extra=extra or None)
+    return problem_response(reason, detail, retry_after=retry_after, extra=extra or None)
 
 
 async def _read_body(gw: Gateway, request: web.Request) -> bytes | tuple[Reason, str]:
@@ -93,7 +99,9 @@ async def _propose(
         if isinstance(named, str) and gw.policy.provider_named(named) is not None:
             record.provider = named
         extra: dict[str, Any] = {"errors": result.errors} if result.errors else {}
-        return _refuse(record, Reason(result.code), result.detail, **extra, **result.extra)
+        return _refuse(
+            record, Reason(result.code), result.detail, result.retry_after, **extra, **result.extra
+        )
     record.provider, record.operation_id = result.provider, result.operation_id
     record.status_after = ProposalState.PENDING.value
     return web.json_response(await _view(gw, result), status=201)
@@ -130,7 +138,7 @@ async def _view(gw: Gateway, proposal: Proposal) -> dict[str, Any]:
     return proposal_view(gw.policy, proposal, operation_view)
 
 
-propose = recorded(_propose)
+propose = recorded(_propose, rate_limited=True)
 read_proposal = recorded(_read)
 
 

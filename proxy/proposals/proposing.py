@@ -10,6 +10,7 @@ code; the front end only renders it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -21,6 +22,7 @@ from proxy.errors import IdempotencyKeyInUse
 from proxy.gate.budgets import remaining_budget
 from proxy.gate.checks import Agent
 from proxy.gate.decision import Deny
+from proxy.gate.reasons import Reason
 from proxy.operations.approvals import holds_nul
 from proxy.proposals.rules import (
     ProposalInvalid,
@@ -31,8 +33,9 @@ from proxy.proposals.rules import (
     replan_problems,
 )
 from proxy.runtime import Gateway
+from proxy.settings import Settings
 from proxy.store.operation import Operation
-from proxy.store.proposal import Proposal, ProposalState
+from proxy.store.proposal import PendingProposals, Proposal, ProposalState
 from proxy.store.store import NewOperation
 
 _log = structlog.get_logger("opgate.proposals")
@@ -48,6 +51,7 @@ class Refusal:
     detail: str
     errors: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. the remaining budget
+    retry_after: int | None = None  # seconds, where asking again later may be answered otherwise
 
 
 async def spend_limits_problem(
@@ -98,14 +102,58 @@ async def propose_for_agent(
     limited = await spend_limits_problem(gw, planned.operation, at="proposal")
     if limited is not None:
         return limited
-    proposal = await gw.store.create_proposal(planned)
+    settings = gw.settings
+    proposal = await gw.store.create_proposal(
+        planned,
+        lambda waiting: pending_cap_problem(waiting, settings) is None,
+        settings.proposal_declined_twin_seconds,
+    )
+    if isinstance(proposal, PendingProposals):
+        refused = pending_cap_problem(proposal, settings)
+        assert refused is not None  # the store creates whenever the cap admits
+        return refused
     _log.info(
         "proposal_created",
         proposal_id=proposal.proposal_id,
         agent_id=agent.agent_id,
         action=proposal.action,
+        declined_twin=proposal.declined_twin,
     )
     return proposal
+
+
+# Longest an agent over its pending cap is told to wait before asking again: a decision may
+# free a place at any time, long before the first pending proposal expires.
+_CAP_RETRY_MAX = 60
+
+
+def pending_cap_problem(waiting: PendingProposals, settings: Settings) -> Refusal | None:
+    """Why one more proposal may not wait for a human (429 ``rate_limited``, Retry-After: when
+    the first of the capped proposals expires, at most a minute), or None when it may."""
+    caps = (
+        (
+            "agent",
+            settings.max_pending_proposals_per_agent,
+            waiting.agent,
+            waiting.agent_first_expiry_seconds,
+        ),
+        (
+            "tenant",
+            settings.max_pending_proposals_per_tenant,
+            waiting.tenant,
+            waiting.tenant_first_expiry_seconds,
+        ),
+    )
+    for who, cap, count, first_expiry in caps:
+        if cap is None or count < cap:
+            continue
+        wait = min(_CAP_RETRY_MAX, math.ceil(first_expiry or _CAP_RETRY_MAX))
+        detail = (
+            f"the {who} has {count} pending proposals, the cap is {cap}: wait for a decision "
+            "or an expiry"
+        )
+        return Refusal(429, Reason.RATE_LIMITED.value, detail, retry_after=max(1, wait))
+    return None
 
 
 async def approve_proposal(

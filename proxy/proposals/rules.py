@@ -183,6 +183,11 @@ def proposal_view(
         left = (proposal.expires_at - proposal.read_at).total_seconds()
         view["next_action"] = NextAction.WAIT.value
         view["reason"] = f"waiting for an approver until {proposal.expires_at.isoformat()}"
+        if proposal.declined_twin is not None:
+            view["reason"] += (
+                f"; the same request was declined lately as {proposal.declined_twin} (its "
+                "decision and note: GET /_opgate/v1/proposals/" + proposal.declined_twin + ")"
+            )
         view["retry_after_seconds"] = max(1, min(WAIT_SECONDS, int(left)))
         view["request"] = proposal_request(policy, proposal)
     elif state is ProposalState.APPROVED and operation_view is not None:

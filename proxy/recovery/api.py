@@ -19,7 +19,9 @@ from aiohttp import web
 from proxy.errors import StoreUnavailable
 from proxy.gate.bodies import body_from_fields
 from proxy.gate.checks import Agent
+from proxy.gate.decision import Deny
 from proxy.gate.identity import AmbiguousCredentials, path_operation_id, presented_agent_token
+from proxy.gate.limits import Slot
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.observe.audit import AuditRecord, Decision, emit, request_path
@@ -170,10 +172,14 @@ RECOVERY_RULE = "recovery"
 Read = Callable[[Gateway, web.Request, Agent, AuditRecord], Awaitable[web.Response]]
 
 
-def recorded(read: Read) -> Callable[[web.Request], Awaitable[web.Response]]:
+def recorded(
+    read: Read, *, rate_limited: bool = False
+) -> Callable[[web.Request], Awaitable[web.Response]]:
     """A recovery read as an agent request like any other: one audit record in a ``finally``
     (decision ``allow`` when opgate answered it itself, nothing forwarded), and a slot of the
-    agent's requests in flight, since a read may ask the provider (reconciliation)."""
+    agent's requests in flight, since a read may ask the provider (reconciliation).
+    ``rate_limited``: admitted under every limit of an agent's requests (proxy/gate/limits.py),
+    as a proposal is: it reaches a human, where a read reaches only opgate."""
 
     async def handler(request: web.Request) -> web.Response:
         gw = request.app[GATEWAY]
@@ -185,7 +191,7 @@ def recorded(read: Read) -> Callable[[web.Request], Awaitable[web.Response]]:
             rule=RECOVERY_RULE,
         )
         try:
-            response = await _admitted(gw, request, record, read)
+            response = await _admitted(gw, request, record, read, rate_limited)
             record.response_status = response.status
             return response
         finally:
@@ -195,16 +201,15 @@ def recorded(read: Read) -> Callable[[web.Request], Awaitable[web.Response]]:
 
 
 async def _admitted(
-    gw: Gateway, request: web.Request, record: AuditRecord, read: Read
+    gw: Gateway, request: web.Request, record: AuditRecord, read: Read, rate_limited: bool
 ) -> web.Response:
     agent = _agent(gw, request)
     if agent is None:
         return _refuse(record, Reason.AGENT_UNAUTHENTICATED, "no valid agent token")
     record.agent_id, record.tenant = agent.agent_id, agent.tenant
-    cap = gw.settings.max_requests_in_flight_per_agent
-    slot = gw.in_flight.take(agent, cap)
-    if slot is None:
-        return _refuse(record, Reason.AGENT_CONCURRENCY_EXCEEDED, f"{cap} requests in flight", 1)
+    slot = admitted(gw, agent, rate_limited)
+    if isinstance(slot, Deny):
+        return _refuse(record, slot.reason, slot.detail, slot.retry_after_seconds)
     try:
         response = await read(gw, request, agent, record)
     except StoreUnavailable as exc:
@@ -215,6 +220,18 @@ async def _admitted(
     if record.reason is None:
         record.decision = Decision.ALLOW
     return response
+
+
+def admitted(gw: Gateway, agent: Agent, rate_limited: bool) -> Slot | Deny:
+    """A slot of ``agent``'s requests in flight, or the limit it is over: the in-flight cap
+    only, or (``rate_limited``) every limit the settings set (rates, the tenant's cap)."""
+    if rate_limited:
+        return gw.in_flight.admit(agent, None, gw.settings)
+    cap = gw.settings.max_requests_in_flight_per_agent
+    slot = gw.in_flight.take(agent, cap)
+    if slot is None:
+        return Deny(Reason.AGENT_CONCURRENCY_EXCEEDED, f"{cap} requests in flight", 1)
+    return slot
 
 
 def _refuse(

@@ -46,6 +46,8 @@ class Proposal:
     created_at: datetime
     # the database's clock when the row was read: expiry is decided against it
     read_at: datetime
+    # the same agent's identical proposal declined shortly before this one was made, if any
+    declined_twin: str | None = None
 
     @property
     def state(self) -> ProposalState:
@@ -73,4 +75,16 @@ class Proposal:
             "decided_by": self.decided_by,
             "decision_note": self.decision_note,
             "created_at": self.created_at.isoformat(),
+            "declined_twin": self.declined_twin,
         }
+
+
+@dataclass(frozen=True)
+class PendingProposals:
+    """What waits for a human when one more proposal is asked for: the agent's and its
+    tenant's pending proposals, and the seconds until the first of each expires."""
+
+    agent: int
+    tenant: int
+    agent_first_expiry_seconds: float | None
+    tenant_first_expiry_seconds: float | None

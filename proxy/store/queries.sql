@@ -803,21 +803,49 @@ SELECT w.escalations,
 -- the trigger) in the same round trip. A pending proposal past expires_at is expired: no
 -- transition takes it out of pending any more.
 
+-- name: proposal_lock
+-- Proposals of one tenant are created one at a time: taken in the creating transaction,
+-- before the count below, so that the count sees every proposal created before and none is
+-- created between this one's count and its INSERT, in any process. Released at commit.
+SELECT pg_advisory_xact_lock(hashtextextended('proposals:' || %(tenant)s, 0));
+
+-- name: proposals_pending_count
+-- The pending, unexpired proposals of a tenant and of its agent_id, and the seconds until
+-- the first of each expires (NULL: none pending): the caps on what waits for a human.
+SELECT count(*) FILTER (WHERE agent_id = %(agent_id)s) AS agent_pending,
+       count(*) AS tenant_pending,
+       extract(epoch FROM min(expires_at) FILTER (WHERE agent_id = %(agent_id)s) - now())::float8
+           AS agent_first_expiry_seconds,
+       extract(epoch FROM min(expires_at) - now())::float8 AS tenant_first_expiry_seconds
+  FROM proposals
+ WHERE tenant = %(tenant)s AND status = 'pending' AND expires_at > now();
+
 -- name: proposal_create
 -- A new pending proposal, validated as an approval (proposal_id; operation_id to idempotency_key:
 -- the operation it would create, proposed by its agent_id; reason, the agent's; approval_seconds,
 -- how long the approved operation stands; pending_seconds, seconds the proposal waits for a human).
 -- Its `proposed` event keeps the whole request (the key only as its SHA-256), and approvers' notice
--- is queued in the same statement.
-WITH proposed AS (
+-- is queued in the same statement. The same agent's newest proposal of the same request (the
+-- reason aside) declined within declined_twin_seconds is its `declined_twin` (migration 0017),
+-- shown to the agent and the approvers.
+WITH twin AS (
+    SELECT proposal_id FROM proposals
+     WHERE tenant = %(tenant)s AND agent_id = %(agent_id)s AND provider = %(provider)s
+       AND action = %(action)s AND status = 'declined'
+       AND decided_at > now() - make_interval(secs => %(declined_twin_seconds)s)
+       AND path_params = %(path_params)s::jsonb AND amount IS NOT DISTINCT FROM %(amount)s
+       AND currency IS NOT DISTINCT FROM %(currency)s AND params = %(params)s::jsonb
+     ORDER BY decided_at DESC, proposal_id
+     LIMIT 1
+), proposed AS (
     INSERT INTO proposals (
         proposal_id, operation_id, tenant, agent_id, provider, action, method, path,
         path_params, amount, currency, params, idempotency_key, reason, approval_seconds,
-        expires_at)
+        expires_at, declined_twin)
     VALUES (%(proposal_id)s, %(operation_id)s, %(tenant)s, %(agent_id)s, %(provider)s,
             %(action)s, %(method)s, %(path)s, %(path_params)s::jsonb, %(amount)s, %(currency)s,
             %(params)s::jsonb, %(idempotency_key)s, %(reason)s, %(approval_seconds)s,
-            now() + make_interval(secs => %(pending_seconds)s))
+            now() + make_interval(secs => %(pending_seconds)s), (SELECT proposal_id FROM twin))
     RETURNING *
 ), event AS (
     INSERT INTO proposal_events (proposal_id, event, from_status, to_status, actor, detail)
@@ -828,7 +856,7 @@ WITH proposed AS (
                'target', jsonb_build_object('method', method, 'path', path),
                'path_params', path_params, 'amount', amount, 'currency', currency,
                'params', params, 'reason', reason, 'expires_at', to_jsonb(expires_at),
-               'approval_seconds', approval_seconds,
+               'approval_seconds', approval_seconds, 'declined_twin', declined_twin,
                'idempotency_key_sha256',
                encode(sha256(convert_to(idempotency_key, 'UTF8')), 'hex'))
     FROM proposed

@@ -21,7 +21,7 @@ from proxy.store import queries
 from proxy.store.connections import Connections
 from proxy.store.faults import is_unavailable
 from proxy.store.operation import Operation, Status
-from proxy.store.proposal import Proposal
+from proxy.store.proposal import PendingProposals, Proposal
 from proxy.store.replication import ReplicationFacts, Verdict, facts_from_row, judge
 
 T = TypeVar("T")
@@ -606,29 +606,57 @@ class Store:
         record = await self._run(lambda conn: queries.fetchrow(conn, query, **values))
         return None if record is None else proposal_from_record(record)
 
-    async def create_proposal(self, new: NewProposal) -> Proposal:
+    async def create_proposal(
+        self,
+        new: NewProposal,
+        admit: Callable[[PendingProposals], bool],
+        declined_twin_seconds: float,
+    ) -> Proposal | PendingProposals:
+        """The new pending proposal, if ``admit`` (pure: the caps) accepts what already waits
+        for a human; else what waits. One transaction that first takes the tenant's proposal
+        lock: proposals created at once, by any number of processes, are counted one after
+        the other, so together they never pass the caps."""
         op = new.operation
-        created = await self._proposal(
-            "proposal_create",
-            proposal_id=new.proposal_id,
-            operation_id=op.operation_id,
-            tenant=op.tenant,
-            agent_id=op.agent_id,
-            provider=op.provider,
-            action=op.action,
-            method=op.method,
-            path=op.path,
-            path_params=_jsonb(op.path_params),
-            amount=op.amount,
-            currency=op.currency,
-            params=_jsonb(op.params),
-            idempotency_key=op.idempotency_key,
-            reason=new.reason,
-            approval_seconds=new.approval_seconds,
-            pending_seconds=new.pending_seconds,
-        )
-        assert created is not None  # an INSERT with no condition returns its row
-        return created
+        values = {
+            "proposal_id": new.proposal_id,
+            "operation_id": op.operation_id,
+            "tenant": op.tenant,
+            "agent_id": op.agent_id,
+            "provider": op.provider,
+            "action": op.action,
+            "method": op.method,
+            "path": op.path,
+            "path_params": _jsonb(op.path_params),
+            "amount": op.amount,
+            "currency": op.currency,
+            "params": _jsonb(op.params),
+            "idempotency_key": op.idempotency_key,
+            "reason": new.reason,
+            "approval_seconds": new.approval_seconds,
+            "pending_seconds": new.pending_seconds,
+            "declined_twin_seconds": declined_twin_seconds,
+        }
+
+        async def create_under_lock(conn: asyncpg.Connection) -> Proposal | PendingProposals:
+            async with conn.transaction():
+                await queries.execute(conn, "proposal_lock", tenant=op.tenant)
+                row = await queries.fetchrow(
+                    conn, "proposals_pending_count", tenant=op.tenant, agent_id=op.agent_id
+                )
+                assert row is not None  # an aggregate: always one row
+                waiting = PendingProposals(
+                    agent=row["agent_pending"],
+                    tenant=row["tenant_pending"],
+                    agent_first_expiry_seconds=row["agent_first_expiry_seconds"],
+                    tenant_first_expiry_seconds=row["tenant_first_expiry_seconds"],
+                )
+                if not admit(waiting):
+                    return waiting
+                record = await queries.fetchrow(conn, "proposal_create", **values)
+            assert record is not None  # an INSERT with no condition returns its row
+            return proposal_from_record(record)
+
+        return await self._run(create_under_lock)
 
     async def load_proposal(self, proposal_id: str) -> Proposal | None:
         return await self._proposal("proposal_load", proposal_id=proposal_id)
@@ -785,6 +813,7 @@ def proposal_from_record(record: asyncpg.Record) -> Proposal:
         decision_note=record["decision_note"],
         created_at=record["created_at"],
         read_at=record["read_at"],
+        declined_twin=record["declined_twin"],
     )
 
 

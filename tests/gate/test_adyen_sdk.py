@@ -12,8 +12,10 @@ from typing import Any
 import Adyen
 import pytest
 import pytest_asyncio
-from Adyen.exceptions import AdyenAPIUnprocessableEntity
+from Adyen.exceptions import AdyenAPIUnprocessableEntity, AdyenError
+from structlog.testing import capture_logs
 
+from tests.support.audit_logs import audits
 from tests.support.fake_adyen import ADYEN_API_KEY, FakeAdyen, running_fake_adyen
 from tests.support.opgate import AGENT_TOKEN, SHIPPED_POLICIES, Opgate, StartOpgate
 
@@ -129,3 +131,26 @@ async def test_a_refund_keeps_the_operation_id_as_its_reference(
     )
     assert refund.message["reference"] == op["operation_id"]
     assert (await adyen_gate.operation(op["operation_id"]))["status"] == "confirmed"
+
+
+async def test_a_permanent_refusal_is_sent_once(adyen_gate: Opgate, adyen: FakeAdyen) -> None:
+    """A payment Adyen refuses (422: no merchantAccount) fails the operation; the re-send's
+    operation_failed refusal is sent once (the SDK retries nothing) and raised with opgate's
+    code as errorCode."""
+    op = await adyen_gate.approve(
+        provider="adyen", action="payment.create", amount=1099, currency="EUR", params={}
+    )
+    unaccounted = {k: v for k, v in PAYMENT.items() if k != "merchantAccount"}
+
+    def pay() -> Any:
+        return sdk(adyen_gate).checkout.payments_api.payments(
+            dict(unaccounted), idempotency_key=op["idempotency_key"]
+        )
+
+    with pytest.raises(AdyenAPIUnprocessableEntity):
+        await asyncio.to_thread(pay)  # Adyen's own 422, passed through
+    with capture_logs() as logs, pytest.raises(AdyenError) as refused:
+        await asyncio.to_thread(pay)
+    assert len(audits(logs)) == 1
+    assert refused.value.error_code == "operation_failed"
+    assert len(adyen.posts()) == 1

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from proxy.gate.dialects import in_dialect
 from proxy.gate.problem import PROBLEM, problem_response
-from proxy.gate.reasons import Reason
+from proxy.gate.reasons import REASONS, Reason
 from proxy.policy.model import ErrorDialect
 
 
@@ -48,6 +48,10 @@ def test_a_providers_own_answer_is_never_rewritten() -> None:
         (Reason.AGENT_UNAUTHENTICATED, 401, "invalid_request_error", "false"),
         (Reason.OPERATION_IN_FLIGHT, 409, "idempotency_error", "true"),
         (Reason.PRECONDITION_FAILED, 409, "idempotency_error", "false"),
+        (Reason.OPERATION_FAILED, 409, "idempotency_error", "false"),
+        (Reason.RECONCILE_REQUIRED, 409, "idempotency_error", "false"),
+        (Reason.OPERATION_ESCALATED, 409, "idempotency_error", "false"),
+        (Reason.RATE_LIMITED, 429, "invalid_request_error", "true"),
         (Reason.PRECONDITION_UNVERIFIABLE, 503, "api_error", "true"),
         (Reason.CREDENTIAL_UNAVAILABLE, 503, "api_error", "true"),
     ],
@@ -105,3 +109,47 @@ def test_adyen_refusal() -> None:
     assert (answer.status, data["status"], data["errorCode"]) == (422, 422, "amount_mismatch")
     assert data["errorType"] == "validation"
     assert data["message"] == "amount_mismatch: amount is 2000, approved 500"
+
+
+@pytest.mark.parametrize(
+    ("dialect", "reason", "sent"),
+    [
+        # squareup retries >= 500, 408, 409 and 429 whatever the body says
+        (ErrorDialect.SQUARE, Reason.OPERATION_FAILED, 400),
+        (ErrorDialect.SQUARE, Reason.RECONCILE_REQUIRED, 400),
+        (ErrorDialect.SQUARE, Reason.OPERATION_ESCALATED, 400),
+        (ErrorDialect.SQUARE, Reason.PRECONDITION_FAILED, 400),
+        (ErrorDialect.SQUARE, Reason.OPERATION_IN_FLIGHT, 409),
+        (ErrorDialect.SQUARE, Reason.RATE_LIMITED, 429),
+        (ErrorDialect.SQUARE, Reason.STORE_UNAVAILABLE, 503),
+        # paypal-server-sdk retries 408, 413, 429 and 5xx (GET and PUT, when configured)
+        (ErrorDialect.PAYPAL, Reason.BODY_TOO_LARGE, 400),
+        (ErrorDialect.PAYPAL, Reason.OPERATION_FAILED, 409),
+        (ErrorDialect.PAYPAL, Reason.RATE_LIMITED, 429),
+        # Adyen retries nothing
+        (ErrorDialect.ADYEN, Reason.OPERATION_FAILED, 409),
+        (ErrorDialect.ADYEN, Reason.BODY_TOO_LARGE, 413),
+    ],
+)
+def test_a_permanent_refusal_gets_a_status_its_sdk_does_not_retry(
+    dialect: ErrorDialect, reason: Reason, sent: int
+) -> None:
+    """A permanent refusal whose status the SDK re-sends by itself is answered 400, opgate's
+    own status and code kept in the body; a retryable one keeps its status."""
+    answer = render(dialect, reason, operation_id="op_1")
+    data = body(answer)
+    assert answer.status == sent
+    assert (data["status"], data["code"]) == (REASONS[reason].status, reason.value)
+
+
+@pytest.mark.parametrize("dialect", [d for d in ErrorDialect if d is not ErrorDialect.PROBLEM])
+def test_a_key_mismatch_says_how_the_sdk_sends_the_approved_key(dialect: ErrorDialect) -> None:
+    """idempotency_key_mismatch names, in the SDK's terms, where the approved key goes."""
+    answer = in_dialect(
+        problem_response(Reason.IDEMPOTENCY_KEY_MISMATCH, "the key is not the approved one"),
+        dialect,
+    )
+    assert isinstance(answer, web.Response)
+    text = json.dumps(body(answer))
+    assert "the approved key" in text
+    assert "idempotency_key" in text or "paypal_request_id" in text

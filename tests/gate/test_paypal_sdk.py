@@ -25,7 +25,9 @@ from paypalserversdk.models.order_request import OrderRequest
 from paypalserversdk.models.purchase_unit_request import PurchaseUnitRequest
 from paypalserversdk.models.refund_request import RefundRequest
 from paypalserversdk.paypal_serversdk_client import PaypalServersdkClient
+from structlog.testing import capture_logs
 
+from tests.support.audit_logs import audits
 from tests.support.fake_paypal import FakePayPal, running_fake_paypal
 from tests.support.opgate import AGENT_TOKEN, SHIPPED_POLICIES, Opgate, StartOpgate
 from tests.support.store_calls import count_store_calls
@@ -49,9 +51,10 @@ async def paypal_gate(
         yield gate
 
 
-def sdk(gate: Opgate) -> PaypalServersdkClient:
+def sdk(gate: Opgate, **retries: Any) -> PaypalServersdkClient:
     """The agent's SDK: its OAuth token is its opgate token (opgate holds PayPal's client
-    credentials), its environment's base URI is opgate's route."""
+    credentials), its environment's base URI is opgate's route; ``retries``: the SDK's
+    retry settings (max_retries, retry_methods), off by default as in the SDK."""
     token = OAuthToken(
         access_token=AGENT_TOKEN, token_type="Bearer", expiry=int(time.time()) + 3600
     )
@@ -60,6 +63,7 @@ def sdk(gate: Opgate) -> PaypalServersdkClient:
         client_credentials_auth_credentials=ClientCredentialsAuthCredentials(
             o_auth_client_id="agent", o_auth_client_secret="unused", o_auth_token=token
         ),
+        **retries,
     )
     config.environments = {Environment.SANDBOX: {Server.DEFAULT: f"{gate.agent_url}/paypal"}}
     return PaypalServersdkClient(config=config)
@@ -219,3 +223,34 @@ async def test_a_failing_token_endpoint_fails_closed_in_paypals_shape(
     assert created.status_code == 201
     answer = created.text if hasattr(created, "text") else str(created.body)
     assert all(token not in answer for token in paypal.tokens.issued)
+
+
+async def test_a_permanent_refusal_is_sent_once_by_a_retrying_sdk(
+    paypal_gate: Opgate, paypal: FakePayPal
+) -> None:
+    """A capture of an order PayPal does not know fails the operation (404); with the SDK's
+    retries on, POST included (it retries 408, 413, 429 and 5xx), the re-send's
+    operation_failed refusal is sent once: ErrorException 409 with opgate's code."""
+    op = await paypal_gate.approve(
+        provider="paypal",
+        action="order.capture",
+        path_params={"order": "ABSENT0RDER"},
+        amount=None,
+        currency=None,
+        params={},
+    )
+    client = sdk(paypal_gate, max_retries=2, retry_methods=["GET", "PUT", "POST"])
+
+    def capture() -> Any:
+        return client.orders.capture_order(
+            {"id": "ABSENT0RDER", "paypal_request_id": op["idempotency_key"]}
+        )
+
+    with pytest.raises(ErrorException) as absent:
+        await asyncio.to_thread(capture)
+    assert absent.value.response_code == 404  # PayPal's own answer, passed through
+    with capture_logs() as logs, pytest.raises(ErrorException) as refused:
+        await asyncio.to_thread(capture)
+    assert len(audits(logs)) == 1
+    assert refused.value.response_code == 409
+    assert refused.value.details[0].issue == "operation_failed"

@@ -13,7 +13,8 @@ from proxy.gate import preconditions
 from tests.gate.test_pipeline import op_header
 from tests.gate.test_preconditions import gets, policy_with_preconditions, posts
 from tests.support.fault_provider import FaultProvider
-from tests.support.opgate import Opgate, StartOpgate, count_store_calls
+from tests.support.opgate import Opgate, StartOpgate
+from tests.support.store_calls import count_store_calls
 
 REFUND = "/fault/v1/refunds"
 GOOD_BODY = "amount=500&currency=usd&charge=ch_1"

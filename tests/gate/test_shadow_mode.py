@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest_asyncio
 from structlog.testing import capture_logs
 
+from tests.support.audit_logs import audits
 from tests.support.fault_provider import FaultMode, FaultProvider
 from tests.support.opgate import (
     OTHER_TENANT_TOKEN,
@@ -36,10 +36,6 @@ async def report_gate(
     (policy_dir / "fault.yaml").write_text(text)
     async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
         yield gate
-
-
-def audits(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [entry for entry in logs if entry["event"] == "request"]
 
 
 async def test_a_payload_difference_is_forwarded_and_audited_as_would_deny(

@@ -13,7 +13,9 @@ import pytest
 import pytest_asyncio
 from square import Square
 from square.core.api_error import ApiError
+from structlog.testing import capture_logs
 
+from tests.support.audit_logs import audits
 from tests.support.fake_square import SQUARE_TOKEN, FakeSquare, running_fake_square
 from tests.support.opgate import AGENT_TOKEN, SHIPPED_POLICIES, Opgate, StartOpgate
 
@@ -133,3 +135,38 @@ async def test_a_payment_is_cancelled_by_operation_id(
     assert cancelled.payment is not None
     assert cancelled.payment.status == "CANCELED"
     assert (await square_gate.operation(cancel["operation_id"]))["status"] == "confirmed"
+
+
+async def test_a_permanent_refusal_is_sent_once_and_keeps_opgates_status_in_the_body(
+    square_gate: Opgate, sdk: Square, square: FakeSquare
+) -> None:
+    """A declined card fails the operation; the SDK's re-send is refused operation_failed,
+    and Square's SDK (which retries 408, 409, 429 and 5xx) sends that refusal once: a 400
+    ApiError whose body keeps opgate's 409 and code."""
+    op = await square_gate.approve(
+        provider="square",
+        action="payment.create",
+        amount=1099,
+        currency="USD",
+        params={"/source_id": "cnon:card-nonce-declined"},
+    )
+
+    def pay() -> Any:
+        return sdk.payments.create(
+            source_id="cnon:card-nonce-declined",
+            idempotency_key=op["idempotency_key"],
+            amount_money={"amount": 1099, "currency": "USD"},
+        )
+
+    with pytest.raises(ApiError) as declined:
+        await asyncio.to_thread(pay)
+    assert declined.value.status_code == 402  # Square's own answer, passed through
+    with capture_logs() as logs, pytest.raises(ApiError) as refused:
+        await asyncio.to_thread(pay)
+    assert len(audits(logs)) == 1
+    assert refused.value.status_code == 400
+    [error] = refused.value.errors
+    assert error.code == "operation_failed"
+    assert isinstance(refused.value.body, dict)
+    assert (refused.value.body["status"], refused.value.body["code"]) == (409, "operation_failed")
+    assert len(square.posts()) == 1

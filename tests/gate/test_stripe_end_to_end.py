@@ -15,7 +15,9 @@ import pytest
 import pytest_asyncio
 import requests
 import stripe
+from structlog.testing import capture_logs
 
+from tests.support.audit_logs import audits
 from tests.support.localstripe_server import LOCALSTRIPE_API_KEY, create_charge, list_refunds
 from tests.support.opgate import AGENT_TOKEN, SHIPPED_POLICIES, Opgate, StartOpgate
 
@@ -112,6 +114,8 @@ async def test_sdk_refund_named_by_operation_header_without_a_key(
         )
     assert refused.value.http_status == 400
     assert refused.value.code == "idempotency_key_mismatch"
+    assert refused.value.user_message is not None
+    assert 'options={"idempotency_key": <the approved key>}' in refused.value.user_message
     assert refused.value.headers is not None
     assert refused.value.headers["Stripe-Should-Retry"] == "false"
     assert await list_refunds(localstripe_url, charge=charge) == []
@@ -193,3 +197,38 @@ async def test_sdk_reads_pass_through(
     charge = await create_charge(localstripe_url, 1000)
     listed = await asyncio.to_thread(agent_sdk.v1.refunds.list, params={"charge": charge})
     assert listed.data == []
+
+
+async def test_a_permanent_refusal_is_sent_once_by_a_retrying_sdk(
+    stripe_gate: Opgate, agent_sdk: stripe.StripeClient, localstripe_url: str
+) -> None:
+    """A refund of a charge Stripe does not know fails the operation (404); stripe-python with
+    retries on (it retries 409 and 5xx unless Stripe-Should-Retry says otherwise) sends the
+    re-send's operation_failed refusal once."""
+    op = await approve_refund(stripe_gate, "ch_absent_at_stripe", 500)
+    session = requests.Session()
+    session.trust_env = False
+    retrying = stripe.StripeClient(
+        AGENT_TOKEN,
+        base_addresses={"api": f"{stripe_gate.agent_url}/stripe"},
+        http_client=stripe.RequestsClient(session=session),
+        max_network_retries=2,
+    )
+
+    def refund() -> stripe.Refund:
+        return retrying.v1.refunds.create(
+            params={"charge": "ch_absent_at_stripe", "amount": 500},
+            options={"idempotency_key": op["idempotency_key"]},
+        )
+
+    with pytest.raises(stripe.InvalidRequestError):
+        await asyncio.to_thread(refund)  # Stripe's own 404, passed through
+    with capture_logs() as logs, pytest.raises(stripe.StripeError) as refused:
+        await asyncio.to_thread(refund)
+    session.close()
+    assert len(audits(logs)) == 1
+    assert refused.value.http_status == 409  # an APIError: stripe-python reads the code off 4xx
+    assert refused.value.json_body is not None
+    assert refused.value.json_body["error"]["code"] == "operation_failed"
+    assert refused.value.headers is not None
+    assert refused.value.headers["Stripe-Should-Retry"] == "false"

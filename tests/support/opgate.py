@@ -11,8 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import textwrap
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -198,20 +197,6 @@ class Opgate:
             method, f"{self.agent_url}{path}", data=data, headers=sent
         ) as response:
             return response.status, dict(response.headers), await response.read()
-
-
-def count_store_calls(gate: Opgate, monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
-    """How often the gate's store is asked to load a row (by id or key) and to claim one."""
-    store, calls = gate.running.gateway.store, Counter[str]()
-    for name in ("load", "load_by_key", "claim", "claim_within_budgets"):
-        real: Callable[..., Awaitable[Any]] = getattr(store, name)
-
-        async def counted(*args: Any, _name: str = name, _real: Any = real, **kw: Any) -> Any:
-            calls[_name] += 1
-            return await _real(*args, **kw)
-
-        monkeypatch.setattr(store, name, counted)
-    return calls
 
 
 def process_env(

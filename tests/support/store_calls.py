@@ -12,9 +12,9 @@ from tests.support.opgate import Opgate
 
 
 def count_store_calls(gate: Opgate, monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
-    """How often the gate's store is asked to load (by id or key), claim and claim as sent."""
+    """How often the gate's store is asked to load a row (by id or key) and to claim one."""
     store, calls = gate.running.gateway.store, Counter[str]()
-    for name in ("load", "load_by_key", "claim", "claim_as_sent"):
+    for name in ("load", "load_by_key", "claim", "claim_within_budgets"):
         real: Callable[..., Awaitable[Any]] = getattr(store, name)
 
         async def counted(*args: Any, _name: str = name, _real: Any = real, **kw: Any) -> Any:
