@@ -441,7 +441,7 @@ async def test_metrics_need_no_token_and_count_what_happened(
     assert _metric(text, "opgate_operations", 'status="dispatched"') == 1
     assert _metric(text, "opgate_operations_dispatched_too_long") == 1
     assert _metric(text, "opgate_escalations_open") == 1
-    assert _metric(text, "opgate_db_pool_connections", 'state="max"') == 10
+    assert _metric(text, "opgate_db_pool_max_connections") == 10
     assert _metric(text, "opgate_store_up") == 1
     count = [line for line in text.splitlines() if line.startswith("opgate_upstream_seconds_count")]
     assert len(count) == 1
