@@ -197,6 +197,8 @@ def _serve(args: argparse.Namespace) -> int:
             _check_follows_primary(settings.database_url)
         # Validated once up front: workers that cannot start would only respawn.
         _warn_unconfigured(settings, load_validated_policy(settings.policy_dir))
+        if settings.forward_listen:  # made once, not by each worker at once
+            _forward_ca(settings)
         workers = effective_workers(settings)
         if workers == 1:
             asyncio.run(serve(settings))
@@ -300,12 +302,34 @@ def _migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _forward_ca(settings: Any) -> bool:
+    """The forward proxy's CA, made if absent (True: made now); a directory that cannot hold
+    it is InvalidSettings naming ca_dir (or data_dir, when ca_dir is not set)."""
+    from proxy.forward.ca import init_ca
+
+    try:
+        return init_ca(settings.forward_ca_dir)
+    except OSError as exc:
+        import os
+
+        setting = "ca_dir" if settings.ca_dir is not None else "data_dir"
+        variable = f"OPGATE_{setting.upper()}"
+        source = f" ({variable})" if variable in os.environ else ""  # else a flag or the file
+        reason = exc.strerror or str(exc)
+        raise InvalidSettings(
+            [
+                f"setting {setting}{source}: cannot make the forward proxy's CA in "
+                f"{settings.forward_ca_dir}: {reason}"
+            ]
+        ) from exc
+
+
 def _ca_init(args: argparse.Namespace) -> int:
-    from proxy.forward.ca import CA_CERT_FILE, init_ca
+    from proxy.forward.ca import CA_CERT_FILE
     from proxy.settings import load_settings
 
     settings = load_settings({"data_dir": args.data_dir, "ca_dir": args.ca_dir})
-    created = init_ca(settings.forward_ca_dir)
+    created = _forward_ca(settings)
     cert = settings.forward_ca_dir / CA_CERT_FILE
     print(f"{'created' if created else 'exists'}: {cert}")
     print("Agents trust it with SSL_CERT_FILE / REQUESTS_CA_BUNDLE (the key stays here).")

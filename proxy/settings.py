@@ -37,6 +37,7 @@ _DIGEST = r"^[0-9a-f]{64}$"
 # The grammar of a policy's `upstream` (proxy/policy/model.py, Provider), which an override
 # replaces: restated, as settings may import nothing of opgate's.
 _BASE_URL = re.compile(r"^https?://[^/?#]+(/[^?#]*)?$")
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 class AgentConfig(BaseModel):
@@ -338,6 +339,27 @@ class Settings(BaseSettings):
                 "approvers: each needs a token of its own (not an agent's or another's)"
             )
         return self
+
+    @field_validator("upstream_ca_file")
+    @classmethod
+    def _ca_file_exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"{value}: no such file")
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        if value.lower() not in _LOG_LEVELS:
+            raise ValueError(f"{value!r} is not a level ({', '.join(_LOG_LEVELS)})")
+        return value.lower()
+
+    @field_validator("escalation_webhook_url")
+    @classmethod
+    def _webhook_url(cls, value: str | None) -> str | None:
+        if value and not re.match(r"^https?://[^/?#\s]+([/?][^#\s]*)?$", value):
+            raise ValueError(f"{value!r} is not an http(s) URL")
+        return value or None
 
     @field_validator("agent_listen", "ops_listen")
     @classmethod

@@ -233,7 +233,9 @@ def settings_env(**variables: str) -> dict[str, str]:
     """This environment without any OPGATE_* setting, plus ``variables``: a database nothing
     listens on, so a command whose settings are valid ends at once with its own line."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")}
-    return {"OPGATE_DATABASE_URL": UNREACHABLE_DATABASE, **env, **variables}
+    # forward mode off: it would make its CA in the repository's .opgate
+    defaults = {"OPGATE_DATABASE_URL": UNREACHABLE_DATABASE, "OPGATE_FORWARD_LISTEN": "null"}
+    return {**defaults, **env, **variables}
 
 
 def run_clean(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -282,6 +284,34 @@ def config_file(tmp_path: Path, text: str) -> str:
             {},
             ["--agent-listen", "8080"],
             "opgate: setting agent_listen (--agent-listen): '8080' is not HOST:PORT",
+        ),
+        (
+            "a log level that is none",
+            {"OPGATE_LOG_LEVEL": "loud"},
+            [],
+            "opgate: setting log_level (OPGATE_LOG_LEVEL): 'loud' is not a level "
+            "(debug, info, warning, error, critical)",
+        ),
+        (
+            "a webhook that is not a URL",
+            {"OPGATE_ESCALATION_WEBHOOK_URL": "hooks.example/opgate"},
+            [],
+            "opgate: setting escalation_webhook_url (OPGATE_ESCALATION_WEBHOOK_URL): "
+            "'hooks.example/opgate' is not an http(s) URL",
+        ),
+        (
+            "an upstream CA file that is not there",
+            {"OPGATE_UPSTREAM_CA_FILE": "/nonexistent/ca.pem"},
+            [],
+            "opgate: setting upstream_ca_file (OPGATE_UPSTREAM_CA_FILE): "
+            "/nonexistent/ca.pem: no such file",
+        ),
+        (
+            "a CA directory that cannot be made",
+            {"OPGATE_CA_DIR": "/proc/opgate-ca", "OPGATE_FORWARD_LISTEN": "127.0.0.1:0"},
+            [],
+            "opgate: setting ca_dir (OPGATE_CA_DIR): cannot make the forward proxy's CA in "
+            "/proc/opgate-ca: No such file or directory",
         ),
         (
             "a number that is not one",
@@ -411,7 +441,7 @@ def test_serve_has_a_flag_for_every_listener() -> None:
 
 
 def test_the_forward_listener_flag_names_its_setting_when_its_port_is_taken(
-    database_url: str,
+    database_url: str, tmp_path: Path
 ) -> None:
     """`--forward-listen HOST:PORT` is the forward listener's address: a held port is refused
     in one line naming forward_listen (so a second instance can pick another)."""
@@ -423,6 +453,7 @@ def test_the_forward_listener_flag_names_its_setting_when_its_port_is_taken(
             OPGATE_DATABASE_URL=database_url,
             OPGATE_POLICY_DIR=str(SHIPPED_POLICIES),
             OPGATE_WORKERS="1",
+            OPGATE_DATA_DIR=str(tmp_path),  # the forward proxy's CA, made before it listens
         )
         result = run_clean(
             "serve",
