@@ -71,7 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"opgate {_version()}")
     commands = parser.add_subparsers()
 
-    serve = commands.add_parser("serve", help="run the agent listener and the operations API")
+    serve = commands.add_parser(
+        "serve", help="run the listeners: agents, the operations API, the forward proxy"
+    )
     _setting_flags(serve)
     serve.add_argument(
         "--forward-listen",
