@@ -327,11 +327,16 @@ def _forward_ca(settings: Any) -> bool:
 
 
 def _ca_init(args: argparse.Namespace) -> int:
+    from proxy.errors import ConfigurationError
     from proxy.forward.ca import CA_CERT_FILE
     from proxy.settings import load_settings
 
     settings = load_settings({"data_dir": args.data_dir, "ca_dir": args.ca_dir})
-    created = _forward_ca(settings)
+    try:
+        created = _forward_ca(settings)
+    except ConfigurationError as exc:  # half a CA: a certificate without its key, or the reverse
+        print(f"opgate: {exc}", file=sys.stderr)
+        return 2
     cert = settings.forward_ca_dir / CA_CERT_FILE
     print(f"{'created' if created else 'exists'}: {cert}")
     print("Agents trust it with SSL_CERT_FILE / REQUESTS_CA_BUNDLE (the key stays here).")

@@ -529,3 +529,14 @@ def test_ops_under_dev_without_dev_credentials_says_how_to_get_them(tmp_path: Pa
         f"opgate ops: no dev credentials in {tmp_path / 'dev-credentials.json'}: "
         "start `opgate serve --dev` first (or give --token)"
     ]
+
+
+def test_ca_init_on_half_a_ca_is_one_line(tmp_path: Path) -> None:
+    """`opgate ca init` where a certificate lies without its key says so in one line, exit 2."""
+    (tmp_path / "ca").mkdir()
+    (tmp_path / "ca" / "opgate-ca.pem").write_text("")
+    result = run_clean("ca", "init", "--data-dir", str(tmp_path), env=settings_env())
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"opgate: {tmp_path / 'ca'} holds half a CA (certificate or key missing)"
+    ]
