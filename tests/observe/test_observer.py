@@ -234,11 +234,11 @@ async def test_one_operation_id_joins_row_audit_logs_spans_and_provider(
     )
     assert code == 0
     assert shown.splitlines()[0] == f"operation {fault_op['operation_id']}: 4 audit records"
-    assert [line.split()[2] for line in shown.splitlines()[3:]] == [
-        "created",
-        "claimed",
-        "confirmed",
-        "allow",
+    assert [line.split()[:4:3] for line in shown.splitlines()[3:]] == [
+        ["ok", "created"],
+        ["ok", "claimed"],
+        ["ok", "confirmed"],
+        ["ok", "allow"],
     ]
     export = tmp_path / "audit.jsonl"
     code, _ = await run_cli(
