@@ -133,7 +133,8 @@ class Settings(BaseSettings):
     )
     upstream_overrides: dict[str, Annotated[str, AfterValidator(_base_url)]] = Field(
         default_factory=dict,
-        description="Per provider, a base URL to send to instead of the policy's upstream: "
+        description="Per provider, an http(s) base URL to send to instead of the policy's "
+        "upstream: "
         '`{"stripe": "http://127.0.0.1:8420"}` (staging, local trials).',
     )
     instance_id: str = Field(
