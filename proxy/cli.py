@@ -4,29 +4,52 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import sys
 from pathlib import Path
-from typing import Any
-
-from pydantic import ValidationError
+from typing import Any, NoReturn
 
 from proxy.authoring.commands import add_policy_commands
 from proxy.observe.auditlog.cli import add_audit_commands
 from proxy.observe.logs import configure_logging
-from proxy.operations.cli import add_ops_commands
+from proxy.operations.cli import add_ops_commands, run_ops
 from proxy.proposals.cli import add_proposal_commands
+from proxy.settings import InvalidSettings
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the (sub)command that was given them, which lists its flags
+        _Parser.refuse(args.command_prog, f"unrecognized arguments: {' '.join(unknown)}")
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()
         return 2
-    result: int = handler(args)
+    try:
+        result: int = handler(args)
+    except InvalidSettings as exc:  # every command that reads the settings
+        for problem in exc.problems:
+            print(f"opgate: {problem}", file=sys.stderr)
+        return 2
     return result
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a wrong flag is one line saying what is wrong and where the flags are
+    listed, not the whole usage (the subcommands' parsers are of this class too)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # the innermost parser's value wins: which command was given a flag it does not know
+        self.set_defaults(command_prog=self.prog)
+
+    def error(self, message: str) -> NoReturn:
+        self.refuse(self.prog, message)
+
+    @staticmethod
+    def refuse(prog: str, message: str) -> NoReturn:
+        print(f"{prog}: {message} ({prog} --help lists the flags)", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def _version() -> str:
@@ -39,7 +62,7 @@ def _version() -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="opgate",
         # plain text: the module docstring is reStructuredText, a terminal shows it verbatim
         description="opgate: a tool-boundary enforcing egress proxy for AI agents "
@@ -48,8 +71,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"opgate {_version()}")
     commands = parser.add_subparsers()
 
-    serve = commands.add_parser("serve", help="run the agent listener and the operations API")
+    serve = commands.add_parser(
+        "serve", help="run the listeners: agents, the operations API, the forward proxy"
+    )
     _setting_flags(serve)
+    serve.add_argument(
+        "--forward-listen",
+        help="HOST:PORT of the forward-proxy listener (HTTPS_PROXY); null: none",
+    )
     serve.add_argument("--dev", action="store_true", help="generate local trial tokens")
     serve.add_argument(
         "--workers", type=int, help="worker processes sharing the ports (default: one per core)"
@@ -79,7 +108,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     mcp.set_defaults(handler=_mcp)
 
-    add_ops_commands(commands)
+    ops = add_ops_commands(commands)
+    ops.add_argument(
+        "--dev",
+        action="store_true",
+        help="use the admin token `opgate serve --dev` generated (<data_dir>/dev-credentials.json)",
+    )
+    ops.add_argument("--data-dir", type=Path, help="--dev's data directory (default: data_dir)")
+    ops.set_defaults(handler=_ops)
     add_proposal_commands(commands)  # proposals list, approve, decline
     add_audit_commands(commands)  # audit verify, show, export: proxy/observe/auditlog/cli.py
 
@@ -100,8 +136,7 @@ def _setting_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _settings(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> Any:
-    from pydantic_settings import SettingsError
-
+    """The settings, the flags given first (InvalidSettings: main says what is wrong)."""
     from proxy.settings import load_settings
 
     flags = {
@@ -112,20 +147,26 @@ def _settings(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> 
         "ops_listen": args.ops_listen,
         **(extra or {}),
     }
-    try:
-        return load_settings(flags)
-    except ValidationError as exc:
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"])
-            print(f"opgate: setting {where}: {err['msg']}", file=sys.stderr)
-        raise SystemExit(2) from exc
-    except SettingsError as exc:
-        # raised before any field is validated, for a dict or list setting whose variable is
-        # not JSON, in a sentence that names neither the variable nor what is wrong
-        found = re.search(r'parsing value for field "(\w+)"', str(exc))
-        field = found.group(1) if found else "?"
-        print(f"opgate: setting {field} (OPGATE_{field.upper()}): not valid JSON", file=sys.stderr)
-        raise SystemExit(2) from exc
+    return load_settings(flags)
+
+
+def _ops(args: argparse.Namespace) -> int:
+    """``opgate ops``; with ``--dev``, as the admin of an ``opgate serve --dev``."""
+    if args.dev:
+        from proxy.devmode import dev_credentials_file, stored_dev_credentials
+        from proxy.settings import load_settings
+
+        data_dir = load_settings({"data_dir": args.data_dir}).data_dir
+        creds = stored_dev_credentials(data_dir)
+        if creds is None:
+            print(
+                f"opgate ops: no dev credentials in {dev_credentials_file(data_dir)}: "
+                "start `opgate serve --dev` first (or give --token)",
+                file=sys.stderr,
+            )
+            return 2
+        args.token = creds["admin_token"]
+    return run_ops(args)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -141,7 +182,7 @@ def _serve(args: argparse.Namespace) -> int:
     from proxy.server import serve
     from proxy.workers import effective_workers, run_supervisor
 
-    settings = _settings(args, {"workers": args.workers})
+    settings = _settings(args, {"workers": args.workers, "forward_listen": args.forward_listen})
     configure_logging(settings.log_level)
     if args.dev:
         creds = dev_credentials(settings.data_dir)
@@ -156,12 +197,14 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         if settings.database_url:  # the embedded default is exempt: it has no standby
             _check_follows_primary(settings.database_url)
+        # Validated once up front: workers that cannot start would only respawn.
+        _warn_unconfigured(settings, load_validated_policy(settings.policy_dir))
+        if settings.forward_listen:  # made once, not by each worker at once
+            _forward_ca(settings)
         workers = effective_workers(settings)
         if workers == 1:
             asyncio.run(serve(settings))
         else:
-            # Validate the policy once up front: workers that cannot start would only respawn.
-            load_validated_policy(settings.policy_dir)
             return run_supervisor(settings, workers)
     except PolicyLoadError as exc:
         print(f"opgate: the policy set is invalid:\n{exc}", file=sys.stderr)
@@ -176,6 +219,40 @@ def _serve(args: argparse.Namespace) -> int:
         print(store_unavailable_line(exc), file=sys.stderr)
         return 2
     return 0
+
+
+def _warn_unconfigured(settings: Any, policy: Any) -> None:
+    """A warning line for each thing a start can do without but that leaves part of opgate
+    refusing everyone: no admin token, no agents, a provider whose secrets are missing."""
+    import structlog
+
+    from proxy.settings import Secrets
+
+    log = structlog.get_logger("opgate.server")
+    if settings.admin_token_sha256 is None:
+        log.warning(
+            "no_admin_token",
+            detail="nobody can approve operations: set admin_token_sha256 "
+            "(`opgate token` prints a token and its digest)",
+        )
+    if not settings.agents:
+        log.warning(
+            "no_agents",
+            detail="every agent request is refused: configure agents (id, tenant, token_sha256)",
+        )
+    secrets = Secrets(settings.secrets_dir)
+    for provider in policy.providers:
+        credential = provider.credential
+        names = [getattr(credential, "client_id_secret", None), getattr(credential, "secret", None)]
+        missing = [name for name in names if name and secrets.secret(name) is None]
+        if missing:
+            log.warning(
+                "provider_secret_missing",
+                provider=provider.provider,
+                secrets=missing,
+                detail="its requests are refused (503 credential_unavailable): set "
+                "OPGATE_SECRET_<NAME> or <secrets_dir>/<name>",
+            )
 
 
 def _check_follows_primary(database_url: str) -> None:
@@ -227,12 +304,39 @@ def _migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _forward_ca(settings: Any) -> bool:
+    """The forward proxy's CA, made if absent (True: made now); a directory that cannot hold
+    it is InvalidSettings naming ca_dir (or data_dir, when ca_dir is not set)."""
+    from proxy.forward.ca import init_ca
+
+    try:
+        return init_ca(settings.forward_ca_dir)
+    except OSError as exc:
+        import os
+
+        setting = "ca_dir" if settings.ca_dir is not None else "data_dir"
+        variable = f"OPGATE_{setting.upper()}"
+        source = f" ({variable})" if variable in os.environ else ""  # else a flag or the file
+        reason = exc.strerror or str(exc)
+        raise InvalidSettings(
+            [
+                f"setting {setting}{source}: cannot make the forward proxy's CA in "
+                f"{settings.forward_ca_dir}: {reason}"
+            ]
+        ) from exc
+
+
 def _ca_init(args: argparse.Namespace) -> int:
-    from proxy.forward.ca import CA_CERT_FILE, init_ca
+    from proxy.errors import ConfigurationError
+    from proxy.forward.ca import CA_CERT_FILE
     from proxy.settings import load_settings
 
     settings = load_settings({"data_dir": args.data_dir, "ca_dir": args.ca_dir})
-    created = init_ca(settings.forward_ca_dir)
+    try:
+        created = _forward_ca(settings)
+    except ConfigurationError as exc:  # half a CA: a certificate without its key, or the reverse
+        print(f"opgate: {exc}", file=sys.stderr)
+        return 2
     cert = settings.forward_ca_dir / CA_CERT_FILE
     print(f"{'created' if created else 'exists'}: {cert}")
     print("Agents trust it with SSL_CERT_FILE / REQUESTS_CA_BUNDLE (the key stays here).")

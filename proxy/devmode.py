@@ -18,11 +18,24 @@ DEV_AGENT_ID = "demo-agent"
 DEV_TENANT = "demo"
 
 
+def dev_credentials_file(data_dir: Path) -> Path:
+    return data_dir / "dev-credentials.json"
+
+
+def stored_dev_credentials(data_dir: Path) -> dict[str, str] | None:
+    """The credentials a ``serve --dev`` on ``data_dir`` generated, or None (it never ran)."""
+    path = dev_credentials_file(data_dir)
+    if not path.is_file():
+        return None
+    stored: dict[str, str] = json.loads(path.read_text("utf-8"))
+    return stored
+
+
 def dev_credentials(data_dir: Path) -> dict[str, str]:
-    path = data_dir / "dev-credentials.json"
-    if path.is_file():
-        stored: dict[str, str] = json.loads(path.read_text("utf-8"))
+    stored = stored_dev_credentials(data_dir)
+    if stored is not None:
         return stored
+    path = dev_credentials_file(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     creds = {"admin_token": new_token(), "agent_token": new_token()}
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -8,19 +8,36 @@ are read from ``OPGATE_SECRET_<NAME>`` or ``<secrets_dir>/<name>`` by ``Secrets`
 from __future__ import annotations
 
 import os
+import re
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     YamlConfigSettingsSource,
 )
 
 _DIGEST = r"^[0-9a-f]{64}$"
+# The grammar of a policy's `upstream` (proxy/policy/model.py, Provider), which an override
+# replaces: restated, as settings may import nothing of opgate's.
+_BASE_URL = re.compile(r"^https?://[^/?#]+(/[^?#]*)?$")
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 class AgentConfig(BaseModel):
@@ -48,6 +65,12 @@ def _host_port(value: str) -> str:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"{value!r} is not HOST:PORT")
+    return value
+
+
+def _base_url(value: str) -> str:
+    if not _BASE_URL.match(value):
+        raise ValueError(f"{value!r} is not an http(s) base URL (http://HOST[:PORT][/PATH])")
     return value
 
 
@@ -125,9 +148,10 @@ class Settings(BaseSettings):
         description="Provider credentials: `OPGATE_SECRET_<NAME>` or `<secrets_dir>/<name>`, "
         "never a policy file.",
     )
-    upstream_overrides: dict[str, str] = Field(
+    upstream_overrides: dict[str, Annotated[str, AfterValidator(_base_url)]] = Field(
         default_factory=dict,
-        description="Per provider, a base URL to send to instead of the policy's upstream: "
+        description="Per provider, an http(s) base URL to send to instead of the policy's "
+        "upstream: "
         '`{"stripe": "http://127.0.0.1:8420"}` (staging, local trials).',
     )
     instance_id: str = Field(
@@ -334,6 +358,27 @@ class Settings(BaseSettings):
             )
         return self
 
+    @field_validator("upstream_ca_file")
+    @classmethod
+    def _ca_file_exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"{value}: no such file")
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        if value.lower() not in _LOG_LEVELS:
+            raise ValueError(f"{value!r} is not a level ({', '.join(_LOG_LEVELS)})")
+        return value.lower()
+
+    @field_validator("escalation_webhook_url")
+    @classmethod
+    def _webhook_url(cls, value: str | None) -> str | None:
+        if value and not re.match(r"^https?://[^/?#\s]+([/?][^#\s]*)?$", value):
+            raise ValueError(f"{value!r} is not an http(s) URL")
+        return value or None
+
     @field_validator("agent_listen", "ops_listen")
     @classmethod
     def _valid_address(cls, value: str) -> str:
@@ -367,10 +412,105 @@ class Settings(BaseSettings):
         return tuple(sources)
 
 
-def load_settings(overrides: dict[str, Any] | None = None) -> Settings:
-    """Settings from flags (``overrides``, None values dropped), environment and config file."""
+class InvalidSettings(Exception):
+    """Settings opgate cannot start with: one line per problem, each naming the setting (or
+    the config file), where it was given, and what is wrong."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def load_settings(
+    overrides: dict[str, Any] | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Settings from flags (``overrides``, None values dropped), environment and config file;
+    InvalidSettings, never pydantic's errors, when they cannot be used."""
+    environ = os.environ if environ is None else environ
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
-    return Settings(**given)
+    config_file = environ.get("OPGATE_CONFIG")
+    if config_file:
+        _check_config_file(config_file)
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        where = _SourceNamer(given, environ, config_file)
+        raise InvalidSettings([where.problem(error) for error in exc.errors()]) from exc
+    except SettingsError as exc:
+        # raised before any field is validated, for a dict or list setting whose variable is
+        # not JSON, in a sentence that names neither the variable nor what is wrong
+        found = re.search(r'parsing value for field "(\w+)"', str(exc))
+        field = found.group(1) if found else "?"
+        raise InvalidSettings(
+            [f"setting {field} (OPGATE_{field.upper()}): not valid JSON"]
+        ) from exc
+
+
+def _check_config_file(path: str) -> None:
+    """The config file exists, parses as YAML and is a mapping: pydantic-settings would skip
+    a missing file silently, and raise a parser's traceback for the others."""
+    try:
+        text = Path(path).read_text("utf-8")
+    except FileNotFoundError:
+        raise InvalidSettings([f"config file {path} (OPGATE_CONFIG): no such file"]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidSettings([f"config file {path} (OPGATE_CONFIG): unreadable: {exc}"]) from exc
+    try:
+        content = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InvalidSettings([f"config file {path}: not valid YAML ({at}{problem})"]) from exc
+    if content is not None and not isinstance(content, dict):
+        problem = "should be a mapping of settings (name: value)"
+        raise InvalidSettings([f"config file {path}: {problem}"])
+
+
+class _SourceNamer:
+    """Says where a setting's value came from (flag, variable or config file) and what is
+    wrong with it, in words an operator acts on (pydantic's, trimmed)."""
+
+    def __init__(
+        self, flags: Mapping[str, Any], environ: Mapping[str, str], config_file: str | None
+    ) -> None:
+        self._flags, self._environ, self._config_file = flags, environ, config_file
+
+    def problem(self, error: ErrorDetails) -> str:
+        loc = [str(part) for part in error["loc"]]
+        if not loc:  # a check across settings (model validator): its message names them
+            return f"settings: {_message(error, nested=False)}"
+        return f"setting {'.'.join(loc)} ({self._source(loc[0])}): " + _message(
+            error, nested=len(loc) > 1
+        )
+
+    def _source(self, name: str) -> str:
+        if name in self._flags:
+            return "--" + name.replace("_", "-")
+        variable = f"OPGATE_{name.upper()}"
+        if variable in self._environ:
+            return variable
+        if self._config_file:
+            return f"in {self._config_file}"
+        return "its default"
+
+
+_PLAIN_MESSAGES = {
+    "dict_type": "should be an object",
+    "list_type": "should be a list",
+    "string_type": "should be a string",
+    "missing": "missing (required)",
+}
+
+
+def _message(error: ErrorDetails, *, nested: bool) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return "unknown field" if nested else "not a setting (docs/reference/settings.md has all)"
+    if kind in _PLAIN_MESSAGES:
+        return _PLAIN_MESSAGES[kind]
+    message = error["msg"].removeprefix("Value error, ")
+    return message.replace("Input should", "should", 1)
 
 
 def split_host_port(value: str) -> tuple[str, int]:

@@ -19,6 +19,7 @@ import pytest
 
 from tests.support.cli import free_port, run_cli, wait_ready
 from tests.support.opgate import SHIPPED_POLICIES
+from tests.support.opgate_process import opgate_process
 from tests.support.paths import REPO
 
 
@@ -190,3 +191,319 @@ def test_version_prints_the_installed_version() -> None:
     result = run_cli("--version")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"opgate {version('opgate')}"
+
+
+UNREACHABLE_DATABASE = "postgresql://opgate@127.0.0.1:1/opgate"  # valid settings stop here
+
+
+def settings_env(**variables: str) -> dict[str, str]:
+    """This environment without any OPGATE_* setting, plus ``variables``: a database nothing
+    listens on, so a command whose settings are valid ends at once with its own line."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")}
+    # forward mode off: it would make its CA in the repository's .opgate
+    defaults = {"OPGATE_DATABASE_URL": UNREACHABLE_DATABASE, "OPGATE_FORWARD_LISTEN": "null"}
+    return {**defaults, **env, **variables}
+
+
+def run_clean(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+def config_file(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "opgate.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("scenario", "variables", "flags", "expected"),
+    [
+        (
+            "an override that is not a URL",
+            {"OPGATE_UPSTREAM_OVERRIDES": '{"stripe": "not a url"}'},
+            [],
+            "opgate: setting upstream_overrides.stripe (OPGATE_UPSTREAM_OVERRIDES): "
+            "'not a url' is not an http(s) base URL (http://HOST[:PORT][/PATH])",
+        ),
+        (
+            "overrides that are not an object",
+            {"OPGATE_UPSTREAM_OVERRIDES": '["http://127.0.0.1:8420"]'},
+            [],
+            "opgate: setting upstream_overrides (OPGATE_UPSTREAM_OVERRIDES): should be an object",
+        ),
+        (
+            "an override that is not a string",
+            {"OPGATE_UPSTREAM_OVERRIDES": '{"stripe": 8420}'},
+            [],
+            "opgate: setting upstream_overrides.stripe (OPGATE_UPSTREAM_OVERRIDES): "
+            "should be a string",
+        ),
+        (
+            "a listener flag that is not HOST:PORT",
+            {},
+            ["--agent-listen", "8080"],
+            "opgate: setting agent_listen (--agent-listen): '8080' is not HOST:PORT",
+        ),
+        (
+            "a log level that is none",
+            {"OPGATE_LOG_LEVEL": "loud"},
+            [],
+            "opgate: setting log_level (OPGATE_LOG_LEVEL): 'loud' is not a level "
+            "(debug, info, warning, error, critical)",
+        ),
+        (
+            "a webhook that is not a URL",
+            {"OPGATE_ESCALATION_WEBHOOK_URL": "hooks.example/opgate"},
+            [],
+            "opgate: setting escalation_webhook_url (OPGATE_ESCALATION_WEBHOOK_URL): "
+            "'hooks.example/opgate' is not an http(s) URL",
+        ),
+        (
+            "an upstream CA file that is not there",
+            {"OPGATE_UPSTREAM_CA_FILE": "/nonexistent/ca.pem"},
+            [],
+            "opgate: setting upstream_ca_file (OPGATE_UPSTREAM_CA_FILE): "
+            "/nonexistent/ca.pem: no such file",
+        ),
+        (
+            "a CA directory that cannot be made",
+            {"OPGATE_CA_DIR": "/proc/opgate-ca", "OPGATE_FORWARD_LISTEN": "127.0.0.1:0"},
+            [],
+            "opgate: setting ca_dir (OPGATE_CA_DIR): cannot make the forward proxy's CA in "
+            "/proc/opgate-ca: No such file or directory",
+        ),
+        (
+            "a number that is not one",
+            {"OPGATE_POOL_MAX_SIZE": "ten"},
+            [],
+            "opgate: setting pool_max_size (OPGATE_POOL_MAX_SIZE): should be a valid integer, "
+            "unable to parse string as an integer",
+        ),
+    ],
+)
+def test_an_invalid_setting_is_one_line_naming_it_and_where_it_was_given(
+    scenario: str, variables: dict[str, str], flags: list[str], expected: str
+) -> None:
+    """A setting that does not fit its type or shape ends `opgate serve` with exit 2 and one
+    line naming the setting, where it was given (variable or flag) and what is wrong."""
+    result = run_clean("serve", *flags, env=settings_env(**variables))
+    assert result.returncode == 2, scenario
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [expected], scenario
+
+
+@pytest.mark.parametrize(
+    ("scenario", "text", "expected"),
+    [
+        (
+            "YAML that does not parse",
+            "agent_listen: [127.0.0.1:8080\n",
+            "opgate: config file {path}: not valid YAML (line 2, column 1: expected ',' or ']', "
+            "but got '<stream end>')",
+        ),
+        (
+            "a list, not a mapping",
+            "- agent_listen\n",
+            "opgate: config file {path}: should be a mapping of settings (name: value)",
+        ),
+        (
+            "a name that is no setting",
+            "agent_lisen: 127.0.0.1:8080\n",
+            "opgate: setting agent_lisen (in {path}): not a setting "
+            "(docs/reference/settings.md has all)",
+        ),
+        (
+            "a value that does not fit",
+            "ops_listen: localhost\n",
+            "opgate: setting ops_listen (in {path}): 'localhost' is not HOST:PORT",
+        ),
+    ],
+)
+def test_an_invalid_config_file_is_one_line_naming_the_file(
+    tmp_path: Path, scenario: str, text: str, expected: str
+) -> None:
+    """A config file that does not parse, is not a mapping or holds a wrong setting ends
+    `opgate serve` with exit 2 and one line naming the file, not a traceback."""
+    path = config_file(tmp_path, text)
+    result = run_clean("serve", env=settings_env(OPGATE_CONFIG=path))
+    assert result.returncode == 2, scenario
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [expected.format(path=path)], scenario
+
+
+def test_a_missing_config_file_is_one_line_not_silently_ignored(tmp_path: Path) -> None:
+    """`OPGATE_CONFIG` naming no file is refused (exit 2, one line), not started without it."""
+    path = str(tmp_path / "absent.yaml")
+    result = run_clean("serve", env=settings_env(OPGATE_CONFIG=path))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"opgate: config file {path} (OPGATE_CONFIG): no such file"
+    ]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["ca", "init"],
+        ["audit", "verify"],
+        ["audit", "show", "op_1"],
+        ["migrate"],
+    ],
+)
+def test_every_command_that_reads_settings_refuses_them_in_one_line(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """Not only `serve`: each command that reads the settings ends an invalid one with exit 2
+    and one line, not a traceback."""
+    env = settings_env(OPGATE_OPS_LISTEN="nowhere", OPGATE_DATA_DIR=str(tmp_path))
+    result = run_clean(*command, env=env)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "opgate: setting ops_listen (OPGATE_OPS_LISTEN): 'nowhere' is not HOST:PORT"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["serve", "--workers", "many"],
+            "opgate serve: argument --workers: invalid int value: 'many' "
+            "(opgate serve --help lists the flags)",
+        ),
+        (
+            ["serve", "--agent-port", "8080"],
+            "opgate serve: unrecognized arguments: --agent-port 8080 "
+            "(opgate serve --help lists the flags)",
+        ),
+        (
+            ["serve", "--agent-listen"],
+            "opgate serve: argument --agent-listen: expected one argument "
+            "(opgate serve --help lists the flags)",
+        ),
+    ],
+)
+def test_a_wrong_flag_is_one_line_pointing_at_help(args: list[str], expected: str) -> None:
+    """A flag opgate does not know, or a value of the wrong type, is one line (not the whole
+    usage) that says what is wrong and where the flags are listed; exit 2."""
+    result = run_clean(*args, env=settings_env())
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [expected]
+
+
+def test_serve_has_a_flag_for_every_listener() -> None:
+    """`serve --help` lists a flag for each listener opgate opens: agent, operations, forward."""
+    result = run_clean("serve", "--help", env=settings_env())
+    assert result.returncode == 0
+    for flag in ("--agent-listen", "--ops-listen", "--forward-listen"):
+        assert flag in result.stdout, flag
+
+
+def test_the_forward_listener_flag_names_its_setting_when_its_port_is_taken(
+    database_url: str, tmp_path: Path
+) -> None:
+    """`--forward-listen HOST:PORT` is the forward listener's address: a held port is refused
+    in one line naming forward_listen (so a second instance can pick another)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        env = settings_env(
+            OPGATE_DATABASE_URL=database_url,
+            OPGATE_POLICY_DIR=str(SHIPPED_POLICIES),
+            OPGATE_WORKERS="1",
+            OPGATE_DATA_DIR=str(tmp_path),  # the forward proxy's CA, made before it listens
+        )
+        result = run_clean(
+            "serve",
+            "--agent-listen",
+            "127.0.0.1:0",
+            "--ops-listen",
+            "127.0.0.1:0",
+            "--forward-listen",
+            f"127.0.0.1:{port}",
+            env=env,
+        )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"opgate: cannot listen on 127.0.0.1:{port} (forward_listen): address already in use"
+    )
+
+
+async def test_a_start_without_tokens_or_secrets_warns_once_for_each(database_url: str) -> None:
+    """`opgate serve` with no admin token, no agents and no provider secrets starts (with the
+    forward listener off by `--forward-listen null`), and says so: one warning line each."""
+    env = {
+        **settings_env(OPGATE_DATABASE_URL=database_url, OPGATE_POLICY_DIR=str(SHIPPED_POLICIES)),
+        "OPGATE_SECRET_STRIPE_API_KEY": "sk_test_given",  # stripe has its secret
+    }
+    async with opgate_process(env, ["--forward-listen", "null"]) as gate:
+        warnings = [line for line in gate.lines if line.get("level") == "warning"]
+        assert gate.ops_url
+    # the database's own warnings (one host, no synchronous standby) are not this test's
+    mine = {"no_admin_token", "no_agents", "provider_secret_missing"}
+    events = sorted((w["event"], w.get("provider", "")) for w in warnings if w["event"] in mine)
+    assert events == [
+        ("no_admin_token", ""),
+        ("no_agents", ""),
+        ("provider_secret_missing", "adyen"),
+        ("provider_secret_missing", "paypal"),
+        ("provider_secret_missing", "square"),
+    ]
+    paypal = next(w for w in warnings if w.get("provider") == "paypal")
+    assert paypal["secrets"] == ["paypal_client_id", "paypal_client_secret"]
+    started = next(line for line in gate.lines if line.get("event") == "opgate_started")
+    assert started["forward_url"] is None
+
+
+async def test_ops_under_dev_reads_the_dev_credentials(
+    database_url: str, open_data_dir: Path
+) -> None:
+    """`opgate ops --dev` talks to an `opgate serve --dev` with the admin token that serve
+    generated, read from <data_dir>/dev-credentials.json: no token to copy by hand."""
+    env = settings_env(OPGATE_DATABASE_URL=database_url, OPGATE_POLICY_DIR=str(SHIPPED_POLICIES))
+    flags = ["--dev", "--data-dir", str(open_data_dir), "--forward-listen", "null"]
+    async with opgate_process(env, flags) as gate:
+        result = await asyncio.to_thread(
+            run_clean,
+            "ops",
+            "--dev",
+            "--data-dir",
+            str(open_data_dir),
+            "--url",
+            gate.ops_url,
+            "list",
+            "--json",
+            env=settings_env(),
+        )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"operations": []}
+
+
+def test_ops_under_dev_without_dev_credentials_says_how_to_get_them(tmp_path: Path) -> None:
+    """`opgate ops --dev` where no `serve --dev` ever ran is one line naming the file, exit 2."""
+    result = run_clean("ops", "--dev", "--data-dir", str(tmp_path), "list", env=settings_env())
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"opgate ops: no dev credentials in {tmp_path / 'dev-credentials.json'}: "
+        "start `opgate serve --dev` first (or give --token)"
+    ]
+
+
+def test_ca_init_on_half_a_ca_is_one_line(tmp_path: Path) -> None:
+    """`opgate ca init` where a certificate lies without its key says so in one line, exit 2."""
+    (tmp_path / "ca").mkdir()
+    (tmp_path / "ca" / "opgate-ca.pem").write_text("")
+    result = run_clean("ca", "init", "--data-dir", str(tmp_path), env=settings_env())
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"opgate: {tmp_path / 'ca'} holds half a CA (certificate or key missing)"
+    ]

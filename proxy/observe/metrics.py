@@ -4,12 +4,23 @@ Why not ``prometheus-client``: opgate exports a dozen series, several of them re
 database at scrape time, and tests start many opgate instances in one process; the client's
 process-global registry would need a registry per instance and custom collectors anyway, for
 what is ~100 lines here. Label values are escaped per the format; names are constants.
+
+The standard ``process_*`` and ``python_*`` series are written here too, with the names, types
+and help texts of the official clients' collectors, so that dashboards made for any Python
+exporter work. Names follow prometheus.io/docs/practices/naming (counters end in ``_total``,
+base units, a limit is its own gauge, never a label value); tests/observe/test_metrics.py
+checks them, with ``promtool check metrics`` where it is installed.
 """
 
 from __future__ import annotations
 
+import gc
 import math
+import os
+import platform
+import resource
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -117,6 +128,93 @@ def gauge(
     for values, value in samples:
         lines.append(f"{name}{_labels(labels, values)} {_number(value)}")
     return lines
+
+
+def _counter(name: str, help_text: str, value: float) -> list[str]:
+    return [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name} {_number(value)}"]
+
+
+def process_metrics(proc: Path = Path("/proc/self")) -> list[list[str]]:
+    """The process collector's series, read from ``/proc`` (none where there is no /proc):
+    CPU time, memory, file descriptors and the start time of the process answering."""
+    try:
+        # the fields after the command (which may hold spaces and parentheses), from state on
+        stat = (proc / "stat").read_text().rpartition(")")[2].split()
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+        open_fds = len(os.listdir(proc / "fd"))
+    except (OSError, StopIteration):
+        return []
+    ticks = os.sysconf("SC_CLK_TCK")
+    # stat(5) numbers the fields from 1 with the pid; this list starts at field 3 (state)
+    utime, stime, starttime = int(stat[11]), int(stat[12]), int(stat[19])
+    vsize, rss_pages = int(stat[20]), int(stat[21])
+    soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return [
+        _counter(
+            "process_cpu_seconds_total",
+            "Total user and system CPU time spent in seconds.",
+            (utime + stime) / ticks,
+        ),
+        gauge("process_virtual_memory_bytes", "Virtual memory size in bytes.", [((), vsize)]),
+        gauge(
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes.",
+            [((), rss_pages * resource.getpagesize())],
+        ),
+        gauge(
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds.",
+            [((), boot + starttime / ticks)],
+        ),
+        gauge("process_open_fds", "Number of open file descriptors.", [((), open_fds)]),
+        gauge(
+            "process_max_fds",
+            "Maximum number of open file descriptors.",
+            [((), soft_limit if soft_limit != resource.RLIM_INFINITY else math.inf)],
+        ),
+    ]
+
+
+def python_metrics() -> list[list[str]]:
+    """The interpreter's version and its garbage collector's work, per generation."""
+    major, minor, patch = platform.python_version_tuple()
+    info = (platform.python_implementation(), major, minor, patch, platform.python_version())
+    generations = [str(g) for g in range(len(gc.get_stats()))]
+    stats = list(zip(generations, gc.get_stats(), strict=True))
+    return [
+        gauge(
+            "python_info",
+            "Python platform information",
+            [(info, 1)],
+            ("implementation", "major", "minor", "patchlevel", "version"),
+        ),
+        _per_generation(
+            "python_gc_objects_collected_total",
+            "Objects collected during gc",
+            [(g, s["collected"]) for g, s in stats],
+        ),
+        _per_generation(
+            "python_gc_objects_uncollectable_total",
+            "Uncollectable objects found during GC",
+            [(g, s["uncollectable"]) for g, s in stats],
+        ),
+        _per_generation(
+            "python_gc_collections_total",
+            "Number of times this generation was collected",
+            [(g, s["collections"]) for g, s in stats],
+        ),
+    ]
+
+
+def _per_generation(name: str, help_text: str, values: list[tuple[str, int]]) -> list[str]:
+    counter = Counter(name, help_text, ("generation",))
+    for generation, value in values:
+        counter.inc(generation, amount=value)
+    return counter.render()
 
 
 def exposition(blocks: Iterable[list[str]]) -> str:

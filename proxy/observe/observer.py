@@ -27,7 +27,15 @@ from proxy.observe.auditlog import records
 from proxy.observe.auditlog.redact import Redactor, set_log_redactor
 from proxy.observe.auditlog.storable import bounded_path, storable_text
 from proxy.observe.auditlog.writer import Checkpointer, RequestRecordWriter
-from proxy.observe.metrics import CONTENT_TYPE, Counter, Histogram, exposition, gauge
+from proxy.observe.metrics import (
+    CONTENT_TYPE,
+    Counter,
+    Histogram,
+    exposition,
+    gauge,
+    process_metrics,
+    python_metrics,
+)
 from proxy.observe.shared_metrics import Series, SharedCounts
 from proxy.observe.sinks import SINK_NAMES, SINKS, SPAN
 from proxy.observe.telemetry import Telemetry, tracer_provider_from_environment
@@ -287,13 +295,24 @@ class Observability:
             blocks.append(
                 gauge(
                     "opgate_db_pool_connections",
-                    "Database pool connections by state; in_use near max means saturation.",
-                    [(("in_use",), size - idle), (("idle",), idle), (("max",), maximum)],
+                    "Database pool connections open, by state; in_use near "
+                    "opgate_db_pool_max_connections means saturation.",
+                    [(("in_use",), size - idle), (("idle",), idle)],
                     ("state",),
+                )
+            )
+            blocks.append(
+                gauge(
+                    "opgate_db_pool_max_connections",
+                    "The most connections this process's pool may open (pool_max_size).",
+                    [((), maximum)],
                 )
             )
             blocks.extend(await self._operation_gauges(self._store))
             blocks.extend(await self._budget_gauges(self._store))
+        # the process answering the scrape (one worker of several: docs/audit.md, Metrics)
+        blocks.extend(process_metrics())
+        blocks.extend(python_metrics())
         return exposition(blocks)
 
     async def _operation_gauges(self, store: Store) -> list[list[str]]:

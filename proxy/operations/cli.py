@@ -19,8 +19,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 
-def add_ops_commands(commands: Any) -> None:
-    ops = commands.add_parser("ops", help="create, inspect, reconcile and resolve operations")
+def add_ops_commands(commands: Any) -> argparse.ArgumentParser:
+    """The ``ops`` command and its subcommands; returns its parser (the process adds ``--dev``)."""
+    ops: argparse.ArgumentParser = commands.add_parser(
+        "ops", help="create, inspect, reconcile and resolve operations"
+    )
     ops.add_argument("--url", default=os.environ.get("OPGATE_OPS_URL", "http://127.0.0.1:8081"))
     ops.add_argument("--token", default=os.environ.get("OPGATE_ADMIN_TOKEN"))
     ops.add_argument("--json", action="store_true", help="print the API's JSON")
@@ -92,6 +95,7 @@ def add_ops_commands(commands: Any) -> None:
     budgets.set_defaults(ops=_budgets)
 
     ops.set_defaults(handler=run_ops)
+    return ops
 
 
 class ApiError(Exception):

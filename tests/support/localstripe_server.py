@@ -1,4 +1,5 @@
-"""localstripe, a stateful fake of the Stripe API, served in-process for the whole test session.
+"""localstripe, a stateful fake of the Stripe API, served in-process for the whole test session,
+and the worked example's fake Stripe (``./dev localstripe`` runs this module: README).
 
 Why in-process: the ``localstripe`` CLI binds every interface and pickles its whole store to
 the fixed path ``/tmp/localstripe.pickle`` on every write (and reloads it at start), so two
@@ -23,11 +24,14 @@ Things worth knowing:
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
+import signal
 import socket
+import sys
 import warnings
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
-from contextlib import contextmanager
 from typing import Any
 
 import aiohttp
@@ -64,7 +68,7 @@ def _no_disk(_store: object) -> None:
     """Stand in for localstripe's pickle load/dump, so nothing touches /tmp/localstripe.pickle."""
 
 
-@contextmanager
+@contextlib.contextmanager
 def _tracked_webhook_tasks() -> Iterator[set[asyncio.Task[None]]]:
     """Route localstripe's fire-and-forget webhook tasks into a set the fixture can cancel."""
     tasks: set[asyncio.Task[None]] = set()
@@ -81,9 +85,10 @@ def _tracked_webhook_tasks() -> Iterator[set[asyncio.Task[None]]]:
         yield tasks
 
 
-@pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def localstripe_url() -> AsyncIterator[str]:
-    """Serve localstripe on 127.0.0.1 for the session; yield its base URL, no trailing slash."""
+@contextlib.asynccontextmanager
+async def serve_localstripe(port: int = 0) -> AsyncIterator[str]:
+    """localstripe's app on 127.0.0.1:``port`` (0: any), its store in this process's memory
+    only, until the block exits; yields its base URL, no trailing slash."""
     with (
         pytest.MonkeyPatch.context() as patch,
         _tracked_webhook_tasks() as webhook_tasks,
@@ -93,13 +98,14 @@ async def localstripe_url() -> AsyncIterator[str]:
         localstripe.resources.store.clear()
 
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart reuses its port
+        sock.bind(("127.0.0.1", port))
+        bound: int = sock.getsockname()[1]
         runner = web.AppRunner(localstripe.server.app, access_log=None, shutdown_timeout=5.0)
         await runner.setup()
         try:
             await web.SockSite(runner, sock).start()
-            yield f"http://127.0.0.1:{port}"
+            yield f"http://127.0.0.1:{bound}"
         finally:
             await runner.cleanup()
             sock.close()
@@ -107,6 +113,13 @@ async def localstripe_url() -> AsyncIterator[str]:
                 task.cancel()
             await asyncio.gather(*webhook_tasks, return_exceptions=True)
             localstripe.resources.store.clear()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def localstripe_url() -> AsyncIterator[str]:
+    """Serve localstripe on 127.0.0.1 for the session; yield its base URL, no trailing slash."""
+    async with serve_localstripe() as url:
+        yield url
 
 
 async def _request(
@@ -182,3 +195,31 @@ async def list_refunds(
     if page.get("has_more"):
         raise AssertionError(f"more than 100 refunds for {query}; paginate")
     return refunds
+
+
+async def _serve_until_stopped(port: int) -> None:
+    async with serve_localstripe(port) as url:
+        # the first line says where: the worked example's shell, and a test, read it
+        print(
+            f"localstripe: {url} (127.0.0.1 only; its state in memory, gone at exit)",
+            file=sys.stderr,
+            flush=True,
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``./dev localstripe [--port 8420]``: the fake Stripe of the worked example, bound to
+    127.0.0.1 (the localstripe command binds every interface) and keeping its state in memory
+    (the command pickles it to, and loads it from, the shared /tmp/localstripe.pickle)."""
+    parser = argparse.ArgumentParser(prog="./dev localstripe", description=main.__doc__)
+    parser.add_argument("--port", type=int, default=8420, help="on 127.0.0.1 (0: any free port)")
+    asyncio.run(_serve_until_stopped(parser.parse_args(argv).port))
+
+
+if __name__ == "__main__":
+    main()

@@ -10,7 +10,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,9 +40,12 @@ async def _drain(gate: OpgateProcess, started: asyncio.Event) -> None:
 
 
 @contextlib.asynccontextmanager
-async def opgate_process(environment: dict[str, str]) -> AsyncIterator[OpgateProcess]:
-    """``opgate serve`` with ``environment`` (OPGATE_* settings) on top of this one's; stopped
-    with SIGTERM (a clean shutdown: audit records flushed, a last checkpoint) at the end."""
+async def opgate_process(
+    environment: dict[str, str], flags: Sequence[str] = ()
+) -> AsyncIterator[OpgateProcess]:
+    """``opgate serve`` with ``environment`` (OPGATE_* settings) on top of this one's, and
+    ``flags`` after ``serve``; stopped with SIGTERM (a clean shutdown: audit records flushed, a
+    last checkpoint) at the end."""
     env = {
         **os.environ,
         "OPGATE_AGENT_LISTEN": "127.0.0.1:0",
@@ -52,7 +55,7 @@ async def opgate_process(environment: dict[str, str]) -> AsyncIterator[OpgatePro
         **environment,
     }
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy", "serve", env=env, stdout=asyncio.subprocess.PIPE
+        sys.executable, "-m", "proxy", "serve", *flags, env=env, stdout=asyncio.subprocess.PIPE
     )
     gate = OpgateProcess(process)
     started = asyncio.Event()

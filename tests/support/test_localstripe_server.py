@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -137,3 +139,59 @@ async def test_store_is_not_written_to_disk(localstripe_url: str) -> None:
     before = await asyncio.to_thread(_mtime, pickle)
     await create_charge(localstripe_url, 100)
     assert await asyncio.to_thread(_mtime, pickle) == before
+
+
+REPO = Path(__file__).resolve().parents[2]
+# The worked example's command (README): `./dev localstripe` runs this module in the venv.
+DOCUMENTED = ["-m", "tests.support.localstripe_server"]
+
+
+def _listening_addresses(port: int) -> list[str]:
+    """The local addresses of every TCP socket listening on ``port`` (/proc/net/tcp{,6})."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.partition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.append(address)
+    return found
+
+
+def test_the_documented_wrapper_is_what_dev_runs() -> None:
+    """`./dev localstripe` runs the wrapper module this file tests, not the localstripe CLI."""
+    script = (REPO / "dev").read_text()
+    assert "localstripe)" in script
+    assert ".venv/bin/python " + " ".join(DOCUMENTED) in script
+    readme = (REPO / "README.md").read_text()
+    assert "./dev localstripe" in readme
+    assert "bin/localstripe" not in readme
+
+
+async def test_the_wrapper_listens_on_loopback_only_and_keeps_no_pickle() -> None:
+    """The worked example's localstripe, run as documented, listens on 127.0.0.1 and nowhere
+    else, answers the SDK's calls, and writes nothing to /tmp/localstripe.pickle."""
+    pickle = Path("/tmp/localstripe.pickle")  # noqa: S108 - localstripe's own path, only read
+    before = await asyncio.to_thread(_mtime, pickle)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *DOCUMENTED,
+        "--port",
+        "0",
+        cwd=REPO,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert process.stderr is not None
+        banner = (await asyncio.wait_for(process.stderr.readline(), 60)).decode()
+        url = banner.split()[1]
+        assert url.startswith("http://127.0.0.1:"), banner
+        port = int(url.rsplit(":", 1)[1])
+        assert await asyncio.to_thread(_listening_addresses, port) == ["0100007F"]  # 127.0.0.1
+        charge = await create_charge(url, 700)
+        assert charge.startswith("ch_")
+        assert await asyncio.to_thread(_mtime, pickle) == before
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(process.wait(), 30)
+    assert code == 0

@@ -1,7 +1,8 @@
 """``opgate audit verify | show | export``: the audit log for security review and SIEMs.
 
     opgate audit verify [--since T] [--until T]     exit 0: intact; 1: names the first break
-    opgate audit show OPERATION_ID                  one operation's timeline, as a table
+    opgate audit show OPERATION_ID                  one operation's timeline, as a table;
+                                                    exit 1: a record is marked BROKEN
     opgate audit export --since T --until T [-o F]  JSON Lines (redacted), for a SIEM
     opgate audit export --after CURSOR_FILE [--follow]   resumable: what was not exported yet
     opgate audit grant-reviewer ROLE [--apply]      a read-only database role for reviewers
@@ -33,7 +34,7 @@ import asyncpg
 
 from proxy.errors import StoreUnavailable, store_unavailable_line
 from proxy.observe.auditlog import records, retention
-from proxy.observe.auditlog.chain import StoredRecord
+from proxy.observe.auditlog.chain import StoredRecord, check_record
 from proxy.observe.auditlog.redact import Redactor
 from proxy.observe.auditlog.verify import VerifyReport, verify
 from proxy.settings import Secrets, load_settings
@@ -58,7 +59,9 @@ def add_audit_commands(commands: Any) -> None:
     check.add_argument("--until", type=_time, help="records recorded before (default: all)")
     check.set_defaults(handler=_run(_verify))
 
-    show = audit_commands.add_parser("show", help="one operation's timeline")
+    show = audit_commands.add_parser(
+        "show", help="one operation's timeline, each record's hash and link checked"
+    )
     _flags(show)
     show.add_argument("operation_id")
     show.set_defaults(handler=_run(_show))
@@ -277,16 +280,46 @@ def render_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+async def chain_problems(
+    conn: asyncpg.Connection, stored: list[StoredRecord], key: bytes | None
+) -> list[str | None]:
+    """For each record, why it does not verify (its hash, or its link to the record before it
+    in its stream), or None: verify's own check (chain.check_record), record by record."""
+    before = [(r.stream, r.seq - 1) for r in stored if r.seq > 1]
+    predecessors = await records.hashes_at(conn, before) if before else {}
+    cps = await records.checkpoints(conn)
+    pruned, _ = retention.retention_from(await records.retention_records(conn), cps, key)
+    return [
+        check_record(
+            record,
+            predecessors.get((record.stream, record.seq - 1)),
+            pruned.pruned_hash(record.stream, record.seq),
+        )
+        for record in stored
+    ]
+
+
 async def _show(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
     stored = await records.operation_records(conn, args.operation_id)
     if not stored:
         print(f"no audit records for {args.operation_id}", file=sys.stderr)
         return 1
     redactor = Redactor(settings.audit_redact_fields, secrets=_secrets(settings))
-    header = ["time (UTC)", "kind", "event", "status", "by", "details"]
-    print(f"operation {args.operation_id}: {len(stored)} audit records")
-    print(render_table(header, timeline_rows(stored, redactor)))
-    return 0
+    problems = await chain_problems(conn, stored, _key(settings))
+    broken = [(r, p) for r, p in zip(stored, problems, strict=True) if p is not None]
+    header = ["chain", "time (UTC)", "kind", "event", "status", "by", "details"]
+    rows = [
+        ["ok" if problem is None else "BROKEN", *row]
+        for problem, row in zip(problems, timeline_rows(stored, redactor), strict=True)
+    ]
+    print(
+        f"operation {args.operation_id}: {len(stored)} audit records"
+        + (f", {len(broken)} BROKEN (not as recorded: do not trust them)" if broken else "")
+    )
+    print(render_table(header, rows))
+    for record, problem in broken:
+        print(f"BROKEN: stream {record.stream} seq {record.seq}: {problem}")
+    return 1 if broken else 0
 
 
 def export_line(record: StoredRecord, redactor: Redactor) -> str:
