@@ -69,6 +69,7 @@ class Reason(StrEnum):
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
     # the MCP endpoint (/_opgate/mcp)
     MCP_REQUEST_INVALID = "mcp_request_invalid"
+    MCP_TOOL_FAILED = "mcp_tool_failed"
 
 
 @dataclass(frozen=True)
@@ -324,5 +325,11 @@ REASONS: dict[Reason, ReasonInfo] = {
         "The MCP exchange is not one opgate serves",
         "POST one JSON-RPC message as application/json; the endpoint is stateless: no GET "
         "stream, no session to delete.",
+    ),
+    Reason.MCP_TOOL_FAILED: ReasonInfo(
+        500,
+        "The tool call failed inside opgate",
+        "A bug, logged for the operator. Read the operation with get_operation before calling "
+        "execute_operation again: its row says whether anything was sent.",
     ),
 }

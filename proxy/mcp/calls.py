@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
 from aiohttp import web
 
 from proxy.errors import StoreUnavailable
@@ -47,6 +48,7 @@ from proxy.store.operation import Operation
 from proxy.store.proposal import Proposal, ProposalState
 
 LISTENER = "mcp"
+_log = structlog.get_logger("opgate.mcp")
 # The rule name of the records MCP writes itself (refusals before a request was composed).
 MCP_RULE = "mcp"
 
@@ -68,6 +70,25 @@ Answer = Answered | ToolError
 
 
 async def call_tool(call: McpCall, name: str, arguments: Mapping[str, Any] | None) -> Answer:
+    """The tool's answer. Whatever it raises that no stage foresaw is a refusal on record
+    (``mcp_tool_failed``, decision error), never left to the SDK (which would answer a bare
+    JSON-RPC error and leave the exchange looking allowed)."""
+    try:
+        return await _dispatch(call, name, arguments)
+    except Exception:
+        _log.exception("mcp_tool_failed", tool=name, agent_id=call.agent.agent_id)
+        failed = Deny(Reason.MCP_TOOL_FAILED, f"{name} failed inside opgate (logged)")
+        if call.recorded:  # the pipeline's record stands: it says what was sent
+            return ToolError(problem_response(failed.reason, failed.detail)[PROBLEM])
+        record = _record(call, MCP_RULE)
+        record.decision = Decision.ERROR
+        operation_id = (arguments or {}).get("operation_id")
+        if isinstance(operation_id, str) and valid_operation_id(operation_id):
+            record.operation_id = operation_id
+        return _refuse(call, record, failed)
+
+
+async def _dispatch(call: McpCall, name: str, arguments: Mapping[str, Any] | None) -> Answer:
     args = dict(arguments or {})
     if name == EXECUTE_OPERATION:
         return await _execute(call, args)

@@ -14,6 +14,7 @@ call's (``calls``), or the endpoint's own for protocol messages (listing tools, 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, MutableMapping
 from importlib.metadata import version
 from typing import Any
@@ -29,12 +30,14 @@ from proxy.gate.identity import AmbiguousCredentials, presented_agent_token
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.mcp.calls import LISTENER, MCP_RULE, McpCall, call_tool
+from proxy.mcp.messages import malformed_request
 from proxy.mcp.tools import TOOLS, tool_result
 from proxy.observe.audit import REQUEST_OBSERVER, AuditRecord, Decision, emit, request_path
 from proxy.observe.observer import OBSERVABILITY
 
 MCP_PATH = "/_opgate/mcp"
 MAX_MESSAGE_BYTES = 1 << 20  # one JSON-RPC message; the tools' arguments are small
+_SEND_BEARER = "Send your opgate agent token as Authorization: Bearer <token>."
 _CALL = "opgate.mcp_call"  # the ASGI scope key the tool handlers find their McpCall under
 
 Scope = MutableMapping[str, Any]
@@ -116,9 +119,10 @@ class McpEndpoint:
             if isinstance(body, Deny):
                 return _refuse(record, body.reason, body.detail)
             call = McpCall(gw, agent, token, request.remote, record.path or MCP_PATH)
-            response = await self._exchange(request, body, call)
+            response = _owed_error(body) or await self._exchange(request, body, call)
             record.response_status = response.status
-            if response.status >= 400:  # a message the protocol refuses (JSON-RPC error)
+            if response.status >= 400 or _is_error(response):  # a JSON-RPC error answer
+                record.decision = Decision.DENY
                 record.reason = Reason.MCP_REQUEST_INVALID.value
             else:
                 record.decision = Decision.ALLOW
@@ -199,6 +203,30 @@ class _Bridge:
         return response
 
 
+def _owed_error(body: bytes) -> web.Response | None:
+    """The JSON-RPC error for a request the SDK would take for a notification (``"id":
+    null``) or drop; None for everything else, which the SDK answers."""
+    try:
+        error = malformed_request(json.loads(body))
+    except (ValueError, RecursionError):  # not JSON: the SDK's parse error
+        return None
+    if error is None:
+        return None
+    answer = error.model_dump_json(by_alias=True, exclude_none=False, exclude_unset=True)
+    return web.Response(status=400, text=answer, content_type="application/json")
+
+
+def _is_error(response: web.Response) -> bool:
+    """Whether a JSON answer is a JSON-RPC error (the SDK answers some with 200)."""
+    if response.content_type != "application/json" or not isinstance(response.body, bytes):
+        return False
+    try:
+        answer = json.loads(response.body)
+    except ValueError:
+        return False
+    return isinstance(answer, dict) and "error" in answer
+
+
 async def _read_message(request: web.Request, deadline_seconds: float) -> bytes | Deny:
     """The whole message, bounded in size and in time (as the pipeline reads a body)."""
     too_large = Deny(Reason.BODY_TOO_LARGE, f"more than {MAX_MESSAGE_BYTES} bytes")
@@ -222,7 +250,9 @@ def _refuse(
     record: AuditRecord, reason: Reason, detail: str, *, status: int | None = None
 ) -> web.Response:
     record.decision, record.reason = Decision.DENY, reason.value
-    response = problem_response(reason, detail, status=status)
+    # MCP clients send their token as Authorization: Bearer (not the proxy's header)
+    told = {"next_action": _SEND_BEARER} if reason is Reason.AGENT_UNAUTHENTICATED else None
+    response = problem_response(reason, detail, status=status, extra=told)
     if reason is Reason.AGENT_UNAUTHENTICATED:
         response.headers["WWW-Authenticate"] = 'Bearer realm="opgate"'
     if status == 405:  # stateless: no stream to GET, no session to DELETE
