@@ -178,6 +178,11 @@ MEANINGS: dict[Reason, str] = {
         "agent gets a tool error with this code and the exchange's record says `error`, never "
         "`allow`; the operation's row says whether anything was sent."
     ),
+    Reason.MCP_TASK_NOT_CANCELLABLE: (
+        "`tasks/cancel` of an operation that was claimed (something may have left) or is "
+        "settled: only an operation still `created` is cancelled (its approval revoked, in one "
+        "conditional statement), so a cancel never races a send."
+    ),
 }
 
 # Where a code is not simply answered with its status: what the table shows instead.

@@ -70,6 +70,7 @@ class Reason(StrEnum):
     # the MCP endpoint (/_opgate/mcp)
     MCP_REQUEST_INVALID = "mcp_request_invalid"
     MCP_TOOL_FAILED = "mcp_tool_failed"
+    MCP_TASK_NOT_CANCELLABLE = "mcp_task_not_cancellable"
 
 
 @dataclass(frozen=True)
@@ -331,5 +332,11 @@ REASONS: dict[Reason, ReasonInfo] = {
         "The tool call failed inside opgate",
         "A bug, logged for the operator. Read the operation with get_operation before calling "
         "execute_operation again: its row says whether anything was sent.",
+    ),
+    Reason.MCP_TASK_NOT_CANCELLABLE: ReasonInfo(
+        409,
+        "The task can no longer be cancelled",
+        "Something may have left, or it is settled: follow the task (tasks/get) or "
+        "get_operation's next_action.",
     ),
 }

@@ -21,6 +21,7 @@ from typing import Any
 
 import mcp.types as types
 from aiohttp import web
+from mcp.server.extension import compose_tool_call_handler
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
@@ -31,6 +32,7 @@ from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.mcp.calls import LISTENER, MCP_RULE, McpCall, call_tool
 from proxy.mcp.messages import malformed_request
+from proxy.mcp.tasks import OperationTasks
 from proxy.mcp.tools import TOOLS, tool_result
 from proxy.observe.audit import REQUEST_OBSERVER, AuditRecord, Decision, emit, request_path
 from proxy.observe.observer import OBSERVABILITY
@@ -43,9 +45,17 @@ _CALL = "opgate.mcp_call"  # the ASGI scope key the tool handlers find their Mcp
 Scope = MutableMapping[str, Any]
 
 
-def mcp_server(name: str = "opgate") -> Server[Any]:
-    """The SDK server with opgate's tools; a call finds its gateway and agent in its HTTP
-    exchange (``McpCall``), put there by the endpoint after the token was checked."""
+def _call_of(ctx: Any) -> McpCall:
+    """The exchange a handler runs in (``McpCall``), put in its ASGI scope by the endpoint
+    after the token was checked."""
+    call: McpCall = ctx.request.scope[_CALL]
+    return call
+
+
+def mcp_server(tasks: OperationTasks, name: str = "opgate") -> Server[Any]:
+    """The SDK server with opgate's tools, and the tasks extension applied as the SDK's
+    ``MCPServer`` applies one (its methods, its advertisement, its ``tools/call``
+    interceptor), on the low-level server opgate bridges."""
 
     async def list_tools(
         ctx: Any, params: types.PaginatedRequestParams | None
@@ -53,18 +63,27 @@ def mcp_server(name: str = "opgate") -> Server[Any]:
         return types.ListToolsResult(tools=list(TOOLS))
 
     async def on_call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        call: McpCall = ctx.request.scope[_CALL]
-        return tool_result(await call_tool(call, params.name, params.arguments))
+        return tool_result(await call_tool(_call_of(ctx), params.name, params.arguments))
 
-    return Server(
+    server: Server[Any] = Server(
         name, version=version("opgate"), on_list_tools=list_tools, on_call_tool=on_call_tool
     )
+    for method in tasks.methods():
+        server.add_request_handler(method.method, method.params_type, method.handler)
+    server.extensions[tasks.identifier] = tasks.settings()
+    server.add_request_handler(
+        "tools/call",
+        types.CallToolRequestParams,
+        compose_tool_call_handler([tasks], on_call_tool),
+    )
+    return server
 
 
 class McpEndpoint:
     def __init__(self) -> None:
+        self.tasks = OperationTasks(_call_of)
         self.manager = StreamableHTTPSessionManager(
-            mcp_server(),
+            mcp_server(self.tasks),
             json_response=True,
             stateless=True,
             max_request_body_size=MAX_MESSAGE_BYTES,
@@ -89,6 +108,7 @@ class McpEndpoint:
         try:
             yield
         finally:
+            await self.tasks.drained()  # executions started as tasks finish sending
             stop.set()
             await task
 

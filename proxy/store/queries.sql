@@ -301,6 +301,22 @@ WITH revoked AS (
 )
 SELECT r.*, now() AS read_at FROM revoked r;
 
+-- name: revoke_unsent_operation
+-- Withdraw the approval of an operation nothing was sent of (still created: never claimed),
+-- for an agent's tasks/cancel; zero rows: it was claimed (or revoked) first. Positional
+-- parameters: id, reason, actor.
+WITH revoked AS (
+    UPDATE operations
+       SET revoked_at = now(), revoked_reason = $2, updated_at = now()
+     WHERE operation_id = $1 AND revoked_at IS NULL AND status = 'created'
+    RETURNING *
+), event AS (
+    INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
+    SELECT operation_id, 'revoked', status, status, $3, jsonb_build_object('reason', $2)
+    FROM revoked
+)
+SELECT r.*, now() AS read_at FROM revoked r;
+
 -- name: list_operations
 -- Operations of a tenant ($1, NULL for all) in the given statuses, oldest first.
 SELECT o.*, now() AS read_at FROM operations o

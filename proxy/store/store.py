@@ -585,6 +585,10 @@ class Store:
     async def revoke(self, operation_id: str, reason: str, actor: str) -> Operation | None:
         return await self._one("revoke_operation", operation_id, reason, actor)
 
+    async def revoke_unsent(self, operation_id: str, reason: str, actor: str) -> Operation | None:
+        """Revoke only while nothing was sent (``created``); None: claimed or revoked first."""
+        return await self._one("revoke_unsent_operation", operation_id, reason, actor)
+
     async def events(self, operation_id: str) -> list[dict[str, Any]]:
         records = await self._run(
             lambda conn: conn.fetch(QUERIES["operation_events"], operation_id)
