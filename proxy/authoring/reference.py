@@ -183,6 +183,11 @@ MEANINGS: dict[Reason, str] = {
         "settled: only an operation still `created` is cancelled (its approval revoked, in one "
         "conditional statement), so a cancel never races a send."
     ),
+    Reason.MCP_SCOPE_INSUFFICIENT: (
+        "An OAuth access token (`mcp_oauth`) that is valid but lacks the scope the request "
+        "needs (`operations:read`, `operations:execute`, `proposals:write`); the 403 carries "
+        '`WWW-Authenticate: Bearer error="insufficient_scope", scope="..."`.'
+    ),
 }
 
 # Where a code is not simply answered with its status: what the table shows instead.

@@ -71,6 +71,7 @@ class Reason(StrEnum):
     MCP_REQUEST_INVALID = "mcp_request_invalid"
     MCP_TOOL_FAILED = "mcp_tool_failed"
     MCP_TASK_NOT_CANCELLABLE = "mcp_task_not_cancellable"
+    MCP_SCOPE_INSUFFICIENT = "mcp_scope_insufficient"
 
 
 @dataclass(frozen=True)
@@ -338,5 +339,10 @@ REASONS: dict[Reason, ReasonInfo] = {
         "The task can no longer be cancelled",
         "Something may have left, or it is settled: follow the task (tasks/get) or "
         "get_operation's next_action.",
+    ),
+    Reason.MCP_SCOPE_INSUFFICIENT: ReasonInfo(
+        403,
+        "The access token does not grant this",
+        "Ask the authorization server for a token with the scope named in WWW-Authenticate.",
     ),
 }
