@@ -8,12 +8,17 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import httpx2
 import pytest
 import pytest_asyncio
-from mcp.shared.auth import ProtectedResourceMetadata
+from mcp import Client
+from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.auth import OAuthClientInformationFull, OAuthToken, ProtectedResourceMetadata
 from structlog.testing import capture_logs
 
 from tests.mcp.conftest import approved_refund
+from tests.support.killable_opgate import free_port
 from tests.support.localstripe_server import list_refunds
 from tests.support.mcp_client import http_client, structured
 from tests.support.oauth_server import AuthorizationServer, authorization_server, issued_token
@@ -206,3 +211,60 @@ async def test_with_static_tokens_off_only_oauth_tokens_open_the_endpoint(
         )
     assert static[0] == 401
     assert oauth[0] == 200
+
+
+class MemoryTokens:
+    """The client's token storage (TokenStorage), in memory for the test."""
+
+    def __init__(self) -> None:
+        self.tokens: OAuthToken | None = None
+        self.client: OAuthClientInformationFull | None = None
+
+    async def get_tokens(self) -> OAuthToken | None:
+        return self.tokens
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        return self.client
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        self.client = client_info
+
+
+async def test_the_official_clients_oauth_discovers_the_server_and_gets_a_bound_token(
+    start_opgate: StartOpgate, localstripe_url: str
+) -> None:
+    """The mcp client's own OAuth (client credentials) starts from the 401: it follows
+    resource_metadata to the metadata, the authorization server's metadata to its token
+    endpoint, asks with resource = the endpoint (RFC 8707) and then lists the tools."""
+    port = free_port()
+    resource = f"http://127.0.0.1:{port}/_opgate/mcp"
+    async with authorization_server("ES256") as es256:
+        es256.clients["client-a"] = "s3cret"
+        settings = oauth_settings(es256)
+        settings["resource"] = resource
+        async with start_opgate(
+            policy_dir=SHIPPED_POLICIES,
+            upstream_overrides={"stripe": localstripe_url},
+            agent_listen=f"127.0.0.1:{port}",
+            mcp_oauth=settings,
+        ) as gate:
+            auth = ClientCredentialsOAuthProvider(
+                server_url=resource,
+                storage=MemoryTokens(),
+                client_id="client-a",
+                client_secret="s3cret",
+                scope=ALL_SCOPES,
+                issuer=es256.issuer,
+            )
+            async with (
+                httpx2.AsyncClient(auth=auth, trust_env=False, timeout=30.0) as http,
+                Client(streamable_http_client(resource, http_client=http)) as client,
+            ):
+                tools = await client.list_tools()
+    assert gate.agent_url.endswith(str(port))
+    assert "execute_operation" in {tool.name for tool in tools.tools}
+    [issued] = es256.issued
+    assert (issued["sub"], issued["aud"]) == ("client-a", resource)

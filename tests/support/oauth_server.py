@@ -10,12 +10,14 @@ publishes only the new key, as a rotation does.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 import aiohttp
 import jwt
@@ -37,6 +39,7 @@ class AuthorizationServer:
     key: Any = None
     kid: str = ""
     jwks_fetches: int = 0
+    clients: dict[str, str] = field(default_factory=dict)  # client_id -> client_secret
     issued: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -75,9 +78,11 @@ class AuthorizationServer:
         return web.json_response(
             {
                 "issuer": self.issuer,
+                "authorization_endpoint": f"{self.url}/authorize",
                 "token_endpoint": f"{self.url}/token",
                 "jwks_uri": f"{self.url}/jwks.json",
                 "grant_types_supported": ["client_credentials"],
+                "token_endpoint_auth_methods_supported": ["client_secret_basic"],
                 "code_challenge_methods_supported": ["S256"],
             }
         )
@@ -90,8 +95,16 @@ class AuthorizationServer:
         form = await request.post()
         if form.get("grant_type") != "client_credentials":
             return web.json_response({"error": "unsupported_grant_type"}, status=400)
+        client_id = str(form.get("client_id", ""))
+        if request.headers.get("Authorization", "").startswith("Basic "):
+            # client_secret_basic (RFC 6749 2.3.1): the id and secret, form-encoded, in Basic
+            decoded = base64.b64decode(request.headers["Authorization"][6:]).decode()
+            client_id, _, secret = decoded.partition(":")
+            client_id, secret = unquote(client_id), unquote(secret)
+            if self.clients.get(client_id) != secret:
+                return web.json_response({"error": "invalid_client"}, status=401)
         token = self.token(
-            str(form["client_id"]),
+            client_id,
             str(form["resource"]),
             str(form.get("scope", "")),
             int(str(form.get("expires_in", "300"))),
