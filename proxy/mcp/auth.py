@@ -11,9 +11,10 @@ who an access token says is calling, and what it may do.
 - Its subject (the issuer's ``subject_claim``) must be one the settings map to a configured
   agent; any other is refused. The token never goes further: the pipeline sees the agent,
   and the provider sees opgate's credential (no token passthrough).
-- Scopes: ``operations:read`` (get and list, ``tasks/get``), ``operations:execute``
-  (``execute_operation``, ``tasks/cancel``), ``proposals:write`` (propose, and read one's
-  proposals). Listing tools and the handshakes need a valid token only.
+- Scopes: ``operations:read`` (get and list, ``tasks/get``, the operations as
+  resources), ``operations:execute`` (``execute_operation``, ``tasks/cancel``),
+  ``proposals:write`` (propose, and read one's proposals). Listing tools and the
+  handshakes need a valid token only.
 
 Static agent tokens keep working beside OAuth unless ``static_tokens`` is false.
 """
@@ -49,7 +50,12 @@ _TOOL_SCOPES = {
     PROPOSE_OPERATION: PROPOSE,
     GET_PROPOSAL: PROPOSE,
 }
-_METHOD_SCOPES = {"tasks/get": READ, "tasks/cancel": EXECUTE}
+_METHOD_SCOPES = {
+    "tasks/get": READ,
+    "tasks/cancel": EXECUTE,
+    "resources/list": READ,
+    "resources/read": READ,
+}
 WELL_KNOWN = "/.well-known/oauth-protected-resource"
 _REFETCH_SECONDS = 10.0  # an unknown key id refetches the JWKS at most this often
 _FETCH_TIMEOUT_SECONDS = 5.0

@@ -154,6 +154,16 @@ async def _get(call: McpCall, args: dict[str, Any], record: AuditRecord) -> Answ
     return Answered(view)
 
 
+async def list_unsettled(call: McpCall) -> Answer:
+    """``resources/list``: the agent's unsettled operations, as ``list_operations``."""
+    return await _guarded(
+        call,
+        "resources/list",
+        None,
+        lambda: _recorded_read(call, lambda record: _list(call, {}, record)),
+    )
+
+
 async def _list(call: McpCall, args: dict[str, Any], record: AuditRecord) -> Answer:
     refused = _unexpected(args)
     if refused is not None:
@@ -296,13 +306,13 @@ async def start_execution(
     return await _guarded(call, EXECUTE_OPERATION, arguments, start)
 
 
-async def task_view(call: McpCall, task_id: str) -> Answer:
-    """``tasks/get``: the operation's recovery view (reconciled first where it says
-    reconcile), as ``get_operation`` reads it, on any replica."""
-    arguments = {"operation_id": task_id}
+async def read_operation(call: McpCall, operation_id: str, what: str) -> Answer:
+    """``tasks/get`` and ``resources/read`` (``what``): the operation's recovery view
+    (reconciled first where it says reconcile), as ``get_operation`` reads it."""
+    arguments = {"operation_id": operation_id}
     return await _guarded(
         call,
-        "tasks/get",
+        what,
         arguments,
         lambda: _recorded_read(call, lambda record: _get(call, dict(arguments), record)),
     )

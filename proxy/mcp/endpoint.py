@@ -38,6 +38,7 @@ from proxy.gate.identity import (
 )
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
+from proxy.mcp import resources
 from proxy.mcp.auth import (
     WELL_KNOWN,
     Bearer,
@@ -82,8 +83,29 @@ def mcp_server(tasks: OperationTasks, name: str = "opgate") -> Server[Any]:
     async def on_call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         return tool_result(await call_tool(_call_of(ctx), params.name, params.arguments))
 
+    async def list_templates(
+        ctx: Any, params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        return types.ListResourceTemplatesResult(resource_templates=[resources.TEMPLATE])
+
+    async def list_resources(
+        ctx: Any, params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        return await resources.listed(_call_of(ctx))
+
+    async def read_resource(
+        ctx: Any, params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        return await resources.read(_call_of(ctx), params.uri)
+
     server: Server[Any] = Server(
-        name, version=version("opgate"), on_list_tools=list_tools, on_call_tool=on_call_tool
+        name,
+        version=version("opgate"),
+        on_list_tools=list_tools,
+        on_call_tool=on_call_tool,
+        on_list_resources=list_resources,
+        on_list_resource_templates=list_templates,
+        on_read_resource=read_resource,
     )
     for method in tasks.methods():
         server.add_request_handler(method.method, method.params_type, method.handler)

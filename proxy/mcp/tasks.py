@@ -36,7 +36,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import Field
 
-from proxy.mcp.calls import McpCall, cancel_task, start_execution, task_view
+from proxy.mcp.calls import McpCall, cancel_task, read_operation, start_execution
 from proxy.mcp.tools import EXECUTE_OPERATION, Answered, ToolError, decoded_body, tool_result
 from proxy.recovery.next_action import NextAction
 from proxy.store.operation import Operation
@@ -163,7 +163,7 @@ class OperationTasks(Extension):
 
     async def _get(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> HandlerResult:
         self._require(ctx)
-        answer = await task_view(self.call_of(ctx), params.task_id)
+        answer = await read_operation(self.call_of(ctx), params.task_id, "tasks/get")
         if isinstance(answer, ToolError):
             raise _jsonrpc_error(answer)
         return {"resultType": "complete", **task_state(answer.content)}
