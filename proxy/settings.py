@@ -120,6 +120,12 @@ class Settings(BaseSettings):
         description='`[{"id": "...", "tenant": "...", "token_sha256": "...", "owner": "..."}]`; '
         "`owner` (optional) is the approver the agent belongs to, for four eyes.",
     )
+    console_url: Annotated[str, Field(pattern=r"^https?://")] | None = Field(
+        None,
+        description="The console's address as approvers open it (e.g. "
+        "`https://opgate.example.com/console`). With it, an MCP client that supports URL "
+        "elicitation is asked to open a proposal's approval page when its agent proposes.",
+    )
     mcp_oauth: McpOAuth | None = Field(
         None,
         description='The MCP endpoint as an OAuth 2.1 resource server: `{"resource": '

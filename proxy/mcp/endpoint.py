@@ -49,9 +49,10 @@ from proxy.mcp.auth import (
     required_scope,
 )
 from proxy.mcp.calls import LISTENER, MCP_RULE, McpCall, call_tool
+from proxy.mcp.elicitation import ask_for_approval, url_elicitation_supported
 from proxy.mcp.messages import malformed_request
 from proxy.mcp.tasks import OperationTasks
-from proxy.mcp.tools import TOOLS, tool_result
+from proxy.mcp.tools import GET_PROPOSAL, PROPOSE_OPERATION, TOOLS, Answered, tool_result
 from proxy.observe.audit import REQUEST_OBSERVER, AuditRecord, Decision, emit, request_path
 from proxy.observe.observer import OBSERVABILITY
 
@@ -80,8 +81,24 @@ def mcp_server(tasks: OperationTasks, name: str = "opgate") -> Server[Any]:
     ) -> types.ListToolsResult:
         return types.ListToolsResult(tools=list(TOOLS))
 
-    async def on_call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        return tool_result(await call_tool(_call_of(ctx), params.name, params.arguments))
+    async def on_call_tool(
+        ctx: Any, params: types.CallToolRequestParams
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        call = _call_of(ctx)
+        if params.name != PROPOSE_OPERATION:
+            return tool_result(await call_tool(call, params.name, params.arguments))
+        if params.request_state is not None:  # the retry: the proposal it made, as it is now
+            state = {"proposal_id": params.request_state}
+            return tool_result(await call_tool(call, GET_PROPOSAL, state))
+        answer = await call_tool(call, params.name, params.arguments)
+        console = call.gateway.settings.console_url
+        if (
+            console is not None
+            and isinstance(answer, Answered)
+            and url_elicitation_supported(ctx.protocol_version, ctx.params)
+        ):
+            return ask_for_approval(console, answer.content)
+        return tool_result(answer)
 
     async def list_templates(
         ctx: Any, params: types.PaginatedRequestParams | None
