@@ -12,7 +12,7 @@ import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -61,6 +61,41 @@ class ApproverConfig(BaseModel):
     token_sha256: Annotated[str, Field(pattern=_DIGEST)]
 
 
+class OAuthSubject(BaseModel):
+    """One token subject an issuer vouches for, and the configured agent it acts as."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    subject: Annotated[str, Field(min_length=1, max_length=255)]
+    agent_id: Annotated[str, Field(min_length=1)]
+
+
+class OAuthIssuer(BaseModel):
+    """An OAuth 2.1 authorization server whose access tokens the MCP endpoint accepts."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    issuer: Annotated[str, Field(min_length=1)]
+    jwks_uri: Annotated[str, Field(pattern=r"^https?://")]
+    subject_claim: Annotated[str, Field(min_length=1)] = "sub"
+    algorithms: list[Literal["RS256", "ES256", "PS256", "EdDSA"]] = ["RS256", "ES256"]
+    subjects: list[OAuthSubject]
+
+
+class McpOAuth(BaseModel):
+    """The MCP endpoint as an OAuth 2.1 resource server (proxy/mcp/auth.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # The endpoint's canonical URI: the audience tokens must be bound to (RFC 8707), and the
+    # `resource` of its metadata (RFC 9728).
+    resource: Annotated[str, Field(pattern=r"^https?://[^#?]+/_opgate/mcp$")]
+    issuers: Annotated[list[OAuthIssuer], Field(min_length=1)]
+    # Whether agents' static opgate tokens still open the MCP endpoint beside OAuth tokens.
+    static_tokens: bool = True
+    jwks_cache_seconds: Annotated[float, Field(gt=0, le=86400)] = 300.0
+
+
 def _host_port(value: str) -> str:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -107,6 +142,21 @@ class Settings(BaseSettings):
         default_factory=list,
         description='`[{"id": "...", "tenant": "...", "token_sha256": "...", "owner": "..."}]`; '
         "`owner` (optional) is the approver the agent belongs to, for four eyes.",
+    )
+    console_url: Annotated[str, Field(pattern=r"^https?://")] | None = Field(
+        None,
+        description="The console's address as approvers open it (e.g. "
+        "`https://opgate.example.com/console`). With it, an MCP client that supports URL "
+        "elicitation is asked to open a proposal's approval page when its agent proposes.",
+    )
+    mcp_oauth: McpOAuth | None = Field(
+        None,
+        description='The MCP endpoint as an OAuth 2.1 resource server: `{"resource": '
+        '"https://HOST/_opgate/mcp", "issuers": [{"issuer": "...", "jwks_uri": "...", '
+        '"subject_claim": "sub", "subjects": [{"subject": "...", "agent_id": "..."}]}], '
+        '"static_tokens": true}`. A token\'s subject acts as the configured agent it names; '
+        "an unknown subject is refused. `static_tokens: false`: only OAuth tokens open it "
+        "(docs/how-to/mcp.md).",
     )
     approvers: list[ApproverConfig] = Field(
         default_factory=list,
@@ -378,6 +428,21 @@ class Settings(BaseSettings):
         if value and not re.match(r"^https?://[^/?#\s]+([/?][^#\s]*)?$", value):
             raise ValueError(f"{value!r} is not an http(s) URL")
         return value or None
+
+    @model_validator(mode="after")
+    def _oauth_subjects_are_agents(self) -> Settings:
+        """A subject acts as a configured agent (its tenant, limits and records): one that
+        names no agent would be refused at every call, so it is refused at start."""
+        if self.mcp_oauth is not None:
+            known = {a.id for a in self.agents}
+            for issuer in self.mcp_oauth.issuers:
+                for subject in issuer.subjects:
+                    if subject.agent_id not in known:
+                        raise ValueError(
+                            f"mcp_oauth: subject {subject.subject!r} of {issuer.issuer} names "
+                            f"no configured agent {subject.agent_id!r}"
+                        )
+        return self
 
     @field_validator("agent_listen", "ops_listen")
     @classmethod

@@ -170,8 +170,23 @@ MEANINGS: dict[Reason, str] = {
     Reason.MCP_REQUEST_INVALID: (
         "The MCP endpoint (`/_opgate/mcp`) refused the exchange itself: not a POST (it is "
         "stateless: no GET stream, no session), or not one JSON-RPC message as "
-        "`application/json`. A JSON-RPC error answer (a parse error) is recorded with this code"
-        " too."
+        "`application/json`. A JSON-RPC error answer (a parse error, a request whose `id` is "
+        "null: -32600) is recorded with this code too."
+    ),
+    Reason.MCP_TOOL_FAILED: (
+        "A tool call raised something no stage foresaw (a bug, logged with its traceback). The "
+        "agent gets a tool error with this code and the exchange's record says `error`, never "
+        "`allow`; the operation's row says whether anything was sent."
+    ),
+    Reason.MCP_TASK_NOT_CANCELLABLE: (
+        "`tasks/cancel` of an operation that was claimed (something may have left) or is "
+        "settled: only an operation still `created` is cancelled (its approval revoked, in one "
+        "conditional statement), so a cancel never races a send."
+    ),
+    Reason.MCP_SCOPE_INSUFFICIENT: (
+        "An OAuth access token (`mcp_oauth`) that is valid but lacks the scope the request "
+        "needs (`operations:read`, `operations:execute`, `proposals:write`); the 403 carries "
+        '`WWW-Authenticate: Bearer error="insufficient_scope", scope="..."`.'
     ),
 }
 

@@ -380,6 +380,8 @@ def body_from_fields(kind: BodyKind, fields: Mapping[str, Any]) -> ParsedBody:
             tokens = pointer.split("/")[1:]
             if not tokens:
                 raise BodyRejected("the whole body is not a field")
+            if len(tokens) > MAX_JSON_DEPTH:  # bounded as a body's nesting is (_check_depth)
+                raise BodyRejected(f"a pointer deeper than {MAX_JSON_DEPTH} levels")
             _put(root, pointers.unescape(tokens[0]), tokens[1:], value, pointer)
         _no_holes(root)
         return ParsedBody(BodyKind.JSON, json=root)

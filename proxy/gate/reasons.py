@@ -69,6 +69,9 @@ class Reason(StrEnum):
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
     # the MCP endpoint (/_opgate/mcp)
     MCP_REQUEST_INVALID = "mcp_request_invalid"
+    MCP_TOOL_FAILED = "mcp_tool_failed"
+    MCP_TASK_NOT_CANCELLABLE = "mcp_task_not_cancellable"
+    MCP_SCOPE_INSUFFICIENT = "mcp_scope_insufficient"
 
 
 # Refusals the same request, sent again later, may get another answer to: a limit, an attempt in
@@ -343,5 +346,22 @@ REASONS: dict[Reason, ReasonInfo] = {
         "The MCP exchange is not one opgate serves",
         "POST one JSON-RPC message as application/json; the endpoint is stateless: no GET "
         "stream, no session to delete.",
+    ),
+    Reason.MCP_TOOL_FAILED: ReasonInfo(
+        500,
+        "The tool call failed inside opgate",
+        "A bug, logged for the operator. Read the operation with get_operation before calling "
+        "execute_operation again: its row says whether anything was sent.",
+    ),
+    Reason.MCP_TASK_NOT_CANCELLABLE: ReasonInfo(
+        409,
+        "The task can no longer be cancelled",
+        "Something may have left, or it is settled: follow the task (tasks/get) or "
+        "get_operation's next_action.",
+    ),
+    Reason.MCP_SCOPE_INSUFFICIENT: ReasonInfo(
+        403,
+        "The access token does not grant this",
+        "Ask the authorization server for a token with the scope named in WWW-Authenticate.",
     ),
 }

@@ -5,18 +5,19 @@ request it sends is decided, claimed and forwarded there like any agent request.
 
 from __future__ import annotations
 
-import json
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+import structlog
 from aiohttp import web
 
 from proxy.errors import StoreUnavailable
 from proxy.gate.checks import Agent
 from proxy.gate.decision import Deny
 from proxy.gate.identity import valid_operation_id
-from proxy.gate.pipeline import handle_composed_request
+from proxy.gate.pipeline import ComposedRequest, handle_composed_request
 from proxy.gate.problem import PROBLEM, problem_response
 from proxy.gate.reasons import Reason
 from proxy.mcp.compose import compose_request
@@ -28,6 +29,7 @@ from proxy.mcp.tools import (
     PROPOSE_OPERATION,
     Answered,
     ToolError,
+    decoded_body,
 )
 from proxy.observe.audit import AuditRecord, Decision, emit
 from proxy.proposals.api import PROPOSAL_RULE
@@ -44,10 +46,11 @@ from proxy.recovery.api import (
     unsettled_views,
 )
 from proxy.runtime import Gateway
-from proxy.store.operation import Operation
+from proxy.store.operation import Operation, Status
 from proxy.store.proposal import Proposal, ProposalState
 
 LISTENER = "mcp"
+_log = structlog.get_logger("opgate.mcp")
 # The rule name of the records MCP writes itself (refusals before a request was composed).
 MCP_RULE = "mcp"
 
@@ -69,6 +72,34 @@ Answer = Answered | ToolError
 
 
 async def call_tool(call: McpCall, name: str, arguments: Mapping[str, Any] | None) -> Answer:
+    """The tool's answer. Whatever it raises that no stage foresaw is a refusal on record
+    (``mcp_tool_failed``, decision error), never left to the SDK (which would answer a bare
+    JSON-RPC error and leave the exchange looking allowed)."""
+    return await _guarded(call, name, arguments, lambda: _dispatch(call, name, arguments))
+
+
+T = TypeVar("T")
+
+
+async def _guarded(
+    call: McpCall, name: str, arguments: Mapping[str, Any] | None, run: Callable[[], Awaitable[T]]
+) -> T | ToolError:
+    try:
+        return await run()
+    except Exception:
+        _log.exception("mcp_tool_failed", tool=name, agent_id=call.agent.agent_id)
+        failed = Deny(Reason.MCP_TOOL_FAILED, f"{name} failed inside opgate (logged)")
+        if call.recorded:  # the pipeline's record stands: it says what was sent
+            return ToolError(problem_response(failed.reason, failed.detail)[PROBLEM])
+        record = _record(call, MCP_RULE)
+        record.decision = Decision.ERROR
+        operation_id = (arguments or {}).get("operation_id")
+        if isinstance(operation_id, str) and valid_operation_id(operation_id):
+            record.operation_id = operation_id
+        return _refuse(call, record, failed)
+
+
+async def _dispatch(call: McpCall, name: str, arguments: Mapping[str, Any] | None) -> Answer:
     args = dict(arguments or {})
     if name == EXECUTE_OPERATION:
         return await _execute(call, args)
@@ -128,6 +159,16 @@ async def _get(call: McpCall, args: dict[str, Any], record: AuditRecord) -> Answ
         told = view.told if view.told is not view.reason else None
         return _refuse(call, record, Deny(view.reason, view.detail), told=told)
     return Answered(view)
+
+
+async def list_unsettled(call: McpCall) -> Answer:
+    """``resources/list``: the agent's unsettled operations, as ``list_operations``."""
+    return await _guarded(
+        call,
+        "resources/list",
+        None,
+        lambda: _recorded_read(call, lambda record: _list(call, {}, record)),
+    )
 
 
 async def _list(call: McpCall, args: dict[str, Any], record: AuditRecord) -> Answer:
@@ -190,7 +231,16 @@ async def _proposal_view(gw: Gateway, proposal: Proposal) -> dict[str, Any]:
 # -- execute ------------------------------------------------------------------------------
 
 
-async def _execute(call: McpCall, args: dict[str, Any]) -> Answer:
+@dataclass(frozen=True)
+class _Prepared:
+    """An execution checked and composed, not sent yet; ``record`` is the exchange's."""
+
+    op: Operation
+    composed: ComposedRequest
+    record: AuditRecord
+
+
+async def _prepare(call: McpCall, args: dict[str, Any]) -> _Prepared | ToolError:
     gw = call.gateway
     record = _record(call, MCP_RULE)
     operation_id = args.pop("operation_id", None)
@@ -221,10 +271,94 @@ async def _execute(call: McpCall, args: dict[str, Any]) -> Answer:
     composed = compose_request(provider, rule, op, call.token, free_fields)
     if isinstance(composed, Deny):
         return _refuse(call, record, composed, op=op)
+    return _Prepared(op, composed, record)
+
+
+async def _execute(call: McpCall, args: dict[str, Any]) -> Answer:
+    prepared = await _prepare(call, args)
+    if isinstance(prepared, ToolError):
+        return prepared
     # From here on the pipeline writes the record: the composed request is an agent request.
     call.recorded = True
+    gw = call.gateway
+    composed = prepared.composed
     response = await handle_composed_request(gw, composed, listener=LISTENER, source=call.source)
-    return await _answer(gw, op.operation_id, response)
+    return await _answer(gw, prepared.op.operation_id, response)
+
+
+async def start_execution(
+    call: McpCall, arguments: Mapping[str, Any] | None, running: set[asyncio.Task[Any]]
+) -> Operation | ToolError:
+    """``execute_operation`` as a task: checked and composed now (a refusal is answered
+    inline), sent by the pipeline in the background, in this process. The operation row is
+    the task, durable since its approval; the pipeline's record follows this exchange's."""
+
+    async def start() -> Operation | ToolError:
+        prepared = await _prepare(call, dict(arguments or {}))
+        if isinstance(prepared, ToolError):
+            return prepared
+        op, record = prepared.op, prepared.record
+        record.decision, record.response_status = Decision.ALLOW, 200
+        record.provider, record.status_before = op.provider, op.status.value
+        _emit(call, record)
+        sending = asyncio.create_task(
+            handle_composed_request(
+                call.gateway, prepared.composed, listener=LISTENER, source=call.source
+            )
+        )
+        running.add(sending)
+        sending.add_done_callback(running.discard)
+        return op
+
+    return await _guarded(call, EXECUTE_OPERATION, arguments, start)
+
+
+async def read_operation(call: McpCall, operation_id: str, what: str) -> Answer:
+    """``tasks/get`` and ``resources/read`` (``what``): the operation's recovery view
+    (reconciled first where it says reconcile), as ``get_operation`` reads it."""
+    arguments = {"operation_id": operation_id}
+    return await _guarded(
+        call,
+        what,
+        arguments,
+        lambda: _recorded_read(call, lambda record: _get(call, dict(arguments), record)),
+    )
+
+
+async def cancel_task(call: McpCall, task_id: str) -> Answer:
+    """``tasks/cancel``: revoke the approval while nothing has left (the row still
+    ``created``, in one conditional statement); refused with the reason otherwise."""
+
+    async def cancel() -> Answer:
+        record = _record(call, MCP_RULE)
+        refused = _invalid_operation_id(task_id)
+        if refused is not None:
+            return _refuse(call, record, refused)
+        record.operation_id = task_id
+        op = await call.gateway.store.load(task_id)
+        unknown = Deny(Reason.OPERATION_UNKNOWN, f"no operation {task_id}")
+        if op is None:
+            return _refuse(call, record, unknown)
+        if not in_scope(op, call.agent):
+            scope = Deny(Reason.OPERATION_SCOPE_MISMATCH, unknown.detail)
+            return _refuse(call, record, scope, told=unknown.reason)
+        revoked = await call.gateway.store.revoke_unsent(
+            task_id, "cancelled by the agent (tasks/cancel)", f"agent:{call.agent.agent_id}"
+        )
+        if revoked is None and not (op.status is Status.CREATED and op.revoked_at is not None):
+            current = await call.gateway.store.load(task_id) or op
+            why = f"it is {current.status.value}: something may have left"
+            if current.status in (Status.CONFIRMED, Status.FAILED):
+                why = f"it is settled ({current.status.value})"
+            return _refuse(call, record, Deny(Reason.MCP_TASK_NOT_CANCELLABLE, why), op=current)
+        settled = revoked or op
+        record.provider, record.status_before = settled.provider, settled.status.value
+        record.status_after = settled.status.value
+        record.decision, record.response_status = Decision.ALLOW, 200
+        _emit(call, record)
+        return Answered({})
+
+    return await _guarded(call, "tasks/cancel", {"operation_id": task_id}, cancel)
 
 
 async def _answer(gw: Gateway, operation_id: str, response: web.StreamResponse) -> Answer:
@@ -246,7 +380,7 @@ async def _answer(gw: Gateway, operation_id: str, response: web.StreamResponse) 
         "status": response.status,
         "replayed": response.headers.get("Idempotent-Replayed") == "true",
         "content_type": content_type,
-        "body": _decoded(content_type, body),
+        "body": decoded_body(content_type, body),
     }
     content: dict[str, Any] = {"provider_response": provider_response}
     if recovery is not None:
@@ -262,16 +396,6 @@ def _recovery_fields(view: dict[str, Any]) -> dict[str, Any]:
         "reason": view["reason"],
         "retry_after_seconds": view["retry_after_seconds"],
     }
-
-
-def _decoded(content_type: str | None, body: bytes) -> Any:
-    media = (content_type or "").partition(";")[0].strip().lower()
-    if media == "application/json" or media.endswith("+json"):
-        try:
-            return json.loads(body)
-        except ValueError:
-            pass
-    return body.decode("utf-8", errors="replace")
 
 
 # -- refusals and records ---------------------------------------------------------------------

@@ -14,54 +14,134 @@ call's (``calls``), or the endpoint's own for protocol messages (listing tools, 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 from collections.abc import AsyncIterator, MutableMapping
 from importlib.metadata import version
 from typing import Any
 
+import aiohttp
 import mcp.types as types
 from aiohttp import web
+from mcp.server.extension import compose_tool_call_handler
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
 from proxy.gate.decision import Deny
-from proxy.gate.identity import AmbiguousCredentials, presented_agent_token
+from proxy.gate.identity import (
+    AgentDirectory,
+    AmbiguousCredentials,
+    new_token,
+    presented_agent_token,
+    token_digest,
+)
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
+from proxy.mcp import resources
+from proxy.mcp.auth import (
+    WELL_KNOWN,
+    Bearer,
+    OAuthVerifier,
+    TokenRefused,
+    challenge,
+    metadata_document,
+    required_scope,
+)
 from proxy.mcp.calls import LISTENER, MCP_RULE, McpCall, call_tool
-from proxy.mcp.tools import TOOLS, tool_result
+from proxy.mcp.elicitation import ask_for_approval, url_elicitation_supported
+from proxy.mcp.messages import malformed_request
+from proxy.mcp.tasks import OperationTasks
+from proxy.mcp.tools import GET_PROPOSAL, PROPOSE_OPERATION, TOOLS, Answered, tool_result
 from proxy.observe.audit import REQUEST_OBSERVER, AuditRecord, Decision, emit, request_path
 from proxy.observe.observer import OBSERVABILITY
-from proxy.runtime import GATEWAY
+from proxy.runtime import GATEWAY, Gateway
 
 MCP_PATH = "/_opgate/mcp"
 MAX_MESSAGE_BYTES = 1 << 20  # one JSON-RPC message; the tools' arguments are small
+_SEND_BEARER = "Send your opgate agent token as Authorization: Bearer <token>."
 _CALL = "opgate.mcp_call"  # the ASGI scope key the tool handlers find their McpCall under
 
 Scope = MutableMapping[str, Any]
 
 
-def mcp_server(name: str = "opgate") -> Server[Any]:
-    """The SDK server with opgate's tools; a call finds its gateway and agent in its HTTP
-    exchange (``McpCall``), put there by the endpoint after the token was checked."""
+def _call_of(ctx: Any) -> McpCall:
+    """The exchange a handler runs in (``McpCall``), put in its ASGI scope by the endpoint
+    after the token was checked."""
+    call: McpCall = ctx.request.scope[_CALL]
+    return call
+
+
+def mcp_server(tasks: OperationTasks, name: str = "opgate") -> Server[Any]:
+    """The SDK server with opgate's tools, and the tasks extension applied as the SDK's
+    ``MCPServer`` applies one (its methods, its advertisement, its ``tools/call``
+    interceptor), on the low-level server opgate bridges."""
 
     async def list_tools(
         ctx: Any, params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         return types.ListToolsResult(tools=list(TOOLS))
 
-    async def on_call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        call: McpCall = ctx.request.scope[_CALL]
-        return tool_result(await call_tool(call, params.name, params.arguments))
+    async def on_call_tool(
+        ctx: Any, params: types.CallToolRequestParams
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        call = _call_of(ctx)
+        if params.name != PROPOSE_OPERATION:
+            return tool_result(await call_tool(call, params.name, params.arguments))
+        if params.request_state is not None:  # the retry: the proposal it made, as it is now
+            state = {"proposal_id": params.request_state}
+            return tool_result(await call_tool(call, GET_PROPOSAL, state))
+        answer = await call_tool(call, params.name, params.arguments)
+        console = call.gateway.settings.console_url
+        if (
+            console is not None
+            and isinstance(answer, Answered)
+            and url_elicitation_supported(ctx.protocol_version, ctx.params)
+        ):
+            return ask_for_approval(console, answer.content)
+        return tool_result(answer)
 
-    return Server(
-        name, version=version("opgate"), on_list_tools=list_tools, on_call_tool=on_call_tool
+    async def list_templates(
+        ctx: Any, params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        return types.ListResourceTemplatesResult(resource_templates=[resources.TEMPLATE])
+
+    async def list_resources(
+        ctx: Any, params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        return await resources.listed(_call_of(ctx))
+
+    async def read_resource(
+        ctx: Any, params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        return await resources.read(_call_of(ctx), params.uri)
+
+    server: Server[Any] = Server(
+        name,
+        version=version("opgate"),
+        on_list_tools=list_tools,
+        on_call_tool=on_call_tool,
+        on_list_resources=list_resources,
+        on_list_resource_templates=list_templates,
+        on_read_resource=read_resource,
     )
+    for method in tasks.methods():
+        server.add_request_handler(method.method, method.params_type, method.handler)
+    server.extensions[tasks.identifier] = tasks.settings()
+    server.add_request_handler(
+        "tools/call",
+        types.CallToolRequestParams,
+        compose_tool_call_handler([tasks], on_call_tool),
+    )
+    return server
 
 
 class McpEndpoint:
     def __init__(self) -> None:
+        self.tasks = OperationTasks(_call_of)
+        self.verifier: OAuthVerifier | None = None  # built on first use, from the settings
+        self.http: aiohttp.ClientSession | None = None  # fetches the issuers' keys
         self.manager = StreamableHTTPSessionManager(
-            mcp_server(),
+            mcp_server(self.tasks),
             json_response=True,
             stateless=True,
             max_request_body_size=MAX_MESSAGE_BYTES,
@@ -86,8 +166,11 @@ class McpEndpoint:
         try:
             yield
         finally:
+            await self.tasks.drained()  # executions started as tasks finish sending
             stop.set()
             await task
+            if self.http is not None:
+                await self.http.close()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         gw = request.app[GATEWAY]
@@ -105,9 +188,15 @@ class McpEndpoint:
                 token = presented_agent_token(request.headers, "Authorization")
             except AmbiguousCredentials as exc:
                 return _refuse(record, Reason.AMBIGUOUS_REQUEST, str(exc))
-            agent = gw.agents.lookup(token) if token else None
-            if agent is None or token is None:
-                return _refuse(record, Reason.AGENT_UNAUTHENTICATED, "no valid agent token")
+            oauth = gw.settings.mcp_oauth
+            bearer = await self._bearer(gw, token)
+            if not isinstance(bearer, Bearer):
+                detail = bearer.detail if bearer else "no valid agent token"
+                error = bearer.error if bearer else None
+                told = challenge(oauth, error=error)
+                return _refuse(record, Reason.AGENT_UNAUTHENTICATED, detail, challenge=told)
+            assert token is not None
+            agent = bearer.agent
             record.agent_id, record.tenant = agent.agent_id, agent.tenant
             if request.method != "POST":
                 detail = f"{request.method}: the MCP endpoint takes POST only"
@@ -115,10 +204,27 @@ class McpEndpoint:
             body = await _read_message(request, gw.settings.body_read_timeout_seconds)
             if isinstance(body, Deny):
                 return _refuse(record, body.reason, body.detail)
-            call = McpCall(gw, agent, token, request.remote, record.path or MCP_PATH)
-            response = await self._exchange(request, body, call)
+            message = _decoded(body)
+            scope = required_scope(message)
+            if bearer.scopes is not None and scope is not None and scope not in bearer.scopes:
+                told = challenge(oauth, error="insufficient_scope", scope=scope)
+                detail = f"the token does not grant {scope}"
+                return _refuse(record, Reason.MCP_SCOPE_INSUFFICIENT, detail, challenge=told)
+            if bearer.scopes is None:  # a static token: the pipeline identifies it as sent
+                call = McpCall(gw, agent, token, request.remote, record.path or MCP_PATH)
+            else:
+                # The pipeline identifies an agent by token (stage 1, as for any request). An
+                # OAuth agent's token never enters it (no passthrough): the exchange gets a
+                # random token that only its own view of the agent directory knows.
+                internal = new_token()
+                directory = AgentDirectory({token_digest(internal): agent})
+                seen_as = dataclasses.replace(gw, agents=directory)
+                call = McpCall(seen_as, agent, internal, request.remote, record.path or MCP_PATH)
+            owed = _owed_error(message) if message is not _NOT_JSON else None
+            response = owed or await self._exchange(request, body, call)
             record.response_status = response.status
-            if response.status >= 400:  # a message the protocol refuses (JSON-RPC error)
+            if response.status >= 400 or _is_error(response):  # a JSON-RPC error answer
+                record.decision = Decision.DENY
                 record.reason = Reason.MCP_REQUEST_INVALID.value
             else:
                 record.decision = Decision.ALLOW
@@ -126,6 +232,25 @@ class McpEndpoint:
         finally:
             if call is None or not call.recorded:
                 emit(record)
+
+    async def _bearer(self, gw: Gateway, token: str | None) -> Bearer | TokenRefused | None:
+        """Who the token says is calling: a configured agent's static token (unless the
+        settings turned those off), else an OAuth access token; None: no token at all."""
+        if token is None:
+            return None
+        oauth = gw.settings.mcp_oauth
+        if oauth is None or oauth.static_tokens:
+            agent = gw.agents.lookup(token)
+            if agent is not None:
+                return Bearer(agent, None)
+        if oauth is None:
+            return TokenRefused("no valid agent token")
+        if self.verifier is None:
+            agents = {agent.agent_id: agent for agent in gw.agents.by_digest.values()}
+            self.verifier = OAuthVerifier(oauth, agents)
+        if self.http is None:
+            self.http = aiohttp.ClientSession(trust_env=False)
+        return await self.verifier.verify(self.http, token)
 
     async def _exchange(self, request: web.Request, body: bytes, call: McpCall) -> web.Response:
         """The SDK's ASGI exchange over this aiohttp request."""
@@ -199,6 +324,38 @@ class _Bridge:
         return response
 
 
+_NOT_JSON: Any = object()
+
+
+def _decoded(body: bytes) -> Any:
+    """The message as JSON, or ``_NOT_JSON`` (the SDK answers that with its parse error)."""
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        return _NOT_JSON
+
+
+def _owed_error(message: Any) -> web.Response | None:
+    """The JSON-RPC error for a request the SDK would take for a notification (``"id":
+    null``) or drop; None for everything else, which the SDK answers."""
+    error = malformed_request(message)
+    if error is None:
+        return None
+    answer = error.model_dump_json(by_alias=True, exclude_none=False, exclude_unset=True)
+    return web.Response(status=400, text=answer, content_type="application/json")
+
+
+def _is_error(response: web.Response) -> bool:
+    """Whether a JSON answer is a JSON-RPC error (the SDK answers some with 200)."""
+    if response.content_type != "application/json" or not isinstance(response.body, bytes):
+        return False
+    try:
+        answer = json.loads(response.body)
+    except ValueError:
+        return False
+    return isinstance(answer, dict) and "error" in answer
+
+
 async def _read_message(request: web.Request, deadline_seconds: float) -> bytes | Deny:
     """The whole message, bounded in size and in time (as the pipeline reads a body)."""
     too_large = Deny(Reason.BODY_TOO_LARGE, f"more than {MAX_MESSAGE_BYTES} bytes")
@@ -219,19 +376,36 @@ async def _read_message(request: web.Request, deadline_seconds: float) -> bytes 
 
 
 def _refuse(
-    record: AuditRecord, reason: Reason, detail: str, *, status: int | None = None
+    record: AuditRecord,
+    reason: Reason,
+    detail: str,
+    *,
+    status: int | None = None,
+    challenge: str | None = None,
 ) -> web.Response:
     record.decision, record.reason = Decision.DENY, reason.value
-    response = problem_response(reason, detail, status=status)
-    if reason is Reason.AGENT_UNAUTHENTICATED:
-        response.headers["WWW-Authenticate"] = 'Bearer realm="opgate"'
+    # MCP clients send their token as Authorization: Bearer (not the proxy's header)
+    told = {"next_action": _SEND_BEARER} if reason is Reason.AGENT_UNAUTHENTICATED else None
+    response = problem_response(reason, detail, status=status, extra=told)
+    if challenge is not None:
+        response.headers["WWW-Authenticate"] = challenge
     if status == 405:  # stateless: no stream to GET, no session to DELETE
         response.headers["Allow"] = "POST"
     record.response_status = response.status
     return response
 
 
+async def protected_resource_metadata(request: web.Request) -> web.Response:
+    """RFC 9728: where a client learns which authorization server issues tokens for the
+    endpoint, and which scopes it knows. Absent (404) when OAuth is not configured."""
+    oauth = request.app[GATEWAY].settings.mcp_oauth
+    if oauth is None:
+        raise web.HTTPNotFound(text="the MCP endpoint takes opgate agent tokens only")
+    return web.json_response(metadata_document(oauth))
+
+
 def add_mcp_route(app: web.Application) -> None:
     endpoint = McpEndpoint()
     app.router.add_route("*", MCP_PATH, endpoint.handle)
+    app.router.add_get(WELL_KNOWN + MCP_PATH, protected_resource_metadata)
     app.cleanup_ctx.append(endpoint.running)

@@ -9,16 +9,24 @@ token and the operation id.
 
 from __future__ import annotations
 
-from typing import Any
+import io
+import json
+import sys
+from collections.abc import AsyncIterator
+from typing import Any, cast
 
+import anyio
 import httpx2
 import mcp.types as types
+from anyio.streams.memory import MemoryObjectSendStream
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.shared.message import SessionMessage
 
 from proxy.mcp.endpoint import MCP_PATH
+from proxy.mcp.messages import malformed_request
 from proxy.mcp.tools import TOOLS
 
 # opgate answers an execution after the provider does: as long as its longest provider timeout
@@ -59,7 +67,39 @@ def relay_server(url: str, token: str) -> Server[Any]:
     )
 
 
+class _CheckedLines:
+    """stdin's lines for the SDK's reader, less the requests it would drop in silence (it
+    skips a line that does not validate, and the client waits forever on that id): those
+    are answered here with their JSON-RPC error, on the SDK's own writer."""
+
+    def __init__(self) -> None:
+        # UTF-8 whatever the locale says, as the SDK's own reader decodes
+        cast(io.TextIOWrapper, sys.stdin).reconfigure(encoding="utf-8", errors="replace")
+        self.lines = anyio.wrap_file(sys.stdin)
+        self.write: MemoryObjectSendStream[SessionMessage] | None = None
+        self.ready = anyio.Event()
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._checked()
+
+    async def _checked(self) -> AsyncIterator[str]:
+        async for line in self.lines:
+            try:
+                error = malformed_request(json.loads(line))
+            except (ValueError, RecursionError):  # not JSON: the SDK's to refuse
+                error = None
+            if error is None:
+                yield line
+                continue
+            await self.ready.wait()
+            assert self.write is not None
+            await self.write.send(SessionMessage(error))
+
+
 async def serve_stdio(url: str, token: str) -> None:
     server = relay_server(url, token)
-    async with stdio_server() as (read, write):
+    lines = _CheckedLines()
+    async with stdio_server(stdin=cast(anyio.AsyncFile[str], lines)) as (read, write):
+        lines.write = cast(MemoryObjectSendStream[SessionMessage], write)
+        lines.ready.set()
         await server.run(read, write, server.create_initialization_options())

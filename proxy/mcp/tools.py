@@ -239,3 +239,14 @@ def tool_result(answer: Answered | ToolError) -> types.CallToolResult:
         structured_content=answer.content,
         is_error=answer.failed,
     )
+
+
+def decoded_body(content_type: str | None, body: bytes) -> Any:
+    """A provider's body as the tools answer it: JSON when it sent JSON, else text."""
+    media = (content_type or "").partition(";")[0].strip().lower()
+    if media == "application/json" or media.endswith("+json"):
+        try:
+            return json.loads(body)
+        except ValueError:
+            pass
+    return body.decode("utf-8", errors="replace")

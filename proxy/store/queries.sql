@@ -285,6 +285,22 @@ WITH revoked AS (
 )
 SELECT r.*, now() AS read_at FROM revoked r;
 
+-- name: revoke_unsent_operation
+-- Withdraw the approval of an operation nothing was sent of (still created: never claimed),
+-- for an agent's tasks/cancel; zero rows: it was claimed (or revoked) first.
+WITH revoked AS (
+    UPDATE operations
+       SET revoked_at = now(), revoked_reason = %(reason)s, updated_at = now()
+     WHERE operation_id = %(operation_id)s AND revoked_at IS NULL AND status = 'created'
+    RETURNING *
+), event AS (
+    INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
+    SELECT operation_id, 'revoked', status, status, %(actor)s,
+           jsonb_build_object('reason', %(reason)s)
+    FROM revoked
+)
+SELECT r.*, now() AS read_at FROM revoked r;
+
 -- name: escalated_operations
 -- The escalation queue (the operations API's and the console's): operations of a tenant (NULL:
 -- all) waiting on a human (dispatched, or created and in doubt after a timeline switch),

@@ -593,6 +593,12 @@ class Store:
             "revoke_operation", operation_id=operation_id, reason=reason, actor=actor
         )
 
+    async def revoke_unsent(self, operation_id: str, reason: str, actor: str) -> Operation | None:
+        """Revoke only while nothing was sent (``created``); None: claimed or revoked first."""
+        return await self._one(
+            "revoke_unsent_operation", operation_id=operation_id, reason=reason, actor=actor
+        )
+
     async def events(self, operation_id: str) -> list[dict[str, Any]]:
         records = await self._run(
             lambda conn: queries.fetch(conn, "operation_events", operation_id=operation_id)

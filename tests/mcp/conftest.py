@@ -7,6 +7,9 @@ from typing import Any
 
 import pytest_asyncio
 
+# The console tests' headless Chromium, for the approval where the agent asked.
+from tests.console.conftest import chrome  # noqa: F401 (a fixture, found by name)
+
 # The HTTP crash handoff's relay and opgate process settings, reused by the MCP one.
 from tests.support.crash_handoff import (  # noqa: F401 (fixtures, found by name)
     crash_policy_dir,

@@ -105,3 +105,15 @@ def test_the_relay_accepts_the_listener_or_the_endpoint_address() -> None:
     """--url may name the agent listener or its /_opgate/mcp endpoint."""
     assert endpoint_url("http://127.0.0.1:8080/") == "http://127.0.0.1:8080/_opgate/mcp"
     assert endpoint_url("http://h:1/_opgate/mcp") == "http://h:1/_opgate/mcp"
+
+
+def test_a_pointer_deeper_than_a_body_may_nest_is_refused_body_invalid() -> None:
+    """A free field pointer of 3,000 tokens is refused as a body nested too deep is, not
+    walked into a RecursionError."""
+    fault = provider(fault_policy(deduplicates=False, body="json"))
+    rule = fault.rule_named("refund.create")
+    assert rule is not None
+    op = operation(amount=500, currency="usd", params={"/charge": "ch_1"})
+    refused = compose_request(fault, rule, op, "t", {"/metadata" + "/a" * 3000: "x"})
+    assert isinstance(refused, Deny)
+    assert refused.reason is Reason.BODY_INVALID

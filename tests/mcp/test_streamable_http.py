@@ -257,3 +257,36 @@ async def test_every_http_exchange_leaves_exactly_one_audit_record(
     records = [entry for entry in logs if entry["event"] == "request"]
     assert len(records) == len(sent) >= 6
     assert {entry["listener"] for entry in records} == {"mcp"}
+
+
+async def test_a_request_with_a_null_id_is_refused_invalid_request(stripe_gate: Opgate) -> None:
+    """``"id": null`` is not a notification: JSON-RPC -32600 (invalid request), denied on
+    record."""
+    body = {"jsonrpc": "2.0", "id": None, "method": "tools/list", "params": {}}
+    with capture_logs() as logs:
+        async with stripe_gate.http.post(
+            f"{stripe_gate.agent_url}/_opgate/mcp",
+            json=body,
+            headers={
+                "Authorization": f"Bearer {AGENT_TOKEN}",
+                "Accept": "application/json, text/event-stream",
+                "MCP-Protocol-Version": "2025-06-18",
+            },
+        ) as response:
+            payload = await response.json(content_type=None)
+    assert payload["error"]["code"] == -32600, payload
+    assert payload["id"] is None
+    [record] = [entry for entry in logs if entry["event"] == "request"]
+    assert (record["decision"], record["reason"]) == ("deny", "mcp_request_invalid")
+
+
+async def test_the_401_tells_an_mcp_client_to_send_authorization_bearer(
+    stripe_gate: Opgate,
+) -> None:
+    """MCP clients send Authorization: Bearer; the refusal's next_action says exactly that."""
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    async with stripe_gate.http.post(f"{stripe_gate.agent_url}/_opgate/mcp", json=body) as answer:
+        payload = await answer.json(content_type=None)
+    assert answer.status == 401
+    assert "Authorization: Bearer" in payload["next_action"]
+    assert "Proxy-Authorization" not in payload["next_action"]
