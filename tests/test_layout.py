@@ -23,7 +23,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "settings": {"proxy"},
     "store": {"errors", "proxy"},
     "policy": {"errors", "proxy"},
-    "observe": {"policy", "store"} | BASE,
+    # the offline verifier runs from the wheel alone: nothing of opgate's
+    "transparency": {"proxy"},
+    "observe": {"policy", "store", "transparency"} | BASE,
     "gate": {"observe", "policy", "store"} | BASE,
     "forward": {"gate", "observe", "policy", "store"} | BASE,
     "recovery": {"gate", "observe", "policy", "store"} | BASE,
