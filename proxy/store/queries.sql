@@ -904,3 +904,109 @@ SELECT proposal_id, 'approval_refused', status, status, $2,
 SELECT event_id, at, event, from_status, to_status, actor, detail::text AS detail
   FROM proposal_events WHERE proposal_id = $1 ORDER BY event_id;
 -- ============================================================================ end proposals
+
+-- ============================================================================= transparency
+-- The audit log as an RFC 6962 Merkle tree (migration 0016; proxy/store/transparency.py):
+-- the integrator's rounds, the proofs' nodes, checkpoints and cosignatures. Positional
+-- parameters: the named-parameter loader had not landed when these were written.
+
+-- name: transparency_try_lock
+-- One integrator at a time across replicas (until the transaction ends); the others skip.
+SELECT pg_try_advisory_xact_lock(7308604897068083317) AS locked;
+
+-- name: transparency_state
+-- The tree's size and the integrator's floor (the row locked: one writer per round).
+SELECT tree_size, floor_txid::text AS floor_txid FROM transparency_state FOR UPDATE;
+
+-- name: transparency_pending
+-- Up to $2 visible records at or above the floor $1 without a leaf, in index order, with the
+-- oldest transaction still running when this statement's snapshot was taken (xmin: no row
+-- below it can appear any more). Always one row at least (record columns NULL: none).
+WITH snapshot AS (SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS xmin)
+SELECT snapshot.xmin, p.txid, p.stream, p.seq, p.hash
+  FROM snapshot LEFT JOIN LATERAL (
+        SELECT COALESCE(a.txid, '0'::xid8)::text AS txid, a.stream, a.seq, a.hash,
+               COALESCE(a.txid, '0'::xid8) AS position
+          FROM audit_log a
+         WHERE COALESCE(a.txid, '0'::xid8) >= $1::text::xid8
+           AND NOT EXISTS (SELECT 1 FROM transparency_leaves l
+                            WHERE l.stream = a.stream AND l.seq = a.seq)
+         ORDER BY COALESCE(a.txid, '0'::xid8), a.stream, a.seq
+         LIMIT $2
+       ) p ON true
+ ORDER BY p.position, p.stream, p.seq;
+
+-- name: transparency_nodes_at
+-- The stored nodes at the positions $1 (JSON [[level, index], ...]).
+SELECT n.level, n.node_index, n.hash
+  FROM jsonb_to_recordset(
+         (SELECT jsonb_agg(jsonb_build_object('l', p -> 0, 'i', p -> 1))
+            FROM jsonb_array_elements($1::jsonb) AS p)
+       ) AS want (l smallint, i bigint)
+  JOIN transparency_nodes n ON n.level = want.l AND n.node_index = want.i;
+
+-- name: transparency_append
+-- One round's new leaves ($1 first index; $2 streams, $3 seqs, $4 record hashes), its new
+-- nodes ($5 levels, $6 indexes, $7 hashes) and the new state ($8 size, $9 floor txid), in one
+-- statement.
+WITH leaves AS (
+    INSERT INTO transparency_leaves (leaf_index, stream, seq, record_hash)
+    SELECT $1::bigint + ord - 1, stream, seq, record_hash
+      FROM unnest($2::text[], $3::bigint[], $4::bytea[])
+           WITH ORDINALITY AS l (stream, seq, record_hash, ord)
+), nodes AS (
+    INSERT INTO transparency_nodes (level, node_index, hash)
+    SELECT * FROM unnest($5::smallint[], $6::bigint[], $7::bytea[])
+)
+UPDATE transparency_state
+   SET tree_size = $8, floor_txid = $9::text::xid8;
+
+-- name: transparency_insert_checkpoint
+-- A signed checkpoint of the tree at size $1 (root $2, the signed note $3).
+INSERT INTO transparency_checkpoints (tree_size, root, note) VALUES ($1, $2, $3)
+ON CONFLICT (tree_size) DO NOTHING;
+
+-- name: transparency_latest_checkpoint
+-- The newest checkpoint.
+SELECT tree_size, root, note, at FROM transparency_checkpoints
+ ORDER BY tree_size DESC LIMIT 1;
+
+-- name: transparency_checkpoint_at
+-- The checkpoint of size $1, with its cosignature lines.
+SELECT c.tree_size, c.root, c.note, c.at,
+       COALESCE(array_agg(s.line ORDER BY s.witness) FILTER (WHERE s.line IS NOT NULL),
+                '{}') AS cosignatures
+  FROM transparency_checkpoints c
+  LEFT JOIN transparency_cosignatures s USING (tree_size)
+ WHERE c.tree_size = $1
+ GROUP BY c.tree_size;
+
+-- name: transparency_insert_cosignature
+-- A witness's ($2) cosignature line ($3) of the checkpoint of size $1.
+INSERT INTO transparency_cosignatures (tree_size, witness, line) VALUES ($1, $2, $3)
+ON CONFLICT (tree_size, witness) DO NOTHING;
+
+-- name: transparency_witness_size
+-- The largest checkpoint the witness $1 cosigned for us (0: none).
+SELECT COALESCE(max(tree_size), 0) AS tree_size FROM transparency_cosignatures
+ WHERE witness = $1;
+
+-- name: transparency_leaf
+-- The leaf of record ($1 stream, $2 seq), if integrated.
+SELECT leaf_index, record_hash FROM transparency_leaves WHERE stream = $1 AND seq = $2;
+
+-- name: transparency_operation_records
+-- Every record of operation $1 (its stream, and the requests that named it) with its leaf
+-- (NULL: not integrated yet), and every leaf of its stream whose record is gone, in order.
+SELECT a.stream, a.seq, a.at, a.kind, a.operation_id, a.record::text AS record, a.prev_hash,
+       a.hash, l.leaf_index, l.record_hash
+  FROM audit_log a LEFT JOIN transparency_leaves l USING (stream, seq)
+ WHERE a.operation_id = $1 OR a.stream = $1
+UNION ALL
+SELECT l.stream, l.seq, NULL, NULL, NULL, NULL, NULL, NULL, l.leaf_index, l.record_hash
+  FROM transparency_leaves l
+ WHERE l.stream = $1
+   AND NOT EXISTS (SELECT 1 FROM audit_log a WHERE a.stream = l.stream AND a.seq = l.seq)
+ ORDER BY 1, 2;
+
+-- ========================================================================= end transparency

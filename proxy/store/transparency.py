@@ -1,0 +1,127 @@
+"""The transparency log's statements (queries.sql ``transparency_*``, migration 0016): the
+integrator's rounds (lock, state, pending records, one append), the nodes proofs read,
+checkpoints and witnesses' cosignatures, and the reads of ``opgate audit prove|bundle``.
+What the rows mean (the tree, the notes) is ``proxy/transparency/``'s; who runs the rounds is
+``proxy/observe/auditlog/integrator.py``.
+
+Each function takes the connection: a round is several statements in one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import asyncpg
+
+from proxy.store.queries import QUERIES
+
+
+@dataclass(frozen=True)
+class State:
+    """The tree's size, and the transaction id (xid8, as text) below which every record is a
+    leaf."""
+
+    tree_size: int
+    floor_txid: str
+
+
+@dataclass(frozen=True)
+class Pending:
+    """Records to integrate (txid, stream, seq, hash), and the oldest transaction running
+    when they were read."""
+
+    records: list[asyncpg.Record]
+    xmin: str
+
+
+async def try_lock(conn: asyncpg.Connection) -> bool:
+    """The integrator's lock, until the transaction ends; False: another replica holds it."""
+    locked: bool = await conn.fetchval(QUERIES["transparency_try_lock"])
+    return locked
+
+
+async def state(conn: asyncpg.Connection) -> State:
+    row = await conn.fetchrow(QUERIES["transparency_state"])
+    assert row is not None, "migration 0016 inserts the state row"
+    return State(row["tree_size"], row["floor_txid"])
+
+
+async def pending(conn: asyncpg.Connection, floor_txid: str, limit: int) -> Pending:
+    """Visible records at or above the floor without a leaf, in index order."""
+    rows = await conn.fetch(QUERIES["transparency_pending"], floor_txid, limit)
+    return Pending([r for r in rows if r["stream"] is not None], rows[0]["xmin"])
+
+
+async def nodes_at(
+    conn: asyncpg.Connection, positions: Collection[tuple[int, int]]
+) -> dict[tuple[int, int], bytes]:
+    if not positions:
+        return {}
+    rows = await conn.fetch(QUERIES["transparency_nodes_at"], json.dumps(sorted(positions)))
+    return {(r["level"], r["node_index"]): bytes(r["hash"]) for r in rows}
+
+
+async def append(
+    conn: asyncpg.Connection,
+    first_index: int,
+    leaves: Sequence[tuple[str, int, bytes]],
+    nodes: Sequence[tuple[int, int, bytes]],
+    floor_txid: str,
+) -> None:
+    """A round's leaves (stream, seq, record hash) from ``first_index`` on, its new nodes
+    (level, index, hash), and the new floor, in one statement."""
+    await conn.execute(
+        QUERIES["transparency_append"],
+        first_index,
+        [leaf[0] for leaf in leaves],
+        [leaf[1] for leaf in leaves],
+        [leaf[2] for leaf in leaves],
+        [node[0] for node in nodes],
+        [node[1] for node in nodes],
+        [node[2] for node in nodes],
+        first_index + len(leaves),
+        floor_txid,
+    )
+
+
+async def insert_checkpoint(conn: asyncpg.Connection, size: int, root: bytes, note: str) -> None:
+    await conn.execute(QUERIES["transparency_insert_checkpoint"], size, root, note)
+
+
+async def latest_checkpoint(conn: asyncpg.Connection) -> asyncpg.Record | None:
+    """The newest checkpoint (tree_size, root, note, at), or None."""
+    row: asyncpg.Record | None = await conn.fetchrow(QUERIES["transparency_latest_checkpoint"])
+    return row
+
+
+async def checkpoint_at(conn: asyncpg.Connection, size: int) -> asyncpg.Record | None:
+    """The checkpoint of ``size`` with its cosignature lines (``cosignatures``), or None."""
+    row: asyncpg.Record | None = await conn.fetchrow(QUERIES["transparency_checkpoint_at"], size)
+    return row
+
+
+async def insert_cosignature(conn: asyncpg.Connection, size: int, witness: str, line: str) -> None:
+    await conn.execute(QUERIES["transparency_insert_cosignature"], size, witness, line)
+
+
+async def witness_size(conn: asyncpg.Connection, witness: str) -> int:
+    """The size of the last checkpoint ``witness`` cosigned for us (0: none)."""
+    size: int = await conn.fetchval(QUERIES["transparency_witness_size"], witness)
+    return size
+
+
+async def leaf(conn: asyncpg.Connection, stream: str, seq: int) -> asyncpg.Record | None:
+    """The record's leaf (leaf_index, record_hash), or None when not integrated."""
+    row: asyncpg.Record | None = await conn.fetchrow(QUERIES["transparency_leaf"], stream, seq)
+    return row
+
+
+async def operation_records(conn: asyncpg.Connection, operation_id: str) -> list[asyncpg.Record]:
+    """The operation's records with their leaves, and its stream's leaves whose row is gone
+    (their record columns NULL)."""
+    rows: list[asyncpg.Record] = await conn.fetch(
+        QUERIES["transparency_operation_records"], operation_id
+    )
+    return rows
