@@ -1,0 +1,254 @@
+"""``opgate audit`` for the transparency log (docs/audit.md, *Transparency log*):
+
+    opgate audit checkpoint                      the latest signed checkpoint, with cosignatures
+    opgate audit prove STREAM:SEQ [--size N]     a record's inclusion proof (JSON)
+    opgate audit consistency OLD NEW             a consistency proof between two tree sizes
+    opgate audit bundle --operation OP [-o F]    offline evidence for one operation
+    opgate audit verify-bundle F [--log-key K]   check a bundle: no database, no settings
+    opgate audit witness --key F --log K ...     a minimal C2SP tlog-witness (its own process)
+    opgate audit new-key NAME [--cosigner] -o F  an Ed25519 key: the log's, or a witness's
+
+The commands that read the database run as the other ``opgate audit`` commands do (cli.py);
+``verify-bundle``, ``witness`` and ``new-key`` read neither the database nor any setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from aiohttp import web
+
+from proxy.observe.auditlog import bundle, integrator
+from proxy.observe.auditlog.witness_server import WitnessState, witness_app
+from proxy.observe.observer import transparency_signer
+from proxy.settings import Secrets
+from proxy.store import transparency as tstore
+from proxy.transparency import note
+
+Runner = Callable[[Any], Callable[[argparse.Namespace], int]]
+
+
+def add_transparency_commands(
+    commands: Any, run: Runner, flags: Callable[[argparse.ArgumentParser], None]
+) -> None:
+    latest = commands.add_parser("checkpoint", help="the latest signed checkpoint")
+    flags(latest)
+    latest.set_defaults(handler=run(_checkpoint))
+
+    prove = commands.add_parser("prove", help="one record's inclusion proof")
+    flags(prove)
+    prove.add_argument("record", help="STREAM:SEQ (e.g. op_4f2a...:3, requests/host:1:812)")
+    prove.add_argument("--size", type=int, help="in the checkpoint of this size (default: latest)")
+    prove.set_defaults(handler=run(_prove))
+
+    consistency = commands.add_parser("consistency", help="a consistency proof OLD -> NEW")
+    flags(consistency)
+    consistency.add_argument("old", type=int)
+    consistency.add_argument("new", type=int)
+    consistency.set_defaults(handler=run(_consistency))
+
+    make = commands.add_parser("bundle", help="offline evidence for one operation")
+    flags(make)
+    make.add_argument("--operation", required=True, metavar="OP")
+    make.add_argument("--log-key", help="the log's vkey (default: from transparency_key)")
+    make.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
+    make.set_defaults(handler=run(_bundle))
+
+    check = commands.add_parser("verify-bundle", help="check a bundle, offline")
+    check.add_argument("file", type=Path)
+    check.add_argument("--log-key", help="the log's vkey, obtained from the operator beforehand")
+    check.add_argument(
+        "--witness-key", action="append", default=[], help="a witness's vkey (repeatable)"
+    )
+    check.add_argument("--quorum", type=int, help="cosignatures required (default: the bundle's)")
+    check.set_defaults(handler=_verify_bundle)
+
+    witness = commands.add_parser("witness", help="run a minimal C2SP tlog-witness")
+    witness.add_argument("--key", type=Path, required=True, help="file with its PRIVATE+KEY")
+    witness.add_argument("--log", action="append", required=True, help="a trusted log's vkey")
+    witness.add_argument("--state", type=Path, required=True, help="its state file (JSON)")
+    witness.add_argument("--listen", default="127.0.0.1:8465", help="HOST:PORT (port 0: any)")
+    witness.set_defaults(handler=_witness)
+
+    key = commands.add_parser("new-key", help="make an Ed25519 key (the log's or a witness's)")
+    key.add_argument("name", help="its name: the log's origin, or the witness's name")
+    key.add_argument("--cosigner", action="store_true", help="a witness's cosigning key")
+    key.add_argument("-o", "--output", type=Path, required=True, help="secret file (0600)")
+    key.set_defaults(handler=_new_key)
+
+
+def _json(value: Any) -> int:
+    print(json.dumps(value, indent=1))
+    return 0
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+async def _checkpoint(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+    latest = await tstore.latest_checkpoint(conn)
+    if latest is None:
+        print("no checkpoint yet (is transparency_key configured?)", file=sys.stderr)
+        return 1
+    signed = await tstore.checkpoint_at(conn, latest["tree_size"])
+    assert signed is not None
+    sys.stdout.write(signed["note"] + "".join(signed["cosignatures"]))
+    return 0
+
+
+async def _prove(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+    stream, _, seq_text = args.record.rpartition(":")
+    if not stream or not seq_text.isdigit():
+        print("opgate audit prove: RECORD is STREAM:SEQ", file=sys.stderr)
+        return 2
+    leaf = await tstore.leaf(conn, stream, int(seq_text))
+    signed = await (
+        tstore.checkpoint_at(conn, args.size) if args.size else tstore.latest_checkpoint(conn)
+    )
+    if leaf is None or signed is None or leaf["leaf_index"] >= signed["tree_size"]:
+        print(f"{args.record}: not in a checkpoint yet", file=sys.stderr)
+        return 1
+    size = signed["tree_size"]
+    proof = await integrator.inclusion(conn, leaf["leaf_index"], size)
+    record_hash = bytes(leaf["record_hash"])
+    return _json(
+        {
+            "stream": stream,
+            "seq": int(seq_text),
+            "record_hash": record_hash.hex(),
+            "leaf_index": leaf["leaf_index"],
+            "leaf_hash": _b64(integrator.record_leaf(record_hash)),
+            "tree_size": size,
+            "inclusion": [_b64(p) for p in proof],
+            "checkpoint": signed["note"],
+        }
+    )
+
+
+async def _consistency(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+    old = await tstore.checkpoint_at(conn, args.old)
+    new = await tstore.checkpoint_at(conn, args.new)
+    if old is None or new is None or args.old > args.new:
+        print(
+            "opgate audit consistency: give the sizes of two checkpoints, OLD <= NEW",
+            file=sys.stderr,
+        )
+        return 2
+    proof = await integrator.consistency(conn, args.old, args.new)
+    return _json(
+        {
+            "old": {"tree_size": args.old, "checkpoint": old["note"]},
+            "new": {"tree_size": args.new, "checkpoint": new["note"]},
+            "consistency": [_b64(p) for p in proof],
+        }
+    )
+
+
+async def _bundle(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+    signer = transparency_signer(Secrets(settings.secrets_dir))
+    if args.log_key is not None:
+        log = note.Verifier.from_vkey(args.log_key)
+    elif signer is not None:
+        log = signer.verifier()
+    else:
+        print("opgate audit bundle: give --log-key or configure transparency_key", file=sys.stderr)
+        return 2
+    witnesses = [note.Verifier.from_vkey(w.vkey) for w in settings.audit_witnesses]
+    try:
+        made = await bundle.build(
+            conn, args.operation, log, witnesses, settings.audit_witness_quorum
+        )
+    except bundle.BundleError as exc:
+        print(f"opgate audit bundle: {exc}", file=sys.stderr)
+        return 1
+    text = bundle.dumps(made)
+    if args.output:
+        args.output.write_text(text, "utf-8")
+    else:
+        sys.stdout.write(text)
+    print(
+        f"{len(made['records'])} records of {args.operation}; checkpoint of"
+        f" {made['checkpoint'].splitlines()[1]} records",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _verify_bundle(args: argparse.Namespace) -> int:
+    try:
+        loaded = json.loads(args.file.read_text("utf-8"))
+        report = bundle.verify(loaded, args.log_key, args.witness_key, args.quorum)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"opgate audit verify-bundle: {args.file}: {exc}", file=sys.stderr)
+        return 2
+    for line in report.notes:
+        print(f"note: {line}")
+    summary = (
+        f"{report.proven} records proven in a checkpoint of {report.tree_size} records,"
+        f" cosigned by {len(report.cosigners)} witnesses ({', '.join(report.cosigners) or '-'})"
+    )
+    for line in report.unproven:
+        print(f"unproven: {line}")
+    if report.breaks:
+        print(f"BROKEN: {len(report.breaks)} problems; {summary}")
+        for line in report.breaks:
+            print(f"  {line}")
+        return 1
+    print(f"ok: {summary}")
+    return 0
+
+
+def _witness(args: argparse.Namespace) -> int:
+    signer = note.Signer.from_skey(args.key.read_text("utf-8").strip())
+    if signer.sig_type != note.COSIGNATURE_V1:
+        print(
+            "opgate audit witness: the key is not a cosigner key (new-key --cosigner)",
+            file=sys.stderr,
+        )
+        return 2
+    logs = [note.Verifier.from_vkey(k) for k in args.log]
+    app = witness_app(signer, logs, WitnessState(args.state))
+    host, _, port = args.listen.rpartition(":")
+
+    async def serve() -> None:
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, host.strip("[]"), int(port))
+        await site.start()
+        bound = runner.addresses[0]
+        print(f"witness {signer.name} listening on http://{host}:{bound[1]}", flush=True)
+        print(signer.verifier().vkey(), flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+        await runner.cleanup()
+
+    asyncio.run(serve())
+    return 0
+
+
+def _new_key(args: argparse.Namespace) -> int:
+    kind = note.COSIGNATURE_V1 if args.cosigner else note.ED25519
+    try:
+        signer = note.Signer.generate(args.name, kind)
+    except note.NoteError as exc:
+        print(f"opgate audit new-key: {exc}", file=sys.stderr)
+        return 2
+    descriptor = os.open(args.output, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(signer.skey() + "\n")
+    print(signer.verifier().vkey())
+    return 0
