@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import json
 import os
 import signal
@@ -28,11 +27,10 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
-from proxy.observe.auditlog import bundle, integrator
+from proxy.observe.auditlog import bundle, proofs
 from proxy.observe.auditlog.witness_server import WitnessState, witness_app
 from proxy.observe.observer import transparency_signer
 from proxy.settings import Secrets
-from proxy.store import transparency as tstore
 from proxy.transparency import note
 
 Runner = Callable[[Any], Callable[[argparse.Namespace], int]]
@@ -92,67 +90,30 @@ def _json(value: Any) -> int:
     return 0
 
 
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
 async def _checkpoint(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
-    latest = await tstore.latest_checkpoint(conn)
-    if latest is None:
-        print("no checkpoint yet (is transparency_key configured?)", file=sys.stderr)
+    try:
+        sys.stdout.write(await proofs.signed_checkpoint(conn))
+    except proofs.NotProvable as exc:
+        print(f"opgate audit checkpoint: {exc}", file=sys.stderr)
         return 1
-    signed = await tstore.checkpoint_at(conn, latest["tree_size"])
-    assert signed is not None
-    sys.stdout.write(signed["note"] + "".join(signed["cosignatures"]))
     return 0
 
 
 async def _prove(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
-    stream, _, seq_text = args.record.rpartition(":")
-    if not stream or not seq_text.isdigit():
-        print("opgate audit prove: RECORD is STREAM:SEQ", file=sys.stderr)
-        return 2
-    leaf = await tstore.leaf(conn, stream, int(seq_text))
-    signed = await (
-        tstore.checkpoint_at(conn, args.size) if args.size else tstore.latest_checkpoint(conn)
-    )
-    if leaf is None or signed is None or leaf["leaf_index"] >= signed["tree_size"]:
-        print(f"{args.record}: not in a checkpoint yet", file=sys.stderr)
+    try:
+        stream, seq = proofs.parse_record(args.record)
+        return _json(await proofs.inclusion_document(conn, stream, seq, args.size))
+    except proofs.NotProvable as exc:
+        print(f"opgate audit prove: {exc}", file=sys.stderr)
         return 1
-    size = signed["tree_size"]
-    proof = await integrator.inclusion(conn, leaf["leaf_index"], size)
-    record_hash = bytes(leaf["record_hash"])
-    return _json(
-        {
-            "stream": stream,
-            "seq": int(seq_text),
-            "record_hash": record_hash.hex(),
-            "leaf_index": leaf["leaf_index"],
-            "leaf_hash": _b64(integrator.record_leaf(record_hash)),
-            "tree_size": size,
-            "inclusion": [_b64(p) for p in proof],
-            "checkpoint": signed["note"],
-        }
-    )
 
 
 async def _consistency(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
-    old = await tstore.checkpoint_at(conn, args.old)
-    new = await tstore.checkpoint_at(conn, args.new)
-    if old is None or new is None or args.old > args.new:
-        print(
-            "opgate audit consistency: give the sizes of two checkpoints, OLD <= NEW",
-            file=sys.stderr,
-        )
-        return 2
-    proof = await integrator.consistency(conn, args.old, args.new)
-    return _json(
-        {
-            "old": {"tree_size": args.old, "checkpoint": old["note"]},
-            "new": {"tree_size": args.new, "checkpoint": new["note"]},
-            "consistency": [_b64(p) for p in proof],
-        }
-    )
+    try:
+        return _json(await proofs.consistency_document(conn, args.old, args.new))
+    except proofs.NotProvable as exc:
+        print(f"opgate audit consistency: {exc}", file=sys.stderr)
+        return 1
 
 
 async def _bundle(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
