@@ -16,7 +16,6 @@ from aiohttp import web
 from proxy.gate.gateway import GATEWAY
 from proxy.gate.problem import admin_problem
 from proxy.observe.auditlog import bundle, proofs
-from proxy.transparency import note
 
 
 def _size(request: web.Request, name: str, default: int | None = None) -> int | None:
@@ -72,7 +71,7 @@ async def audit_bundle(request: web.Request) -> web.Response:
     if signer is None or not operation_id:
         return _not_provable(proofs.NotProvable("no transparency_key, or no operation named"))
     settings = gateway.settings
-    witnesses = [note.Verifier.from_vkey(w.vkey) for w in settings.audit_witnesses]
+    witnesses = [w.vkey for w in settings.audit_witnesses]
     try:
         made = await gateway.store.run(
             lambda conn: bundle.build(

@@ -160,11 +160,7 @@ async def test_witnesses_cosign_and_a_bundle_counts_the_quorum(
         await witnesses.close()
     assert await cosigners(store) == ["w1.test", "w1.test", "w2.test", "w2.test"]
     keys = [w.vkey for w in two_witnesses]
-    made = await store.run(
-        lambda conn: build(
-            conn, OPERATION, SIGNER.verifier(), [note.Verifier.from_vkey(k) for k in keys], 2
-        )
-    )
+    made = await store.run(lambda conn: build(conn, OPERATION, SIGNER.verifier(), keys, 2))
     report = verify(made, SIGNER.verifier().vkey(), keys, 2)
     assert report.breaks == []
     assert report.cosigners == ["w1.test", "w2.test"]

@@ -42,10 +42,11 @@ async def build(
     conn: asyncpg.Connection,
     operation_id: str,
     log: note.Verifier,
-    witnesses: Sequence[note.Verifier],
+    witness_keys: Sequence[str],
     quorum: int,
 ) -> dict[str, Any]:
-    """The operation's records with their inclusion proofs in the latest checkpoint."""
+    """The operation's records with their inclusion proofs in the latest checkpoint (the
+    witnesses' vkeys and the quorum are recorded for the reviewer)."""
     latest = await tstore.latest_checkpoint(conn)
     if latest is None:
         raise BundleError("no checkpoint yet: is the integrator running (transparency_key)?")
@@ -91,7 +92,7 @@ async def build(
         "format": FORMAT,
         "operation_id": operation_id,
         "log": log.vkey(),
-        "witnesses": [w.vkey() for w in witnesses],
+        "witnesses": [note.Verifier.from_vkey(k).vkey() for k in witness_keys],
         "quorum": quorum,
         "checkpoint": rendered,
         "records": records,

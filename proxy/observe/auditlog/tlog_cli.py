@@ -125,7 +125,7 @@ async def _bundle(conn: asyncpg.Connection, args: argparse.Namespace, settings: 
     else:
         print("opgate audit bundle: give --log-key or configure transparency_key", file=sys.stderr)
         return 2
-    witnesses = [note.Verifier.from_vkey(w.vkey) for w in settings.audit_witnesses]
+    witnesses = [w.vkey for w in settings.audit_witnesses]
     try:
         made = await bundle.build(
             conn, args.operation, log, witnesses, settings.audit_witness_quorum
