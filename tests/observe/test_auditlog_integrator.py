@@ -6,19 +6,26 @@ proofs read from the stored nodes verify against them."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
 import asyncpg
 import pytest_asyncio
 
 from proxy.observe.auditlog import integrator
 from proxy.observe.auditlog.chain import StoredRecord
+from proxy.observe.auditlog.verify import verify
 from proxy.store import audit
 from proxy.store import transparency as tstore
+from proxy.store.migrate import load_migrations, migrate
 from proxy.transparency import merkle, note
 from proxy.transparency.checkpoint import open_checkpoint
+from tests.support.postgres import dsn_for_database
 
 SIGNER = note.Signer.generate("opgate.test/audit")
+TRANSPARENCY_MIGRATION = 16  # 0016_transparency.sql
+BEGINNING, END = datetime(1970, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC)
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -122,3 +129,57 @@ async def test_one_integrator_at_a_time(conn: asyncpg.Connection, database_url: 
         assert done.size == 1
     finally:
         await other.close()
+
+
+async def test_a_database_holding_old_chains_is_migrated_and_integrated(
+    pg_server_dsn: str,
+) -> None:
+    """Chains written before migration 0016 (no transaction id) keep verifying after it, and
+    the first round makes them the tree's first leaves, before the records written after."""
+    name = "opgate_premigration_" + os.urandom(6).hex()
+    admin = await asyncpg.connect(pg_server_dsn)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    url = dsn_for_database(pg_server_dsn, name)
+    try:
+        old = await asyncpg.connect(url)
+        try:
+            await old.execute(
+                "CREATE TABLE opgate_migrations (number integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            for migration in load_migrations():
+                if migration.number < TRANSPARENCY_MIGRATION:
+                    await old.execute(migration.sql)
+                    await old.execute(
+                        "INSERT INTO opgate_migrations (number, name) VALUES ($1, $2)",
+                        migration.number,
+                        migration.name,
+                    )
+            await append(old, "requests/old", audit.MANY_RECORDS + 2)
+            await append(old, "policy", 1)
+        finally:
+            await old.close()
+        assert await migrate(url) == [TRANSPARENCY_MIGRATION]
+        conn = await asyncpg.connect(url)
+        try:
+            await append(conn, "requests/new", 2)
+            done = await integrator.integrate(conn, SIGNER)
+            assert done is not None
+            assert done.size == audit.MANY_RECORDS + 5
+            leaves = await conn.fetch("SELECT stream FROM transparency_leaves ORDER BY leaf_index")
+            assert [r["stream"] for r in leaves][-2:] == ["requests/new", "requests/new"]
+            for record in await stored(conn):
+                leaf = await tstore.leaf(conn, record.stream, record.seq)
+                assert leaf is not None
+                proof = await integrator.inclusion(conn, leaf["leaf_index"], done.size)
+                digest = integrator.record_leaf(record.expected_hash())
+                assert merkle.verify_inclusion(
+                    digest, leaf["leaf_index"], done.size, proof, done.root
+                )
+            report = await verify(conn, BEGINNING, END, key=None, whole_log=True)
+            assert report.first_break() is None
+        finally:
+            await conn.close()
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
