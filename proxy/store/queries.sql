@@ -1009,4 +1009,17 @@ SELECT l.stream, l.seq, NULL, NULL, NULL, NULL, NULL, NULL, l.leaf_index, l.reco
    AND NOT EXISTS (SELECT 1 FROM audit_log a WHERE a.stream = l.stream AND a.seq = l.seq)
  ORDER BY 1, 2;
 
+-- name: transparency_leaves_with_records
+-- Every leaf in index order, with its record as stored now (record columns NULL: gone), for
+-- `opgate audit verify-tree` (a cursor, in a repeatable-read transaction).
+SELECT l.leaf_index, l.stream, l.seq, l.record_hash, a.at, a.kind, a.operation_id,
+       a.record::text AS record, a.prev_hash, a.hash
+  FROM transparency_leaves l LEFT JOIN audit_log a USING (stream, seq)
+ ORDER BY l.leaf_index;
+
+-- name: transparency_unintegrated
+-- How many records have no leaf yet, and when the oldest of them was written.
+SELECT count(*) AS records, min(a.at) AS oldest
+  FROM audit_log a
+ WHERE NOT EXISTS (SELECT 1 FROM transparency_leaves l WHERE l.stream = a.stream AND l.seq = a.seq);
 -- ========================================================================= end transparency

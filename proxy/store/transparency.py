@@ -10,7 +10,7 @@ Each function takes the connection: a round is several statements in one transac
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
 
 import asyncpg
@@ -125,3 +125,17 @@ async def operation_records(conn: asyncpg.Connection, operation_id: str) -> list
         QUERIES["transparency_operation_records"], operation_id
     )
     return rows
+
+
+async def leaves_with_records(conn: asyncpg.Connection) -> AsyncIterator[asyncpg.Record]:
+    """Every leaf with its record as stored now, in index order (a cursor: in the caller's
+    transaction)."""
+    async for row in conn.cursor(QUERIES["transparency_leaves_with_records"]):
+        yield row
+
+
+async def unintegrated(conn: asyncpg.Connection) -> asyncpg.Record:
+    """(records, oldest): the records without a leaf yet."""
+    row: asyncpg.Record | None = await conn.fetchrow(QUERIES["transparency_unintegrated"])
+    assert row is not None
+    return row

@@ -16,10 +16,10 @@ import asyncpg
 import pytest_asyncio
 
 from proxy.observe.auditlog import integrator
-from proxy.observe.auditlog.chain import GENESIS, record_hash
 from proxy.store import audit
 from proxy.transparency import note
 from tests.support.paths import REPO
+from tests.support.tamper import rechain
 
 OPERATION = "op_bundle_test"
 SIGNER = note.Signer.generate("opgate.test/audit")
@@ -87,38 +87,6 @@ def verify_offline(path: Path, tmp_path: Path) -> subprocess.CompletedProcess[st
         cwd=tmp_path,
         timeout=120,
         check=False,
-    )
-
-
-async def rechain(conn: asyncpg.Connection, stream: str) -> None:
-    """What a DBA can do without opgate's key: recompute every hash of a stream (SHA-256 needs
-    no key), and its head, so that `opgate audit verify` sees an intact chain."""
-    rows = await conn.fetch(
-        "SELECT seq, at, kind, operation_id, record::text AS record FROM audit_log"
-        " WHERE stream = $1 ORDER BY seq",
-        stream,
-    )
-    previous = GENESIS
-    for row in rows:
-        digest = record_hash(
-            previous,
-            stream,
-            row["seq"],
-            row["at"],
-            row["kind"],
-            row["operation_id"],
-            row["record"],
-        )
-        await conn.execute(
-            "UPDATE audit_log SET prev_hash = $3, hash = $4 WHERE stream = $1 AND seq = $2",
-            stream,
-            row["seq"],
-            previous,
-            digest,
-        )
-        previous = digest
-    await conn.execute(
-        "UPDATE audit_heads SET seq = $2, hash = $3 WHERE stream = $1", stream, len(rows), previous
     )
 
 

@@ -3,6 +3,7 @@
     opgate audit checkpoint                      the latest signed checkpoint, with cosignatures
     opgate audit prove STREAM:SEQ [--size N]     a record's inclusion proof (JSON)
     opgate audit consistency OLD NEW             a consistency proof between two tree sizes
+    opgate audit verify-tree [--log-key K]       the stored records against the signed tree
     opgate audit bundle --operation OP [-o F]    offline evidence for one operation
     opgate audit verify-bundle F [--log-key K]   check a bundle: no database, no settings
     opgate audit witness --key F --log K ...     a minimal C2SP tlog-witness (its own process)
@@ -28,6 +29,7 @@ import asyncpg
 from aiohttp import web
 
 from proxy.observe.auditlog import bundle, proofs
+from proxy.observe.auditlog.treecheck import check_tree
 from proxy.observe.auditlog.witness_server import WitnessState, witness_app
 from proxy.observe.observer import transparency_signer
 from proxy.settings import Secrets
@@ -54,6 +56,11 @@ def add_transparency_commands(
     consistency.add_argument("old", type=int)
     consistency.add_argument("new", type=int)
     consistency.set_defaults(handler=run(_consistency))
+
+    tree = commands.add_parser("verify-tree", help="the stored records against the signed tree")
+    flags(tree)
+    tree.add_argument("--log-key", help="the log's vkey (default: from transparency_key)")
+    tree.set_defaults(handler=run(_verify_tree))
 
     make = commands.add_parser("bundle", help="offline evidence for one operation")
     flags(make)
@@ -116,14 +123,43 @@ async def _consistency(conn: asyncpg.Connection, args: argparse.Namespace, setti
         return 1
 
 
-async def _bundle(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
-    signer = transparency_signer(Secrets(settings.secrets_dir))
+def _log_key(args: argparse.Namespace, settings: Any) -> note.Verifier | None:
     if args.log_key is not None:
-        log = note.Verifier.from_vkey(args.log_key)
-    elif signer is not None:
-        log = signer.verifier()
-    else:
-        print("opgate audit bundle: give --log-key or configure transparency_key", file=sys.stderr)
+        return note.Verifier.from_vkey(args.log_key)
+    signer = transparency_signer(Secrets(settings.secrets_dir))
+    if signer is None:
+        print("opgate audit: give --log-key or configure transparency_key", file=sys.stderr)
+        return None
+    return signer.verifier()
+
+
+async def _verify_tree(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+    log = _log_key(args, settings)
+    if log is None:
+        return 2
+    report = await check_tree(conn, log, [w.vkey for w in settings.audit_witnesses])
+    summary = (
+        f"{report.leaves} leaves, cosigned by {len(report.cosigners)} witnesses"
+        f" ({', '.join(report.cosigners) or '-'})"
+    )
+    if report.pending:
+        assert report.oldest_pending is not None
+        summary += (
+            f"; {report.pending} records not integrated yet (oldest written"
+            f" {report.oldest_pending.isoformat()}): not covered by any checkpoint"
+        )
+    if report.breaks:
+        print(f"BROKEN: {len(report.breaks)} problems; {summary}")
+        for line in report.breaks[:50]:
+            print(f"  {line}")
+        return 1
+    print(f"ok: {summary}")
+    return 0
+
+
+async def _bundle(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+    log = _log_key(args, settings)
+    if log is None:
         return 2
     witnesses = [w.vkey for w in settings.audit_witnesses]
     try:
