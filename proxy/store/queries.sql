@@ -1009,6 +1009,16 @@ SELECT l.stream, l.seq, NULL, NULL, NULL, NULL, NULL, NULL, l.leaf_index, l.reco
    AND NOT EXISTS (SELECT 1 FROM audit_log a WHERE a.stream = l.stream AND a.seq = l.seq)
  ORDER BY 1, 2;
 
+-- name: transparency_records_between
+-- Every record written in [$1, $2) (by `at`), optionally only those of operation $3 (its
+-- stream, and the requests naming it), with its leaf (NULL: not integrated yet).
+SELECT a.stream, a.seq, a.at, a.kind, a.operation_id, a.record::text AS record, a.prev_hash,
+       a.hash, l.leaf_index, l.record_hash
+  FROM audit_log a LEFT JOIN transparency_leaves l USING (stream, seq)
+ WHERE a.at >= $1 AND a.at < $2
+   AND ($3::text IS NULL OR a.operation_id = $3 OR a.stream = $3)
+ ORDER BY a.stream, a.seq;
+
 -- name: transparency_leaves_with_records
 -- Every leaf in index order, with its record as stored now (record columns NULL: gone), for
 -- `opgate audit verify-tree` (a cursor, in a repeatable-read transaction).

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 import asyncpg
 
@@ -123,6 +124,16 @@ async def operation_records(conn: asyncpg.Connection, operation_id: str) -> list
     (their record columns NULL)."""
     rows: list[asyncpg.Record] = await conn.fetch(
         QUERIES["transparency_operation_records"], operation_id
+    )
+    return rows
+
+
+async def records_between(
+    conn: asyncpg.Connection, since: datetime, until: datetime, operation_id: str | None
+) -> list[asyncpg.Record]:
+    """The records written in [since, until) (of one operation, if named), with their leaves."""
+    rows: list[asyncpg.Record] = await conn.fetch(
+        QUERIES["transparency_records_between"], since, until, operation_id
     )
     return rows
 

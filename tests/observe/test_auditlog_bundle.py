@@ -174,3 +174,30 @@ async def test_a_bundle_signed_by_another_key_is_refused(
     checked = verify_offline(path, tmp_path)
     assert checked.returncode == 1
     assert "checkpoint: no signature by a known key" in checked.stdout
+
+
+async def test_a_window_bundle_proves_every_record_written_in_it(
+    conn: asyncpg.Connection, database_url: str, tmp_path: Path
+) -> None:
+    """``--since/--until`` without an operation: every record written in the window, each
+    proven on its own (a window need not start a stream, so no chain is required)."""
+    path = tmp_path / "window.bundle.json"
+    made = opgate(
+        "bundle",
+        "--since",
+        "1970-01-01T00:00:00Z",
+        "--until",
+        "9999-01-01T00:00:00Z",
+        "--database-url",
+        database_url,
+        "--log-key",
+        VKEY,
+        "-o",
+        str(path),
+    )
+    assert made.returncode == 0, made.stderr
+    checked = verify_offline(path, tmp_path)
+    assert checked.returncode == 0, checked.stdout
+    assert "ok: 5 records proven in a checkpoint of 5 records" in checked.stdout
+    alone = opgate("bundle", "--since", "1970-01-01T00:00:00Z", "--database-url", database_url)
+    assert alone.returncode == 2

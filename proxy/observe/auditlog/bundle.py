@@ -40,13 +40,17 @@ class BundleError(ValueError):
 
 async def build(
     conn: asyncpg.Connection,
-    operation_id: str,
+    operation_id: str | None,
     log: note.Verifier,
     witness_keys: Sequence[str],
     quorum: int,
+    window: tuple[datetime, datetime] | None = None,
 ) -> dict[str, Any]:
-    """The operation's records with their inclusion proofs in the latest checkpoint (the
-    witnesses' vkeys and the quorum are recorded for the reviewer)."""
+    """The operation's records (or, with ``window``, the records written in [since, until),
+    of the operation if one is named) with their inclusion proofs in the latest checkpoint
+    (the witnesses' vkeys and the quorum are recorded for the reviewer)."""
+    if operation_id is None and window is None:
+        raise BundleError("name an operation, or a time window")
     latest = await tstore.latest_checkpoint(conn)
     if latest is None:
         raise BundleError("no checkpoint yet: is the integrator running (transparency_key)?")
@@ -59,7 +63,12 @@ async def build(
     ]
     rendered = note.Note(checkpoint.text, (*checkpoint.signatures, *cosigned)).render()
     records, missing = [], []
-    for row in await tstore.operation_records(conn, operation_id):
+    if window is None:
+        assert operation_id is not None
+        rows = await tstore.operation_records(conn, operation_id)
+    else:
+        rows = await tstore.records_between(conn, *window, operation_id)
+    for row in rows:
         index = row["leaf_index"]
         if row["hash"] is None:
             missing.append(
@@ -91,6 +100,8 @@ async def build(
     return {
         "format": FORMAT,
         "operation_id": operation_id,
+        "since": window[0].isoformat() if window else None,
+        "until": window[1].isoformat() if window else None,
         "log": log.vkey(),
         "witnesses": [note.Verifier.from_vkey(k).vkey() for k in witness_keys],
         "quorum": quorum,
@@ -182,8 +193,9 @@ def verify(
             f"stream {missing['stream']} seq {missing['seq']}: the log holds leaf"
             f" {missing['leaf_index']} for it, but the record is gone (deleted)"
         )
-    chain = sorted(by_stream.get(str(operation_id), []), key=lambda r: r.seq)
-    _check_chain(chain, {int(m["seq"]) for m in bundle.get("missing", ())}, report)
+    if bundle.get("since") is None:  # a window need not hold a stream's first record
+        chain = sorted(by_stream.get(str(operation_id), []), key=lambda r: r.seq)
+        _check_chain(chain, {int(m["seq"]) for m in bundle.get("missing", ())}, report)
     return report
 
 

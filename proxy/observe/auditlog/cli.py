@@ -101,7 +101,7 @@ def add_audit_commands(commands: Any) -> None:
     )
     prune.set_defaults(handler=_run(_prune))
 
-    add_transparency_commands(audit_commands, _run, _flags)  # tlog_cli.py
+    add_transparency_commands(audit_commands, _run, _flags, _time)  # tlog_cli.py
 
 
 def _flags(parser: argparse.ArgumentParser) -> None:

@@ -5,6 +5,7 @@
     opgate audit consistency OLD NEW             a consistency proof between two tree sizes
     opgate audit verify-tree [--log-key K]       the stored records against the signed tree
     opgate audit bundle --operation OP [-o F]    offline evidence for one operation
+    opgate audit bundle --since T --until T      ... for what was written in a window
     opgate audit verify-bundle F [--log-key K]   check a bundle: no database, no settings
     opgate audit witness --key F --log K ...     a minimal C2SP tlog-witness (its own process)
     opgate audit new-key NAME [--cosigner] -o F  an Ed25519 key: the log's, or a witness's
@@ -22,6 +23,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +41,12 @@ Runner = Callable[[Any], Callable[[argparse.Namespace], int]]
 
 
 def add_transparency_commands(
-    commands: Any, run: Runner, flags: Callable[[argparse.ArgumentParser], None]
+    commands: Any,
+    run: Runner,
+    flags: Callable[[argparse.ArgumentParser], None],
+    time: Callable[[str], datetime],
 ) -> None:
+    _time = time
     latest = commands.add_parser("checkpoint", help="the latest signed checkpoint")
     flags(latest)
     latest.set_defaults(handler=run(_checkpoint))
@@ -64,7 +70,9 @@ def add_transparency_commands(
 
     make = commands.add_parser("bundle", help="offline evidence for one operation")
     flags(make)
-    make.add_argument("--operation", required=True, metavar="OP")
+    make.add_argument("--operation", metavar="OP", help="its records (default: all, in a window)")
+    make.add_argument("--since", type=_time, help="records written at or after (with --until)")
+    make.add_argument("--until", type=_time, help="records written before")
     make.add_argument("--log-key", help="the log's vkey (default: from transparency_key)")
     make.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
     make.set_defaults(handler=run(_bundle))
@@ -162,9 +170,16 @@ async def _bundle(conn: asyncpg.Connection, args: argparse.Namespace, settings: 
     if log is None:
         return 2
     witnesses = [w.vkey for w in settings.audit_witnesses]
+    if (args.since is None) != (args.until is None) or (args.operation is None and not args.since):
+        print(
+            "opgate audit bundle: give --operation, --since and --until, or all three",
+            file=sys.stderr,
+        )
+        return 2
+    window = (args.since, args.until) if args.since else None
     try:
         made = await bundle.build(
-            conn, args.operation, log, witnesses, settings.audit_witness_quorum
+            conn, args.operation, log, witnesses, settings.audit_witness_quorum, window
         )
     except bundle.BundleError as exc:
         print(f"opgate audit bundle: {exc}", file=sys.stderr)
@@ -175,7 +190,7 @@ async def _bundle(conn: asyncpg.Connection, args: argparse.Namespace, settings: 
     else:
         sys.stdout.write(text)
     print(
-        f"{len(made['records'])} records of {args.operation}; checkpoint of"
+        f"{len(made['records'])} records; checkpoint of"
         f" {made['checkpoint'].splitlines()[1]} records",
         file=sys.stderr,
     )
