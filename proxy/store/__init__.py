@@ -6,7 +6,8 @@ that ended its call cleanly handed to the next call), the ``embedded`` server fo
 mean the store cannot be reached or used (one classification for every caller that runs SQL),
 ``dsn``, whether a database URL follows the primary, ``replication``, whether a commit
 survives a failover, and the statements of the rooms above, one module per job: ``audit``
-(the audit log's appends, checkpoints and reads), ``console`` (the console's sessions and
+(the audit log's appends, checkpoints and reads), ``transparency`` (the Merkle tree's leaves,
+nodes, signed checkpoints and cosignatures), ``console`` (the console's sessions and
 pages) and ``metrics`` (the scrape's counts). No other package runs SQL.
 
 May import: errors only. Imported by every other package.
