@@ -717,13 +717,15 @@ SELECT a.stream, a.seq, a.at, a.kind, a.operation_id, a.record::text AS record, 
 
 -- name: audit_reviewer_grants
 -- The statements that make role $1 a read-only audit reviewer: it may read the audit tables
--- (what `opgate audit verify|show|export` read) and nothing else: not the operations (their
+-- (what `opgate audit verify|show|export|verify-tree|prove|bundle` read) and nothing else: not the operations (their
 -- idempotency keys and parameters), and it can write nothing. PostgreSQL quotes the name.
 SELECT format(statement, current_schema(), $1::text) AS statement
   FROM (VALUES
     (1, 'GRANT USAGE ON SCHEMA %I TO %I'),
     (2, 'GRANT SELECT ON %1$I.audit_log, %1$I.audit_heads, %1$I.audit_checkpoints,'
-        ' %1$I.audit_instances, %1$I.audit_instance_runs TO %2$I')
+        ' %1$I.audit_instances, %1$I.audit_instance_runs, %1$I.transparency_leaves,'
+        ' %1$I.transparency_nodes, %1$I.transparency_checkpoints,'
+        ' %1$I.transparency_cosignatures TO %2$I')
   ) AS g (position, statement)
  ORDER BY position;
 -- =============================================================================== end audit
