@@ -154,6 +154,11 @@ def verify(
     log = note.Verifier.from_vkey(log_key or bundle["log"])
     witnesses = [note.Verifier.from_vkey(k) for k in witness_keys or bundle["witnesses"]]
     needed = quorum if quorum is not None else int(bundle.get("quorum", 0))
+    if needed and not witness_keys:
+        report.notes.append(
+            "the witnesses' keys were taken from the bundle itself: pass --witness-key for each"
+            " witness you trust, or the cosignatures prove nothing"
+        )
     try:
         opened = open_checkpoint(bundle["checkpoint"], log, witnesses)
     except note.NoteError as exc:

@@ -259,7 +259,11 @@ def _new_key(args: argparse.Namespace) -> int:
     except note.NoteError as exc:
         print(f"opgate audit new-key: {exc}", file=sys.stderr)
         return 2
-    descriptor = os.open(args.output, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        descriptor = os.open(args.output, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        print(f"opgate audit new-key: {args.output} exists (never overwritten)", file=sys.stderr)
+        return 2
     with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
         handle.write(signer.skey() + "\n")
     print(signer.verifier().vkey())
