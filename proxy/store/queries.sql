@@ -918,25 +918,24 @@ SELECT pg_try_advisory_xact_lock(7308604897068083317) AS locked;
 
 -- name: transparency_state
 -- The tree's size and the integrator's floor (the row locked: one writer per round).
-SELECT tree_size, floor_txid::text AS floor_txid FROM transparency_state FOR UPDATE;
+SELECT tree_size, floor_txid FROM transparency_state FOR UPDATE;
 
 -- name: transparency_pending
 -- Up to $2 visible records at or above the floor $1 without a leaf, in index order, with the
 -- oldest transaction still running when this statement's snapshot was taken (xmin: no row
 -- below it can appear any more). Always one row at least (record columns NULL: none).
-WITH snapshot AS (SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS xmin)
+WITH snapshot AS (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin)
 SELECT snapshot.xmin, p.txid, p.stream, p.seq, p.hash
   FROM snapshot LEFT JOIN LATERAL (
-        SELECT COALESCE(a.txid, '0'::xid8)::text AS txid, a.stream, a.seq, a.hash,
-               COALESCE(a.txid, '0'::xid8) AS position
+        SELECT COALESCE(a.txid, 0) AS txid, a.stream, a.seq, a.hash
           FROM audit_log a
-         WHERE COALESCE(a.txid, '0'::xid8) >= $1::text::xid8
+         WHERE COALESCE(a.txid, 0) >= $1::bigint
            AND NOT EXISTS (SELECT 1 FROM transparency_leaves l
                             WHERE l.stream = a.stream AND l.seq = a.seq)
-         ORDER BY COALESCE(a.txid, '0'::xid8), a.stream, a.seq
+         ORDER BY COALESCE(a.txid, 0), a.stream, a.seq
          LIMIT $2
        ) p ON true
- ORDER BY p.position, p.stream, p.seq;
+ ORDER BY p.txid, p.stream, p.seq;
 
 -- name: transparency_nodes_at
 -- The stored nodes at the positions $1 (JSON [[level, index], ...]).
@@ -961,7 +960,7 @@ WITH leaves AS (
     SELECT * FROM unnest($5::smallint[], $6::bigint[], $7::bytea[])
 )
 UPDATE transparency_state
-   SET tree_size = $8, floor_txid = $9::text::xid8;
+   SET tree_size = $8, floor_txid = $9;
 
 -- name: transparency_insert_checkpoint
 -- A signed checkpoint of the tree at size $1 (root $2, the signed note $3).

@@ -21,11 +21,10 @@ from proxy.store.queries import QUERIES
 
 @dataclass(frozen=True)
 class State:
-    """The tree's size, and the transaction id (xid8, as text) below which every record is a
-    leaf."""
+    """The tree's size, and the transaction id below which every record is a leaf."""
 
     tree_size: int
-    floor_txid: str
+    floor_txid: int
 
 
 @dataclass(frozen=True)
@@ -34,7 +33,7 @@ class Pending:
     when they were read."""
 
     records: list[asyncpg.Record]
-    xmin: str
+    xmin: int
 
 
 async def try_lock(conn: asyncpg.Connection) -> bool:
@@ -49,7 +48,7 @@ async def state(conn: asyncpg.Connection) -> State:
     return State(row["tree_size"], row["floor_txid"])
 
 
-async def pending(conn: asyncpg.Connection, floor_txid: str, limit: int) -> Pending:
+async def pending(conn: asyncpg.Connection, floor_txid: int, limit: int) -> Pending:
     """Visible records at or above the floor without a leaf, in index order."""
     rows = await conn.fetch(QUERIES["transparency_pending"], floor_txid, limit)
     return Pending([r for r in rows if r["stream"] is not None], rows[0]["xmin"])
@@ -69,7 +68,7 @@ async def append(
     first_index: int,
     leaves: Sequence[tuple[str, int, bytes]],
     nodes: Sequence[tuple[int, int, bytes]],
-    floor_txid: str,
+    floor_txid: int,
 ) -> None:
     """A round's leaves (stream, seq, record hash) from ``first_index`` on, its new nodes
     (level, index, hash), and the new floor, in one statement."""

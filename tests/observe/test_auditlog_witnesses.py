@@ -218,7 +218,7 @@ async def test_a_resigned_rewrite_is_refused_by_a_witness(
                 "TRUNCATE transparency_cosignatures, transparency_checkpoints,"
                 " transparency_leaves, transparency_nodes"
             )
-            await conn.execute("UPDATE transparency_state SET tree_size = 0, floor_txid = '0'")
+            await conn.execute("UPDATE transparency_state SET tree_size = 0, floor_txid = 0")
 
         await store.run(rewrite)
         with capture_logs() as logs:

@@ -13,9 +13,12 @@
 -- join is by primary key). Rows written before this migration have no txid and count as txid
 -- 0; the column has no default value for them, so adding it rewrites nothing.
 
-ALTER TABLE audit_log ADD COLUMN txid xid8;
-ALTER TABLE audit_log ALTER COLUMN txid SET DEFAULT pg_current_xact_id();
-CREATE INDEX audit_log_integration ON audit_log ((COALESCE(txid, '0'::xid8)), stream, seq);
+-- The txid is kept as a bigint (an xid8 is a 64-bit counter that never wraps), for a BRIN
+-- index: rows arrive in txid order, so the index costs next to nothing per record, and the
+-- newest pages (not summarized yet) are the ones a round reads anyway.
+ALTER TABLE audit_log ADD COLUMN txid bigint;
+ALTER TABLE audit_log ALTER COLUMN txid SET DEFAULT pg_current_xact_id()::text::bigint;
+CREATE INDEX audit_log_integration ON audit_log USING brin ((COALESCE(txid, 0)));
 
 -- The leaves: which record each index holds, and the record's hash when it was integrated
 -- (what the tree commits to: a row rewritten later no longer matches its leaf).
@@ -40,7 +43,7 @@ CREATE TABLE transparency_nodes (
 CREATE TABLE transparency_state (
     singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     tree_size  bigint  NOT NULL DEFAULT 0,
-    floor_txid xid8    NOT NULL DEFAULT '0'
+    floor_txid bigint  NOT NULL DEFAULT 0
 );
 INSERT INTO transparency_state DEFAULT VALUES;
 
