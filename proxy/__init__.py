@@ -12,5 +12,6 @@ The folders are the architecture; dependencies point down this list, never up
     observe/      the audit record, the tamper-evident audit log, traces, metrics, logs
     policy/       the policy model: files, loading, lint, hot reload
     store/        PostgreSQL: every query, migrations, the embedded server
+    transparency/ RFC 6962 trees, C2SP notes, checkpoints, witnesses: pure, imports nothing
     settings, errors   configuration and the exception tree, imported by all
 """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -186,6 +187,9 @@ def _serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level)
     if args.dev:
         creds = dev_credentials(settings.data_dir)
+        # the audit log's signing key, unless one is configured (read as a secret: Secrets)
+        if not (settings.secrets_dir and (settings.secrets_dir / "transparency_key").is_file()):
+            os.environ.setdefault("OPGATE_SECRET_TRANSPARENCY_KEY", creds["transparency_key"])
         explicit = settings.model_dump(exclude_unset=True)
         settings = type(settings)(**dev_overrides(creds, explicit))
         print(

@@ -1,8 +1,10 @@
 """``opgate serve --dev``: a local trial with nothing configured by hand.
 
-Generates an admin token and one demo agent token (tenant ``demo``) once, keeps them in
+Generates an admin token, one demo agent token (tenant ``demo``) and the audit log's Ed25519
+signing key (so that dev has signed checkpoints too: docs/audit.md) once, keeps them in
 ``<data_dir>/dev-credentials.json`` (mode 0600), and reuses them on the next start. Never for
-production: real deployments configure token digests (``opgate token new``).
+production: real deployments configure token digests (``opgate token new``) and their own key
+(``opgate audit new-key``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.gate.identity import new_token, token_digest
+from proxy.transparency.note import Signer
 
 DEV_AGENT_ID = "demo-agent"
 DEV_TENANT = "demo"
@@ -32,12 +35,16 @@ def stored_dev_credentials(data_dir: Path) -> dict[str, str] | None:
 
 
 def dev_credentials(data_dir: Path) -> dict[str, str]:
-    stored = stored_dev_credentials(data_dir)
-    if stored is not None:
-        return stored
     path = dev_credentials_file(data_dir)
+    creds: dict[str, str] = stored_dev_credentials(data_dir) or {}
+    if "transparency_key" in creds:
+        return creds
+    if creds:
+        path.unlink()  # made before dev mode had a key: the same tokens, and a key
     data_dir.mkdir(parents=True, exist_ok=True)
-    creds = {"admin_token": new_token(), "agent_token": new_token()}
+    creds.setdefault("admin_token", new_token())
+    creds.setdefault("agent_token", new_token())
+    creds["transparency_key"] = Signer.generate(f"opgate.dev/{new_token()[:12]}").skey()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         json.dump(creds, handle)

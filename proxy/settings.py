@@ -96,6 +96,17 @@ class McpOAuth(BaseModel):
     jwks_cache_seconds: Annotated[float, Field(gt=0, le=86400)] = 300.0
 
 
+class WitnessConfig(BaseModel):
+    """A C2SP tlog-witness that cosigns the audit log's checkpoints (docs/audit.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # the submission prefix: checkpoints are POSTed to <url>/add-checkpoint
+    url: Annotated[str, Field(pattern=r"^https?://")]
+    # its cosigning key: <name>+<key id>+<base64(0x04 || Ed25519 public key)>
+    vkey: Annotated[str, Field(min_length=3)]
+
+
 def _host_port(value: str) -> str:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -316,6 +327,20 @@ class Settings(BaseSettings):
         60.0,
         description="How often the chain heads are signed (needs `OPGATE_SECRET_AUDIT_KEY` or "
         "`secrets_dir`).",
+    )
+    audit_integrate_seconds: Annotated[float, Field(gt=0, le=3600)] = Field(
+        1.0,
+        description="How often new audit records join the Merkle tree and a checkpoint is "
+        "signed (needs `OPGATE_SECRET_TRANSPARENCY_KEY` or `secrets_dir`; dev mode makes one).",
+    )
+    audit_witnesses: list[WitnessConfig] = Field(
+        default_factory=list,
+        description="C2SP tlog-witnesses asked to cosign each new checkpoint (`url`, `vkey`).",
+    )
+    audit_witness_quorum: Annotated[int, Field(ge=0)] = Field(
+        0,
+        description="Cosignatures that make a checkpoint witnessed (`opgate audit "
+        "verify-bundle` requires them).",
     )
     # One statement chains a batch more cheaply; what a SIGKILL can lose grows with it.
     audit_linger_seconds: Annotated[float, Field(ge=0, le=60)] = Field(

@@ -24,7 +24,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "settings": {"proxy"},
     "store": {"errors", "proxy"},
     "policy": {"errors", "proxy"},
-    "observe": {"policy", "store"} | BASE,
+    # the offline verifier runs from the wheel alone: nothing of opgate's
+    "transparency": {"proxy"},
+    "observe": {"policy", "store", "transparency"} | BASE,
     # the process's shared resources: holds the gate's, read by every package that serves
     "runtime": {"gate", "observe", "policy", "store"} | BASE,
     "gate": SERVES,

@@ -24,8 +24,10 @@ from opentelemetry.trace import StatusCode
 from proxy.errors import StoreUnavailable
 from proxy.observe.audit import AUDIT_SCHEMA_VERSION, REQUEST_OBSERVER, request_path
 from proxy.observe.auditlog import records
+from proxy.observe.auditlog.integrator import Integrator
 from proxy.observe.auditlog.redact import Redactor, set_log_redactor
 from proxy.observe.auditlog.storable import bounded_path, storable_text
+from proxy.observe.auditlog.witnesses import Witnesses
 from proxy.observe.auditlog.writer import Checkpointer, RequestRecordWriter
 from proxy.observe.metrics import (
     CONTENT_TYPE,
@@ -44,9 +46,12 @@ from proxy.policy.set import PolicySet
 from proxy.settings import Secrets, Settings
 from proxy.store.metrics import operation_counts
 from proxy.store.store import Store
+from proxy.transparency import note
 
 # The secret's NAME (OPGATE_SECRET_AUDIT_KEY or <secrets_dir>/audit_key), not its value.
 AUDIT_KEY_SECRET = "audit_key"  # noqa: S105
+# The transparency log's Ed25519 signer key (PRIVATE+KEY+<origin>+...: docs/audit.md).
+TRANSPARENCY_KEY_SECRET = "transparency_key"  # noqa: S105
 _VERSION = version("opgate")
 _UPSTREAM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 # Span attribute for each audit field that goes on the server span.
@@ -72,12 +77,18 @@ def audit_key(credentials: Secrets) -> bytes | None:
     return secret.encode("utf-8") if secret else None
 
 
+def transparency_signer(credentials: Secrets) -> note.Signer | None:
+    secret = credentials.secret(TRANSPARENCY_KEY_SECRET)
+    return note.Signer.from_skey(secret) if secret else None
+
+
 def configured_secrets(policy: PolicySet, credentials: Secrets) -> list[str]:
     """Every secret value this process holds: cut out of anything it writes anywhere."""
     names = {p.credential.secret for p in policy.providers if p.credential is not None}
     # webhook_key: the escalation webhooks' signing secret (proxy/recovery/webhooks.py)
     values = [
-        credentials.secret(name) for name in sorted(names | {AUDIT_KEY_SECRET, "webhook_key"})
+        credentials.secret(name)
+        for name in sorted(names | {AUDIT_KEY_SECRET, TRANSPARENCY_KEY_SECRET, "webhook_key"})
     ]
     return [v for v in values if v]
 
@@ -92,10 +103,13 @@ class Observability:
         set_log_redactor(self.redactor)
         self.telemetry = Telemetry(tracer_provider_from_environment())
         self.key = audit_key(credentials)
+        self.signer = transparency_signer(credentials)
         self._policy = policy
         self._store: Store | None = None
         self.writer: RequestRecordWriter | None = None
         self.checkpointer: Checkpointer | None = None
+        self.integrator: Integrator | None = None
+        self.witnesses: Witnesses | None = None
         self.requests = Counter(
             "opgate_requests_total",
             "Agent requests by decision and reason, and the provider and rule they matched.",
@@ -153,6 +167,12 @@ class Observability:
                 store, self.key, self.settings.instance_id, self.settings.audit_checkpoint_seconds
             )
             self.checkpointer.start()
+        if self.signer is not None:
+            self.witnesses = Witnesses(store, self.settings.audit_witnesses)
+            self.integrator = Integrator(
+                store, self.signer, self.settings.audit_integrate_seconds, self.witnesses
+            )
+            self.integrator.start()
 
     async def record_policy_event(
         self,
@@ -200,6 +220,10 @@ class Observability:
             await self.writer.close()
         if self.checkpointer is not None:
             await self.checkpointer.close()
+        if self.integrator is not None:
+            await self.integrator.close()
+        if self.witnesses is not None:
+            await self.witnesses.close()
         self.telemetry.shutdown()
 
     def admit(self, fields: dict[str, Any]) -> None:

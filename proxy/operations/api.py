@@ -31,6 +31,7 @@ from proxy.operations.approvals import (
     same_approval,
     supersession_problem,
 )
+from proxy.operations.audit_api import add_audit_routes
 from proxy.recovery.api import recovery_view, recovery_views
 from proxy.recovery.reconcile import reconcile_now
 from proxy.runtime import GATEWAY
@@ -381,5 +382,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/operations/{operation_id}", get_operation)
     app.router.add_post("/v1/operations/{operation_id}/revoke", revoke_operation)
     app.router.add_get("/v1/budgets", list_budgets)
+    add_audit_routes(app)  # /v1/audit/...: the transparency log for reviewers
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -7,8 +7,9 @@ rows as the store returns them, ``faults``, which errors mean the store cannot b
 used (one classification for every caller that runs SQL), ``dsn``, whether a database URL
 follows the primary, ``replication``, whether a commit survives a failover, and the statements
 of the rooms above, one module per job: ``audit`` (the audit log's appends, checkpoints and
-reads), ``console`` (the console's sessions and pages) and ``metrics`` (the scrape's counts).
-No other package runs SQL.
+reads), ``transparency`` (the Merkle tree's leaves, nodes, signed checkpoints and
+cosignatures), ``console`` (the console's sessions and pages) and ``metrics`` (the scrape's
+counts). No other package runs SQL.
 
 May import: errors only. Imported by every other package.
 """

@@ -742,13 +742,15 @@ SELECT a.stream, a.seq, a.at, a.kind, a.operation_id, a.record::text AS record, 
 
 -- name: audit_reviewer_grants
 -- The statements that make the role a read-only audit reviewer: it may read the audit tables
--- (what `opgate audit verify|show|export` read) and nothing else: not the operations (their
--- idempotency keys and parameters), and it can write nothing. PostgreSQL quotes the name.
+-- (what `opgate audit verify|show|export|verify-tree|prove|bundle` read) and nothing else: not
+-- the operations (their idempotency keys and parameters), and it can write nothing. PostgreSQL quotes the name.
 SELECT format(statement, current_schema(), %(role)s::text) AS statement
   FROM (VALUES
     (1, 'GRANT USAGE ON SCHEMA %I TO %I'),
     (2, 'GRANT SELECT ON %1$I.audit_log, %1$I.audit_heads, %1$I.audit_checkpoints,'
-        ' %1$I.audit_instances, %1$I.audit_instance_runs TO %2$I')
+        ' %1$I.audit_instances, %1$I.audit_instance_runs, %1$I.transparency_leaves,'
+        ' %1$I.transparency_nodes, %1$I.transparency_checkpoints,'
+        ' %1$I.transparency_cosignatures TO %2$I')
   ) AS g (position, statement)
  ORDER BY position;
 -- =============================================================================== end audit
@@ -971,3 +973,130 @@ SELECT proposal_id, 'approval_refused', status, status, %(actor)s,
 SELECT event_id, at, event, from_status, to_status, actor, detail::text AS detail
   FROM proposal_events WHERE proposal_id = %(proposal_id)s ORDER BY event_id;
 -- ============================================================================ end proposals
+
+-- ============================================================================= transparency
+-- The audit log as an RFC 6962 Merkle tree (migration 0018; proxy/store/transparency.py):
+-- the integrator's rounds, the proofs' nodes, checkpoints and cosignatures.
+
+-- name: transparency_try_lock
+-- One integrator at a time across replicas (until the transaction ends); the others skip.
+SELECT pg_try_advisory_xact_lock(7308604897068083317) AS locked;
+
+-- name: transparency_state
+-- The tree's size and the integrator's floor (the row locked: one writer per round).
+SELECT tree_size, floor_txid FROM transparency_state FOR UPDATE;
+
+-- name: transparency_pending
+-- Up to limit visible records at or above the floor floor_txid without a leaf, in index order, with the
+-- oldest transaction still running when this statement's snapshot was taken (xmin: no row
+-- below it can appear any more). Always one row at least (record columns NULL: none).
+WITH snapshot AS (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin)
+SELECT snapshot.xmin, p.txid, p.stream, p.seq, p.hash
+  FROM snapshot LEFT JOIN LATERAL (
+        SELECT COALESCE(a.txid, 0) AS txid, a.stream, a.seq, a.hash
+          FROM audit_log a
+         WHERE COALESCE(a.txid, 0) >= %(floor_txid)s::bigint
+           AND NOT EXISTS (SELECT 1 FROM transparency_leaves l
+                            WHERE l.stream = a.stream AND l.seq = a.seq)
+         ORDER BY COALESCE(a.txid, 0), a.stream, a.seq
+         LIMIT %(limit)s
+       ) p ON true
+ ORDER BY p.txid, p.stream, p.seq;
+
+-- name: transparency_nodes_at
+-- The stored nodes at the positions positions (JSON [[level, index], ...]).
+SELECT n.level, n.node_index, n.hash
+  FROM jsonb_to_recordset(
+         (SELECT jsonb_agg(jsonb_build_object('l', p -> 0, 'i', p -> 1))
+            FROM jsonb_array_elements(%(positions)s::jsonb) AS p)
+       ) AS want (l smallint, i bigint)
+  JOIN transparency_nodes n ON n.level = want.l AND n.node_index = want.i;
+
+-- name: transparency_append
+-- One round's new leaves (first_index first index; streams streams, seqs seqs, record_hashes record hashes), its new
+-- nodes (node_levels levels, node_indexes indexes, node_hashes hashes) and the new state (size size, floor_txid floor txid), in one
+-- statement.
+WITH leaves AS (
+    INSERT INTO transparency_leaves (leaf_index, stream, seq, record_hash)
+    SELECT %(first_index)s::bigint + ord - 1, stream, seq, record_hash
+      FROM unnest(%(streams)s::text[], %(seqs)s::bigint[], %(record_hashes)s::bytea[])
+           WITH ORDINALITY AS l (stream, seq, record_hash, ord)
+), nodes AS (
+    INSERT INTO transparency_nodes (level, node_index, hash)
+    SELECT * FROM unnest(%(node_levels)s::smallint[], %(node_indexes)s::bigint[], %(node_hashes)s::bytea[])
+)
+UPDATE transparency_state
+   SET tree_size = %(size)s, floor_txid = %(floor_txid)s;
+
+-- name: transparency_insert_checkpoint
+-- A signed checkpoint of the tree at size size (root root, the signed note note).
+INSERT INTO transparency_checkpoints (tree_size, root, note) VALUES (%(size)s, %(root)s, %(note)s)
+ON CONFLICT (tree_size) DO NOTHING;
+
+-- name: transparency_latest_checkpoint
+-- The newest checkpoint.
+SELECT tree_size, root, note, at FROM transparency_checkpoints
+ ORDER BY tree_size DESC LIMIT 1;
+
+-- name: transparency_checkpoint_at
+-- The checkpoint of size size, with its cosignature lines.
+SELECT c.tree_size, c.root, c.note, c.at,
+       COALESCE(array_agg(s.line ORDER BY s.witness) FILTER (WHERE s.line IS NOT NULL),
+                '{}') AS cosignatures
+  FROM transparency_checkpoints c
+  LEFT JOIN transparency_cosignatures s USING (tree_size)
+ WHERE c.tree_size = %(size)s
+ GROUP BY c.tree_size;
+
+-- name: transparency_insert_cosignature
+-- A witness's (witness) cosignature line (line) of the checkpoint of size size.
+INSERT INTO transparency_cosignatures (tree_size, witness, line) VALUES (%(size)s, %(witness)s, %(line)s)
+ON CONFLICT (tree_size, witness) DO NOTHING;
+
+-- name: transparency_witness_size
+-- The largest checkpoint the witness witness cosigned for us (0: none).
+SELECT COALESCE(max(tree_size), 0) AS tree_size FROM transparency_cosignatures
+ WHERE witness = %(witness)s;
+
+-- name: transparency_leaf
+-- The leaf of record (stream stream, seq seq), if integrated.
+SELECT leaf_index, record_hash FROM transparency_leaves WHERE stream = %(stream)s AND seq = %(seq)s;
+
+-- name: transparency_operation_records
+-- Every record of operation operation_id (its stream, and the requests that named it) with its leaf
+-- (NULL: not integrated yet), and every leaf of its stream whose record is gone, in order.
+SELECT a.stream, a.seq, a.at, a.kind, a.operation_id, a.record::text AS record, a.prev_hash,
+       a.hash, l.leaf_index, l.record_hash
+  FROM audit_log a LEFT JOIN transparency_leaves l USING (stream, seq)
+ WHERE a.operation_id = %(operation_id)s OR a.stream = %(operation_id)s
+UNION ALL
+SELECT l.stream, l.seq, NULL, NULL, NULL, NULL, NULL, NULL, l.leaf_index, l.record_hash
+  FROM transparency_leaves l
+ WHERE l.stream = %(operation_id)s
+   AND NOT EXISTS (SELECT 1 FROM audit_log a WHERE a.stream = l.stream AND a.seq = l.seq)
+ ORDER BY 1, 2;
+
+-- name: transparency_records_between
+-- Every record written in [since, until) (by `at`), optionally only those of operation operation_id (its
+-- stream, and the requests naming it), with its leaf (NULL: not integrated yet).
+SELECT a.stream, a.seq, a.at, a.kind, a.operation_id, a.record::text AS record, a.prev_hash,
+       a.hash, l.leaf_index, l.record_hash
+  FROM audit_log a LEFT JOIN transparency_leaves l USING (stream, seq)
+ WHERE a.at >= %(since)s AND a.at < %(until)s
+   AND (%(operation_id)s::text IS NULL OR a.operation_id = %(operation_id)s OR a.stream = %(operation_id)s)
+ ORDER BY a.stream, a.seq;
+
+-- name: transparency_leaves_with_records
+-- Every leaf in index order, with its record as stored now (record columns NULL: gone), for
+-- `opgate audit verify-tree` (a cursor, in a repeatable-read transaction).
+SELECT l.leaf_index, l.stream, l.seq, l.record_hash, a.at, a.kind, a.operation_id,
+       a.record::text AS record, a.prev_hash, a.hash
+  FROM transparency_leaves l LEFT JOIN audit_log a USING (stream, seq)
+ ORDER BY l.leaf_index;
+
+-- name: transparency_unintegrated
+-- How many records have no leaf yet, and when the oldest of them was written.
+SELECT count(*) AS records, min(a.at) AS oldest
+  FROM audit_log a
+ WHERE NOT EXISTS (SELECT 1 FROM transparency_leaves l WHERE l.stream = a.stream AND l.seq = a.seq);
+-- ========================================================================= end transparency

@@ -36,6 +36,7 @@ from proxy.errors import StoreUnavailable, store_unavailable_line
 from proxy.observe.auditlog import records, retention
 from proxy.observe.auditlog.chain import StoredRecord, check_record
 from proxy.observe.auditlog.redact import Redactor
+from proxy.observe.auditlog.tlog_cli import add_transparency_commands
 from proxy.observe.auditlog.verify import VerifyReport, verify
 from proxy.settings import Secrets, load_settings
 from proxy.store import audit as audit_store
@@ -102,6 +103,8 @@ def add_audit_commands(commands: Any) -> None:
         "--archive", type=Path, required=True, help="file to archive them in (must not exist)"
     )
     prune.set_defaults(handler=_run(_prune))
+
+    add_transparency_commands(audit_commands, _run, _flags, _time)  # tlog_cli.py
 
 
 def _flags(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,203 @@
+"""Offline bundles (proxy/observe/auditlog/bundle.py, ``opgate audit bundle|verify-bundle``):
+a bundle made from a real database verifies in a subprocess with no database and no OPGATE_*
+setting; a row rewritten (and re-chained), deleted or inserted by someone with write access to
+the database is found by the verifier with nothing but the bundle and the log's public key."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest_asyncio
+
+from proxy.observe.auditlog import integrator
+from proxy.store import audit
+from proxy.transparency import note
+from tests.support.paths import REPO
+from tests.support.tamper import rechain
+
+OPERATION = "op_bundle_test"
+SIGNER = note.Signer.generate("opgate.test/audit")
+VKEY = SIGNER.verifier().vkey()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """An operation's stream of 3 transitions and a request naming it, integrated and signed."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        texts = [
+            json.dumps({"event": event, "operation_id": OPERATION})
+            for event in ("created", "claimed", "confirmed")
+        ]
+        await audit.append_texts(connection, OPERATION, "transition", texts)
+        request = json.dumps({"decision": "allow", "operation_id": OPERATION})
+        await audit.append_texts(connection, "requests/gw-1", "request", [request])
+        await audit.append_texts(connection, "policy", "policy_load", ['{"event":"loaded"}'])
+        assert await integrator.integrate(connection, SIGNER) is not None
+        yield connection
+    finally:
+        await connection.close()
+
+
+def opgate(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", "audit", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=120,
+        check=False,
+    )
+
+
+def offline_env() -> dict[str, str]:
+    """The environment of a reviewer's machine: no OPGATE_* setting, no PostgreSQL variable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPGATE_", "PG"))}
+    env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+def make_bundle(database_url: str, path: Path) -> None:
+    made = opgate(
+        "bundle",
+        "--operation",
+        OPERATION,
+        "--database-url",
+        database_url,
+        "--log-key",
+        VKEY,
+        "-o",
+        str(path),
+    )
+    assert made.returncode == 0, made.stderr
+
+
+def verify_offline(path: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", "audit", "verify-bundle", str(path), "--log-key", VKEY],
+        capture_output=True,
+        text=True,
+        env=offline_env(),
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
+
+
+async def test_a_bundle_verifies_offline(
+    conn: asyncpg.Connection, database_url: str, tmp_path: Path
+) -> None:
+    """The operation's 3 transitions and its request record are proven in the signed
+    checkpoint by a verifier that has neither database nor settings."""
+    path = tmp_path / "op.bundle.json"
+    make_bundle(database_url, path)
+    checked = verify_offline(path, tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "ok: 4 records proven in a checkpoint of 5 records" in checked.stdout
+
+
+async def test_a_rewritten_and_rechained_row_is_found(
+    conn: asyncpg.Connection, database_url: str, tmp_path: Path
+) -> None:
+    """A DBA changes the approval's record and re-hashes the chain around it: the records no
+    longer are what the signed tree holds."""
+    await conn.execute(
+        'UPDATE audit_log SET record = record || \'{"event": "approved-by-someone-else"}\''
+        " WHERE stream = $1 AND seq = 1",
+        OPERATION,
+    )
+    await rechain(conn, OPERATION)
+    path = tmp_path / "op.bundle.json"
+    make_bundle(database_url, path)
+    checked = verify_offline(path, tmp_path)
+    assert checked.returncode == 1
+    assert f"stream {OPERATION} seq 1: is not the record the signed log holds" in checked.stdout
+
+
+async def test_a_deleted_row_is_found(
+    conn: asyncpg.Connection, database_url: str, tmp_path: Path
+) -> None:
+    """A DBA deletes the claim and re-chains what follows: the log still holds its leaf."""
+    await conn.execute("DELETE FROM audit_log WHERE stream = $1 AND seq = 2", OPERATION)
+    await rechain(conn, OPERATION)
+    path = tmp_path / "op.bundle.json"
+    make_bundle(database_url, path)
+    checked = verify_offline(path, tmp_path)
+    assert checked.returncode == 1
+    assert f"stream {OPERATION} seq 2: the log holds leaf" in checked.stdout
+    assert "record is gone (deleted)" in checked.stdout
+
+
+async def test_an_inserted_row_is_found(
+    conn: asyncpg.Connection, database_url: str, tmp_path: Path
+) -> None:
+    """A DBA inserts a record before the confirmation and re-chains the stream: the records
+    from there on are not what the signed tree holds at their positions."""
+    await conn.execute(
+        "UPDATE audit_log SET seq = seq + 10 WHERE stream = $1 AND seq >= 2", OPERATION
+    )
+    await conn.execute(
+        "UPDATE audit_log SET seq = seq - 9 WHERE stream = $1 AND seq >= 12", OPERATION
+    )
+    await conn.execute(
+        "INSERT INTO audit_log (stream, seq, kind, operation_id, record, prev_hash, hash)"
+        " VALUES ($1, 2, 'transition', $1, '{\"event\": \"approved\"}', '\\x', '\\x')",
+        OPERATION,
+    )
+    await rechain(conn, OPERATION)
+    path = tmp_path / "op.bundle.json"
+    make_bundle(database_url, path)
+    checked = verify_offline(path, tmp_path)
+    assert checked.returncode == 1
+    assert f"stream {OPERATION} seq 2: is not the record the signed log holds" in checked.stdout
+
+
+async def test_a_bundle_signed_by_another_key_is_refused(
+    conn: asyncpg.Connection, database_url: str, tmp_path: Path
+) -> None:
+    """An operator who re-signs a rewritten history with a new key does not pass a reviewer
+    who holds the log's key."""
+    path = tmp_path / "op.bundle.json"
+    make_bundle(database_url, path)
+    other = note.Signer.generate("opgate.test/audit")
+    bundle = json.loads(path.read_text())
+    text = note.parse_note(bundle["checkpoint"]).text
+    bundle["checkpoint"] = note.sign_note(text, [other])
+    bundle["log"] = other.verifier().vkey()
+    path.write_text(json.dumps(bundle))
+    checked = verify_offline(path, tmp_path)
+    assert checked.returncode == 1
+    assert "checkpoint: no signature by a known key" in checked.stdout
+
+
+async def test_a_window_bundle_proves_every_record_written_in_it(
+    conn: asyncpg.Connection, database_url: str, tmp_path: Path
+) -> None:
+    """``--since/--until`` without an operation: every record written in the window, each
+    proven on its own (a window need not start a stream, so no chain is required)."""
+    path = tmp_path / "window.bundle.json"
+    made = opgate(
+        "bundle",
+        "--since",
+        "1970-01-01T00:00:00Z",
+        "--until",
+        "9999-01-01T00:00:00Z",
+        "--database-url",
+        database_url,
+        "--log-key",
+        VKEY,
+        "-o",
+        str(path),
+    )
+    assert made.returncode == 0, made.stderr
+    checked = verify_offline(path, tmp_path)
+    assert checked.returncode == 0, checked.stdout
+    assert "ok: 5 records proven in a checkpoint of 5 records" in checked.stdout
+    alone = opgate("bundle", "--since", "1970-01-01T00:00:00Z", "--database-url", database_url)
+    assert alone.returncode == 2

@@ -1,0 +1,112 @@
+"""``opgate audit verify-tree`` (proxy/observe/auditlog/treecheck.py) on a real PostgreSQL: the
+stored records against the signed tree. A row rewritten (and re-chained), deleted or inserted
+after integration is a break; so are leaves rewritten to match; records not integrated yet are
+counted, with the oldest one's age, and are no break."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest_asyncio
+
+from proxy.observe.auditlog import integrator
+from proxy.observe.auditlog.treecheck import check_tree
+from proxy.store import audit
+from proxy.transparency import note
+from tests.support.tamper import rechain
+
+SIGNER = note.Signer.generate("opgate.test/audit")
+STREAM = "op_tree_test"
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """Four transitions and a policy record, integrated; then one more, not yet integrated."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        texts = [json.dumps({"event": f"e{n}", "operation_id": STREAM}) for n in range(4)]
+        await audit.append_texts(connection, STREAM, "transition", texts)
+        await audit.append_texts(connection, "policy", "policy_load", ['{"event":"loaded"}'])
+        assert await integrator.integrate(connection, SIGNER) is not None
+        await audit.append_texts(connection, "policy", "policy_load", ['{"event":"reloaded"}'])
+        yield connection
+    finally:
+        await connection.close()
+
+
+async def test_an_intact_log_verifies_and_counts_what_is_pending(conn: asyncpg.Connection) -> None:
+    """Five leaves match the signed root; the record written since is pending, not broken."""
+    report = await check_tree(conn, SIGNER.verifier())
+    assert report.breaks == []
+    assert report.leaves == 5
+    assert report.pending == 1
+    assert report.oldest_pending is not None
+
+
+async def test_a_rewritten_row_is_a_break(conn: asyncpg.Connection) -> None:
+    """A record edited and its chain re-hashed no longer is what its leaf committed to."""
+    await conn.execute(
+        'UPDATE audit_log SET record = \'{"event": "forged"}\' WHERE stream = $1 AND seq = 2',
+        STREAM,
+    )
+    await rechain(conn, STREAM)
+    report = await check_tree(conn, SIGNER.verifier())
+    assert (
+        f"leaf 1 (stream {STREAM} seq 2): the record is not the one the tree holds"
+        in (report.breaks[0])
+    )
+
+
+async def test_a_deleted_row_is_a_break(conn: asyncpg.Connection) -> None:
+    """A record deleted after integration leaves its leaf without a record."""
+    await conn.execute("DELETE FROM audit_log WHERE stream = $1 AND seq = 4", STREAM)
+    await rechain(conn, STREAM)
+    report = await check_tree(conn, SIGNER.verifier())
+    assert report.breaks == [f"leaf 3 (stream {STREAM} seq 4): the record is gone (deleted)"]
+
+
+async def test_an_inserted_row_is_a_break(conn: asyncpg.Connection) -> None:
+    """A record inserted before the last transition (the stream re-numbered and re-chained)
+    displaces the records after it."""
+    await conn.execute("UPDATE audit_log SET seq = seq + 1 WHERE stream = $1 AND seq = 4", STREAM)
+    await conn.execute(
+        "INSERT INTO audit_log (stream, seq, kind, operation_id, record, prev_hash, hash)"
+        " VALUES ($1, 4, 'transition', $1, '{\"event\": \"inserted\"}', '\\x', '\\x')",
+        STREAM,
+    )
+    await rechain(conn, STREAM)
+    report = await check_tree(conn, SIGNER.verifier())
+    assert report.breaks == [
+        f"leaf 3 (stream {STREAM} seq 4): the record is not the one the tree holds (rewritten"
+        " or replaced)"
+    ]
+    assert report.pending == 2  # the displaced record and the one written after integration
+
+
+async def test_leaves_rewritten_to_match_do_not_make_the_signed_tree(
+    conn: asyncpg.Connection,
+) -> None:
+    """Rewriting the leaf too (the database holds no key) changes the root the log signed."""
+    await conn.execute(
+        'UPDATE audit_log SET record = \'{"event": "forged"}\' WHERE stream = $1 AND seq = 2',
+        STREAM,
+    )
+    await rechain(conn, STREAM)
+    await conn.execute(
+        "UPDATE transparency_leaves l SET record_hash = a.hash FROM audit_log a"
+        " WHERE a.stream = l.stream AND a.seq = l.seq"
+    )
+    report = await check_tree(conn, SIGNER.verifier())
+    assert report.breaks == [
+        "the leaves (5) do not make the tree the latest checkpoint signed (5): leaves"
+        " rewritten, added or removed"
+    ]
+
+
+async def test_a_checkpoint_signed_by_another_key_is_a_break(conn: asyncpg.Connection) -> None:
+    """Checked with the log's real key, a checkpoint re-signed by another is refused."""
+    other = note.Signer.generate("opgate.test/audit")
+    report = await check_tree(conn, other.verifier())
+    assert report.breaks == ["checkpoint 5: no signature by a known key"]
