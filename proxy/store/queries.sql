@@ -904,3 +904,29 @@ SELECT proposal_id, 'approval_refused', status, status, $2,
 SELECT event_id, at, event, from_status, to_status, actor, detail::text AS detail
   FROM proposal_events WHERE proposal_id = $1 ORDER BY event_id;
 -- ============================================================================ end proposals
+
+-- name: mandate_open_use
+-- How many operations one open mandate ($1: its digest) approved, and their amounts' sum, not
+-- counting those that failed or were revoked before anything left: AP2's occurrences and
+-- budget. Run after mandate_lock in the same transaction.
+SELECT count(*) AS occurrences, coalesce(sum(amount), 0)::bigint AS spent
+FROM operations
+WHERE approval_ref LIKE 'ap2:%;open:%' AND split_part(approval_ref, ';open:', 2) = $1
+  AND status <> 'failed' AND revoked_at IS NULL;
+
+-- name: mandates_revoked
+-- Which of the mandate digests ($1) are revoked.
+SELECT digest FROM revoked_mandates WHERE digest = ANY($1::text[]);
+
+-- name: mandate_revoke
+-- Revoke a mandate by its digest ($1), by whom ($2), why ($3). Revoking twice keeps the first.
+INSERT INTO revoked_mandates (digest, revoked_by, reason) VALUES ($1, $2, $3)
+ON CONFLICT (digest) DO NOTHING;
+
+-- name: mandate_operations
+-- The operations a mandate ($1: its digest) approved, closed or open.
+SELECT operation_id FROM operations
+WHERE approval_ref LIKE 'ap2:%'
+  AND (split_part(split_part(approval_ref, ';', 1), ':', 2) = $1
+       OR split_part(approval_ref, ';open:', 2) = $1)
+ORDER BY created_at;

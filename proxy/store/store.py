@@ -263,26 +263,7 @@ class Store:
             raise AlreadySuperseded(str(new.supersedes)) from exc
 
     async def _create(self, new: NewOperation, actor: str) -> Operation | None:
-        return await self._one(
-            "create_operation",
-            new.operation_id,
-            new.tenant,
-            new.agent_id,
-            new.provider,
-            new.action,
-            new.method,
-            new.path,
-            _jsonb(new.path_params),
-            new.amount,
-            new.currency,
-            _jsonb(new.params),
-            new.idempotency_key,
-            new.approval_ref,
-            new.approved_by,
-            new.expires_at,
-            actor,
-            new.supersedes,
-        )
+        return await self._one("create_operation", *create_arguments(new, actor))
 
     async def claim(
         self,
@@ -756,6 +737,29 @@ def proposal_from_record(record: asyncpg.Record) -> Proposal:
         decision_note=record["decision_note"],
         created_at=record["created_at"],
         read_at=record["read_at"],
+    )
+
+
+def create_arguments(new: NewOperation, actor: str) -> tuple[Any, ...]:
+    """``create_operation``'s parameters for ``new``, created by ``actor``."""
+    return (
+        new.operation_id,
+        new.tenant,
+        new.agent_id,
+        new.provider,
+        new.action,
+        new.method,
+        new.path,
+        _jsonb(new.path_params),
+        new.amount,
+        new.currency,
+        _jsonb(new.params),
+        new.idempotency_key,
+        new.approval_ref,
+        new.approved_by,
+        new.expires_at,
+        actor,
+        new.supersedes,
     )
 
 
