@@ -54,6 +54,7 @@ from proxy.operations.api import (
     require_admin,
     store_errors,
 )
+from proxy.operations.mandates_api import add_agent_mandate_routes, add_ops_mandate_routes
 from proxy.policy.reload import PolicyReloader, load_validated_policy, reloading
 from proxy.proposals.api import add_agent_proposal_routes, add_ops_proposal_routes
 from proxy.recovery.api import add_recovery_routes
@@ -102,6 +103,8 @@ def agent_app(gateway: Gateway) -> web.Application:
     serve_with(app, gateway)
     add_recovery_routes(app)  # /_opgate/...: opgate's own, never a provider's route prefix
     add_agent_proposal_routes(app)  # /_opgate/v1/proposals: agents ask a human to approve
+    # /_opgate/v1/mandates: a person's signed mandate approves; /.well-known/jwks.json
+    add_agent_mandate_routes(app, gateway.settings)
     add_mcp_route(app)  # /_opgate/mcp: the same operations as MCP tools
     # Every other method and path reaches the pipeline; routing is the policy's job, deny by
     # default.
@@ -115,6 +118,7 @@ def ops_app(gateway: Gateway) -> web.Application:
     serve_with(app, gateway)
     add_routes(app)
     add_ops_proposal_routes(app)  # /v1/proposals: the admin or an approver decides
+    add_ops_mandate_routes(app)  # /v1/mandates/{digest}/revoke
     add_metrics_route(app)  # GET /metrics (Prometheus text; no token: docs/audit.md)
     add_explain_routes(app)  # POST /v1/explain (policy authoring)
     console = console_app()  # /console/: humans, signed in by session (proxy/console/)

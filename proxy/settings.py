@@ -107,6 +107,28 @@ class WitnessConfig(BaseModel):
     vkey: Annotated[str, Field(min_length=3)]
 
 
+class MandateIssuerConfig(BaseModel):
+    """A trusted surface whose signed AP2 Payment Mandates approve operations: its public keys
+    (a JWKS, inline or a file, selected by ``kid``), the tenants whose agents may present its
+    mandates, and which provider each payee it names is paid through."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    tenants: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+    jwks: dict[str, Any] | None = None
+    jwks_file: Path | None = None
+    # AP2's payee.id -> the policy provider that pays it: a mandate for a payee not listed
+    # here approves nothing (mandate_mismatch on payee)
+    payees: Annotated[dict[str, str], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> MandateIssuerConfig:
+        if (self.jwks is None) == (self.jwks_file is None):
+            raise ValueError("give exactly one of jwks and jwks_file")
+        return self
+
+
 def _host_port(value: str) -> str:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -203,6 +225,19 @@ class Settings(BaseSettings):
         description="A proposal identical to one of the same agent declined within this long "
         "(same action, path parameters, amount, currency and parameters; the reason aside) "
         "links the declined one (`declined_twin`), for the agent and the approvers (0: never).",
+    )
+    mandate_issuers: list[MandateIssuerConfig] = Field(
+        default_factory=list,
+        description="Trusted issuers of AP2 Payment Mandates (docs/mandates.md); "
+        "none: POST /_opgate/v1/mandates answers mandates_not_supported.",
+    )
+    mandate_audience: Annotated[str, Field(min_length=1, max_length=200)] = Field(
+        "opgate", description="opgate's name as a mandate verifier: the aud a key binding names."
+    )
+    receipt_key_file: Path | None = Field(
+        None,
+        description="opgate's P-256 private key (a JWK file) that signs mandate receipts; "
+        "required with mandate_issuers. `--dev` makes one in the data directory.",
     )
     secrets_dir: Path | None = Field(
         None,
@@ -415,6 +450,12 @@ class Settings(BaseSettings):
         if value and ("{trace_id}" not in value or not value.startswith(("https://", "http://"))):
             raise ValueError("an http(s) URL holding {trace_id}")
         return value or None
+
+    @model_validator(mode="after")
+    def _receipts_can_be_signed(self) -> Settings:
+        if self.mandate_issuers and self.receipt_key_file is None:
+            raise ValueError("mandate_issuers needs receipt_key_file (receipts are signed)")
+        return self
 
     @model_validator(mode="after")
     def _approvers_are_people_not_agents(self) -> Settings:

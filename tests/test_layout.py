@@ -26,6 +26,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "policy": {"errors", "proxy"},
     # the offline verifier runs from the wheel alone: nothing of opgate's
     "transparency": {"proxy"},
+    "mandates": {"policy", "proxy"},
     "observe": {"policy", "store", "transparency"} | BASE,
     # the process's shared resources: holds the gate's, read by every package that serves
     "runtime": {"gate", "observe", "policy", "store"} | BASE,
@@ -35,7 +36,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "forward": SERVES,
     "recovery": SERVES,
     "authoring": {"admin"} | SERVES,
-    "operations": {"admin", "recovery"} | SERVES,
+    "operations": {"admin", "mandates", "recovery"} | SERVES,
     "proposals": {"operations", "admin", "recovery"} | SERVES,
     "console": {"proposals", "operations", "admin", "recovery"} | SERVES,
     "mcp": {"proposals", "operations", "recovery"} | SERVES,

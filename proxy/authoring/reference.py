@@ -126,6 +126,28 @@ MEANINGS: dict[Reason, str] = {
         "operations API approval: a parameter the rule does not compare, a missing path "
         "parameter, a body over the provider's limit...). Nothing was proposed."
     ),
+    Reason.MANDATES_NOT_SUPPORTED: "No mandate issuer is configured (`mandate_issuers`).",
+    Reason.MANDATE_INVALID: (
+        "The presented mandate fails a verification step (signature, disclosures, key binding, "
+        "AP2 fields); the detail names the step. AP2 error `invalid_credential`."
+    ),
+    Reason.MANDATE_EXPIRED: "The mandate (or the agent's closed one) is past its `exp`.",
+    Reason.MANDATE_ISSUER_UNKNOWN: (
+        "The mandate is signed under a key no issuer trusted for the agent's tenant holds."
+    ),
+    Reason.MANDATE_MISMATCH: (
+        "The call differs from what the person approved (`field` names it: the payee's "
+        "provider, a value the open mandate fixed). AP2 error `invalid_mandate`."
+    ),
+    Reason.MANDATE_CONSTRAINT_FAILED: (
+        "A constraint of the open mandate fails, or cannot be evaluated (`constraint` names "
+        "it; `unknown` for a type opgate does not know). AP2 error `unresolved_constraint`."
+    ),
+    Reason.MANDATE_EXHAUSTED: (
+        "The open mandate's uses (`payment.agent_recurrence`, one without it) or its "
+        "`payment.budget` are spent, counted across every opgate process."
+    ),
+    Reason.MANDATE_REVOKED: "The mandate (or its open mandate) was revoked by its digest.",
     Reason.PROPOSAL_UNKNOWN: (
         "No such proposal, or one of another tenant or agent (the same answer; on record "
         "`operation_scope_mismatch`)."

@@ -55,6 +55,15 @@ class Reason(StrEnum):
     PROPOSAL_INVALID = "proposal_invalid"
     APPROVAL_NOT_SENDABLE = "approval_not_sendable"
     PROPOSAL_UNKNOWN = "proposal_unknown"
+    # approvals a person signed (AP2 Payment Mandates, proxy/mandates/)
+    MANDATES_NOT_SUPPORTED = "mandates_not_supported"
+    MANDATE_INVALID = "mandate_invalid"
+    MANDATE_EXPIRED = "mandate_expired"
+    MANDATE_ISSUER_UNKNOWN = "mandate_issuer_unknown"
+    MANDATE_MISMATCH = "mandate_mismatch"
+    MANDATE_CONSTRAINT_FAILED = "mandate_constraint_failed"
+    MANDATE_EXHAUSTED = "mandate_exhausted"
+    MANDATE_REVOKED = "mandate_revoked"
     # the provider's state, asked before the send (the rule's preconditions)
     PRECONDITION_FAILED = "precondition_failed"
     PRECONDITION_UNVERIFIABLE = "precondition_unverifiable"
@@ -291,6 +300,52 @@ REASONS: dict[Reason, ReasonInfo] = {
         404,
         "No such proposal",
         "Use the proposal id opgate answered when you proposed.",
+    ),
+    Reason.MANDATES_NOT_SUPPORTED: ReasonInfo(
+        404,
+        "This opgate accepts no mandates",
+        "Nothing was created. Ask for an approval another way (a proposal), or have the "
+        "operator configure the mandate's issuer (mandate_issuers).",
+    ),
+    Reason.MANDATE_INVALID: ReasonInfo(
+        403,
+        "The mandate does not verify",
+        "Nothing was created. The detail names the failed step; present the mandate as the "
+        "person's surface issued it, with its disclosures and, when bound, a key binding for "
+        "this opgate's audience.",
+    ),
+    Reason.MANDATE_EXPIRED: ReasonInfo(
+        403,
+        "The mandate has expired",
+        "Nothing was created. Ask the person for a new mandate.",
+    ),
+    Reason.MANDATE_ISSUER_UNKNOWN: ReasonInfo(
+        403,
+        "No trusted issuer signed this mandate",
+        "Nothing was created. Only mandates from the issuers configured for your tenant "
+        "approve operations.",
+    ),
+    Reason.MANDATE_MISMATCH: ReasonInfo(
+        403,
+        "The request differs from what the person approved",
+        "Nothing was created. The field named differs; send what the mandate says, or ask the "
+        "person for a new mandate.",
+    ),
+    Reason.MANDATE_CONSTRAINT_FAILED: ReasonInfo(
+        403,
+        "A constraint of the person's open mandate is not met",
+        "Nothing was created. The constraint named fails (AP2: an unknown one always fails); "
+        "ask the person for a closed mandate.",
+    ),
+    Reason.MANDATE_EXHAUSTED: ReasonInfo(
+        403,
+        "The open mandate allows no more payments",
+        "Nothing was created. Its uses or its budget are spent; ask the person again.",
+    ),
+    Reason.MANDATE_REVOKED: ReasonInfo(
+        403,
+        "The mandate was revoked",
+        "Nothing was created. An operator revoked it; ask the person for a new mandate.",
     ),
     Reason.PRECONDITION_FAILED: ReasonInfo(
         409,

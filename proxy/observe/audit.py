@@ -84,6 +84,10 @@ class AuditRecord:
     # The rule's precondition lookups made before the claim and what each assertion read on
     # the provider's answer (proxy/gate/preconditions.py); null when none was due.
     precondition: dict[str, Any] | None = None
+    # A signed mandate presented as the approval (proxy/mandates/): its digest, AP2 reference,
+    # issuer, the presentation as received (disclosures included) and the issuer's public keys
+    # then trusted, so that a dispute can be answered later without opgate. Set once.
+    mandate: dict[str, Any] | None = None
     # Forward-proxy mode (listener "forward"): the host:port the agent addressed; for a CONNECT
     # record, how it was tunnelled ("inspected" or "pass_through") and, for pass-through, the
     # bytes each way (nothing else about an opaque tunnel is known).

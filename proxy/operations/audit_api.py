@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from proxy.runtime import GATEWAY
 from proxy.admin.access import admin_problem
 from proxy.observe.auditlog import bundle, proofs
+from proxy.runtime import GATEWAY
 
 
 def _size(request: web.Request, name: str, default: int | None = None) -> int | None:

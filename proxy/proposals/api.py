@@ -61,7 +61,7 @@ def _refuse(
     return problem_response(reason, detail, retry_after=retry_after, extra=extra or None)
 
 
-async def _read_body(gw: Gateway, request: web.Request) -> bytes | tuple[Reason, str]:
+async def read_agent_body(gw: Gateway, request: web.Request) -> bytes | tuple[Reason, str]:
     """The whole body, bounded in size and in time (as an agent request's body)."""
     seconds = gw.settings.body_read_timeout_seconds
     if request.content_length is not None and request.content_length > _BODY_MAX:
@@ -86,7 +86,7 @@ async def _propose(
     gw: Gateway, request: web.Request, agent: Agent, record: AuditRecord
 ) -> web.Response:
     record.rule = PROPOSAL_RULE
-    raw = await _read_body(gw, request)
+    raw = await read_agent_body(gw, request)
     if isinstance(raw, tuple):
         return _refuse(record, *raw)
     try:

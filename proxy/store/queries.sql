@@ -1100,3 +1100,30 @@ SELECT count(*) AS records, min(a.at) AS oldest
   FROM audit_log a
  WHERE NOT EXISTS (SELECT 1 FROM transparency_leaves l WHERE l.stream = a.stream AND l.seq = a.seq);
 -- ========================================================================= end transparency
+
+-- name: mandate_open_use
+-- How many operations one open mandate (open_digest) approved, and their amounts' sum, not
+-- counting those that failed or were revoked before anything left: AP2's occurrences and
+-- budget. Run after mandate_lock in the same transaction.
+SELECT count(*) AS occurrences, coalesce(sum(amount), 0)::bigint AS spent
+FROM operations
+WHERE approval_ref LIKE 'ap2:%;open:%' AND split_part(approval_ref, ';open:', 2) = %(open_digest)s
+  AND status <> 'failed' AND revoked_at IS NULL;
+
+-- name: mandates_revoked
+-- Which of the mandate digests are revoked.
+SELECT digest FROM revoked_mandates WHERE digest = ANY(%(digests)s::text[]);
+
+-- name: mandate_revoke
+-- Revoke a mandate by its digest, by whom (revoked_by), why. Revoking twice keeps the first.
+INSERT INTO revoked_mandates (digest, revoked_by, reason)
+VALUES (%(digest)s, %(revoked_by)s, %(reason)s)
+ON CONFLICT (digest) DO NOTHING;
+
+-- name: mandate_operations
+-- The operations a mandate (its digest) approved, closed or open.
+SELECT operation_id FROM operations
+WHERE approval_ref LIKE 'ap2:%'
+  AND (split_part(split_part(approval_ref, ';', 1), ':', 2) = %(digest)s
+       OR split_part(approval_ref, ';open:', 2) = %(digest)s)
+ORDER BY created_at;

@@ -264,7 +264,7 @@ class Store:
             raise AlreadySuperseded(str(new.supersedes)) from exc
 
     async def _create(self, new: NewOperation, actor: str) -> Operation | None:
-        return await self._one("create_operation", **_operation_values(new), actor=actor)
+        return await self._one("create_operation", **operation_values(new), actor=actor)
 
     async def claim(
         self,
@@ -823,7 +823,7 @@ def proposal_from_record(record: asyncpg.Record) -> Proposal:
     )
 
 
-def _operation_values(new: NewOperation) -> dict[str, Any]:
+def operation_values(new: NewOperation) -> dict[str, Any]:
     """queries.sql ``create_operation``'s parameters but the actor: the approval as written."""
     return {
         "operation_id": new.operation_id,

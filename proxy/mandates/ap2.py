@@ -1,0 +1,249 @@
+"""AP2 v0.2 Payment Mandates read as an approval: the closed mandate's payee, amount and
+currency, and, for an open mandate, every constraint evaluated against the agent's closed one.
+Pure: the verified claims in, terms or a refusal out.
+
+Field names are AP2's (``docs/ap2/payment_mandate.md``, ``code/sdk/schemas/ap2/*.json``):
+``vct`` ``mandate.payment.1`` (closed) and ``mandate.payment.open.1`` (open); closed content
+``transaction_id``, ``payee`` {``id``, ``name``, ``website``}, ``payment_amount`` {``amount``
+in minor units, ``currency``}, ``payment_instrument``, ``execution_date``; open content
+``constraints`` and ``cnf``.
+
+Where AP2 leaves a reading open, opgate takes the stricter one and says so:
+- ``payment.budget``'s ``max`` is a JSON ``number`` in the schema while every other AP2 amount
+  is integer minor units: an integer is read as minor units (the smaller amount), a fraction
+  is refused.
+- An open mandate with no ``payment.agent_recurrence`` authorises one closed mandate ("MUST
+  NOT present any subsequent open Payment ... Mandates without receiving a rejection receipt").
+- Constraints opgate cannot evaluate at an egress boundary (``payment.reference``: the checkout
+  mandate is the merchant's; ``payment.allowed_pisps``; a recurrence ``frequency`` other than
+  ``ON_DEMAND``) fail, as AP2 requires of unknown ones ("MUST be treated as failing").
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from enum import StrEnum
+from typing import Any
+
+from proxy.mandates.chain import VerifiedMandate
+from proxy.mandates.sdjwt import b64url_digest
+from proxy.policy.currencies import exponent
+
+PAYMENT = "mandate.payment.1"
+PAYMENT_OPEN = "mandate.payment.open.1"
+# Claims of an open mandate that describe the mandate itself, not the payment it allows
+_ABOUT_THE_MANDATE = {"vct", "constraints", "cnf", "iss", "sub", "iat", "exp", "nbf", "jti"}
+_CURRENCY = re.compile(r"^[A-Z]{3}$")
+# AP2 constraints an egress boundary cannot evaluate, and why
+_NOT_EVALUATED = {
+    "payment.reference": "the checkout mandate it refers to is the merchant's, not presented",
+    "payment.allowed_pisps": "opgate does not know which PISP facilitates the payment",
+}
+
+
+class MandateCode(StrEnum):
+    INVALID = "mandate_invalid"
+    MISMATCH = "mandate_mismatch"
+    CONSTRAINT_FAILED = "mandate_constraint_failed"
+
+
+@dataclass(frozen=True, slots=True)
+class MandateRefusal:
+    code: MandateCode
+    detail: str
+    field: str | None = None  # mandate_mismatch: the field that differs
+    constraint: str | None = None  # mandate_constraint_failed: the constraint's type
+
+
+@dataclass(frozen=True, slots=True)
+class OpenMandateUse:
+    """What a closed mandate under an open one may still use, checked atomically at creation:
+    the open mandate's identity, how many closed mandates it allows, and its budget."""
+
+    open_reference: str
+    max_occurrences: int
+    budget_max: int | None  # minor units of the closed mandate's currency
+
+
+@dataclass(frozen=True, slots=True)
+class MandateTerms:
+    """The approval a verified mandate gives: one payment, to one payee."""
+
+    reference: str  # AP2's receipt reference of the final mandate
+    closed_jwt: str  # the final token's issuer-signed JWT: the mandate's identity
+    issuer: str
+    subject: str  # who approved: the person (sub of the trusted issuer's mandate)
+    payee_id: str
+    amount: int  # minor units
+    currency: str
+    transaction_id: str
+    expires_at: int | None
+    open_use: OpenMandateUse | None
+
+
+def terms_of(mandate: VerifiedMandate, today: date) -> MandateTerms | MandateRefusal:
+    """The terms of a closed mandate, or of an agent's closed mandate within its open one."""
+    vct = mandate.root.get("vct")
+    if mandate.closed is None:
+        if vct == PAYMENT_OPEN:
+            return MandateRefusal(
+                MandateCode.INVALID, "an open mandate needs the agent's closed mandate under it"
+            )
+        if vct != PAYMENT:
+            return MandateRefusal(MandateCode.INVALID, f"vct is not {PAYMENT}")
+        return _closed_terms(mandate, mandate.root, None)
+    if vct != PAYMENT_OPEN:
+        return MandateRefusal(
+            MandateCode.INVALID, f"the delegating mandate's vct is not {PAYMENT_OPEN}"
+        )
+    closed = mandate.closed
+    if closed.get("vct") != PAYMENT:
+        return MandateRefusal(MandateCode.INVALID, f"the agent's mandate's vct is not {PAYMENT}")
+    unchanged = _unchanged(mandate.root, closed)
+    if unchanged is not None:
+        return unchanged
+    use = _evaluate_constraints(mandate.root, closed, today, b64url_digest(mandate.root_jwt))
+    if isinstance(use, MandateRefusal):
+        return use
+    return _closed_terms(mandate, closed, use)
+
+
+def _closed_terms(
+    mandate: VerifiedMandate, content: dict[str, Any], use: OpenMandateUse | None
+) -> MandateTerms | MandateRefusal:
+    payee, amount = content.get("payee"), content.get("payment_amount")
+    transaction_id = content.get("transaction_id")
+    if not isinstance(payee, dict) or not isinstance(payee.get("id"), str) or not payee["id"]:
+        return MandateRefusal(MandateCode.INVALID, "payee.id is missing")
+    if not isinstance(amount, dict) or set(amount) != {"amount", "currency"}:
+        return MandateRefusal(MandateCode.INVALID, "payment_amount is not {amount, currency}")
+    minor, currency = amount["amount"], amount["currency"]
+    if not isinstance(minor, int) or isinstance(minor, bool) or not 0 < minor <= 2**53 - 1:
+        return MandateRefusal(
+            MandateCode.INVALID, "payment_amount.amount is not a positive integer"
+        )
+    if (
+        not isinstance(currency, str)
+        or not _CURRENCY.fullmatch(currency)
+        or exponent(currency) is None
+    ):
+        return MandateRefusal(
+            MandateCode.INVALID, "payment_amount.currency is not an ISO 4217 code in capitals"
+        )
+    if not isinstance(transaction_id, str) or not transaction_id:
+        return MandateRefusal(MandateCode.INVALID, "transaction_id is missing")
+    if not isinstance(content.get("payment_instrument"), dict):
+        return MandateRefusal(MandateCode.INVALID, "payment_instrument is missing")
+    subject = mandate.root.get("sub")
+    if not isinstance(subject, str) or not subject:
+        return MandateRefusal(MandateCode.INVALID, "the person's mandate names no subject (sub)")
+    exps = [e for e in (mandate.root.get("exp"), content.get("exp")) if isinstance(e, int)]
+    return MandateTerms(
+        reference=mandate.reference,
+        closed_jwt=mandate.closed_jwt,
+        issuer=mandate.issuer,
+        subject=subject,
+        payee_id=payee["id"],
+        amount=minor,
+        currency=currency,
+        transaction_id=transaction_id,
+        expires_at=min(exps) if exps else None,
+        open_use=use,
+    )
+
+
+def _unchanged(open_content: dict[str, Any], closed: dict[str, Any]) -> MandateRefusal | None:
+    """AP2: "verify the closed Mandate Content has these values unchanged"."""
+    for name, value in open_content.items():
+        if name in _ABOUT_THE_MANDATE:
+            continue
+        if closed.get(name) != value:
+            return MandateRefusal(
+                MandateCode.MISMATCH,
+                f"the closed mandate changes {name}, which the open mandate fixes",
+                field=name,
+            )
+    return None
+
+
+def _failed(kind: str, detail: str) -> MandateRefusal:
+    return MandateRefusal(MandateCode.CONSTRAINT_FAILED, detail, constraint=kind)
+
+
+def _evaluate_constraints(
+    open_content: dict[str, Any], closed: dict[str, Any], today: date, open_reference: str
+) -> OpenMandateUse | MandateRefusal:
+    constraints = open_content.get("constraints", [])
+    if not isinstance(constraints, list):
+        return MandateRefusal(MandateCode.INVALID, "constraints is not an array")
+    amount = closed.get("payment_amount")
+    if not isinstance(amount, dict):
+        return MandateRefusal(MandateCode.INVALID, "payment_amount is missing")
+    minor, currency = amount.get("amount"), amount.get("currency")
+    max_occurrences, budget_max = 1, None
+    for constraint in constraints:
+        kind = constraint.get("type") if isinstance(constraint, dict) else None
+        if not isinstance(kind, str):
+            return MandateRefusal(MandateCode.INVALID, "a constraint has no type")
+        if kind in _NOT_EVALUATED:
+            return _failed(kind, _NOT_EVALUATED[kind])
+        if kind == "payment.amount_range":
+            low, high = constraint.get("min", 0), constraint.get("max")
+            if not _integers(low, high) or constraint.get("currency") != currency:
+                return _failed(kind, "the range's currency or bounds do not read as minor units")
+            if not (isinstance(minor, int) and low <= minor <= high):
+                return _failed(kind, f"the amount is outside {low}..{high} {currency}")
+        elif kind == "payment.allowed_payees":
+            if not _listed(closed.get("payee"), constraint.get("allowed")):
+                return _failed(kind, "the payee is not one the person allowed")
+        elif kind == "payment.allowed_payment_instruments":
+            if not _listed(closed.get("payment_instrument"), constraint.get("allowed")):
+                return _failed(kind, "the payment instrument is not one the person allowed")
+        elif kind == "payment.execution_date":
+            if not _within_dates(closed.get("execution_date"), constraint, today):
+                return _failed(kind, "the execution date is outside the allowed window")
+        elif kind == "payment.budget":
+            high = constraint.get("max")
+            if not _integers(high) or constraint.get("currency") != currency:
+                return _failed(kind, "the budget's max or currency do not read as minor units")
+            budget_max = high
+        elif kind == "payment.agent_recurrence":
+            occurrences = constraint.get("max_occurrences")
+            if constraint.get("frequency") != "ON_DEMAND" or not _integers(occurrences):
+                return _failed(kind, "only ON_DEMAND with max_occurrences is evaluated")
+            max_occurrences = occurrences
+        else:
+            # named "unknown": the type is the mandate's text, never echoed back
+            return _failed("unknown", "a constraint opgate cannot evaluate (AP2: it fails)")
+    return OpenMandateUse(
+        open_reference=open_reference,
+        max_occurrences=max_occurrences,
+        budget_max=budget_max,
+    )
+
+
+def _integers(*values: object) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values)
+
+
+def _listed(value: object, allowed: object) -> bool:
+    return isinstance(allowed, list) and value is not None and any(value == a for a in allowed)
+
+
+def _within_dates(execution: object, constraint: dict[str, Any], today: date) -> bool:
+    try:
+        day = today if execution is None else _day(execution)
+        low, high = constraint.get("not_before"), constraint.get("not_after")
+        return (low is None or _day(low) <= day) and (high is None or day <= _day(high))
+    except ValueError:
+        return False
+
+
+def _day(value: object) -> date:
+    if not isinstance(value, str):
+        raise ValueError("not a date")
+    if "T" in value:
+        return datetime.fromisoformat(value).astimezone(UTC).date()
+    return date.fromisoformat(value)

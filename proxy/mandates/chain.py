@@ -1,0 +1,191 @@
+"""A mandate as an agent presents it, verified to its claims: one SD-JWT a trusted issuer signed
+(a closed mandate, the person present), or AP2's delegation chain ``<open>~~<closed>~`` where
+the person's open mandate names the agent's key in ``cnf`` and the agent signs the closed one
+with it (a KB-SD-JWT hop bound to the open mandate by ``sd_hash`` or ``issuer_jwt_hash``).
+Pure: keys, audience and time are given.
+
+Delegation past one hop (agent to agent) is outside AP2 v0.2 and refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.mandates.sdjwt import (
+    SdJwt,
+    SdJwtInvalid,
+    b64url_digest,
+    check_times,
+    confirmation_key,
+    reveal,
+    split,
+    unverified_header,
+    verify_jws,
+)
+
+CHAIN_SEPARATOR = "~~"
+# RFC 9901's key binding JWT, and AP2's terminal KB-SD-JWT hop (with the SDK's older spelling)
+KB_JWT_TYP = "kb+jwt"
+HOP_TYPES = ("kb+sd-jwt", "kb-sd-jwt")
+MAX_PRESENTATION = 64 * 1024
+
+
+class IssuerUnknown(SdJwtInvalid):
+    """The first token is signed under a ``kid`` no trusted issuer holds."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrustedKey:
+    issuer: str  # the name settings give the issuer
+    jwk: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedMandate:
+    """What a verified presentation says: the person's mandate, and the agent's closed one
+    under it when the mandate is open."""
+
+    issuer: str
+    root: dict[str, Any]  # the claims the trusted issuer signed (disclosed ones revealed)
+    closed: dict[str, Any] | None  # the agent's closed mandate content, for an open root
+    root_jwt: str  # the trusted issuer's signed JWT: the person's mandate's identity
+    closed_jwt: str  # the issuer-signed JWT of the final token: the mandate's identity
+    reference: str  # AP2's receipt reference: the final SD-JWT hashed as sd_hash is
+
+    @property
+    def final(self) -> dict[str, Any]:
+        """The closed mandate content the operation is made from."""
+        return self.closed if self.closed is not None else self.root
+
+
+@dataclass(frozen=True, slots=True)
+class Expectation:
+    audience: str  # opgate's own name as a verifier: the KB's ``aud``
+    now: int
+    skew_seconds: int = 60
+    max_key_binding_age_seconds: int = 300
+
+
+def verify_presentation(
+    presentation: str, trusted: Mapping[str, TrustedKey], expect: Expectation
+) -> VerifiedMandate:
+    """The verified mandate, or ``SdJwtInvalid`` (``IssuerUnknown``, ``SdJwtExpired``) naming
+    the failed step. ``trusted`` maps a ``kid`` to the key of an issuer settings name."""
+    if len(presentation) > MAX_PRESENTATION or not presentation.isascii():
+        raise SdJwtInvalid("the presentation is too large or not ASCII")
+    segments = presentation.split(CHAIN_SEPARATOR)
+    if len(segments) > 2:
+        raise SdJwtInvalid("delegation past one agent is not accepted (AP2 v0.2 defines none)")
+    root_token = split(segments[0] + ("~" if len(segments) == 2 else ""))
+    issuer, root = _verify_root(root_token, trusted, expect, last=len(segments) == 1)
+    if len(segments) == 1:
+        return VerifiedMandate(
+            issuer=issuer,
+            root=root,
+            closed=None,
+            root_jwt=root_token.issuer_jwt,
+            closed_jwt=root_token.issuer_jwt,
+            reference=b64url_digest(root_token.without_key_binding),
+        )
+    hop = split(segments[1])
+    if hop.key_binding_jwt is not None:
+        raise SdJwtInvalid("the agent's closed mandate carries a separate key binding JWT")
+    agent_key = confirmation_key(root)
+    if agent_key is None:
+        raise SdJwtInvalid("the open mandate names no agent key (cnf) to sign under it")
+    closed = _verify_hop(hop, root_token, agent_key, expect)
+    return VerifiedMandate(
+        issuer=issuer,
+        root=root,
+        closed=closed,
+        root_jwt=root_token.issuer_jwt,
+        closed_jwt=hop.issuer_jwt,
+        reference=b64url_digest(hop.without_key_binding),
+    )
+
+
+def _verify_root(
+    token: SdJwt, trusted: Mapping[str, TrustedKey], expect: Expectation, *, last: bool
+) -> tuple[str, dict[str, Any]]:
+    kid = unverified_header(token.issuer_jwt).get("kid")
+    key = trusted.get(kid) if isinstance(kid, str) else None
+    if key is None:
+        raise IssuerUnknown("no trusted issuer of this tenant holds the key the mandate names")
+    _header, payload = verify_jws(token.issuer_jwt, key.jwk)
+    claims = reveal(payload, token.disclosures)
+    check_times(claims, expect.now, expect.skew_seconds, "the mandate")
+    content = _effective(claims)
+    holder_key = confirmation_key(content)
+    if last and holder_key is not None:
+        # the person bound this mandate to a holder's key: only that holder may present it
+        if token.key_binding_jwt is None:
+            raise SdJwtInvalid("the mandate is bound to a key and carries no key binding JWT")
+        _verify_key_binding(token, holder_key, expect)
+    elif token.key_binding_jwt is not None and not last:
+        raise SdJwtInvalid("an open mandate in a chain carries a key binding JWT")
+    return key.issuer, content
+
+
+def _verify_key_binding(token: SdJwt, holder_key: dict[str, Any], expect: Expectation) -> None:
+    """RFC 9901 section 7.3: typ, signature by the holder's key, aud, nonce, iat, sd_hash."""
+    assert token.key_binding_jwt is not None
+    header, claims = verify_jws(token.key_binding_jwt, holder_key)
+    if header.get("typ") != KB_JWT_TYP:
+        raise SdJwtInvalid(f"the key binding JWT's typ is not {KB_JWT_TYP}")
+    _check_binding_claims(claims, expect, "the key binding JWT")
+    if claims.get("sd_hash") != b64url_digest(token.without_key_binding):
+        raise SdJwtInvalid("the key binding JWT's sd_hash does not match the presentation")
+
+
+def _verify_hop(
+    hop: SdJwt, previous: SdJwt, agent_key: dict[str, Any], expect: Expectation
+) -> dict[str, Any]:
+    header, payload = verify_jws(hop.issuer_jwt, agent_key)
+    if header.get("typ") not in HOP_TYPES:
+        raise SdJwtInvalid(f"the closed mandate's typ is not one of {', '.join(HOP_TYPES)}")
+    claims = reveal(payload, hop.disclosures)
+    _check_binding_claims(claims, expect, "the closed mandate")
+    bindings = [name for name in ("sd_hash", "issuer_jwt_hash") if name in claims]
+    if len(bindings) != 1:
+        raise SdJwtInvalid("the closed mandate needs exactly one of sd_hash, issuer_jwt_hash")
+    expected = b64url_digest(
+        previous.without_key_binding if bindings[0] == "sd_hash" else previous.issuer_jwt
+    )
+    if claims[bindings[0]] != expected:
+        raise SdJwtInvalid(f"the closed mandate's {bindings[0]} does not match the open one")
+    closed = _effective(claims)
+    if "cnf" in closed:
+        raise SdJwtInvalid("a closed mandate delegates further (cnf)")
+    return closed
+
+
+def _check_binding_claims(claims: dict[str, Any], expect: Expectation, what: str) -> None:
+    if claims.get("aud") != expect.audience:
+        raise SdJwtInvalid(f"{what} is for another audience")
+    nonce = claims.get("nonce")
+    if not isinstance(nonce, str) or not nonce:
+        raise SdJwtInvalid(f"{what} carries no nonce")
+    iat = claims.get("iat")
+    if not isinstance(iat, int) or isinstance(iat, bool):
+        raise SdJwtInvalid(f"{what} carries no iat")
+    if iat > expect.now + expect.skew_seconds:
+        raise SdJwtInvalid(f"{what} is issued in the future")
+    if iat < expect.now - expect.max_key_binding_age_seconds:
+        raise SdJwtInvalid(f"{what} is older than {expect.max_key_binding_age_seconds} s")
+    check_times(claims, expect.now, expect.skew_seconds, what)
+
+
+def _effective(claims: dict[str, Any]) -> dict[str, Any]:
+    """AP2 SDK tokens carry the mandate in ``delegate_payload: [content]``; others at the top."""
+    if "delegate_payload" not in claims:
+        return claims
+    items = claims["delegate_payload"]
+    if not isinstance(items, list) or len(items) != 1 or not isinstance(items[0], dict):
+        raise SdJwtInvalid("delegate_payload does not hold exactly one disclosed mandate")
+    content: dict[str, Any] = dict(items[0])
+    for name in ("iss", "sub", "iat", "exp", "nbf", "cnf"):
+        if name in claims and name not in content:
+            content[name] = claims[name]
+    return content

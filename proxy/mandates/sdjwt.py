@@ -1,0 +1,250 @@
+"""SD-JWT (RFC 9901) verified: the issuer's signature, the disclosures against their digests,
+and the claims they reveal. Pure: no IO and no clock; keys and the time are given.
+
+Hand-written on purpose, over joserfc for the JWS itself: SD-JWT processing is small and every
+step of it is a security check (RFC 9901 section 7.1). Each failure raises ``SdJwtInvalid``
+with a sentence naming the step; nothing is guessed or repaired.
+
+The compact form is ``<issuer-signed JWT>~<Disclosure>~...~<Disclosure>~[<KB-JWT>]``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from joserfc import jws
+from joserfc.errors import JoseError
+from joserfc.jwk import ECKey
+
+# Only ECDSA P-256 with SHA-256: what AP2 names, and what the tests mint. "none", HMAC and any
+# other algorithm are refused before a key is looked at.
+ACCEPTED_ALGORITHMS = ("ES256",)
+# The digest algorithm of the disclosures: RFC 9901's default, the only one AP2 examples use.
+SD_ALG = "sha-256"
+# A mandate is a few objects deep; deeper nesting is refused rather than walked.
+MAX_DEPTH = 16
+MAX_DISCLOSURES = 256
+
+
+class SdJwtInvalid(ValueError):
+    """The SD-JWT fails a verification step; the message names the step."""
+
+
+@dataclass(frozen=True, slots=True)
+class SdJwt:
+    """One compact SD-JWT split into its parts (nothing verified yet)."""
+
+    issuer_jwt: str
+    disclosures: tuple[str, ...]
+    key_binding_jwt: str | None
+
+    @property
+    def without_key_binding(self) -> str:
+        """The issuer JWT and disclosures, each followed by ``~``: what ``sd_hash`` covers."""
+        return "".join(f"{part}~" for part in (self.issuer_jwt, *self.disclosures))
+
+
+def split(compact: str) -> SdJwt:
+    """The parts of a compact SD-JWT; its last ``~``-separated part is a KB-JWT or empty."""
+    if not compact.isascii() or "~" not in compact:
+        raise SdJwtInvalid("not a compact SD-JWT (no '~' separator)")
+    parts = compact.split("~")
+    issuer_jwt, disclosures, last = parts[0], parts[1:-1], parts[-1]
+    if not issuer_jwt or any(not d for d in disclosures):
+        raise SdJwtInvalid("an empty part between '~' separators")
+    if len(disclosures) > MAX_DISCLOSURES:
+        raise SdJwtInvalid(f"more than {MAX_DISCLOSURES} disclosures")
+    return SdJwt(issuer_jwt, tuple(disclosures), last or None)
+
+
+def b64url_digest(text: str) -> str:
+    """base64url (no padding) of SHA-256 over the ASCII text: disclosure digests and sd_hash."""
+    digest = hashlib.sha256(text.encode("ascii")).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
+
+def _b64url_json(segment: str, what: str) -> Any:
+    if not segment.isascii() or "=" in segment:
+        raise SdJwtInvalid(f"{what} is not unpadded base64url")
+    try:
+        raw = base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
+        return json.loads(raw.decode("utf-8"))
+    except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
+        raise SdJwtInvalid(f"{what} is not base64url JSON") from exc
+
+
+def unverified_header(jwt: str) -> dict[str, Any]:
+    """The protected header of a compact JWS, read without verifying (to pick the key)."""
+    header = _b64url_json(jwt.split(".", 1)[0], "the JWS header")
+    if not isinstance(header, dict):
+        raise SdJwtInvalid("the JWS header is not an object")
+    return header
+
+
+def verify_jws(jwt: str, public_jwk: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The header and payload of a compact JWS signed with ``public_jwk``; else SdJwtInvalid."""
+    if jwt.count(".") != 2:
+        raise SdJwtInvalid("not a compact JWS")
+    header = unverified_header(jwt)
+    if header.get("alg") not in ACCEPTED_ALGORITHMS:
+        raise SdJwtInvalid("the signature algorithm is not accepted (ES256 only)")
+    if "crit" in header:
+        raise SdJwtInvalid("a JWS with critical header parameters is not accepted")
+    try:
+        key = ECKey.import_key(public_jwk)
+        verified = jws.deserialize_compact(jwt, key, algorithms=list(ACCEPTED_ALGORITHMS))
+    except (JoseError, ValueError, TypeError) as exc:
+        raise SdJwtInvalid("the signature does not verify") from exc
+    payload = _json_object(verified.payload, "the JWS payload")
+    return dict(verified.protected), payload
+
+
+def _json_object(raw: bytes, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise SdJwtInvalid(f"{what} is not JSON") from exc
+    if not isinstance(value, dict):
+        raise SdJwtInvalid(f"{what} is not a JSON object")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class _Disclosure:
+    name: str | None  # None: an array element
+    value: Any
+
+
+def _decode_disclosures(disclosures: tuple[str, ...]) -> dict[str, _Disclosure]:
+    by_digest: dict[str, _Disclosure] = {}
+    for text in disclosures:
+        decoded = _b64url_json(text, "a disclosure")
+        if not isinstance(decoded, list) or len(decoded) not in (2, 3):
+            raise SdJwtInvalid("a disclosure is not a JSON array of 2 or 3 elements")
+        if not isinstance(decoded[0], str):
+            raise SdJwtInvalid("a disclosure's salt is not a string")
+        if len(decoded) == 3:
+            name = decoded[1]
+            if not isinstance(name, str) or name in ("_sd", "...", "_sd_alg"):
+                raise SdJwtInvalid("a disclosure's claim name is not a string or is reserved")
+            disclosure = _Disclosure(name, decoded[2])
+        else:
+            disclosure = _Disclosure(None, decoded[1])
+        digest = b64url_digest(text)
+        if digest in by_digest:
+            raise SdJwtInvalid("a disclosure is given twice")
+        by_digest[digest] = disclosure
+    return by_digest
+
+
+class _Revealer:
+    """Replaces digests by the claims their disclosures hold (RFC 9901 section 7.1, step 3)."""
+
+    def __init__(self, disclosures: dict[str, _Disclosure]) -> None:
+        self._disclosures = disclosures
+        self._seen: set[str] = set()
+
+    def unused(self) -> int:
+        return len(self._disclosures.keys() - self._seen)
+
+    def _take(self, digest: object) -> _Disclosure | None:
+        if not isinstance(digest, str):
+            raise SdJwtInvalid("a digest is not a string")
+        if digest in self._seen:
+            raise SdJwtInvalid("a digest appears more than once")
+        self._seen.add(digest)
+        return self._disclosures.get(digest)
+
+    def reveal(self, value: Any, depth: int = 0) -> Any:
+        if depth > MAX_DEPTH:
+            raise SdJwtInvalid(f"claims nested deeper than {MAX_DEPTH}")
+        if isinstance(value, dict):
+            return self._object(value, depth)
+        if isinstance(value, list):
+            return self._array(value, depth)
+        return value
+
+    def _object(self, value: dict[str, Any], depth: int) -> dict[str, Any]:
+        digests = value.get("_sd", [])
+        if not isinstance(digests, list):
+            raise SdJwtInvalid("_sd is not an array")
+        revealed = {k: self.reveal(v, depth + 1) for k, v in value.items() if k != "_sd"}
+        for digest in digests:
+            disclosure = self._take(digest)
+            if disclosure is None:
+                continue  # a decoy digest, or a claim the holder did not disclose
+            if disclosure.name is None:
+                raise SdJwtInvalid("an array-element disclosure is referenced from _sd")
+            if disclosure.name in revealed:
+                raise SdJwtInvalid("a claim is disclosed over an existing one")
+            revealed[disclosure.name] = self.reveal(disclosure.value, depth + 1)
+        return revealed
+
+    def _array(self, value: list[Any], depth: int) -> list[Any]:
+        revealed: list[Any] = []
+        for element in value:
+            if isinstance(element, dict) and "..." in element:
+                if len(element) != 1:
+                    raise SdJwtInvalid("an array-element digest object has other keys")
+                disclosure = self._take(element["..."])
+                if disclosure is None:
+                    continue
+                if disclosure.name is not None:
+                    raise SdJwtInvalid("a claim disclosure is referenced as an array element")
+                revealed.append(self.reveal(disclosure.value, depth + 1))
+            else:
+                revealed.append(self.reveal(element, depth + 1))
+        return revealed
+
+
+def reveal(payload: dict[str, Any], disclosures: tuple[str, ...]) -> dict[str, Any]:
+    """The payload with every disclosed claim in place and the SD-JWT machinery removed.
+
+    Refused: an ``_sd_alg`` other than sha-256, a disclosure given twice or not referenced by
+    any digest, a digest referenced twice, a claim disclosed over an existing one."""
+    sd_alg = payload.get("_sd_alg", SD_ALG)
+    if sd_alg != SD_ALG:
+        raise SdJwtInvalid("_sd_alg is not sha-256")
+    revealer = _Revealer(_decode_disclosures(disclosures))
+    claims = revealer.reveal({k: v for k, v in payload.items() if k != "_sd_alg"})
+    if revealer.unused():
+        raise SdJwtInvalid("a disclosure is not referenced by any digest of the SD-JWT")
+    assert isinstance(claims, dict)
+    return claims
+
+
+def check_times(claims: dict[str, Any], now: int, skew: int, what: str) -> None:
+    """``exp`` not passed, ``nbf`` and ``iat`` not in the future (each within ``skew``)."""
+    for name in ("exp", "nbf", "iat"):
+        value = claims.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise SdJwtInvalid(f"{what}: {name} is not an integer")
+    exp, nbf, iat = claims.get("exp"), claims.get("nbf"), claims.get("iat")
+    if exp is not None and now > exp + skew:
+        raise SdJwtExpired(f"{what} expired at {exp}")
+    if nbf is not None and now + skew < nbf:
+        raise SdJwtInvalid(f"{what} is not valid before {nbf}")
+    if iat is not None and now + skew < iat:
+        raise SdJwtInvalid(f"{what} is issued in the future")
+
+
+class SdJwtExpired(SdJwtInvalid):
+    """The SD-JWT (or a token of its chain) is past its ``exp``."""
+
+
+def confirmation_key(claims: dict[str, Any]) -> dict[str, Any] | None:
+    """The public JWK of ``cnf.jwk`` (RFC 7800), if the claims carry one."""
+    cnf = claims.get("cnf")
+    if cnf is None:
+        return None
+    if not isinstance(cnf, dict) or not isinstance(cnf.get("jwk"), dict):
+        raise SdJwtInvalid("cnf does not hold a jwk")
+    jwk: dict[str, Any] = cnf["jwk"]
+    if any(k in jwk for k in ("d", "p", "q", "dp", "dq", "qi", "k")):
+        raise SdJwtInvalid("cnf.jwk holds private key material")
+    return jwk

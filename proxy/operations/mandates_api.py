@@ -1,0 +1,399 @@
+"""Signed mandates over HTTP. On the agent listener (agent token, each call one audited agent
+request): ``POST /_opgate/v1/mandates`` presents an AP2 Payment Mandate as the approval of one
+operation and answers the operation with a signed receipt; ``GET
+/_opgate/v1/mandates/{operation_id}/receipt`` answers the receipt of where it stands;
+``GET /.well-known/jwks.json`` publishes the receipts' key. On the operations listener
+(admin): ``POST /v1/mandates/{digest}/revoke``.
+
+Why a separate call before the provider request, rather than a header on it: AP2 has the
+verifier answer each presentation with a receipt, the operation row must exist (and be the
+only one the mandate can ever name) before anything is sent, and the agent's provider SDK
+then names that operation as every other approval's (``X-Operation-Id``); the gate's checks
+compare the request with the row the mandate wrote, exactly as for any approval.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+import structlog
+from aiohttp import web
+from joserfc.jwk import ECKey
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
+
+from proxy.admin.access import admin_problem
+from proxy.errors import AlreadySuperseded, IdempotencyKeyInUse
+from proxy.gate.bodies import BodyRejected, parse_json_object
+from proxy.gate.checks import Agent
+from proxy.gate.identity import path_operation_id
+from proxy.gate.problem import problem_response
+from proxy.gate.reasons import REASONS, Reason
+from proxy.mandates.ap2 import MandateCode, MandateRefusal, MandateTerms, terms_of
+from proxy.mandates.chain import (
+    Expectation,
+    IssuerUnknown,
+    TrustedKey,
+    VerifiedMandate,
+    verify_presentation,
+)
+from proxy.mandates.receipts import public_jwks, receipt_claims, sign_receipt
+from proxy.mandates.sdjwt import SdJwtExpired, SdJwtInvalid, b64url_digest
+from proxy.observe.audit import AuditRecord, Decision
+from proxy.operations.api import read_document
+from proxy.operations.approvals import OperationRequest, plan_operation, same_approval
+from proxy.proposals.api import read_agent_body
+from proxy.proposals.rules import validation_errors
+from proxy.recovery.api import recorded, recovery_view
+from proxy.runtime import GATEWAY, Gateway
+from proxy.settings import MandateIssuerConfig, Settings
+from proxy.store.mandates import MandateStore, OpenMandateLimits, OpenMandateUsed
+from proxy.store.operation import Status
+from proxy.store.store import NewOperation
+
+MANDATES_PREFIX = "/_opgate/v1/mandates"
+JWKS_PATH = "/.well-known/jwks.json"
+MANDATE_RULE = "mandate"  # the rule name presentations are recorded under: opgate's own
+# The operation a mandate approves lives as long as the mandate, and at most this long: within
+# every shipped provider's memory of an idempotency key (approvals.py checks it).
+_LONGEST_APPROVAL = timedelta(hours=1)
+_log = structlog.get_logger("opgate.mandates")
+
+
+@dataclass(frozen=True)
+class Issuer:
+    name: str
+    tenants: frozenset[str]
+    keys: dict[str, TrustedKey]  # kid -> key
+    jwks: dict[str, Any]  # as configured: kept with each audit record
+    payees: dict[str, str]  # AP2 payee.id -> provider
+
+
+@dataclass(frozen=True)
+class MandateTrust:
+    """Who opgate trusts to sign mandates, and the key opgate signs its receipts with."""
+
+    audience: str
+    issuers: tuple[Issuer, ...]
+    receipt_key: ECKey
+
+    def for_tenant(self, tenant: str) -> tuple[dict[str, TrustedKey], dict[str, Issuer]]:
+        keys: dict[str, TrustedKey] = {}
+        by_name: dict[str, Issuer] = {}
+        for issuer in self.issuers:
+            if tenant in issuer.tenants:
+                keys.update(issuer.keys)
+                by_name[issuer.name] = issuer
+        return keys, by_name
+
+
+MANDATE_TRUST = web.AppKey("opgate_mandate_trust", MandateTrust)
+
+
+def load_mandate_trust(settings: Settings) -> MandateTrust | None:
+    """The trust settings name, keys read once (None: no issuer, mandates not accepted)."""
+    if not settings.mandate_issuers or settings.receipt_key_file is None:
+        return None
+    key = ECKey.import_key(json.loads(settings.receipt_key_file.read_text("utf-8")))
+    issuers = tuple(_issuer(config) for config in settings.mandate_issuers)
+    return MandateTrust(settings.mandate_audience, issuers, key)
+
+
+def _issuer(config: MandateIssuerConfig) -> Issuer:
+    jwks = config.jwks
+    if jwks is None:
+        assert config.jwks_file is not None
+        jwks = json.loads(Path(config.jwks_file).read_text("utf-8"))
+    keys = {
+        k["kid"]: TrustedKey(
+            config.name, {n: v for n, v in k.items() if n in ("kty", "crv", "x", "y")}
+        )
+        for k in jwks.get("keys", [])
+        if isinstance(k, dict) and isinstance(k.get("kid"), str)
+    }
+    return Issuer(config.name, frozenset(config.tenants), keys, jwks, dict(config.payees))
+
+
+class Presentation(BaseModel):
+    """The body of ``POST /_opgate/v1/mandates``: the mandate, and the provider call it pays."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mandate: Annotated[str, Field(min_length=1, max_length=64 * 1024)]
+    provider: Annotated[str, Field(min_length=1, max_length=128)]
+    action: Annotated[str, Field(min_length=1, max_length=128)]
+    path_params: dict[str, str] = Field(default_factory=dict)
+    params: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+def mandate_digest(issuer_signed_jwt: str) -> str:
+    """A mandate's identity: base64url SHA-256 of its issuer-signed JWT, the same whichever of
+    its disclosures a presentation reveals."""
+    return b64url_digest(issuer_signed_jwt)
+
+
+def _operation_id(digest: str) -> str:
+    return "ap2_" + hashlib.sha256(digest.encode("ascii")).hexdigest()[:32]
+
+
+def _refuse(
+    record: AuditRecord,
+    trust: MandateTrust | None,
+    reason: Reason,
+    detail: str,
+    reference: str | None = None,
+    **extra: Any,
+) -> web.Response:
+    record.decision, record.reason = Decision.DENY, reason.value
+    if trust is not None:
+        claims = receipt_claims(
+            issuer=trust.audience,
+            now=int(time.time()),
+            reference=reference,
+            refusal=(reason.value, REASONS[reason].title),
+        )
+        extra["receipt"] = sign_receipt(trust.receipt_key, claims)
+    return problem_response(reason, detail, extra=extra or None)
+
+
+_CODES = {
+    MandateCode.INVALID: Reason.MANDATE_INVALID,
+    MandateCode.MISMATCH: Reason.MANDATE_MISMATCH,
+    MandateCode.CONSTRAINT_FAILED: Reason.MANDATE_CONSTRAINT_FAILED,
+}
+
+
+async def _present(
+    gw: Gateway, request: web.Request, agent: Agent, record: AuditRecord
+) -> web.Response:
+    record.rule = MANDATE_RULE
+    trust = request.app.get(MANDATE_TRUST)
+    if trust is None:
+        return _refuse(record, None, Reason.MANDATES_NOT_SUPPORTED, "no mandate issuer is set")
+    raw = await read_agent_body(gw, request)
+    if isinstance(raw, tuple):
+        return _refuse(record, trust, *raw)
+    try:
+        presentation = Presentation.model_validate(parse_json_object(raw))
+    except (BodyRejected, ValidationError) as exc:
+        errors = validation_errors(exc) if isinstance(exc, ValidationError) else [str(exc)]
+        return _refuse(record, trust, Reason.MANDATE_INVALID, "not a presentation", errors=errors)
+    keys, issuers = trust.for_tenant(agent.tenant)
+    now = int(time.time())
+    try:
+        verified = verify_presentation(presentation.mandate, keys, Expectation(trust.audience, now))
+    except IssuerUnknown as exc:
+        return _refuse(record, trust, Reason.MANDATE_ISSUER_UNKNOWN, str(exc))
+    except SdJwtExpired as exc:
+        return _refuse(record, trust, Reason.MANDATE_EXPIRED, str(exc))
+    except SdJwtInvalid as exc:
+        return _refuse(record, trust, Reason.MANDATE_INVALID, str(exc))
+    issuer = issuers[verified.issuer]
+    digest = mandate_digest(verified.closed_jwt)
+    open_digest = None if verified.closed is None else mandate_digest(verified.root_jwt)
+    record.mandate = {
+        "digest": digest,
+        "open_digest": open_digest,
+        "reference": verified.reference,
+        "issuer": issuer.name,
+        "presentation": presentation.mandate,
+        "issuer_jwks": issuer.jwks,
+    }
+    terms = terms_of(verified, datetime.now(UTC).date())
+    if isinstance(terms, MandateRefusal):
+        named = {"field": terms.field} if terms.field else {}
+        named |= {"constraint": terms.constraint} if terms.constraint else {}
+        return _refuse(record, trust, _CODES[terms.code], terms.detail, verified.reference, **named)
+    if issuer.payees.get(terms.payee_id) != presentation.provider:
+        return _refuse(
+            record,
+            trust,
+            Reason.MANDATE_MISMATCH,
+            f"the mandate's payee is not paid through provider {presentation.provider}",
+            verified.reference,
+            field="payee",
+        )
+    revoked = await MandateStore(gw.store).revoked([d for d in (digest, open_digest) if d])
+    if revoked:
+        return _refuse(record, trust, Reason.MANDATE_REVOKED, "revoked", verified.reference)
+    planned = _plan(gw, agent, presentation, terms, verified, digest, open_digest)
+    if isinstance(planned, list):
+        record.provider = (
+            presentation.provider if gw.policy.provider_named(presentation.provider) else None
+        )
+        return _refuse(
+            record,
+            trust,
+            Reason.APPROVAL_NOT_SENDABLE,
+            "; ".join(planned),
+            verified.reference,
+            errors=planned,
+        )
+    record.provider, record.operation_id = planned.provider, planned.operation_id
+    created = await _create(gw, planned, terms, open_digest)
+    if isinstance(created, Reason):
+        return _refuse(record, trust, created, REASONS[created].title, verified.reference)
+    op, status = created
+    record.status_after = op.status.value
+    claims = receipt_claims(
+        issuer=trust.audience, now=now, reference=verified.reference, operation=op.to_public()
+    )
+    body = {
+        "mandate_digest": digest,
+        "operation": recovery_view(gw, op),
+        "receipt": sign_receipt(trust.receipt_key, claims),
+    }
+    return web.json_response(body, status=status)
+
+
+def _plan(
+    gw: Gateway,
+    agent: Agent,
+    presentation: Presentation,
+    terms: MandateTerms,
+    verified: VerifiedMandate,
+    digest: str,
+    open_digest: str | None,
+) -> NewOperation | list[str]:
+    now = datetime.now(UTC)
+    expires = now + _LONGEST_APPROVAL
+    if terms.expires_at is not None:
+        expires = min(expires, datetime.fromtimestamp(terms.expires_at, UTC))
+    provider = gw.policy.provider_named(presentation.provider)
+    rule = None if provider is None else provider.rule_named(presentation.action)
+    if rule is not None and rule.amount is None:
+        return [f"rule {rule.name} reads no amount: a payment mandate cannot approve it"]
+    if rule is not None and rule.currency is None and not (provider and provider.budgets):
+        # the currency the person approved could not be compared with what is sent
+        return [f"rule {rule.name} reads no currency: a payment mandate cannot approve it"]
+    try:
+        approval = OperationRequest(
+            operation_id=_operation_id(digest),
+            tenant=agent.tenant,
+            agent_id=agent.agent_id,
+            provider=presentation.provider,
+            action=presentation.action,
+            path_params=presentation.path_params,
+            amount=terms.amount,
+            currency=terms.currency,
+            params=presentation.params,
+            idempotency_key="ap2k_" + hashlib.sha256(digest.encode()).hexdigest()[:40],
+            approval_ref=f"ap2:{digest}" + (f";open:{open_digest}" if open_digest else ""),
+            approved_by=f"{terms.issuer}:{terms.subject}"[:256],
+            expires_at=expires,
+        )
+    except ValidationError as exc:
+        return validation_errors(exc)
+    return plan_operation(approval, gw.policy, now)
+
+
+async def _create(
+    gw: Gateway, planned: NewOperation, terms: MandateTerms, open_digest: str | None
+) -> tuple[Any, int] | Reason:
+    """The operation (created: 201; the mandate's earlier one: 200), or why not."""
+    actor = planned.approved_by
+    try:
+        if terms.open_use is None or open_digest is None:
+            created = await gw.store.create(planned, actor=actor)
+        else:
+            limits = OpenMandateLimits(
+                open_digest, terms.open_use.max_occurrences, terms.open_use.budget_max
+            )
+            outcome = await MandateStore(gw.store).create_within(planned, actor, limits)
+            if isinstance(outcome, OpenMandateUsed):
+                return Reason.MANDATE_EXHAUSTED
+            created = outcome
+    except (IdempotencyKeyInUse, AlreadySuperseded):
+        return Reason.MANDATE_MISMATCH
+    if created is not None:
+        _log.info("mandate_operation_created", operation_id=created.operation_id)
+        return created, 201
+    existing = await gw.store.load(planned.operation_id)
+    if existing is not None and same_approval(planned, existing.to_public()):
+        return existing, 200  # the same mandate again: the same operation, never a second
+    return Reason.MANDATE_MISMATCH
+
+
+async def _receipt(
+    gw: Gateway, request: web.Request, agent: Agent, record: AuditRecord
+) -> web.Response:
+    record.rule = MANDATE_RULE
+    trust = request.app.get(MANDATE_TRUST)
+    if trust is None:
+        return _refuse(record, None, Reason.MANDATES_NOT_SUPPORTED, "no mandate issuer is set")
+    operation_id = path_operation_id(request, "operation_id")
+    op = None if operation_id is None else await gw.store.load(operation_id)
+    if op is None or op.tenant != agent.tenant or not op.approval_ref.startswith("ap2:"):
+        # the same answer for "absent", "not yours" and "not a mandate's"
+        return _refuse(record, None, Reason.OPERATION_UNKNOWN, "no operation of a mandate")
+    record.provider, record.operation_id = op.provider, op.operation_id
+    record.status_after = op.status.value
+    claims = receipt_claims(
+        issuer=trust.audience,
+        now=int(time.time()),
+        reference=op.approval_ref.removeprefix("ap2:").split(";", 1)[0],
+        operation=op.to_public(),
+    )
+    settled = op.status in (Status.CONFIRMED, Status.FAILED)
+    body = {"settled": settled, "receipt": sign_receipt(trust.receipt_key, claims)}
+    return web.json_response(body)
+
+
+async def jwks(request: web.Request) -> web.Response:
+    trust = request.app.get(MANDATE_TRUST)
+    if trust is None:
+        return problem_response(Reason.MANDATES_NOT_SUPPORTED, "no mandate issuer is set")
+    return web.json_response(public_jwks(trust.receipt_key))
+
+
+class MandateRevocation(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    reason: str = Field(min_length=1, max_length=1000)
+
+
+async def revoke_mandate(request: web.Request) -> web.Response:
+    """Revoke a mandate by its digest: it approves nothing more; each operation it approved of
+    which nothing has left is revoked too (one that left is the recovery protocol's)."""
+    gateway = request.app[GATEWAY]
+    digest = request.match_info["digest"]
+    if not (
+        digest.isascii()
+        and len(digest) == 43
+        and digest.replace("-", "").replace("_", "").isalnum()
+    ):
+        return admin_problem(400, "invalid_request", "not a mandate digest (43 base64url)")
+    try:
+        revocation = MandateRevocation.model_validate(await read_document(request))
+    except ValidationError as exc:
+        return admin_problem(
+            400, "invalid_request", "a reason is required", errors=validation_errors(exc)
+        )
+    operation_ids = await MandateStore(gateway.store).revoke(digest, "admin", revocation.reason)
+    revoked = []
+    for operation_id in operation_ids:
+        if await gateway.store.revoke(operation_id, revocation.reason, actor="admin"):
+            revoked.append(operation_id)
+    _log.info("mandate_revoked", digest=digest, operations=revoked)
+    return web.json_response({"digest": digest, "operations": operation_ids, "revoked": revoked})
+
+
+present_mandate = recorded(_present)
+read_receipt = recorded(_receipt)
+
+
+def add_agent_mandate_routes(app: web.Application, settings: Settings) -> None:
+    trust = load_mandate_trust(settings)
+    if trust is not None:
+        app[MANDATE_TRUST] = trust
+    app.router.add_post(MANDATES_PREFIX, present_mandate)
+    app.router.add_get(MANDATES_PREFIX + "/{operation_id}/receipt", read_receipt)
+    app.router.add_get(JWKS_PATH, jwks)
+
+
+def add_ops_mandate_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/mandates/{digest}/revoke", revoke_mandate)

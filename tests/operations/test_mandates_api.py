@@ -1,0 +1,403 @@
+"""Signed mandates end to end: real opgate, real PostgreSQL, the fault provider, mandates minted
+by the tests with their own keys. A person's mandate becomes exactly one operation; its
+request goes through once; every refusal is a code with a signed error receipt."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+import pytest
+import pytest_asyncio
+from joserfc import jws
+from joserfc.jwk import ECKey, KeySet
+
+from tests.support.fault_provider import FaultProvider
+from tests.support.mandates import (
+    Signer,
+    closed_mandate,
+    closed_payment,
+    open_mandate,
+    present_under,
+)
+from tests.support.opgate import (
+    AGENT_TOKEN,
+    OTHER_TENANT_TOKEN,
+    Opgate,
+    StartOpgate,
+    admin_headers,
+    fault_policy,
+    process_env,
+)
+from tests.support.opgate_process import OpgateProcess, opgate_process
+
+AUDIENCE = "opgate.test"
+PERSON = Signer("surface-2026")
+
+
+def mandate_settings(tmp_path: Path) -> dict[str, Any]:
+    key_file = tmp_path / "receipt-key.json"
+    key_file.write_text(json.dumps(ECKey.generate_key("P-256").as_dict(private=True)))
+    return {
+        "mandate_issuers": [
+            {
+                "name": "surface",
+                "tenants": ["t1"],
+                "jwks": PERSON.jwks,
+                "payees": {"acct_merchant": "fault"},
+            }
+        ],
+        "mandate_audience": AUDIENCE,
+        "receipt_key_file": key_file,
+    }
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def gate(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider, tmp_path: Path
+) -> AsyncIterator[Opgate]:
+    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False))
+    async with start_opgate(
+        upstream_overrides={"fault": fault_provider.url}, **mandate_settings(tmp_path)
+    ) as running:
+        yield running
+
+
+async def present(
+    gate: Opgate | OpgateProcess,
+    http: aiohttp.ClientSession,
+    mandate: str,
+    token: str = AGENT_TOKEN,
+    **fields: Any,
+) -> tuple[int, dict[str, Any]]:
+    body = {
+        "mandate": mandate,
+        "provider": "fault",
+        "action": "refund.create",
+        "params": {"charge": "ch_1"},
+        **fields,
+    }
+    async with http.post(
+        f"{gate.agent_url}/_opgate/v1/mandates",
+        json=body,
+        headers={"Authorization": f"Bearer {token}"},
+    ) as response:
+        return response.status, json.loads(await response.read())
+
+
+async def send_exactly(
+    gate: Opgate | OpgateProcess, http: aiohttp.ClientSession, request: dict[str, Any]
+) -> int:
+    body = "&".join(f"{k}={v}" for k, v in request["form"].items())
+    headers = {
+        **request["headers"],
+        "Authorization": f"Bearer {AGENT_TOKEN}",
+        "Content-Type": "application/x-www-form-urlencoded",
+    }
+    async with http.post(gate.agent_url + request["path"], data=body, headers=headers) as r:
+        await r.read()
+        return r.status
+
+
+async def receipt_claims(gate: Opgate, receipt: str) -> dict[str, Any]:
+    """The receipt's claims, verified with the key opgate publishes (and no other)."""
+    async with gate.http.get(f"{gate.agent_url}/.well-known/jwks.json") as response:
+        assert response.status == 200
+        keys = KeySet.import_key_set(await response.json())
+    verified = jws.deserialize_compact(receipt, keys, algorithms=["ES256"])
+    claims: dict[str, Any] = json.loads(verified.payload)
+    return claims
+
+
+async def test_a_closed_mandate_becomes_one_operation_sent_once(
+    gate: Opgate, fault_provider: FaultProvider
+) -> None:
+    """Presented: 201, an operation holding the mandate's amount and currency, approved by the
+    person, a signed success receipt; its request goes through once; presented again, the same
+    operation (200) and no second effect; the final receipt names the provider's object."""
+    mandate = closed_mandate(PERSON, amount=2500, currency="USD")
+    status, answer = await present(gate, gate.http, mandate)
+    assert status == 201, answer
+    op = answer["operation"]["operation"]
+    assert (op["amount"], op["currency"], op["params"]) == (2500, "usd", {"charge": "ch_1"})
+    assert op["approval"]["approved_by"] == "surface:alice"
+    assert op["approval"]["ref"] == f"ap2:{answer['mandate_digest']}"
+    claims = await receipt_claims(gate, answer["receipt"])
+    assert (claims["result"], claims["operation_id"], claims["iss"]) == (
+        "success",
+        op["operation_id"],
+        AUDIENCE,
+    )
+
+    assert await send_exactly(gate, gate.http, answer["operation"]["request"]) == 200
+    status, again = await present(gate, gate.http, mandate)
+    assert status == 200
+    assert again["operation"]["operation"]["operation_id"] == op["operation_id"]
+    assert again["operation"]["next_action"] == "proceed"
+    assert len(fault_provider.effects) == 1
+
+    status, _, raw = await gate.send(
+        f"/_opgate/v1/mandates/{op['operation_id']}/receipt", method="GET", content_type=None
+    )
+    final = json.loads(raw)
+    assert (status, final["settled"]) == (200, True)
+    claims = await receipt_claims(gate, final["receipt"])
+    assert claims["status"] == "confirmed"
+    assert claims["payment_id"] == fault_provider.effects[0].id
+
+
+async def test_a_request_one_unit_off_the_mandate_is_refused(
+    gate: Opgate, fault_provider: FaultProvider
+) -> None:
+    """The operation holds what the person signed: 2501 where 2500 was signed is refused."""
+    _, answer = await present(gate, gate.http, closed_mandate(PERSON, amount=2500))
+    request = answer["operation"]["request"]
+    request["form"]["amount"] = "2501"
+    assert await send_exactly(gate, gate.http, request) == 422
+    assert fault_provider.effects == []
+
+
+def _forged_alg_none() -> str:
+    token = closed_mandate(PERSON)
+    _header, payload, _sig = token.split("~", 1)[0].split(".")
+    header = "eyJhbGciOiJub25lIiwia2lkIjoic3VyZmFjZS0yMDI2In0"  # {"alg":"none","kid":...}
+    return f"{header}.{payload}.~"
+
+
+def _swapped_disclosure() -> str:
+    mine = closed_mandate(PERSON).split("~")
+    theirs = closed_mandate(PERSON, payee_id="acct_attacker").split("~")
+    return f"{mine[0]}~{theirs[1]}~"
+
+
+@pytest.mark.parametrize(
+    ("scenario", "mandate", "token", "code"),
+    [
+        (
+            "untrusted key",
+            lambda: closed_mandate(Signer("surface-2026")),
+            AGENT_TOKEN,
+            "mandate_invalid",
+        ),
+        (
+            "unknown kid",
+            lambda: closed_mandate(Signer("elsewhere")),
+            AGENT_TOKEN,
+            "mandate_issuer_unknown",
+        ),
+        (
+            "other tenant",
+            lambda: closed_mandate(PERSON),
+            OTHER_TENANT_TOKEN,
+            "mandate_issuer_unknown",
+        ),
+        ("alg none", _forged_alg_none, AGENT_TOKEN, "mandate_invalid"),
+        ("swapped disclosure", _swapped_disclosure, AGENT_TOKEN, "mandate_invalid"),
+        ("expired", lambda: closed_mandate(PERSON, exp=1), AGENT_TOKEN, "mandate_expired"),
+        (
+            "payee paid elsewhere",
+            lambda: closed_mandate(PERSON, payee_id="acct_other"),
+            AGENT_TOKEN,
+            "mandate_mismatch",
+        ),
+        (
+            "lower-case currency",
+            lambda: closed_mandate(PERSON, currency="usd"),
+            AGENT_TOKEN,
+            "mandate_invalid",
+        ),
+        (
+            "unknown constraint",
+            lambda: present_under(
+                open_mandate(PERSON, AGENT, [{"type": "com.example.tier", "tier": "gold"}]),
+                AGENT,
+                closed_payment(),
+                aud=AUDIENCE,
+            ),
+            AGENT_TOKEN,
+            "mandate_constraint_failed",
+        ),
+        (
+            "binding for another audience",
+            lambda: present_under(
+                open_mandate(PERSON, AGENT, []), AGENT, closed_payment(), aud="elsewhere"
+            ),
+            AGENT_TOKEN,
+            "mandate_invalid",
+        ),
+    ],
+)
+async def test_every_refusal_is_a_code_with_a_signed_error_receipt(
+    gate: Opgate,
+    fault_provider: FaultProvider,
+    database_url: str,
+    scenario: str,
+    mandate: Any,
+    token: str,
+    code: str,
+) -> None:
+    """Each attack or mistake is refused 403 with its code and an AP2 error receipt, creates
+    no operation, and is audited with the rule ``mandate`` and its code."""
+    status, refused = await present(gate, gate.http, mandate(), token=token)
+    assert (status, refused["code"]) == (403, code), refused
+    claims = await receipt_claims(gate, refused["receipt"])
+    assert (claims["result"], claims["opgate_code"]) == ("error", code)
+    assert fault_provider.requests == []
+    conn = await asyncpg.connect(database_url)
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM operations") == 0
+
+        async def audited() -> bool:
+            return bool(
+                await conn.fetchval(
+                    "SELECT count(*) FROM audit_log WHERE record::jsonb->>'rule' = 'mandate' "
+                    "AND record::jsonb->>'reason' = $1",
+                    code,
+                )
+            )
+
+        await _eventually(audited)
+    finally:
+        await conn.close()
+
+
+AGENT = Signer("agent-key")
+
+
+async def _eventually(check: Callable[[], Awaitable[bool]], seconds: float = 10.0) -> None:
+    """Poll a database condition, bounded: the audit writer stores records in batches."""
+    try:
+        async with asyncio.timeout(seconds):
+            while not await check():  # noqa: ASYNC110 (a database row: nothing signals it)
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"not within {seconds} s") from None
+
+
+async def test_the_mandate_and_its_keys_are_kept_with_the_audit_record(
+    gate: Opgate, database_url: str
+) -> None:
+    """The record of a presentation holds the mandate as received and the issuer's JWKS."""
+    mandate = closed_mandate(PERSON)
+    status, answer = await present(gate, gate.http, mandate)
+    assert status == 201
+    conn = await asyncpg.connect(database_url)
+    try:
+
+        async def kept() -> bool:
+            row = await conn.fetchval(
+                "SELECT record FROM audit_log WHERE record::jsonb->'mandate'->>'digest' = $1",
+                answer["mandate_digest"],
+            )
+            if row is None:
+                return False
+            record = json.loads(row)
+            return bool(
+                record["mandate"]["presentation"] == mandate
+                and record["mandate"]["issuer_jwks"] == PERSON.jwks
+            )
+
+        await _eventually(kept)
+    finally:
+        await conn.close()
+
+
+async def test_a_revoked_mandate_approves_nothing_more(gate: Opgate) -> None:
+    """Revoked by its digest through the operations API: its unsent operation is revoked and
+    the mandate presented again is refused mandate_revoked."""
+    mandate = closed_mandate(PERSON)
+    _, answer = await present(gate, gate.http, mandate)
+    digest = answer["mandate_digest"]
+    async with gate.http.post(
+        f"{gate.ops_url}/v1/mandates/{digest}/revoke",
+        json={"reason": "the person withdrew consent"},
+        headers=admin_headers(),
+    ) as response:
+        revoked = await response.json()
+    assert response.status == 200
+    assert revoked["revoked"] == [answer["operation"]["operation"]["operation_id"]]
+    status, refused = await present(gate, gate.http, mandate)
+    assert (status, refused["code"]) == (403, "mandate_revoked")
+
+
+async def test_an_open_mandate_allows_one_payment_without_recurrence(gate: Opgate) -> None:
+    """Without agent_recurrence an open mandate approves one closed mandate, not a second."""
+    open_token = open_mandate(PERSON, AGENT, [])
+    first = present_under(open_token, AGENT, closed_payment(), aud=AUDIENCE)
+    second = present_under(open_token, AGENT, closed_payment(), aud=AUDIENCE)
+    assert (await present(gate, gate.http, first))[0] == 201
+    status, refused = await present(gate, gate.http, second)
+    assert (status, refused["code"]) == (403, "mandate_exhausted")
+
+
+async def test_twenty_presentations_over_two_processes_make_one_effect_and_hold_a_budget(
+    database_url: str, fault_provider: FaultProvider, tmp_path: Path
+) -> None:
+    """Two opgate processes, one database. One closed mandate presented 20 times at once (10
+    to each) names one operation; each presenter then sends its request: one effect at the
+    provider. Then 20 closed mandates of 400 under one open mandate with a 2,000 budget and 20
+    uses, at once over both: exactly 5 are accepted, 15 refused mandate_exhausted."""
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "fault.yaml").write_text(fault_policy(deduplicates=False))
+    settings = mandate_settings(tmp_path)
+    environments = [
+        process_env(
+            database_url,
+            policies,
+            {"fault": fault_provider.url},
+            OPGATE_INSTANCE_ID=name,
+            OPGATE_BACKGROUND_INTERVAL_SECONDS="3600",
+            OPGATE_POLICY_RELOAD_INTERVAL_SECONDS="0",
+            OPGATE_MANDATE_ISSUERS=json.dumps(settings["mandate_issuers"]),
+            OPGATE_MANDATE_AUDIENCE=AUDIENCE,
+            OPGATE_RECEIPT_KEY_FILE=str(settings["receipt_key_file"]),
+        )
+        for name in ("mandate-a", "mandate-b")
+    ]
+    connector = aiohttp.TCPConnector(limit=0)
+    async with (
+        opgate_process(environments[0]) as gate_a,
+        opgate_process(environments[1]) as gate_b,
+        aiohttp.ClientSession(trust_env=False, connector=connector) as http,
+    ):
+        gates = (gate_a, gate_b)
+        mandate = closed_mandate(PERSON, amount=700)
+        answers = await asyncio.gather(*(present(gates[i % 2], http, mandate) for i in range(20)))
+        assert sorted(status for status, _ in answers) == [200] * 19 + [201]
+        assert len({a["operation"]["operation"]["operation_id"] for _, a in answers}) == 1
+        await asyncio.gather(
+            *(
+                send_exactly(gates[i % 2], http, a["operation"]["request"])
+                for i, (_, a) in enumerate(answers)
+            )
+        )
+        assert len(fault_provider.effects) == 1
+
+        budget = [
+            {"type": "payment.budget", "max": 2000, "currency": "USD"},
+            {"type": "payment.agent_recurrence", "frequency": "ON_DEMAND", "max_occurrences": 20},
+        ]
+        open_token = open_mandate(PERSON, AGENT, budget)
+        closed = [
+            present_under(open_token, AGENT, closed_payment(amount=400), aud=AUDIENCE)
+            for _ in range(20)
+        ]
+        results = await asyncio.gather(
+            *(present(gates[i % 2], http, c) for i, c in enumerate(closed))
+        )
+    codes = sorted(str(status) if status == 201 else body["code"] for status, body in results)
+    assert codes == ["201"] * 5 + ["mandate_exhausted"] * 15, codes
+    conn = await asyncpg.connect(database_url)
+    try:
+        spent = await conn.fetchval(
+            "SELECT sum(amount) FROM operations WHERE approval_ref LIKE 'ap2:%;open:%'"
+        )
+    finally:
+        await conn.close()
+    assert spent == 2000

@@ -1,0 +1,154 @@
+"""Real AP2 Payment Mandates minted by the tests: a trusted surface (the person's issuer) signs
+SD-JWTs with its own P-256 key, an agent signs its closed mandate under an open one with the key
+the open mandate names in ``cnf``. Written from RFC 9901 and AP2 v0.2, not from opgate's
+verifier, so that the two can disagree."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from joserfc import jws
+from joserfc.jwk import ECKey
+
+
+def b64url(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def digest(text: str) -> str:
+    return b64url(hashlib.sha256(text.encode("ascii")).digest())
+
+
+def disclosure(name: str | None, value: Any) -> str:
+    salt = b64url(secrets.token_bytes(16))
+    parts = [salt, value] if name is None else [salt, name, value]
+    return b64url(json.dumps(parts).encode("utf-8"))
+
+
+def sign(key: ECKey, header: dict[str, Any], claims: dict[str, Any]) -> str:
+    return jws.serialize_compact({"alg": "ES256", **header}, json.dumps(claims).encode(), key)
+
+
+@dataclass
+class Signer:
+    """A key that signs mandates (the person's trusted surface) or closed mandates (an agent)."""
+
+    kid: str
+    key: ECKey = field(default_factory=lambda: ECKey.generate_key("P-256"))
+
+    @property
+    def public_jwk(self) -> dict[str, Any]:
+        return dict(self.key.as_dict(private=False))
+
+    @property
+    def jwks(self) -> dict[str, Any]:
+        return {"keys": [{**self.public_jwk, "kid": self.kid, "alg": "ES256", "use": "sig"}]}
+
+    def sd_jwt(
+        self,
+        claims: dict[str, Any],
+        *,
+        disclose: tuple[str, ...] = (),
+        header: dict[str, Any] | None = None,
+    ) -> tuple[str, list[str]]:
+        """The issuer-signed JWT with the claims named in ``disclose`` made selectively
+        disclosable, and their disclosures."""
+        payload = {k: v for k, v in claims.items() if k not in disclose}
+        disclosures = [disclosure(name, claims[name]) for name in disclose]
+        if disclosures:
+            payload["_sd"] = sorted(digest(d) for d in disclosures)
+            payload["_sd_alg"] = "sha-256"
+        jwt = sign(self.key, {"kid": self.kid, "typ": "dc+sd-jwt", **(header or {})}, payload)
+        return jwt, disclosures
+
+
+def compact(jwt: str, disclosures: list[str], kb_jwt: str = "") -> str:
+    return "".join(f"{p}~" for p in (jwt, *disclosures)) + kb_jwt
+
+
+def closed_payment(
+    *,
+    amount: int = 2500,
+    currency: str = "USD",
+    payee_id: str = "acct_merchant",
+    transaction_id: str | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    return {
+        "vct": "mandate.payment.1",
+        "transaction_id": transaction_id or b64url(secrets.token_bytes(32)),
+        "payee": {"id": payee_id, "name": "Merchant Choice", "website": "https://m.example"},
+        "payment_amount": {"amount": amount, "currency": currency},
+        "payment_instrument": {"id": "pm_card", "type": "card", "description": "visa 4242"},
+        **extra,
+    }
+
+
+def person_claims(content: dict[str, Any], *, sub: str = "alice", ttl: int = 900) -> dict[str, Any]:
+    now = int(time.time())
+    return {"iss": "https://surface.example", "sub": sub, "iat": now, "exp": now + ttl, **content}
+
+
+def closed_mandate(person: Signer, **fields: Any) -> str:
+    """A closed Payment Mandate the person signed (human present), payee disclosed."""
+    jwt, disclosures = person.sd_jwt(person_claims(closed_payment(**fields)), disclose=("payee",))
+    return compact(jwt, disclosures)
+
+
+def open_mandate(
+    person: Signer, agent: Signer, constraints: list[dict[str, Any]], **fixed: Any
+) -> str:
+    """An open Payment Mandate naming the agent's key; its constraints selectively disclosed."""
+    claims = person_claims(
+        {
+            "vct": "mandate.payment.open.1",
+            "constraints": constraints,
+            "cnf": {"jwk": agent.public_jwk},
+            **fixed,
+        }
+    )
+    jwt, disclosures = person.sd_jwt(claims, disclose=("constraints",))
+    return compact(jwt, disclosures)
+
+
+def present_under(
+    open_token: str,
+    agent: Signer,
+    content: dict[str, Any],
+    *,
+    aud: str,
+    nonce: str | None = None,
+    iat: int | None = None,
+    binding: str = "sd_hash",
+    typ: str = "kb+sd-jwt",
+) -> str:
+    """The agent's closed mandate under ``open_token``, joined as AP2's ``<open>~~<closed>~``."""
+    bound = open_token if binding == "sd_hash" else open_token.split("~", 1)[0]
+    claims = {
+        "iat": iat if iat is not None else int(time.time()),
+        "aud": aud,
+        "nonce": nonce or b64url(secrets.token_bytes(12)),
+        binding: digest(bound),
+        "delegate_payload": [content],
+    }
+    jwt = sign(agent.key, {"typ": typ}, claims)
+    return f"{open_token.removesuffix('~')}~~{jwt}~"
+
+
+def key_binding(
+    holder: Signer, sd_jwt: str, *, aud: str, nonce: str = "n-1", iat: int | None = None
+) -> str:
+    """RFC 9901's KB-JWT over a presentation ``sd_jwt`` (ending in ``~``)."""
+    claims = {
+        "iat": iat if iat is not None else int(time.time()),
+        "aud": aud,
+        "nonce": nonce,
+        "sd_hash": digest(sd_jwt),
+    }
+    return sign(holder.key, {"typ": "kb+jwt"}, claims)
