@@ -15,17 +15,26 @@ from Adyen.exceptions import AdyenAPIUnprocessableEntity
 from paypalserversdk.exceptions.error_exception import ErrorException
 from square.core.api_error import ApiError
 
-# the providers' fakes and opgate in front of each, as the SDK tests start them
-from tests.gate.test_adyen_sdk import PAYMENT, adyen, adyen_gate  # noqa: F401
-from tests.gate.test_paypal_sdk import order, paypal, paypal_gate  # noqa: F401
-from tests.gate.test_square_sdk import square, square_gate  # noqa: F401
-from tests.gate.test_stripe_end_to_end import approve_refund, stripe_gate  # noqa: F401
 from tests.support.fake_adyen import FakeAdyen
 from tests.support.fake_paypal import FakePayPal
 from tests.support.fake_square import FakeSquare
 from tests.support.localstripe_server import create_charge, list_refunds
 from tests.support.opgate import AGENT_TOKEN, Opgate
 from tests.support.paths import REPO
+
+# the providers' fakes and opgate in front of each, as the SDK tests start them
+from tests.support.sdk_gates import (  # noqa: F401
+    PAYMENT,
+    adyen,
+    adyen_gate,
+    approve_refund,
+    order,
+    paypal,
+    paypal_gate,
+    square,
+    square_gate,
+    stripe_gate,
+)
 
 HOW_TO = REPO / "docs" / "how-to"
 PAGES = ["connect-stripe.md", "connect-square.md", "connect-paypal.md", "connect-adyen.md"]

@@ -62,7 +62,9 @@ REACHES_INTO_GATE: dict[str, set[str]] = {
     "admin": GATE_ENTRY_POINTS,
     "operations": GATE_ENTRY_POINTS,
     "proposals": GATE_ENTRY_POINTS,
-    "console": GATE_ENTRY_POINTS,
+    # a proposal's page shows the provider's current answer to the rule's preconditions, read
+    # by the gate's own lookup and judged by its own rules (proxy/console/explain.py)
+    "console": GATE_ENTRY_POINTS | {"lookup", "preconditions"},
     "mcp": GATE_ENTRY_POINTS,
 }
 

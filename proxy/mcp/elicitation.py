@@ -12,6 +12,7 @@ Pure.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import mcp.types as types
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -31,7 +32,8 @@ def url_elicitation_supported(protocol_version: str, params: Any) -> bool:
 
 
 def approval_url(console_url: str, proposal_id: str) -> str:
-    return f"{console_url.rstrip('/')}/proposals#proposal-{proposal_id}"
+    # the proposal's own page: the request as a sentence, its checks, and the decision form
+    return f"{console_url.rstrip('/')}/proposals/{quote(proposal_id, safe='')}"
 
 
 def ask_for_approval(console_url: str, view: dict[str, Any]) -> types.InputRequiredResult:

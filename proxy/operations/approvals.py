@@ -19,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Field,
     JsonValue,
+    ValidationError,
     field_validator,
     model_validator,
 )
@@ -301,3 +302,9 @@ def holds_nul(value: Any) -> bool:
     if isinstance(value, list):
         return any(holds_nul(item) for item in value)
     return False
+
+
+def validation_errors(exc: ValidationError) -> list[str]:
+    return [
+        f"{'.'.join(str(p) for p in err['loc']) or '(body)'}: {err['msg']}" for err in exc.errors()
+    ]

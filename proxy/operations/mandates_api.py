@@ -45,10 +45,14 @@ from proxy.mandates.chain import (
 from proxy.mandates.receipts import public_jwks, receipt_claims, sign_receipt
 from proxy.mandates.sdjwt import SdJwtExpired, SdJwtInvalid, b64url_digest
 from proxy.observe.audit import AuditRecord, Decision
+from proxy.operations.agent_body import read_agent_body
 from proxy.operations.api import read_document
-from proxy.operations.approvals import OperationRequest, plan_operation, same_approval
-from proxy.proposals.api import read_agent_body
-from proxy.proposals.rules import validation_errors
+from proxy.operations.approvals import (
+    OperationRequest,
+    plan_operation,
+    same_approval,
+    validation_errors,
+)
 from proxy.recovery.api import recorded, recovery_view
 from proxy.runtime import GATEWAY, Gateway
 from proxy.settings import MandateIssuerConfig, Settings

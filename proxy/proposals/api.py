@@ -6,7 +6,6 @@ On the operations listener (the admin token or an approver's): ``GET /v1/proposa
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated, Any
 
 from aiohttp import web
@@ -19,18 +18,16 @@ from proxy.gate.identity import path_operation_id
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.observe.audit import AuditRecord, Decision
+from proxy.operations.agent_body import read_agent_body
 from proxy.operations.api import APPROVER, BadInput, query_of, read_document
+from proxy.operations.approvals import validation_errors
 from proxy.proposals.proposing import (
     Refusal,
     approve_proposal,
     decline_proposal,
     propose_for_agent,
 )
-from proxy.proposals.rules import (
-    REASON_MAX,
-    proposal_view,
-    validation_errors,
-)
+from proxy.proposals.rules import REASON_MAX, proposal_view
 from proxy.recovery.api import recorded, recovery_view
 from proxy.runtime import GATEWAY, Gateway
 from proxy.store.proposal import Proposal, ProposalState
@@ -39,8 +36,6 @@ PROPOSALS_PREFIX = "/_opgate/v1/proposals"
 OPS_PROPOSALS_PREFIX = "/v1/proposals"
 # The rule name proposals are recorded under: opgate's own, never a provider's.
 PROPOSAL_RULE = "proposal"
-# A proposal is a few fields and a sentence: far below any provider's body limit.
-_BODY_MAX = 64 * 1024
 _STATES = {
     "pending": ["pending"],
     "decided": ["approved", "declined"],
@@ -59,27 +54,6 @@ def _refuse(
     record.decision = Decision.DENY
     record.reason = reason.value
     return problem_response(reason, detail, retry_after=retry_after, extra=extra or None)
-
-
-async def read_agent_body(gw: Gateway, request: web.Request) -> bytes | tuple[Reason, str]:
-    """The whole body, bounded in size and in time (as an agent request's body)."""
-    seconds = gw.settings.body_read_timeout_seconds
-    if request.content_length is not None and request.content_length > _BODY_MAX:
-        return Reason.BODY_TOO_LARGE, f"{request.content_length} bytes, limit {_BODY_MAX}"
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        async with asyncio.timeout(seconds):
-            while chunk := await request.content.read(16 * 1024):
-                size += len(chunk)
-                if size > _BODY_MAX:
-                    return Reason.BODY_TOO_LARGE, f"more than {_BODY_MAX} bytes"
-                chunks.append(chunk)
-    except TimeoutError:
-        return Reason.BODY_TIMEOUT, f"the body did not arrive within {seconds} s"
-    except ConnectionError:
-        return Reason.REQUEST_MALFORMED, "the connection closed before the whole body"
-    return b"".join(chunks)
 
 
 async def _propose(

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from proxy.admin.access import Approver
 from proxy.gate.checks import Agent
-from proxy.operations.approvals import OperationRequest, plan_operation
+from proxy.operations.approvals import OperationRequest, plan_operation, validation_errors
 from proxy.policy.set import PolicySet
 from proxy.recovery.api import proposal_request
 from proxy.recovery.next_action import NextAction
@@ -211,9 +211,3 @@ def proposal_view(
         view["next_action"] = NextAction.NEW_APPROVAL_REQUIRED.value
         view["reason"] = f"expired at {proposal.expires_at.isoformat()} without a decision"
     return view
-
-
-def validation_errors(exc: ValidationError) -> list[str]:
-    return [
-        f"{'.'.join(str(p) for p in err['loc']) or '(body)'}: {err['msg']}" for err in exc.errors()
-    ]

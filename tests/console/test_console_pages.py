@@ -24,8 +24,7 @@ from tests.console.helpers import (
     tab_to,
     type_keys,
 )
-from tests.console.test_console_browser import click, in_browser, navigate, sign_in
-from tests.recovery.test_reconcile import eventually
+from tests.support.browser import click, in_browser, navigate, sign_in
 from tests.support.fault_provider import FaultMode, FaultProvider
 from tests.support.localstripe_server import create_charge
 from tests.support.opgate import (
@@ -37,6 +36,7 @@ from tests.support.opgate import (
     fault_policy,
 )
 from tests.support.paths import REPO
+from tests.support.polling import until
 
 pytestmark = NEEDS_BROWSER
 APPROVER_TOKEN = "opg_test_console_pages_approver_0123"
@@ -291,7 +291,7 @@ async def test_an_escalation_reads_as_a_decision_resolved_with_the_keyboard(
     async def escalated() -> bool:
         return (await gate.operation(operation_id))["escalation"] is not None
 
-    await eventually(escalated)
+    await until(escalated, "escalated", seconds=20)
     await gate.approve(tenant="acme", approval_ref="INC-2042", amount=1099, currency="jpy")
     base = gate.ops_url
     page_url = f"{base}/console/operations/{operation_id}"

@@ -6,35 +6,17 @@ a refusal is the SDK's own error class for the status with opgate's code as erro
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import Adyen
 import pytest
-import pytest_asyncio
 from Adyen.exceptions import AdyenAPIUnprocessableEntity, AdyenError
 from structlog.testing import capture_logs
 
 from tests.support.audit_logs import audits
-from tests.support.fake_adyen import ADYEN_API_KEY, FakeAdyen, running_fake_adyen
-from tests.support.opgate import AGENT_TOKEN, SHIPPED_POLICIES, Opgate, StartOpgate
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def adyen() -> AsyncIterator[FakeAdyen]:
-    async with running_fake_adyen() as fake:
-        yield fake
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def adyen_gate(
-    start_opgate: StartOpgate, adyen: FakeAdyen, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[Opgate]:
-    monkeypatch.setenv("OPGATE_SECRET_ADYEN_API_KEY", ADYEN_API_KEY)
-    async with start_opgate(
-        policy_dir=SHIPPED_POLICIES, upstream_overrides={"adyen": adyen.url}
-    ) as gate:
-        yield gate
+from tests.support.fake_adyen import ADYEN_API_KEY, FakeAdyen
+from tests.support.opgate import AGENT_TOKEN, Opgate
+from tests.support.sdk_gates import PAYMENT, adyen, adyen_gate  # noqa: F401
 
 
 def sdk(gate: Opgate) -> Adyen.Adyen:
@@ -45,15 +27,6 @@ def sdk(gate: Opgate) -> Adyen.Adyen:
     client.checkout.payments_api.baseUrl = f"{gate.agent_url}/adyen"
     client.checkout.modifications_api.baseUrl = f"{gate.agent_url}/adyen"
     return client
-
-
-PAYMENT = {
-    "merchantAccount": "AcmeCOM",
-    "reference": "order-7",
-    "amount": {"value": 1099, "currency": "EUR"},
-    "paymentMethod": {"type": "scheme", "encryptedCardNumber": "test_4111111111111111"},
-    "returnUrl": "https://shop.example/return",
-}
 
 
 async def approve_payment(gate: Opgate) -> dict[str, Any]:
@@ -67,7 +40,8 @@ async def approve_payment(gate: Opgate) -> dict[str, Any]:
 
 
 async def test_an_approved_payment_goes_through_once_with_the_operation_id(
-    adyen_gate: Opgate, adyen: FakeAdyen
+    adyen_gate: Opgate,  # noqa: F811
+    adyen: FakeAdyen,  # noqa: F811
 ) -> None:
     """/payments with the approved key: one payment, metadata.operation_id set, the real API
     key sent in place of the agent's token, and a re-send replayed by opgate."""
@@ -93,7 +67,8 @@ async def test_an_approved_payment_goes_through_once_with_the_operation_id(
 
 
 async def test_a_replanned_amount_is_the_sdks_error_with_opgates_code(
-    adyen_gate: Opgate, adyen: FakeAdyen
+    adyen_gate: Opgate,  # noqa: F811
+    adyen: FakeAdyen,  # noqa: F811
 ) -> None:
     """Another amount: AdyenAPIUnprocessableEntity (422) whose error_code is amount_mismatch,
     and Adyen sees nothing."""
@@ -112,7 +87,8 @@ async def test_a_replanned_amount_is_the_sdks_error_with_opgates_code(
 
 
 async def test_a_refund_keeps_the_operation_id_as_its_reference(
-    adyen_gate: Opgate, adyen: FakeAdyen
+    adyen_gate: Opgate,  # noqa: F811
+    adyen: FakeAdyen,  # noqa: F811
 ) -> None:
     """A modification carries no metadata: the operation id goes in its reference."""
     op = await adyen_gate.approve(
@@ -133,7 +109,10 @@ async def test_a_refund_keeps_the_operation_id_as_its_reference(
     assert (await adyen_gate.operation(op["operation_id"]))["status"] == "confirmed"
 
 
-async def test_a_permanent_refusal_is_sent_once(adyen_gate: Opgate, adyen: FakeAdyen) -> None:
+async def test_a_permanent_refusal_is_sent_once(
+    adyen_gate: Opgate,  # noqa: F811
+    adyen: FakeAdyen,  # noqa: F811
+) -> None:
     """A payment Adyen refuses (422: no merchantAccount) fails the operation; the re-send's
     operation_failed refusal is sent once (the SDK retries nothing) and raised with opgate's
     code as errorCode."""

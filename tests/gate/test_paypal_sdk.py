@@ -9,46 +9,23 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from paypalserversdk.configuration import Configuration, Environment, Server
 from paypalserversdk.exceptions.error_exception import ErrorException
 from paypalserversdk.http.auth.o_auth_2 import ClientCredentialsAuthCredentials
-from paypalserversdk.models.amount_with_breakdown import AmountWithBreakdown
-from paypalserversdk.models.checkout_payment_intent import CheckoutPaymentIntent
 from paypalserversdk.models.money import Money
 from paypalserversdk.models.o_auth_token import OAuthToken
-from paypalserversdk.models.order_request import OrderRequest
-from paypalserversdk.models.purchase_unit_request import PurchaseUnitRequest
 from paypalserversdk.models.refund_request import RefundRequest
 from paypalserversdk.paypal_serversdk_client import PaypalServersdkClient
 from structlog.testing import capture_logs
 
 from tests.support.audit_logs import audits
-from tests.support.fake_paypal import FakePayPal, running_fake_paypal
-from tests.support.opgate import AGENT_TOKEN, SHIPPED_POLICIES, Opgate, StartOpgate
+from tests.support.fake_paypal import FakePayPal
+from tests.support.opgate import AGENT_TOKEN, Opgate
+from tests.support.sdk_gates import approve_order, order, paypal, paypal_gate  # noqa: F401
 from tests.support.store_calls import count_store_calls
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def paypal() -> AsyncIterator[FakePayPal]:
-    async with running_fake_paypal() as fake:
-        yield fake
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def paypal_gate(
-    start_opgate: StartOpgate, paypal: FakePayPal, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[Opgate]:
-    monkeypatch.setenv("OPGATE_SECRET_PAYPAL_CLIENT_ID", paypal.tokens.client_id)
-    monkeypatch.setenv("OPGATE_SECRET_PAYPAL_CLIENT_SECRET", paypal.tokens.client_secret)
-    async with start_opgate(
-        policy_dir=SHIPPED_POLICIES, upstream_overrides={"paypal": paypal.url}
-    ) as gate:
-        yield gate
 
 
 def sdk(gate: Opgate, **retries: Any) -> PaypalServersdkClient:
@@ -69,25 +46,9 @@ def sdk(gate: Opgate, **retries: Any) -> PaypalServersdkClient:
     return PaypalServersdkClient(config=config)
 
 
-def order(value: str) -> OrderRequest:
-    amount = AmountWithBreakdown(currency_code="USD", value=value)
-    return OrderRequest(
-        intent=CheckoutPaymentIntent.CAPTURE, purchase_units=[PurchaseUnitRequest(amount=amount)]
-    )
-
-
-async def approve_order(gate: Opgate) -> dict[str, Any]:
-    return await gate.approve(
-        provider="paypal",
-        action="order.create",
-        amount=1099,
-        currency="USD",
-        params={"/intent": "CAPTURE"},
-    )
-
-
 async def test_an_approved_order_goes_through_once_with_the_operation_id(
-    paypal_gate: Opgate, paypal: FakePayPal
+    paypal_gate: Opgate,  # noqa: F811
+    paypal: FakePayPal,  # noqa: F811
 ) -> None:
     """CreateOrder "10.99" USD approved as 1099: one order, custom_id is the operation id, the
     upstream call used opgate's own OAuth2 token, and a re-send is replayed."""
@@ -115,7 +76,9 @@ async def test_an_approved_order_goes_through_once_with_the_operation_id(
 
 
 async def test_an_order_sent_while_the_token_is_cached_calls_no_token_endpoint(
-    paypal_gate: Opgate, paypal: FakePayPal, monkeypatch: pytest.MonkeyPatch
+    paypal_gate: Opgate,  # noqa: F811
+    paypal: FakePayPal,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The first order finds no token: it is fetched once, before the claim; the row is loaded
     (by its key), then claimed. The second, with the token cached, is loaded and claimed the
@@ -141,7 +104,9 @@ async def test_an_order_sent_while_the_token_is_cached_calls_no_token_endpoint(
 
 @pytest.mark.parametrize("value", ["20.00", "10.990", "10.9"])
 async def test_a_replanned_amount_is_the_sdks_error_exception_with_opgates_code(
-    paypal_gate: Opgate, paypal: FakePayPal, value: str
+    paypal_gate: Opgate,  # noqa: F811
+    paypal: FakePayPal,  # noqa: F811
+    value: str,
 ) -> None:
     """Another amount, or the approved one spelt otherwise: ErrorException (422
     UNPROCESSABLE_ENTITY) whose detail issue is amount_mismatch; PayPal sees nothing."""
@@ -157,7 +122,10 @@ async def test_a_replanned_amount_is_the_sdks_error_exception_with_opgates_code(
     assert paypal.posts() == []
 
 
-async def test_capture_and_refund_through_opgate(paypal_gate: Opgate, paypal: FakePayPal) -> None:
+async def test_capture_and_refund_through_opgate(
+    paypal_gate: Opgate,  # noqa: F811
+    paypal: FakePayPal,  # noqa: F811
+) -> None:
     """An approved capture, then a partial refund of "5.00" with custom_id set by opgate."""
     op = await approve_order(paypal_gate)
     created = await asyncio.to_thread(
@@ -200,7 +168,8 @@ async def test_capture_and_refund_through_opgate(paypal_gate: Opgate, paypal: Fa
 
 
 async def test_a_failing_token_endpoint_fails_closed_in_paypals_shape(
-    paypal_gate: Opgate, paypal: FakePayPal
+    paypal_gate: Opgate,  # noqa: F811
+    paypal: FakePayPal,  # noqa: F811
 ) -> None:
     """When PayPal's token endpoint fails, nothing is sent and nothing is claimed: the SDK
     raises ErrorException with credential_unavailable (503), and the approval still stands."""
@@ -226,7 +195,8 @@ async def test_a_failing_token_endpoint_fails_closed_in_paypals_shape(
 
 
 async def test_a_permanent_refusal_is_sent_once_by_a_retrying_sdk(
-    paypal_gate: Opgate, paypal: FakePayPal
+    paypal_gate: Opgate,  # noqa: F811
+    paypal: FakePayPal,  # noqa: F811
 ) -> None:
     """A capture of an order PayPal does not know fails the operation (404); with the SDK's
     retries on, POST included (it retries 408, 413, 429 and 5xx), the re-send's

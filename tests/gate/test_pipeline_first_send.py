@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from proxy.gate import preconditions
-from tests.gate.test_pipeline import op_header
-from tests.gate.test_preconditions import gets, policy_with_preconditions, posts
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import Opgate, StartOpgate
+from tests.support.pipeline import op_header
+from tests.support.preconditions import gets, policy_with_preconditions, posts
 from tests.support.store_calls import count_store_calls
 
 REFUND = "/fault/v1/refunds"

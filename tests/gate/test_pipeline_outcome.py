@@ -13,7 +13,7 @@ from proxy.gate.pipeline import RequestOutcome, answer, audited
 from proxy.gate.reasons import Reason
 from proxy.observe.audit import AuditRecord, Decision
 from proxy.store.operation import Status
-from tests.gate.test_checks import make_operation
+from tests.support.facts import make_operation
 
 
 def test_a_refusal_shown_instead_keeps_the_truth_on_the_record_only() -> None:

@@ -5,40 +5,23 @@ operation id lands in reference_id, and refusals are the SDK's own ApiError with
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-import pytest_asyncio
 from square import Square
 from square.core.api_error import ApiError
 from structlog.testing import capture_logs
 
 from tests.support.audit_logs import audits
-from tests.support.fake_square import SQUARE_TOKEN, FakeSquare, running_fake_square
-from tests.support.opgate import AGENT_TOKEN, SHIPPED_POLICIES, Opgate, StartOpgate
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def square() -> AsyncIterator[FakeSquare]:
-    async with running_fake_square() as fake:
-        yield fake
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def square_gate(
-    start_opgate: StartOpgate, square: FakeSquare, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[Opgate]:
-    monkeypatch.setenv("OPGATE_SECRET_SQUARE_ACCESS_TOKEN", SQUARE_TOKEN)
-    async with start_opgate(
-        policy_dir=SHIPPED_POLICIES, upstream_overrides={"square": square.url}
-    ) as gate:
-        yield gate
+from tests.support.fake_square import SQUARE_TOKEN, FakeSquare
+from tests.support.opgate import AGENT_TOKEN, Opgate
+from tests.support.sdk_gates import square, square_gate  # noqa: F401
 
 
 @pytest.fixture
-def sdk(square_gate: Opgate) -> Iterator[Square]:
+def sdk(square_gate: Opgate) -> Iterator[Square]:  # noqa: F811
     """The agent's SDK: its token is its opgate token, its base_url is opgate's route."""
     with httpx.Client(trust_env=False, timeout=30) as http:
         yield Square(
@@ -57,7 +40,9 @@ async def approve_payment(gate: Opgate, amount: int = 1099) -> dict[str, Any]:
 
 
 async def test_an_approved_payment_goes_through_once_with_the_operation_id(
-    square_gate: Opgate, sdk: Square, square: FakeSquare
+    square_gate: Opgate,  # noqa: F811
+    sdk: Square,
+    square: FakeSquare,  # noqa: F811
 ) -> None:
     """CreatePayment with the approved key in the body: one payment at Square, reference_id is
     the operation id, no Idempotency-Key header was added, and a re-send is replayed."""
@@ -87,7 +72,9 @@ async def test_an_approved_payment_goes_through_once_with_the_operation_id(
 
 
 async def test_a_replanned_amount_is_the_sdks_api_error_with_opgates_code(
-    square_gate: Opgate, sdk: Square, square: FakeSquare
+    square_gate: Opgate,  # noqa: F811
+    sdk: Square,
+    square: FakeSquare,  # noqa: F811
 ) -> None:
     """Another amount is refused before Square sees anything: ApiError, status 422, and
     errors[0].code == amount_mismatch with opgate's sentence."""
@@ -107,7 +94,9 @@ async def test_a_replanned_amount_is_the_sdks_api_error_with_opgates_code(
 
 
 async def test_a_payment_is_cancelled_by_operation_id(
-    square_gate: Opgate, sdk: Square, square: FakeSquare
+    square_gate: Opgate,  # noqa: F811
+    sdk: Square,
+    square: FakeSquare,  # noqa: F811
 ) -> None:
     """CancelPayment takes no key: the SDK names the operation with X-Operation-Id."""
     op = await approve_payment(square_gate)
@@ -138,7 +127,9 @@ async def test_a_payment_is_cancelled_by_operation_id(
 
 
 async def test_a_permanent_refusal_is_sent_once_and_keeps_opgates_status_in_the_body(
-    square_gate: Opgate, sdk: Square, square: FakeSquare
+    square_gate: Opgate,  # noqa: F811
+    sdk: Square,
+    square: FakeSquare,  # noqa: F811
 ) -> None:
     """A declined card fails the operation; the SDK's re-send is refused operation_failed,
     and Square's SDK (which retries 408, 409, 429 and 5xx) sends that refusal once: a 400

@@ -7,32 +7,24 @@ got past opgate would show up there as an extra refund: a strict ground truth.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import aiohttp
 import pytest
-import pytest_asyncio
 import requests
 import stripe
 from structlog.testing import capture_logs
 
 from tests.support.audit_logs import audits
 from tests.support.localstripe_server import LOCALSTRIPE_API_KEY, create_charge, list_refunds
-from tests.support.opgate import AGENT_TOKEN, SHIPPED_POLICIES, Opgate, StartOpgate
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def stripe_gate(start_opgate: StartOpgate, localstripe_url: str) -> AsyncIterator[Opgate]:
-    async with start_opgate(
-        policy_dir=SHIPPED_POLICIES, upstream_overrides={"stripe": localstripe_url}
-    ) as gate:
-        yield gate
+from tests.support.opgate import AGENT_TOKEN, Opgate
+from tests.support.sdk_gates import approve_refund, stripe_gate  # noqa: F401
 
 
 @pytest.fixture
 def agent_sdk(
-    stripe_gate: Opgate, monkeypatch: pytest.MonkeyPatch
+    stripe_gate: Opgate,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[stripe.StripeClient]:
     """The agent's SDK: its api key is its opgate token, its base address is opgate."""
     monkeypatch.setattr(stripe, "enable_telemetry", False)
@@ -61,18 +53,10 @@ async def create_unconfirmed_intent(localstripe_url: str) -> str:
         return intent_id
 
 
-async def approve_refund(gate: Opgate, charge: str, amount: int | None) -> dict[str, Any]:
-    return await gate.approve(
-        provider="stripe",
-        action="refund.create",
-        amount=amount,
-        currency=None,
-        params={"charge": charge},
-    )
-
-
 async def test_sdk_refund_happens_once_and_carries_the_operation_id(
-    stripe_gate: Opgate, agent_sdk: stripe.StripeClient, localstripe_url: str
+    stripe_gate: Opgate,  # noqa: F811
+    agent_sdk: stripe.StripeClient,
+    localstripe_url: str,
 ) -> None:
     """An unmodified SDK refund with the approved key: one refund at Stripe with
     metadata.operation_id, the row confirmed with its id, and a re-send replayed."""
@@ -99,7 +83,9 @@ async def test_sdk_refund_happens_once_and_carries_the_operation_id(
 
 
 async def test_sdk_refund_named_by_operation_header_without_a_key(
-    stripe_gate: Opgate, agent_sdk: stripe.StripeClient, localstripe_url: str
+    stripe_gate: Opgate,  # noqa: F811
+    agent_sdk: stripe.StripeClient,
+    localstripe_url: str,
 ) -> None:
     """The SDK invents its own Idempotency-Key when given none: naming the operation with
     X-Operation-Id is then refused as a key mismatch (the SDK's InvalidRequestError, told not
@@ -132,7 +118,9 @@ async def test_sdk_refund_named_by_operation_header_without_a_key(
 
 
 async def test_sdk_replanned_refund_is_refused_and_stripe_sees_nothing(
-    stripe_gate: Opgate, agent_sdk: stripe.StripeClient, localstripe_url: str
+    stripe_gate: Opgate,  # noqa: F811
+    agent_sdk: stripe.StripeClient,
+    localstripe_url: str,
 ) -> None:
     """A replacement agent that re-plans (another amount, another charge) is refused with the
     SDK's own InvalidRequestError carrying opgate's code and sentence."""
@@ -161,7 +149,9 @@ async def test_sdk_replanned_refund_is_refused_and_stripe_sees_nothing(
 
 
 async def test_sdk_cancels_an_approved_payment_intent(
-    stripe_gate: Opgate, agent_sdk: stripe.StripeClient, localstripe_url: str
+    stripe_gate: Opgate,  # noqa: F811
+    agent_sdk: stripe.StripeClient,
+    localstripe_url: str,
 ) -> None:
     """A path-bound operation (payment intent cancel) works for its own intent only."""
     intent = await create_unconfirmed_intent(localstripe_url)
@@ -191,7 +181,9 @@ async def test_sdk_cancels_an_approved_payment_intent(
 
 
 async def test_sdk_reads_pass_through(
-    stripe_gate: Opgate, agent_sdk: stripe.StripeClient, localstripe_url: str
+    stripe_gate: Opgate,  # noqa: F811
+    agent_sdk: stripe.StripeClient,
+    localstripe_url: str,
 ) -> None:
     """Reads need no operation: the SDK lists a charge's refunds through opgate."""
     charge = await create_charge(localstripe_url, 1000)
@@ -200,7 +192,9 @@ async def test_sdk_reads_pass_through(
 
 
 async def test_a_permanent_refusal_is_sent_once_by_a_retrying_sdk(
-    stripe_gate: Opgate, agent_sdk: stripe.StripeClient, localstripe_url: str
+    stripe_gate: Opgate,  # noqa: F811
+    agent_sdk: stripe.StripeClient,
+    localstripe_url: str,
 ) -> None:
     """A refund of a charge Stripe does not know fails the operation (404); stripe-python with
     retries on (it retries 409 and 5xx unless Stripe-Should-Retry says otherwise) sends the

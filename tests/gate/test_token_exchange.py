@@ -17,10 +17,10 @@ from paypalserversdk.http.auth.o_auth_2 import ClientCredentialsAuthCredentials
 from paypalserversdk.paypal_serversdk_client import PaypalServersdkClient
 from structlog.testing import capture_logs
 
-from tests.gate.test_paypal_sdk import approve_order, order, paypal, paypal_gate  # noqa: F401
 from tests.support.audit_logs import audits
 from tests.support.fake_paypal import FakePayPal
 from tests.support.opgate import AGENT_TOKEN, Opgate
+from tests.support.sdk_gates import approve_order, order, paypal, paypal_gate  # noqa: F401
 
 
 def usual_sdk(gate: Opgate, secret: str = AGENT_TOKEN) -> PaypalServersdkClient:

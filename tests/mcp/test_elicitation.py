@@ -14,7 +14,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from proxy.gate.identity import token_digest
 from tests.console.helpers import NEEDS_BROWSER
-from tests.console.test_console_browser import click, in_browser, sign_in
+from tests.support.browser import click, in_browser, sign_in
 from tests.support.killable_opgate import free_port
 from tests.support.localstripe_server import create_charge
 from tests.support.mcp_client import http_client, structured
@@ -40,15 +40,15 @@ async def test_a_proposal_over_mcp_is_approved_on_the_page_the_client_was_sent_t
     def approve_in_console(url: str, proposal_id: str) -> None:
         sign_in(chrome, ops, APPROVER_TOKEN, "olga")
         chrome.get(url)
-        row = chrome.find_element(By.ID, f"proposal-{proposal_id}")
-        row.find_element(By.CSS_SELECTOR, "form.approve input[name=note]").send_keys("ok")
-        click(chrome, row.find_element(By.CSS_SELECTOR, "button.approve-submit"))
+        assert chrome.find_element(By.ID, "proposal-id").text == proposal_id
+        chrome.find_element(By.ID, "note").send_keys("ok")
+        click(chrome, chrome.find_element(By.ID, "approve"))
         seen["operation"] = chrome.find_element(By.ID, "operation-id").text
 
     async def on_elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
         asked.append(params)
         assert isinstance(params, types.ElicitRequestURLParams)
-        proposal_id = params.url.rpartition("#proposal-")[2]
+        proposal_id = params.url.rpartition("/proposals/")[2]
         await in_browser(lambda: approve_in_console(params.url, proposal_id))
         return types.ElicitResult(action="accept")
 
@@ -80,7 +80,7 @@ async def test_a_proposal_over_mcp_is_approved_on_the_page_the_client_was_sent_t
             pending = structured(await plain.call_tool("propose_operation", arguments))
     [request] = asked
     assert isinstance(request, types.ElicitRequestURLParams)
-    assert request.url.startswith(f"{ops}/console/proposals#proposal-")
+    assert request.url.startswith(f"{ops}/console/proposals/")
     view = structured(answer)
     assert (view["status"], view["next_action"]) == ("approved", "send")
     assert view["operation_id"] == seen["operation"]

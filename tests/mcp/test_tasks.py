@@ -16,7 +16,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult
 
 from tests.mcp.conftest import approved_refund
-from tests.recovery.test_crash_handoff import HoldingRelay, approve, refund_approval
+from tests.support.crash_handoff import HoldingRelay, approve, refund_approval
 from tests.support.killable_opgate import REPO, spawn_opgate
 from tests.support.localstripe_server import create_charge, list_refunds
 from tests.support.mcp_client import http_client, refused_code

@@ -11,7 +11,7 @@ import asyncpg
 import pytest_asyncio
 
 from proxy.observe.auditlog.chain import record_hash
-from tests.observe.test_auditlog_chain import run_cli
+from tests.support.auditlog import run_cli
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import StartOpgate, fault_policy
 
