@@ -70,14 +70,28 @@ async def test_an_aiohttp_without_the_resend_switch_is_refused(
         new_client_session()
 
 
+# Sessions that never carry an agent's request, made for opgate's own reads and submissions:
+# the MCP endpoint's JWKS fetches (a GET: a hidden re-send is harmless) and the audit log's
+# checkpoints sent to witnesses (a POST: aiohttp never re-sends one). Both ignore HTTP_PROXY.
+OWN_SESSIONS = {"proxy/mcp/endpoint.py", "proxy/observe/auditlog/witnesses.py"}
+
+
 def test_every_egress_session_is_made_by_new_client_session() -> None:
-    """No module of opgate builds an aiohttp ClientSession itself: each one comes from
-    new_client_session, which turns the hidden re-send off."""
+    """No module of opgate builds an aiohttp ClientSession for egress itself: each one comes
+    from new_client_session, which turns the hidden re-send off; opgate's own sessions (above)
+    are the only others, and they do not trust the environment."""
     makers: list[str] = []
     for path in sorted((REPO / "proxy").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Call) and _names_client_session(node.func):
-                makers.append(f"{path.relative_to(REPO)}:{node.lineno}")
+                where = str(path.relative_to(REPO))
+                if where in OWN_SESSIONS:
+                    assert any(
+                        k.arg == "trust_env" and getattr(k.value, "value", None) is False
+                        for k in node.keywords
+                    ), where
+                    continue
+                makers.append(f"{where}:{node.lineno}")
     assert len(makers) == 1, makers
     assert makers[0].startswith(str(Path("proxy/gate/upstream.py")))
 

@@ -40,7 +40,9 @@ class Witnesses:
 
     async def __call__(self, done: integrator.Integrated) -> None:
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=_TIMEOUT)
+            # opgate's own submissions (POST: aiohttp never re-sends them), not routed by the
+            # environment's HTTP_PROXY
+            self._session = aiohttp.ClientSession(timeout=_TIMEOUT, trust_env=False)
         for url, verifier in self._witnesses:
             try:
                 await self._ask(self._session, url, verifier, done)
