@@ -312,7 +312,13 @@ async def _create(
             if isinstance(outcome, OpenMandateUsed):
                 return Reason.MANDATE_EXHAUSTED
             created = outcome
-    except (IdempotencyKeyInUse, AlreadySuperseded):
+    except IdempotencyKeyInUse:
+        # The key is the mandate's own (derived from its digest): another presentation of the
+        # same mandate inserted the row at this very moment. Two inserts of one row racing can
+        # trip the key's unique index before ON CONFLICT (operation_id) sees the other; the row
+        # read below is then that presentation's, and is compared like any replay.
+        created = None
+    except AlreadySuperseded:
         return Reason.MANDATE_MISMATCH
     if created is not None:
         _log.info("mandate_operation_created", operation_id=created.operation_id)
