@@ -192,6 +192,11 @@ async def create_operation(request: web.Request) -> web.Response:
     try:
         created = await gateway.store.create(planned, actor="admin")
     except IdempotencyKeyInUse:
+        # A concurrent create of this same approval can trip the key's unique index before the
+        # id's ON CONFLICT: that is a repeat, answered with the row like any other repeat.
+        existing = await gateway.store.load(planned.operation_id)
+        if existing is not None and same_approval(planned, existing.to_public()):
+            return web.json_response(existing.to_public(), status=200)
         return admin_problem(
             409, "idempotency_key_in_use", "another operation of this provider holds that key"
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -82,6 +83,18 @@ async def test_a_given_key_is_kept_and_cannot_be_reused(fault_gate: Opgate) -> N
     assert (status, row["idempotency_key"]) == (201, "order-42-refund")
     status, body = await post(fault_gate, {**APPROVAL, "idempotency_key": "order-42-refund"})
     assert (status, body["code"]) == (409, "idempotency_key_in_use")
+
+
+async def test_concurrent_repeats_of_one_approval_all_get_the_row(fault_gate: Opgate) -> None:
+    """Twenty concurrent creates of one approval with one explicit id and key: one 201, the
+    rest 200 with the same row, never 409 idempotency_key_in_use (the key's unique index can
+    trip before the id's ON CONFLICT does)."""
+    body = {**APPROVAL, "operation_id": "op_raced_1", "idempotency_key": "order-43-refund"}
+    answers = await asyncio.gather(*(post(fault_gate, body) for _ in range(20)))
+    statuses = sorted(status for status, _ in answers)
+    assert statuses == [200] * 19 + [201], [row.get("code") for _, row in answers]
+    assert {row["operation_id"] for _, row in answers} == {"op_raced_1"}
+    assert {row["idempotency_key"] for _, row in answers} == {"order-43-refund"}
 
 
 INVALID = [
