@@ -370,7 +370,7 @@ def insert_operations(db_url: str, first: int, count: int, *, amount: int = AMOU
         """,
     )
     psql(db_url, "VACUUM ANALYZE operations")
-    psql(db_url, "VACUUM ANALYZE operation_events")
+    psql(db_url, "VACUUM ANALYZE audit_log")
 
 
 def status_counts(db_url: str, first: int, count: int) -> dict[str, int]:

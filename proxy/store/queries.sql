@@ -1,6 +1,8 @@
 -- Every query opgate runs, each named by a `-- name:` line and described by the comments after it.
--- Each state transition is ONE conditional statement that also writes its event row (a CTE), so
--- the transition and its audit record commit together, in one round trip. Zero rows back means
+-- Each state transition is ONE conditional statement that also names its event (the operation
+-- row's `audit_event`: {"event", "actor", "detail"}), which the row's trigger writes as the one
+-- chained audit record (migration 0020), so the transition and its record commit together, in
+-- one round trip. Zero rows back means
 -- the row was not in the expected state: a conflict to be explained, never blindly retried.
 -- Parameters are named, %(name)s, and bound by keyword (proxy/store/queries.py translates each
 -- query once into PostgreSQL's numbered ones). A condition several statements share is one SQL
@@ -23,29 +25,15 @@ WITH created AS (
     INSERT INTO operations (
         operation_id, tenant, agent_id, provider, action, method, path, path_params,
         amount, currency, params, idempotency_key, approval_ref, approved_by, expires_at,
-        supersedes)
+        supersedes, audit_event)
     VALUES (%(operation_id)s, %(tenant)s, %(agent_id)s, %(provider)s, %(action)s, %(method)s,
             %(path)s, %(path_params)s::jsonb, %(amount)s, %(currency)s, %(params)s::jsonb,
             %(idempotency_key)s, %(approval_ref)s, %(approved_by)s, %(expires_at)s,
-            %(supersedes)s)
+            %(supersedes)s,
+            -- the record holds the whole approval, which the trigger takes from the row
+            jsonb_build_object('event', 'created', 'actor', %(actor)s::text))
     ON CONFLICT (operation_id) DO NOTHING
     RETURNING *
-), event AS (
-    INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-    SELECT operation_id, 'created', NULL, 'created', %(actor)s,
-           -- the whole approval, so the chained record alone says what was approved (the
-           -- row is mutable); the key only as its SHA-256: whoever reads the audit log must
-           -- not be able to re-send with it
-           jsonb_build_object(
-               'approval_ref', approval_ref, 'supersedes', supersedes,
-               'approved_by', approved_by, 'tenant', tenant, 'agent_id', agent_id,
-               'provider', provider, 'action', action,
-               'target', jsonb_build_object('method', method, 'path', path),
-               'path_params', path_params, 'amount', amount, 'currency', currency,
-               'params', params, 'expires_at', to_jsonb(expires_at),
-               'idempotency_key_sha256',
-               encode(sha256(convert_to(idempotency_key, 'UTF8')), 'hex'))
-    FROM created
 )
 SELECT c.*, now() AS read_at FROM created c;
 
@@ -85,17 +73,17 @@ WITH current_timeline AS (
     -- next_reconcile_at cleared: a lookup is due now (a row whose attempts never left was
     -- left to its agent until expiry; it is not any more)
     UPDATE operations o SET lookup_before_send = r.seen_at, next_reconcile_at = NULL,
-           updated_at = now()
+           updated_at = now(),
+           audit_event = jsonb_build_object(
+               'event', 'timeline_switched',
+               'actor', coalesce(nullif(current_setting('opgate.instance_id', true), ''),
+                                 'opgate'),
+               'detail', jsonb_build_object('timeline', r.timeline_id,
+                                            'previous_timeline',
+                                            (SELECT timeline_id FROM last_seen)))
       FROM recorded r, doubted d
      WHERE o.operation_id = d.operation_id
     RETURNING o.operation_id, o.status
-), event AS (
-    INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-    SELECT m.operation_id, 'timeline_switched', m.status, m.status,
-           coalesce(nullif(current_setting('opgate.instance_id', true), ''), 'opgate'),
-           jsonb_build_object('timeline', r.timeline_id,
-                              'previous_timeline', (SELECT timeline_id FROM last_seen))
-      FROM marked m, recorded r
 )
 SELECT c.timeline_id AS current_timeline, l.timeline_id AS previous_timeline,
        (SELECT marked FROM recorded) AS marked
@@ -135,7 +123,14 @@ WITH named AS (
            lease_owner = %(owner)s, lease_until = now() + make_interval(secs => %(lease_seconds)s),
            last_outcome = NULL, attempt_ended_at = NULL, reconcile_owner = NULL,
            reconcile_lease_until = NULL, next_reconcile_at = NULL, lookup_before_send = NULL,
-           updated_at = now()
+           updated_at = now(),
+           -- the row as it was: attempts + 1 is this attempt
+           audit_event = jsonb_build_object(
+               'event', 'claimed', 'actor', coalesce(%(actor)s::text, %(owner)s),
+               'detail', jsonb_build_object('attempt', attempts + 1, 'lease_owner', %(owner)s)
+                         || CASE WHEN %(after_lookup_by)s::text IS NULL THEN '{}'::jsonb
+                                 ELSE jsonb_build_object('after_lookup',
+                                                         %(after_lookup_by)s::text) END)
      WHERE operation_id = (SELECT id FROM named)
        AND revoked_at IS NULL AND expires_at > now()
        AND (lookup_before_send IS NULL
@@ -152,14 +147,6 @@ WITH named AS (
                      OR (reconcile_owner = %(after_lookup_by)s AND reconcile_lease_until > now()))))
        AND (%(unchanged_since)s::timestamptz IS NULL OR updated_at = %(unchanged_since)s)
     RETURNING *
-), event AS (
-    INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-    SELECT operation_id, 'claimed', CASE WHEN attempts = 1 THEN 'created' ELSE 'dispatched' END,
-           'dispatched', coalesce(%(actor)s::text, %(owner)s),
-           jsonb_build_object('attempt', attempts, 'lease_owner', %(owner)s)
-             || CASE WHEN %(after_lookup_by)s::text IS NULL THEN '{}'::jsonb
-                     ELSE jsonb_build_object('after_lookup', %(after_lookup_by)s::text) END
-    FROM claimed
 )
 SELECT c.*, now() AS read_at FROM claimed c;
 
@@ -201,13 +188,15 @@ SELECT CASE WHEN %(by_tenant)s::bool THEN tenant END AS tenant,
 -- status (no transition); the lookup's evidence (evidence) is kept as its event, which the recovery
 -- read answers from (new_approval_required). Only while nothing of the operation has left and
 -- no attempt is in flight.
-INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-SELECT operation_id, 'precondition_failed', status, status, %(actor)s, %(evidence)s::jsonb
-  FROM operations
+-- The row is updated only to write the record (its updated_at, which a claim's unchanged_since
+-- compares, stays). Returns the record's seq in the operation's stream.
+UPDATE operations
+   SET audit_event = jsonb_build_object('event', 'precondition_failed', 'actor', %(actor)s::text,
+                                        'detail', %(evidence)s::jsonb)
  WHERE operation_id = %(operation_id)s
    AND opgate_nothing_left_yet(status, attempts, unsent_attempts)
    AND opgate_lease_free(lease_until)
-RETURNING event_id;
+RETURNING audit_seq;
 
 -- name: precondition_failures
 -- The latest precondition_failed evidence of each of the operations operation_ids of which nothing
@@ -231,15 +220,14 @@ WITH settled AS (
            provider_object_id = %(object_id)s, response_content_type = %(content_type)s,
            response_body = %(body)s, settled_at = now(),
            settled_reason = 'provider_answer', attempt_ended_at = now(),
-           lease_owner = NULL, lease_until = NULL, updated_at = now()
+           lease_owner = NULL, lease_until = NULL, updated_at = now(),
+           audit_event = jsonb_build_object(
+               'event', %(status)s::text, 'actor', %(actor)s::text,
+               'detail', jsonb_build_object('attempt', attempts,
+                                            'provider_status', %(provider_status)s::integer,
+                                            'object_id', %(object_id)s::text))
      WHERE operation_id = %(operation_id)s AND status = 'dispatched'
-    RETURNING operation_id, attempts, status
-), event AS (
-    INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-    SELECT operation_id, %(status)s, 'dispatched', %(status)s, %(actor)s,
-           jsonb_build_object('attempt', attempts, 'provider_status', %(provider_status)s,
-                              'object_id', %(object_id)s)
-    FROM settled
+    RETURNING status
 )
 SELECT s.status FROM settled s;
 
@@ -257,16 +245,14 @@ WITH released AS (
            provider_status = %(provider_status)s,
            attempt_ended_at = now(), updated_at = now(),
            unsent_attempts = unsent_attempts
-                             + (CASE WHEN %(outcome)s = 'not_sent' THEN 1 ELSE 0 END)
+                             + (CASE WHEN %(outcome)s = 'not_sent' THEN 1 ELSE 0 END),
+           audit_event = jsonb_build_object(
+               'event', 'unknown', 'actor', %(actor)s::text,
+               'detail', jsonb_build_object('attempt', attempts, 'outcome', %(outcome)s::text,
+                                            'provider_status', %(provider_status)s::integer))
      WHERE operation_id = %(operation_id)s AND status = 'dispatched' AND attempts = %(attempt)s
        AND (%(owner)s::text IS NULL OR (lease_owner = %(owner)s AND attempt_ended_at IS NULL))
-    RETURNING operation_id, attempts, status
-), event AS (
-    INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-    SELECT operation_id, 'unknown', 'dispatched', 'dispatched', %(actor)s,
-           jsonb_build_object('attempt', attempts, 'outcome', %(outcome)s,
-                              'provider_status', %(provider_status)s)
-    FROM released
+    RETURNING status
 )
 SELECT r.status FROM released r;
 
@@ -274,14 +260,12 @@ SELECT r.status FROM released r;
 -- Withdraw the approval. Never changes status: what was sent stays sent.
 WITH revoked AS (
     UPDATE operations
-       SET revoked_at = now(), revoked_reason = %(reason)s, updated_at = now()
+       SET revoked_at = now(), revoked_reason = %(reason)s, updated_at = now(),
+           audit_event = jsonb_build_object(
+               'event', 'revoked', 'actor', %(actor)s::text,
+               'detail', jsonb_build_object('reason', %(reason)s::text))
      WHERE operation_id = %(operation_id)s AND revoked_at IS NULL
     RETURNING *
-), event AS (
-    INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-    SELECT operation_id, 'revoked', status, status, %(actor)s,
-           jsonb_build_object('reason', %(reason)s)
-    FROM revoked
 )
 SELECT r.*, now() AS read_at FROM revoked r;
 
@@ -290,14 +274,12 @@ SELECT r.*, now() AS read_at FROM revoked r;
 -- for an agent's tasks/cancel; zero rows: it was claimed (or revoked) first.
 WITH revoked AS (
     UPDATE operations
-       SET revoked_at = now(), revoked_reason = %(reason)s, updated_at = now()
+       SET revoked_at = now(), revoked_reason = %(reason)s, updated_at = now(),
+           audit_event = jsonb_build_object(
+               'event', 'revoked', 'actor', %(actor)s::text,
+               'detail', jsonb_build_object('reason', %(reason)s::text))
      WHERE operation_id = %(operation_id)s AND revoked_at IS NULL AND status = 'created'
     RETURNING *
-), event AS (
-    INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-    SELECT operation_id, 'revoked', status, status, %(actor)s,
-           jsonb_build_object('reason', %(reason)s)
-    FROM revoked
 )
 SELECT r.*, now() AS read_at FROM revoked r;
 
@@ -381,16 +363,14 @@ WITH settled AS (
            provider_object_id = %(object_id)s, provider_status = %(provider_status)s,
            response_content_type = %(content_type)s, response_body = %(body)s,
            settled_at = now(), reconcile_owner = NULL, reconcile_lease_until = NULL,
-           lookup_before_send = NULL, updated_at = now()
+           lookup_before_send = NULL, updated_at = now(),
+           audit_event = jsonb_build_object('event', 'reconciled', 'actor', %(owner)s::text,
+                                            'detail', %(evidence)s::jsonb)
      WHERE operation_id = %(operation_id)s AND reconcile_owner = %(owner)s
        AND (status = 'dispatched' OR (status = 'created' AND lookup_before_send IS NOT NULL))
        AND reconcile_lease_until > now() AND attempts = %(expected_attempts)s
        AND opgate_lease_free(lease_until)
     RETURNING *
-), event AS (
-    INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-    SELECT operation_id, 'reconciled', CASE WHEN attempts = 0 THEN 'created' ELSE 'dispatched' END,
-           %(status)s, %(owner)s, %(evidence)s::jsonb FROM settled
 ), notification AS (
     INSERT INTO escalation_notifications (operation_id, kind)
     SELECT operation_id, 'settled_by_provider' FROM settled WHERE escalated_at IS NOT NULL
@@ -406,15 +386,14 @@ WITH noted AS (
        SET reconcile_attempts = reconcile_attempts + 1, reconcile_owner = NULL,
            reconcile_lease_until = NULL,
            next_reconcile_at = now() + make_interval(secs => %(retry_in_seconds)s),
-           updated_at = now()
+           updated_at = now(),
+           audit_event = jsonb_build_object('event', 'reconcile_inconclusive',
+                                            'actor', %(owner)s::text,
+                                            'detail', %(evidence)s::jsonb)
      WHERE operation_id = %(operation_id)s AND reconcile_owner = %(owner)s
        AND (status = 'dispatched' OR (status = 'created' AND lookup_before_send IS NOT NULL))
        AND attempts = %(expected_attempts)s
     RETURNING *
-), event AS (
-    INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-    SELECT operation_id, 'reconcile_inconclusive', status, status, %(owner)s, %(evidence)s::jsonb
-    FROM noted
 )
 SELECT n.*, now() AS read_at FROM noted n;
 
@@ -432,18 +411,16 @@ WITH escalated AS (
        SET escalated_at = now(), escalation_reason = %(reason)s, reconcile_owner = NULL,
            reconcile_lease_until = NULL,
            next_reconcile_at = now() + make_interval(secs => %(look_again_seconds)s),
-           updated_at = now()
+           updated_at = now(),
+           audit_event = jsonb_build_object(
+               'event', 'escalated', 'actor', coalesce(%(owner)s::text, %(actor)s::text, 'admin'),
+               'detail', %(evidence)s::jsonb || jsonb_build_object('reason', %(reason)s::text))
      WHERE operation_id = %(operation_id)s AND escalated_at IS NULL
        AND (status = 'dispatched' OR (status = 'created' AND lookup_before_send IS NOT NULL))
        AND (%(owner)s::text IS NULL
             OR (reconcile_owner = %(owner)s AND reconcile_lease_until > now()
                 AND attempts = %(expected_attempts)s))
     RETURNING *
-), event AS (
-    INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-    SELECT operation_id, 'escalated', status, status, coalesce(%(owner)s, %(actor)s, 'admin'),
-           %(evidence)s::jsonb || jsonb_build_object('reason', %(reason)s)
-    FROM escalated
 ), notification AS (
     INSERT INTO escalation_notifications (operation_id) SELECT operation_id FROM escalated
 )
@@ -459,17 +436,16 @@ WITH resolved AS (
            provider_object_id = coalesce(%(object_id)s, provider_object_id),
            resolution_note = %(note)s,
            settled_at = now(), reconcile_owner = NULL, reconcile_lease_until = NULL,
-           lookup_before_send = NULL, updated_at = now()
+           lookup_before_send = NULL, updated_at = now(),
+           audit_event = jsonb_build_object(
+               'event', 'resolved', 'actor', %(actor)s::text,
+               'detail', jsonb_build_object('verdict', %(status)s::text,
+                                            'object_id', %(object_id)s::text,
+                                            'note', %(note)s::text))
      WHERE operation_id = %(operation_id)s
        AND (status = 'dispatched' OR (status = 'created' AND escalated_at IS NOT NULL))
        AND opgate_lease_free(lease_until)
     RETURNING *
-), event AS (
-    INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-    SELECT operation_id, 'resolved', CASE WHEN attempts = 0 THEN 'created' ELSE 'dispatched' END,
-           %(status)s, %(actor)s,
-           jsonb_build_object('verdict', %(status)s, 'object_id', %(object_id)s, 'note', %(note)s)
-    FROM resolved
 )
 SELECT r.*, now() AS read_at FROM resolved r;
 
@@ -593,13 +569,41 @@ ON CONFLICT (instance_id) DO UPDATE SET policy_version = %(policy_version)s, loa
 SELECT pg_advisory_xact_lock(7308604897068083316);
 
 -- name: audit_take_changed_heads
--- The heads that moved since the last checkpoint, marked as checkpointed in the same statement.
-WITH changed AS (
-    UPDATE audit_heads SET checkpointed_seq = seq
-     WHERE seq > checkpointed_seq
-    RETURNING stream, seq, hash
+-- The heads that moved since the last checkpoint, marked as taken in the same statement (the
+-- caller holds audit_checkpoint_lock). An operation's head is on its row (migration 0020): it
+-- moved if its stream has a record that the last checkpoint's snapshot did not see (by the
+-- inserting transaction, audit_log.txid; the floor is that snapshot's xmin, for the BRIN
+-- index); this statement's snapshot is kept for the next. Every other stream's head is in
+-- audit_heads, marked by checkpointed_seq. An operation head left in audit_heads by 0020
+-- (moved before it and not signed yet) is signed once and removed, unless its row's head moved.
+WITH state AS (
+    SELECT seen FROM audit_checkpoint_state FOR UPDATE
+), moved AS (
+    SELECT DISTINCT a.stream
+      FROM audit_log a, state s
+     WHERE COALESCE(a.txid, 0) >= pg_snapshot_xmin(s.seen)::text::bigint
+       AND a.kind = 'transition'
+       AND NOT pg_visible_in_snapshot(a.txid::text::xid8, s.seen)
+), kept AS (
+    UPDATE audit_checkpoint_state SET seen = pg_current_snapshot()
+), left_by_0020 AS (
+    DELETE FROM audit_heads h USING operations o
+     WHERE h.stream = o.operation_id
+    RETURNING h.stream, h.seq, h.hash, h.seq > h.checkpointed_seq AS unsigned
+), changed AS (
+    UPDATE audit_heads h SET checkpointed_seq = h.seq
+     WHERE h.seq > h.checkpointed_seq
+       AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.operation_id = h.stream)
+    RETURNING h.stream, h.seq, h.hash
 )
-SELECT stream, seq, hash FROM changed ORDER BY stream;
+SELECT stream, seq, hash FROM changed
+UNION ALL
+SELECT o.operation_id, o.audit_seq, o.audit_hash
+  FROM operations o JOIN moved m ON o.operation_id = m.stream
+UNION ALL
+SELECT l.stream, l.seq, l.hash FROM left_by_0020 l
+ WHERE l.unsigned AND l.stream NOT IN (SELECT stream FROM moved)
+ ORDER BY stream;
 
 -- name: audit_last_checkpoint
 SELECT checkpoint_id, mac FROM audit_checkpoints ORDER BY checkpoint_id DESC LIMIT 1;
@@ -631,10 +635,11 @@ SELECT c.value ->> 0 AS stream, (c.value ->> 1)::bigint AS seq, a.hash
   LEFT JOIN audit_log a ON a.stream = c.value ->> 0 AND a.seq = (c.value ->> 1)::bigint;
 
 -- name: audit_heads_mismatched
--- Streams whose head does not match their last record (a tail deleted or appended around the
--- trigger).
+-- Streams whose head (an operation's on its row, the others' in audit_heads: the view of
+-- migration 0020) does not match their last record (a tail deleted or appended around the
+-- chain).
 SELECT h.stream, h.seq AS head_seq, h.hash AS head_hash, l.seq AS last_seq
-  FROM audit_heads h
+  FROM audit_stream_heads h
   LEFT JOIN LATERAL (SELECT max(seq) AS seq FROM audit_log a WHERE a.stream = h.stream) l ON true
   LEFT JOIN audit_log last ON last.stream = h.stream AND last.seq = l.seq
  WHERE l.seq IS DISTINCT FROM h.seq OR last.hash IS DISTINCT FROM h.hash;
@@ -747,7 +752,8 @@ SELECT a.stream, a.seq, a.at, a.kind, a.operation_id, a.record::text AS record, 
 SELECT format(statement, current_schema(), %(role)s::text) AS statement
   FROM (VALUES
     (1, 'GRANT USAGE ON SCHEMA %I TO %I'),
-    (2, 'GRANT SELECT ON %1$I.audit_log, %1$I.audit_heads, %1$I.audit_checkpoints,'
+    (2, 'GRANT SELECT ON %1$I.audit_log, %1$I.audit_heads, %1$I.audit_stream_heads,'
+        ' %1$I.audit_checkpoints,'
         ' %1$I.audit_instances, %1$I.audit_instance_runs, %1$I.transparency_leaves,'
         ' %1$I.transparency_nodes, %1$I.transparency_checkpoints,'
         ' %1$I.transparency_cosignatures TO %2$I')
@@ -913,27 +919,16 @@ WITH approved AS (
 ), created AS (
     INSERT INTO operations (
         operation_id, tenant, agent_id, provider, action, method, path, path_params,
-        amount, currency, params, idempotency_key, approval_ref, approved_by, expires_at)
+        amount, currency, params, idempotency_key, approval_ref, approved_by, expires_at,
+        audit_event)
     SELECT operation_id, tenant, agent_id, provider, action, method, path, path_params,
            amount, currency, params, idempotency_key, proposal_id, %(approved_by)s,
-           now() + make_interval(secs => approval_seconds)
+           now() + make_interval(secs => approval_seconds),
+           -- as create_operation's record, and the proposal it came from
+           jsonb_build_object('event', 'created', 'actor', %(actor)s::text,
+                              'detail', jsonb_build_object('proposal_id', proposal_id))
       FROM approved
     RETURNING *
-), event AS (
-    INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-    SELECT operation_id, 'created', NULL, 'created', %(actor)s,
-           -- as create_operation's, and the proposal it came from
-           jsonb_build_object(
-               'approval_ref', approval_ref, 'proposal_id', approval_ref,
-               'supersedes', supersedes,
-               'approved_by', approved_by, 'tenant', tenant, 'agent_id', agent_id,
-               'provider', provider, 'action', action,
-               'target', jsonb_build_object('method', method, 'path', path),
-               'path_params', path_params, 'amount', amount, 'currency', currency,
-               'params', params, 'expires_at', to_jsonb(expires_at),
-               'idempotency_key_sha256',
-               encode(sha256(convert_to(idempotency_key, 'UTF8')), 'hex'))
-    FROM created
 ), decided AS (
     INSERT INTO proposal_events (proposal_id, event, from_status, to_status, actor, detail)
     SELECT proposal_id, 'approved', 'pending', 'approved', %(actor)s,

@@ -370,7 +370,7 @@ class Store:
     ) -> bool:
         """Keep a failed precondition's evidence as the operation's event (False: the row is
         no longer created, and nothing was recorded)."""
-        event_id = await self._run(
+        seq = await self._run(
             lambda conn: queries.fetchval(
                 conn,
                 "record_precondition_failed",
@@ -379,7 +379,7 @@ class Store:
                 evidence=_jsonb(evidence),
             )
         )
-        return event_id is not None
+        return seq is not None
 
     async def precondition_failures(self, operation_ids: list[str]) -> dict[str, dict[str, Any]]:
         """The latest failed-precondition evidence of each of these operations still created."""

@@ -18,8 +18,9 @@ from proxy.observe.auditlog.chain import GENESIS, record_hash
 from proxy.observe.auditlog.records import MANY_RECORDS
 from proxy.observe.auditlog.verify import VerifyReport, verify
 from proxy.store import queries
-from proxy.store.migrate import load_migrations, migrate
-from tests.support.postgres import dsn_for_database
+from proxy.store.migrate import migrate
+from tests.support import before_0020
+from tests.support.postgres import database_at_migration
 
 BEGINNING, END = datetime(1970, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC)
 STREAM = "requests/test-instance"
@@ -167,51 +168,13 @@ async def test_a_batch_record_edited_afterwards_is_named(conn: asyncpg.Connectio
     assert "does not match its hash" in first.problem
 
 
-async def _database_at(server_dsn: str, name: str, last: int) -> str:
-    admin = await asyncpg.connect(server_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    dsn = dsn_for_database(server_dsn, name)
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(
-            "CREATE TABLE opgate_migrations (number integer PRIMARY KEY, name text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        for migration in load_migrations():
-            if migration.number <= last:
-                await conn.execute(migration.sql)
-                await conn.execute(
-                    "INSERT INTO opgate_migrations (number, name) VALUES ($1, $2)",
-                    migration.number,
-                    migration.name,
-                )
-    finally:
-        await conn.close()
-    return dsn
-
-
-# A claim on the schema of migration 0009: today's claim_operation names columns that later
-# migrations add (lookup_before_send, 0014). The same transition, as that schema takes it.
-_CLAIM_BEFORE_0010 = """
-WITH claimed AS (
-    UPDATE operations SET status = 'dispatched', attempts = 1, dispatched_at = now(),
-           lease_owner = 'me', lease_until = now() + interval '30 seconds', updated_at = now()
-     WHERE operation_id = $1 AND status = 'created'
-    RETURNING operation_id
-)
-INSERT INTO operation_events (operation_id, event, from_status, to_status, actor, detail)
-SELECT operation_id, 'claimed', 'created', 'dispatched', 'me', '{"attempt": 1}'::jsonb
-  FROM claimed
-RETURNING event_id
-"""
-
-
 async def _transition(conn: asyncpg.Connection, operation_id: str, *, migrated: bool) -> None:
-    """A created operation (its first transition record), then its claim (the second); the
-    claim as the schema of migration 0009 takes it unless ``migrated`` (to the latest)."""
+    """A created operation (its first transition record), then its claim (the second); both
+    as the schema of migration 0009 takes them unless ``migrated`` (to the latest)."""
+    if not migrated:
+        await before_0020.create(conn, operation_id)
+        await before_0020.claim(conn, operation_id)
+        return
     expires = datetime.now(UTC) + timedelta(hours=1)
     created = await queries.fetchrow(
         conn, "create_operation",
@@ -221,14 +184,11 @@ async def _transition(conn: asyncpg.Connection, operation_id: str, *, migrated: 
         approved_by="human", expires_at=expires, actor="test", supersedes=None,
     )  # fmt: skip
     assert created is not None
-    if migrated:
-        claimed = await queries.fetchrow(
-            conn, "claim_operation",
-            operation_id=operation_id, owner="me", lease_seconds=30.0, expected_attempts=0,
-            actor=None, dedup_window_seconds=None, after_lookup_by=None, unchanged_since=None,
-        )  # fmt: skip
-    else:
-        claimed = await conn.fetchrow(_CLAIM_BEFORE_0010, operation_id)
+    claimed = await queries.fetchrow(
+        conn, "claim_operation",
+        operation_id=operation_id, owner="me", lease_seconds=30.0, expected_attempts=0,
+        actor=None, dedup_window_seconds=None, after_lookup_by=None, unchanged_since=None,
+    )  # fmt: skip
     assert claimed is not None
 
 
@@ -237,7 +197,7 @@ async def test_chains_written_before_migration_0010_go_on_after_it(pg_server_dsn
     function and by the trigger: one chain per stream, numbered on, that verifies, and an
     edit of a record written before the migration is still named."""
     name = f"opgate_append_{uuid.uuid4().hex[:12]}"
-    dsn = await _database_at(pg_server_dsn, name, 9)
+    dsn = await database_at_migration(pg_server_dsn, name, 9)
     try:
         conn = await asyncpg.connect(dsn)
         try:

@@ -18,6 +18,7 @@ from proxy.observe.auditlog.verify import VerifyReport, verify
 from tests.support.auditlog import AUDIT_KEY, run_cli
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import StartOpgate, fault_policy
+from tests.support.tamper import move_head
 
 BEGINNING, END = datetime(1970, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC)
 
@@ -137,12 +138,10 @@ async def test_a_deleted_tail_is_caught_by_the_signed_checkpoint(
     await _untriggered(
         audited_db, "DELETE FROM audit_log WHERE stream = $1 AND seq = $2", stream, last
     )
-    await audited_db.execute(
-        "UPDATE audit_heads h SET seq = a.seq, hash = a.hash FROM audit_log a"
-        " WHERE h.stream = $1 AND a.stream = $1 AND a.seq = $2",
-        stream,
-        last - 1,
+    previous = await audited_db.fetchval(
+        "SELECT hash FROM audit_log WHERE stream = $1 AND seq = $2", stream, last - 1
     )
+    await move_head(audited_db, stream, last - 1, previous)
     report = await _verify(audited_db)
     assert [(b.stream, b.seq) for b in report.breaks] == [(stream, last)]
     assert "signed by checkpoint" in report.breaks[0].problem
@@ -235,7 +234,7 @@ async def test_a_rewritten_chain_is_caught_by_the_signature(
             new,
         )
         prev = new
-    await audited_db.execute("UPDATE audit_heads SET hash = $2 WHERE stream = $1", stream, prev)
+    await move_head(audited_db, stream, rows[-1]["seq"], prev)
     report = await _verify(audited_db)
     assert [b.stream for b in report.breaks] == [stream]
     assert "differs from the hash checkpoint" in report.breaks[0].problem

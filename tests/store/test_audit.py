@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import asyncpg
 import pytest_asyncio
 
-from proxy.store import audit
+from proxy.store import audit, queries
 
 BEGINNING, END = datetime(1970, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC)
 STREAM = "requests/store-test"
@@ -136,3 +136,37 @@ async def test_the_reviewer_grants_apply_to_a_role(conn: asyncpg.Connection) -> 
     finally:
         await conn.execute(f'DROP OWNED BY "{role}"')
         await conn.execute(f'DROP ROLE "{role}"')
+
+
+async def test_a_transition_writes_one_record_and_moves_its_head_on_the_operation_row(
+    conn: asyncpg.Connection,
+) -> None:
+    """Creation, claim and settlement each write exactly one audit record (nothing else: no
+    event row, no audit_heads row), chained onto the head kept on the operation row."""
+    expires = datetime(9999, 1, 1, tzinfo=UTC)
+    await queries.fetchrow(
+        conn, "create_operation",
+        operation_id="op_one", tenant="t", agent_id=None, provider="fault", action="refund",
+        method="POST", path="/v1/refunds", path_params="{}", amount=1, currency="usd",
+        params="{}", idempotency_key="key-one", approval_ref="ref", approved_by="human",
+        expires_at=expires, actor="test", supersedes=None,
+    )  # fmt: skip
+    await queries.fetchrow(
+        conn, "claim_operation",
+        operation_id="op_one", owner="me", lease_seconds=30.0, expected_attempts=0, actor=None,
+        dedup_window_seconds=None, after_lookup_by=None, unchanged_since=None,
+    )  # fmt: skip
+    await queries.fetchrow(
+        conn, "settle_operation",
+        operation_id="op_one", status="confirmed", provider_status=200, object_id="re_1",
+        content_type="application/json", body=b"{}", actor="me",
+    )  # fmt: skip
+    rows = await conn.fetch("SELECT stream, seq, hash FROM audit_log ORDER BY seq")
+    assert [(r["stream"], r["seq"]) for r in rows] == [("op_one", 1), ("op_one", 2), ("op_one", 3)]
+    head = await conn.fetchrow("SELECT audit_seq, audit_hash FROM operations")
+    assert (head["audit_seq"], bytes(head["audit_hash"])) == (3, bytes(rows[-1]["hash"]))
+    assert await conn.fetchval("SELECT count(*) FROM audit_heads") == 0
+    kind = await conn.fetchval(
+        "SELECT relkind::text FROM pg_class WHERE relname = 'operation_events'"
+    )
+    assert kind == "v"  # a view over the transition records

@@ -30,7 +30,7 @@ async def test_concurrent_start_ups_apply_each_migration_once(pg_server_dsn: str
             tables = {r["tablename"] for r in await check.fetch("SELECT tablename FROM pg_tables")}
         finally:
             await check.close()
-        assert {"operations", "operation_events", "opgate_migrations"} <= tables
+        assert {"operations", "audit_log", "opgate_migrations"} <= tables
     finally:
         await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await conn.close()

@@ -29,9 +29,16 @@ import pytest
 import pytest_asyncio
 
 from proxy.store.embedded import start_embedded
-from proxy.store.migrate import migrate
+from proxy.store.migrate import load_migrations, migrate
 
-__all__ = ["DATABASE_URL_ENV", "database_url", "dsn_for_database", "pg_server_dsn", "pg_template"]
+__all__ = [
+    "DATABASE_URL_ENV",
+    "database_at_migration",
+    "database_url",
+    "dsn_for_database",
+    "pg_server_dsn",
+    "pg_template",
+]
 
 DATABASE_URL_ENV = "OPGATE_TEST_DATABASE_URL"
 
@@ -40,6 +47,35 @@ def dsn_for_database(server_dsn: str, database: str) -> str:
     """The same server, user and options (``?host=/socket/dir`` included), another database."""
     parts = urlsplit(server_dsn)
     return urlunsplit(parts._replace(path="/" + quote(database, safe="")))
+
+
+async def database_at_migration(server_dsn: str, name: str, last: int) -> str:
+    """A new database ``name`` migrated only up to migration ``last`` (as a deployment of that
+    release left it), recorded in opgate_migrations so that ``migrate`` goes on from there; its
+    DSN. The caller drops it."""
+    admin = await asyncpg.connect(server_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    dsn = dsn_for_database(server_dsn, name)
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            "CREATE TABLE opgate_migrations (number integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for migration in load_migrations():
+            if migration.number <= last:
+                await conn.execute(migration.sql)
+                await conn.execute(
+                    "INSERT INTO opgate_migrations (number, name) VALUES ($1, $2)",
+                    migration.number,
+                    migration.name,
+                )
+    finally:
+        await conn.close()
+    return dsn
 
 
 def _unique_name(kind: str) -> str:

@@ -28,9 +28,18 @@ async def rechain(conn: asyncpg.Connection, stream: str) -> None:
             digest,
         )
         previous = digest
+    await move_head(conn, stream, rows[-1]["seq"] if rows else 0, previous)
+
+
+async def move_head(conn: asyncpg.Connection, stream: str, seq: int, digest: bytes) -> None:
+    """Set a stream's head, wherever it is kept: an operation's on its row (migration 0020),
+    any other stream's in audit_heads."""
     await conn.execute(
-        "UPDATE audit_heads SET seq = $2, hash = $3 WHERE stream = $1",
+        "UPDATE audit_heads SET seq = $2, hash = $3 WHERE stream = $1", stream, seq, digest
+    )
+    await conn.execute(
+        "UPDATE operations SET audit_seq = $2, audit_hash = $3 WHERE operation_id = $1",
         stream,
-        rows[-1]["seq"] if rows else 0,
-        previous,
+        seq,
+        digest,
     )
