@@ -158,3 +158,23 @@ async def unintegrated(conn: asyncpg.Connection) -> asyncpg.Record:
     row: asyncpg.Record | None = await queries.fetchrow(conn, "transparency_unintegrated")
     assert row is not None
     return row
+
+
+async def operation_answers(
+    conn: asyncpg.Connection, operation_ids: Sequence[str]
+) -> list[asyncpg.Record]:
+    """The stored provider answers of these operations (their rows' answer columns)."""
+    rows: list[asyncpg.Record] = await queries.fetch(
+        conn, "transparency_operation_answers", operation_ids=list(operation_ids)
+    )
+    return rows
+
+
+async def mandate_records(
+    conn: asyncpg.Connection, operation_ids: Sequence[str]
+) -> list[asyncpg.Record]:
+    """The mandate presentations' request records of these operations, with their leaves."""
+    rows: list[asyncpg.Record] = await queries.fetch(
+        conn, "transparency_mandate_records", operation_ids=list(operation_ids)
+    )
+    return rows

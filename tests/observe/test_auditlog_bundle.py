@@ -6,9 +6,7 @@ the database is found by the verifier with nothing but the bundle and the log's 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,7 +16,8 @@ import pytest_asyncio
 from proxy.observe.auditlog import integrator
 from proxy.store import audit
 from proxy.transparency import note
-from tests.support.paths import REPO
+from tests.support.bundles import audit_cli
+from tests.support.bundles import verify_offline as offline
 from tests.support.tamper import rechain
 
 OPERATION = "op_bundle_test"
@@ -46,21 +45,7 @@ async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
 
 
 def opgate(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "proxy", "audit", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        timeout=120,
-        check=False,
-    )
-
-
-def offline_env() -> dict[str, str]:
-    """The environment of a reviewer's machine: no OPGATE_* setting, no PostgreSQL variable."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPGATE_", "PG"))}
-    env["PYTHONPATH"] = str(REPO)
-    return env
+    return audit_cli(*args)
 
 
 def make_bundle(database_url: str, path: Path) -> None:
@@ -79,15 +64,7 @@ def make_bundle(database_url: str, path: Path) -> None:
 
 
 def verify_offline(path: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "proxy", "audit", "verify-bundle", str(path), "--log-key", VKEY],
-        capture_output=True,
-        text=True,
-        env=offline_env(),
-        cwd=tmp_path,
-        timeout=120,
-        check=False,
-    )
+    return offline(path, tmp_path, "--log-key", VKEY)
 
 
 async def test_a_bundle_verifies_offline(

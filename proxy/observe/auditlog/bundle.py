@@ -21,7 +21,7 @@ from typing import Any
 
 import asyncpg
 
-from proxy.observe.auditlog import integrator
+from proxy.observe.auditlog import evidence, integrator
 from proxy.observe.auditlog.chain import GENESIS, StoredRecord
 from proxy.store import transparency as tstore
 from proxy.transparency import merkle, note
@@ -62,12 +62,27 @@ async def build(
         note.parse_signature_line(line) for s in signed["cosignatures"] for line in s.splitlines()
     ]
     rendered = note.Note(checkpoint.text, (*checkpoint.signatures, *cosigned)).render()
-    records, missing = [], []
     if window is None:
         assert operation_id is not None
-        rows = await tstore.operation_records(conn, operation_id)
+        rows = list(await tstore.operation_records(conn, operation_id))
     else:
-        rows = await tstore.records_between(conn, *window, operation_id)
+        rows = list(await tstore.records_between(conn, *window, operation_id))
+    operations = sorted(
+        {
+            r["stream"]
+            for r in rows
+            if r["kind"] == "transition" and r["stream"] == r["operation_id"]
+        }
+        | ({operation_id} if operation_id else set())
+    )
+    # what the records refer to: a mandate's presentation record (outside a window too), and
+    # the stored provider answers, which no record holds whole (evidence.py checks them)
+    have = {(r["stream"], r["seq"]) for r in rows}
+    rows += [r for r in await tstore.mandate_records(conn, operations) if (r[0], r[1]) not in have]
+    answers = {
+        a["operation_id"]: _answer(a) for a in await tstore.operation_answers(conn, operations)
+    }
+    records, missing = [], []
     for row in rows:
         index = row["leaf_index"]
         if row["hash"] is None:
@@ -108,6 +123,20 @@ async def build(
         "checkpoint": rendered,
         "records": records,
         "missing": missing,
+        "answers": answers,
+    }
+
+
+def _answer(row: Any) -> dict[str, Any]:
+    """What the operation row keeps of the provider's answer (the body base64, or null)."""
+    body = row["response_body"]
+    return {
+        "status": row["status"],
+        "settled_reason": row["settled_reason"],
+        "provider_status": row["provider_status"],
+        "object_id": row["provider_object_id"],
+        "content_type": row["response_content_type"],
+        "body": None if body is None else _b64(bytes(body)),
     }
 
 
@@ -121,6 +150,7 @@ class BundleReport:
     proven: int = 0
     tree_size: int = 0
     cosigners: list[str] = field(default_factory=list)
+    operations: list[evidence.OperationEvidence] = field(default_factory=list)
 
 
 def _stored(entry: dict[str, Any]) -> StoredRecord:
@@ -201,6 +231,13 @@ def verify(
     if bundle.get("since") is None:  # a window need not hold a stream's first record
         chain = sorted(by_stream.get(str(operation_id), []), key=lambda r: r.seq)
         _check_chain(chain, {int(m["seq"]) for m in bundle.get("missing", ())}, report)
+    # what the records say of each operation, and what they refer to (evidence.py); a record
+    # found altered above still speaks here, so that a swapped item is named as well
+    records = [record for stream in by_stream.values() for record in stream]
+    for found in evidence.operations(records, bundle.get("answers") or {}):
+        report.operations.append(found)
+        report.breaks.extend(found.breaks)
+        report.unproven.extend(found.unproven)
     return report
 
 

@@ -210,6 +210,10 @@ def _verify_bundle(args: argparse.Namespace) -> int:
         f"{report.proven} records proven in a checkpoint of {report.tree_size} records,"
         f" cosigned by {len(report.cosigners)} witnesses ({', '.join(report.cosigners) or '-'})"
     )
+    for found in report.operations:  # did opgate send it, how often, who approved it
+        print(f"operation {found.operation_id}:")
+        for line in found.lines:
+            print(f"  {line}")
     for line in report.unproven:
         print(f"unproven: {line}")
     if report.breaks:
