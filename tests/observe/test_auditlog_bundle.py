@@ -13,15 +13,16 @@ from pathlib import Path
 import asyncpg
 import pytest_asyncio
 
-from proxy.observe.auditlog import integrator
+from proxy.observe.auditlog import bundle, integrator
 from proxy.store import audit
 from proxy.transparency import note
 from tests.support.bundles import audit_cli
 from tests.support.bundles import verify_offline as offline
 from tests.support.tamper import rechain
+from tests.support.transparency import LOG_SIGNER, ROTATED_SIGNER, UNKNOWN_SIGNER
 
 OPERATION = "op_bundle_test"
-SIGNER = note.Signer.generate("opgate.test/audit")
+SIGNER = LOG_SIGNER
 VKEY = SIGNER.verifier().vkey()
 
 
@@ -178,3 +179,27 @@ async def test_a_window_bundle_proves_every_record_written_in_it(
     assert "ok: 5 records proven in a checkpoint of 5 records" in checked.stdout
     alone = opgate("bundle", "--since", "1970-01-01T00:00:00Z", "--database-url", database_url)
     assert alone.returncode == 2
+
+
+async def test_bundles_verify_across_a_key_rotation(conn: asyncpg.Connection) -> None:
+    """A bundle signed before the log rotated its key and one signed after both verify with
+    the log's two keys; each is refused by a reviewer holding only the other key, and by one
+    holding a key the log never had."""
+    before = await bundle.build(conn, OPERATION, SIGNER.verifier(), [], 0)
+    text = json.dumps({"event": "revoked", "operation_id": OPERATION})
+    await audit.append_texts(conn, OPERATION, "transition", [text])
+    assert await integrator.integrate(conn, ROTATED_SIGNER) is not None
+    after = await bundle.build(
+        conn, OPERATION, ROTATED_SIGNER.verifier(), [], 0, earlier_logs=[VKEY]
+    )
+    assert after["earlier_logs"] == [VKEY]
+    both = [ROTATED_SIGNER.verifier().vkey(), VKEY]
+    for made, signer in ((before, SIGNER), (after, ROTATED_SIGNER)):
+        report = bundle.verify(made, both)
+        assert report.breaks == []
+        assert report.signed_by == f"{signer.name}+{signer.key_id:08x}"
+    assert bundle.verify(after, VKEY).breaks == ["checkpoint: no signature by a known key"]
+    assert bundle.verify(before, both[0]).breaks == ["checkpoint: no signature by a known key"]
+    unknown = UNKNOWN_SIGNER.verifier().vkey()
+    assert bundle.verify(after, unknown).breaks == ["checkpoint: no signature by a known key"]
+    assert bundle.verify(after).breaks == []  # the bundle's own keys: said in a note

@@ -45,10 +45,12 @@ async def build(
     witness_keys: Sequence[str],
     quorum: int,
     window: tuple[datetime, datetime] | None = None,
+    earlier_logs: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The operation's records (or, with ``window``, the records written in [since, until),
     of the operation if one is named) with their inclusion proofs in the latest checkpoint
-    (the witnesses' vkeys and the quorum are recorded for the reviewer)."""
+    (the log's vkey and those it was rotated from, the witnesses' vkeys and the quorum are
+    recorded for the reviewer)."""
     if operation_id is None and window is None:
         raise BundleError("name an operation, or a time window")
     latest = await tstore.latest_checkpoint(conn)
@@ -118,6 +120,7 @@ async def build(
         "since": window[0].isoformat() if window else None,
         "until": window[1].isoformat() if window else None,
         "log": log.vkey(),
+        "earlier_logs": [note.Verifier.from_vkey(k).vkey() for k in earlier_logs],
         "witnesses": [note.Verifier.from_vkey(k).vkey() for k in witness_keys],
         "quorum": quorum,
         "checkpoint": rendered,
@@ -149,6 +152,7 @@ class BundleReport:
     notes: list[str] = field(default_factory=list)
     proven: int = 0
     tree_size: int = 0
+    signed_by: str = "-"  # the log's key that signed the checkpoint (name+key ID)
     cosigners: list[str] = field(default_factory=list)
     operations: list[evidence.OperationEvidence] = field(default_factory=list)
 
@@ -168,20 +172,23 @@ def _stored(entry: dict[str, Any]) -> StoredRecord:
 
 def verify(
     bundle: dict[str, Any],
-    log_key: str | None = None,
+    log_keys: str | Sequence[str] = (),
     witness_keys: Sequence[str] = (),
     quorum: int | None = None,
 ) -> BundleReport:
-    """Check a bundle with the keys given (else the bundle's own, which proves less: said)."""
+    """Check a bundle with the log's keys given (its current key and the earlier ones it was
+    rotated from; else the bundle's own, which proves less: said) and the witnesses' keys."""
     report = BundleReport()
     if bundle.get("format") != FORMAT:
         raise BundleError(f"not an {FORMAT} file")
-    if log_key is None:
+    given = [log_keys] if isinstance(log_keys, str) else list(log_keys)
+    if not given:
         report.notes.append(
             "the log's key was taken from the bundle itself: pass --log-key (obtained from the"
             " operator beforehand) so that a re-signed bundle cannot pass"
         )
-    log = note.Verifier.from_vkey(log_key or bundle["log"])
+        given = [bundle["log"], *bundle.get("earlier_logs", ())]
+    log = [note.Verifier.from_vkey(k) for k in given]
     witnesses = [note.Verifier.from_vkey(k) for k in witness_keys or bundle["witnesses"]]
     needed = quorum if quorum is not None else int(bundle.get("quorum", 0))
     if needed and not witness_keys:
@@ -197,6 +204,7 @@ def verify(
     size, root = opened.checkpoint.size, opened.checkpoint.root
     report.tree_size = size
     report.cosigners = sorted({s.name for s in opened.cosignatures})
+    report.signed_by = next(f"{k.name}+{k.key_id:08x}" for k in log if k.key_id == opened.signed_by)
     if not opened.witnessed(needed):
         report.breaks.append(
             f"checkpoint: cosigned by {len(report.cosigners)} known witnesses, {needed} needed"
