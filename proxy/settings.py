@@ -368,6 +368,12 @@ class Settings(BaseSettings):
         description="How often new audit records join the Merkle tree and a checkpoint is "
         "signed (needs `OPGATE_SECRET_TRANSPARENCY_KEY` or `secrets_dir`; dev mode makes one).",
     )
+    audit_earlier_log_keys: list[Annotated[str, Field(pattern=r"^[^+\s]+\+[0-9a-f]{8}\+")]] = Field(
+        default_factory=list,
+        description="The transparency log's earlier public keys (vkeys), once "
+        "`transparency_key` was rotated: the checkpoints they signed still verify "
+        "(docs/audit.md, *Rotating the log's key*).",
+    )
     audit_witnesses: list[WitnessConfig] = Field(
         default_factory=list,
         description="C2SP tlog-witnesses asked to cosign each new checkpoint (`url`, `vkey`).",

@@ -693,8 +693,20 @@ def audited(
     record.precondition = outcome.evidence
     record.provider_status = outcome.provider_status
     record.forwarded_body_sha256 = outcome.sent_sha256
+    record.provider_answer_sha256 = _answer_sha256(outcome)
     record.response_status = response_status
     return record
+
+
+def _answer_sha256(outcome: RequestOutcome) -> str | None:
+    """The digest of the provider's answer this request received, or replayed from the row."""
+    answered = outcome.provider_answer
+    if isinstance(answered, UpstreamResponse):
+        return hashlib.sha256(answered.body).hexdigest()
+    row = outcome.row or outcome.before
+    if outcome.decision == Decision.REPLAY and row is not None:
+        return hashlib.sha256(row.response_body or b"").hexdigest()
+    return None
 
 
 def _refusal(refusal: Deny, shown: Deny | None, op: Operation | None) -> web.Response:

@@ -78,6 +78,10 @@ class AuditRecord:
     provider_status: int | None = None
     response_status: int | None = None
     forwarded_body_sha256: str | None = None
+    # SHA-256 of the provider's answer body as received (for an operation it settled: exactly
+    # what the row stores and replays), or, on a replay, of the stored answer returned: what
+    # an offline bundle checks the stored answer against (auditlog/evidence.py).
+    provider_answer_sha256: str | None = None
     # Shadow mode (`mode: report`): the code an enforcing rule would have refused with, though
     # the request was decided as `decision` (forwarded or replayed). Null otherwise.
     would_deny: str | None = None

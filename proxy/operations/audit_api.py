@@ -75,7 +75,12 @@ async def audit_bundle(request: web.Request) -> web.Response:
     try:
         made = await gateway.store.run(
             lambda conn: bundle.build(
-                conn, operation_id, signer.verifier(), witnesses, settings.audit_witness_quorum
+                conn,
+                operation_id,
+                signer.verifier(),
+                witnesses,
+                settings.audit_witness_quorum,
+                earlier_logs=settings.audit_earlier_log_keys,
             )
         )
     except bundle.BundleError as exc:

@@ -1089,11 +1089,51 @@ SELECT l.leaf_index, l.stream, l.seq, l.record_hash, a.at, a.kind, a.operation_i
   FROM transparency_leaves l LEFT JOIN audit_log a USING (stream, seq)
  ORDER BY l.leaf_index;
 
+-- name: transparency_nodes_in_order
+-- Every stored node, in the order appending writes them (by the last leaf it covers, lower
+-- levels first), for `opgate audit verify` to compare each with the node its leaves make (a
+-- cursor, in the same repeatable-read transaction as transparency_leaves_with_records).
+SELECT level, node_index, hash FROM transparency_nodes
+ ORDER BY ((node_index + 1) << level) - 1, level;
+
+-- name: transparency_checkpoints_in_order
+-- Every signed checkpoint, smallest tree first (a cursor, beside the two above).
+SELECT tree_size, root, note FROM transparency_checkpoints ORDER BY tree_size;
+
+-- name: transparency_leafless_integrated
+-- Up to limit records below the integrator's floor (every one of them was made a leaf) that
+-- have no leaf now: their leaf was deleted.
+SELECT a.stream, a.seq
+  FROM audit_log a CROSS JOIN transparency_state s
+ WHERE COALESCE(a.txid, 0) < s.floor_txid
+   AND NOT EXISTS (SELECT 1 FROM transparency_leaves l WHERE l.stream = a.stream AND l.seq = a.seq)
+ ORDER BY a.stream, a.seq
+ LIMIT %(limit)s;
+
 -- name: transparency_unintegrated
 -- How many records have no leaf yet, and when the oldest of them was written.
 SELECT count(*) AS records, min(a.at) AS oldest
   FROM audit_log a
  WHERE NOT EXISTS (SELECT 1 FROM transparency_leaves l WHERE l.stream = a.stream AND l.seq = a.seq);
+-- name: transparency_operation_answers
+-- What opgate stored of the provider's answer for each of the operations operation_ids (their
+-- rows: status, how they were settled, the provider's status, object id, content type and
+-- body), for an offline bundle: the records hold only digests of it.
+SELECT operation_id, status, settled_reason, provider_status, provider_object_id,
+       response_content_type, response_body
+  FROM operations WHERE operation_id = ANY(%(operation_ids)s::text[])
+ ORDER BY operation_id;
+
+-- name: transparency_mandate_records
+-- The request records that presented a mandate approving one of the operations operation_ids
+-- (their `mandate` field holds the presentation and the issuer's keys), with their leaves:
+-- what a window's bundle adds when the presentation was written outside the window.
+SELECT a.stream, a.seq, a.at, a.kind, a.operation_id, a.record::text AS record, a.prev_hash,
+       a.hash, l.leaf_index, l.record_hash
+  FROM audit_log a LEFT JOIN transparency_leaves l USING (stream, seq)
+ WHERE a.operation_id = ANY(%(operation_ids)s::text[]) AND a.kind = 'request'
+   AND jsonb_typeof(a.record -> 'mandate') = 'object'
+ ORDER BY a.stream, a.seq;
 -- ========================================================================= end transparency
 
 -- name: mandate_open_use

@@ -158,3 +158,46 @@ async def unintegrated(conn: asyncpg.Connection) -> asyncpg.Record:
     row: asyncpg.Record | None = await queries.fetchrow(conn, "transparency_unintegrated")
     assert row is not None
     return row
+
+
+async def operation_answers(
+    conn: asyncpg.Connection, operation_ids: Sequence[str]
+) -> list[asyncpg.Record]:
+    """The stored provider answers of these operations (their rows' answer columns)."""
+    rows: list[asyncpg.Record] = await queries.fetch(
+        conn, "transparency_operation_answers", operation_ids=list(operation_ids)
+    )
+    return rows
+
+
+async def mandate_records(
+    conn: asyncpg.Connection, operation_ids: Sequence[str]
+) -> list[asyncpg.Record]:
+    """The mandate presentations' request records of these operations, with their leaves."""
+    rows: list[asyncpg.Record] = await queries.fetch(
+        conn, "transparency_mandate_records", operation_ids=list(operation_ids)
+    )
+    return rows
+
+
+def nodes_in_order(conn: asyncpg.Connection) -> AsyncIterator[asyncpg.Record]:
+    """Every stored node (level, node_index, hash) in append order (a cursor: in the caller's
+    transaction)."""
+    cursor: AsyncIterator[asyncpg.Record] = queries.cursor(conn, "transparency_nodes_in_order")
+    return cursor
+
+
+def checkpoints_in_order(conn: asyncpg.Connection) -> AsyncIterator[asyncpg.Record]:
+    """Every checkpoint (tree_size, root, note), smallest first (a cursor, likewise)."""
+    cursor: AsyncIterator[asyncpg.Record] = queries.cursor(
+        conn, "transparency_checkpoints_in_order"
+    )
+    return cursor
+
+
+async def leafless_integrated(conn: asyncpg.Connection, limit: int) -> list[asyncpg.Record]:
+    """Records the integrator made leaves of whose leaf is gone (stream, seq), at most limit."""
+    rows: list[asyncpg.Record] = await queries.fetch(
+        conn, "transparency_leafless_integrated", limit=limit
+    )
+    return rows

@@ -6,8 +6,9 @@
     [extension lines]
 
 signed as a note by the log's Ed25519 key (whose name is the origin) and cosigned by witnesses
-(note.COSIGNATURE_V1). ``open_checkpoint`` is what a verifier runs: the log's signature must
-verify; cosignatures by the witnesses it is given are verified and returned.
+(note.COSIGNATURE_V1). ``open_checkpoint`` is what a verifier runs: the log's signature (by
+one of the log's keys it is given: a rotated log has several) must verify; cosignatures by the
+witnesses it is given are verified and returned.
 """
 
 from __future__ import annotations
@@ -59,21 +60,30 @@ class OpenedCheckpoint:
     checkpoint: Checkpoint
     note: Note
     cosignatures: tuple[Signature, ...]  # verified, by the witnesses given
+    signed_by: int = 0  # the key ID of the log's key that signed it
 
     def witnessed(self, quorum: int) -> bool:
         return len({s.name for s in self.cosignatures}) >= quorum
 
 
 def open_checkpoint(
-    message: str | bytes, log: Verifier, witnesses: Sequence[Verifier] = ()
+    message: str | bytes, log: Verifier | Sequence[Verifier], witnesses: Sequence[Verifier] = ()
 ) -> OpenedCheckpoint:
     """Verify a signed checkpoint: the log's signature is required, its origin must be the
-    log's name, and the witnesses' cosignatures found are verified."""
-    opened = open_note(message, [log, *witnesses])
-    if not any(s.name == log.name and s.key_id == log.key_id for s in opened.verified):
-        raise NoteError(f"the checkpoint is not signed by the log {log.name}")
+    log's name, and the witnesses' cosignatures found are verified.
+
+    ``log`` may be several keys of one log: its current key and the earlier ones it was
+    rotated from (docs/audit.md, *Rotating the log's key*); a signature by any of them is the
+    log's, by any other key (its name, another key ID) is not."""
+    keys = [log] if isinstance(log, Verifier) else list(log)
+    opened = open_note(message, [*keys, *witnesses])
+    own = {(k.name, k.key_id) for k in keys}
+    by_log = [s for s in opened.verified if (s.name, s.key_id) in own]
+    if not by_log:
+        names = ", ".join(sorted({k.name for k in keys}))
+        raise NoteError(f"the checkpoint is not signed by the log {names}")
     checkpoint = parse_checkpoint(opened.text)
-    if checkpoint.origin != log.name:
+    if checkpoint.origin not in {s.name for s in by_log}:
         raise NoteError(f"the checkpoint's origin {checkpoint.origin!r} is not the log's name")
-    cosigned = tuple(s for s in opened.verified if (s.name, s.key_id) != (log.name, log.key_id))
-    return OpenedCheckpoint(checkpoint, opened, cosigned)
+    cosigned = tuple(s for s in opened.verified if (s.name, s.key_id) not in own)
+    return OpenedCheckpoint(checkpoint, opened, cosigned, by_log[0].key_id)

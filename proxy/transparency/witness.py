@@ -88,10 +88,14 @@ def origin_of(signed_checkpoint: str) -> str:
 
 
 def decide(
-    request: AddCheckpoint, logs: Mapping[str, Verifier], latest: Cosigned | None
+    request: AddCheckpoint,
+    logs: Mapping[str, Verifier | Sequence[Verifier]],
+    latest: Cosigned | None,
 ) -> Checkpoint:
     """The checkpoint to cosign, or the Refusal that says why not (in the specification's
-    order). ``latest``: what this witness last cosigned for the checkpoint's origin."""
+    order). ``logs``: per origin, the log's keys this witness was given (several after the log
+    rotated its key: each verifies, no other does); ``latest``: what this witness last
+    cosigned for the checkpoint's origin, whichever key signed it."""
     log = logs.get(origin_of(request.checkpoint))
     if log is None:
         raise Refusal(404, "unknown log")

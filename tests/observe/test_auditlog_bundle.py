@@ -6,23 +6,23 @@ the database is found by the verifier with nothing but the bundle and the log's 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
 import pytest_asyncio
 
-from proxy.observe.auditlog import integrator
+from proxy.observe.auditlog import bundle, integrator
 from proxy.store import audit
 from proxy.transparency import note
-from tests.support.paths import REPO
+from tests.support.bundles import audit_cli
+from tests.support.bundles import verify_offline as offline
 from tests.support.tamper import rechain
+from tests.support.transparency import LOG_SIGNER, ROTATED_SIGNER, UNKNOWN_SIGNER
 
 OPERATION = "op_bundle_test"
-SIGNER = note.Signer.generate("opgate.test/audit")
+SIGNER = LOG_SIGNER
 VKEY = SIGNER.verifier().vkey()
 
 
@@ -46,21 +46,7 @@ async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
 
 
 def opgate(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "proxy", "audit", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        timeout=120,
-        check=False,
-    )
-
-
-def offline_env() -> dict[str, str]:
-    """The environment of a reviewer's machine: no OPGATE_* setting, no PostgreSQL variable."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPGATE_", "PG"))}
-    env["PYTHONPATH"] = str(REPO)
-    return env
+    return audit_cli(*args)
 
 
 def make_bundle(database_url: str, path: Path) -> None:
@@ -79,15 +65,7 @@ def make_bundle(database_url: str, path: Path) -> None:
 
 
 def verify_offline(path: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "proxy", "audit", "verify-bundle", str(path), "--log-key", VKEY],
-        capture_output=True,
-        text=True,
-        env=offline_env(),
-        cwd=tmp_path,
-        timeout=120,
-        check=False,
-    )
+    return offline(path, tmp_path, "--log-key", VKEY)
 
 
 async def test_a_bundle_verifies_offline(
@@ -201,3 +179,27 @@ async def test_a_window_bundle_proves_every_record_written_in_it(
     assert "ok: 5 records proven in a checkpoint of 5 records" in checked.stdout
     alone = opgate("bundle", "--since", "1970-01-01T00:00:00Z", "--database-url", database_url)
     assert alone.returncode == 2
+
+
+async def test_bundles_verify_across_a_key_rotation(conn: asyncpg.Connection) -> None:
+    """A bundle signed before the log rotated its key and one signed after both verify with
+    the log's two keys; each is refused by a reviewer holding only the other key, and by one
+    holding a key the log never had."""
+    before = await bundle.build(conn, OPERATION, SIGNER.verifier(), [], 0)
+    text = json.dumps({"event": "revoked", "operation_id": OPERATION})
+    await audit.append_texts(conn, OPERATION, "transition", [text])
+    assert await integrator.integrate(conn, ROTATED_SIGNER) is not None
+    after = await bundle.build(
+        conn, OPERATION, ROTATED_SIGNER.verifier(), [], 0, earlier_logs=[VKEY]
+    )
+    assert after["earlier_logs"] == [VKEY]
+    both = [ROTATED_SIGNER.verifier().vkey(), VKEY]
+    for made, signer in ((before, SIGNER), (after, ROTATED_SIGNER)):
+        report = bundle.verify(made, both)
+        assert report.breaks == []
+        assert report.signed_by == f"{signer.name}+{signer.key_id:08x}"
+    assert bundle.verify(after, VKEY).breaks == ["checkpoint: no signature by a known key"]
+    assert bundle.verify(before, both[0]).breaks == ["checkpoint: no signature by a known key"]
+    unknown = UNKNOWN_SIGNER.verifier().vkey()
+    assert bundle.verify(after, unknown).breaks == ["checkpoint: no signature by a known key"]
+    assert bundle.verify(after).breaks == []  # the bundle's own keys: said in a note

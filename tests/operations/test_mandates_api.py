@@ -15,9 +15,16 @@ import asyncpg
 import pytest
 import pytest_asyncio
 from joserfc import jws
-from joserfc.jwk import ECKey, KeySet
+from joserfc.jwk import KeySet
 
 from tests.support.fault_provider import FaultProvider
+from tests.support.mandate_gate import (
+    AUDIENCE,
+    PERSON,
+    mandate_settings,
+    present,
+    send_exactly,
+)
 from tests.support.mandates import (
     Signer,
     closed_mandate,
@@ -34,27 +41,7 @@ from tests.support.opgate import (
     fault_policy,
     process_env,
 )
-from tests.support.opgate_process import OpgateProcess, opgate_process
-
-AUDIENCE = "opgate.test"
-PERSON = Signer("surface-2026")
-
-
-def mandate_settings(tmp_path: Path) -> dict[str, Any]:
-    key_file = tmp_path / "receipt-key.json"
-    key_file.write_text(json.dumps(ECKey.generate_key("P-256").as_dict(private=True)))
-    return {
-        "mandate_issuers": [
-            {
-                "name": "surface",
-                "tenants": ["t1"],
-                "jwks": PERSON.jwks,
-                "payees": {"acct_merchant": "fault"},
-            }
-        ],
-        "mandate_audience": AUDIENCE,
-        "receipt_key_file": key_file,
-    }
+from tests.support.opgate_process import opgate_process
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -66,42 +53,6 @@ async def gate(
         upstream_overrides={"fault": fault_provider.url}, **mandate_settings(tmp_path)
     ) as running:
         yield running
-
-
-async def present(
-    gate: Opgate | OpgateProcess,
-    http: aiohttp.ClientSession,
-    mandate: str,
-    token: str = AGENT_TOKEN,
-    **fields: Any,
-) -> tuple[int, dict[str, Any]]:
-    body = {
-        "mandate": mandate,
-        "provider": "fault",
-        "action": "refund.create",
-        "params": {"charge": "ch_1"},
-        **fields,
-    }
-    async with http.post(
-        f"{gate.agent_url}/_opgate/v1/mandates",
-        json=body,
-        headers={"Authorization": f"Bearer {token}"},
-    ) as response:
-        return response.status, json.loads(await response.read())
-
-
-async def send_exactly(
-    gate: Opgate | OpgateProcess, http: aiohttp.ClientSession, request: dict[str, Any]
-) -> int:
-    body = "&".join(f"{k}={v}" for k, v in request["form"].items())
-    headers = {
-        **request["headers"],
-        "Authorization": f"Bearer {AGENT_TOKEN}",
-        "Content-Type": "application/x-www-form-urlencoded",
-    }
-    async with http.post(gate.agent_url + request["path"], data=body, headers=headers) as r:
-        await r.read()
-        return r.status
 
 
 async def receipt_claims(gate: Opgate, receipt: str) -> dict[str, Any]:

@@ -67,3 +67,17 @@ def test_a_checkpoint_without_the_logs_signature_or_origin_is_refused() -> None:
     other = Checkpoint("other.example/log", 0, merkle.EMPTY_ROOT).text()
     with pytest.raises(note.NoteError, match="origin"):
         open_checkpoint(note.sign_note(other, [log]), log.verifier())
+
+
+def test_a_rotated_log_verifies_with_each_of_its_keys_and_no_other() -> None:
+    """Given the log's earlier and current keys (one origin), a checkpoint signed by either
+    opens and says which; one signed by a third key of the same name is refused."""
+    earlier = note.Signer.generate("opgate.example/audit")
+    current = note.Signer.generate("opgate.example/audit")
+    unknown = note.Signer.generate("opgate.example/audit")
+    keys = [current.verifier(), earlier.verifier()]
+    body = Checkpoint("opgate.example/audit", 0, merkle.EMPTY_ROOT).text()
+    for signer in (earlier, current):
+        assert open_checkpoint(note.sign_note(body, [signer]), keys).signed_by == signer.key_id
+    with pytest.raises(note.NoteError, match="no signature by a known key"):
+        open_checkpoint(note.sign_note(body, [unknown]), keys)

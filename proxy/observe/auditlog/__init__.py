@@ -4,6 +4,7 @@ repeated pre-authentication denials (denials), redaction (redact), verification 
 retention (retention) and ``opgate audit`` (cli); the transparency log over it: the integrator
 that makes records leaves of the Merkle tree and signs checkpoints (integrator), the witnesses
 it asks to cosign (witnesses), proofs (proofs), the check of the stored records against the
-signed tree (treecheck), offline bundles (bundle), the minimal witness (witness_server) and
-their commands (tlog_cli). docs/audit.md describes the formats.
+signed tree (treecheck), offline bundles (bundle) and what their records say of each operation,
+checked against what they refer to (evidence), the minimal witness (witness_server) and their
+commands (tlog_cli). docs/audit.md describes the formats.
 """

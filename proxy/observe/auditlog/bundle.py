@@ -21,7 +21,7 @@ from typing import Any
 
 import asyncpg
 
-from proxy.observe.auditlog import integrator
+from proxy.observe.auditlog import evidence, integrator
 from proxy.observe.auditlog.chain import GENESIS, StoredRecord
 from proxy.store import transparency as tstore
 from proxy.transparency import merkle, note
@@ -45,10 +45,12 @@ async def build(
     witness_keys: Sequence[str],
     quorum: int,
     window: tuple[datetime, datetime] | None = None,
+    earlier_logs: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The operation's records (or, with ``window``, the records written in [since, until),
     of the operation if one is named) with their inclusion proofs in the latest checkpoint
-    (the witnesses' vkeys and the quorum are recorded for the reviewer)."""
+    (the log's vkey and those it was rotated from, the witnesses' vkeys and the quorum are
+    recorded for the reviewer)."""
     if operation_id is None and window is None:
         raise BundleError("name an operation, or a time window")
     latest = await tstore.latest_checkpoint(conn)
@@ -62,12 +64,27 @@ async def build(
         note.parse_signature_line(line) for s in signed["cosignatures"] for line in s.splitlines()
     ]
     rendered = note.Note(checkpoint.text, (*checkpoint.signatures, *cosigned)).render()
-    records, missing = [], []
     if window is None:
         assert operation_id is not None
-        rows = await tstore.operation_records(conn, operation_id)
+        rows = list(await tstore.operation_records(conn, operation_id))
     else:
-        rows = await tstore.records_between(conn, *window, operation_id)
+        rows = list(await tstore.records_between(conn, *window, operation_id))
+    operations = sorted(
+        {
+            r["stream"]
+            for r in rows
+            if r["kind"] == "transition" and r["stream"] == r["operation_id"]
+        }
+        | ({operation_id} if operation_id else set())
+    )
+    # what the records refer to: a mandate's presentation record (outside a window too), and
+    # the stored provider answers, which no record holds whole (evidence.py checks them)
+    have = {(r["stream"], r["seq"]) for r in rows}
+    rows += [r for r in await tstore.mandate_records(conn, operations) if (r[0], r[1]) not in have]
+    answers = {
+        a["operation_id"]: _answer(a) for a in await tstore.operation_answers(conn, operations)
+    }
+    records, missing = [], []
     for row in rows:
         index = row["leaf_index"]
         if row["hash"] is None:
@@ -103,11 +120,26 @@ async def build(
         "since": window[0].isoformat() if window else None,
         "until": window[1].isoformat() if window else None,
         "log": log.vkey(),
+        "earlier_logs": [note.Verifier.from_vkey(k).vkey() for k in earlier_logs],
         "witnesses": [note.Verifier.from_vkey(k).vkey() for k in witness_keys],
         "quorum": quorum,
         "checkpoint": rendered,
         "records": records,
         "missing": missing,
+        "answers": answers,
+    }
+
+
+def _answer(row: Any) -> dict[str, Any]:
+    """What the operation row keeps of the provider's answer (the body base64, or null)."""
+    body = row["response_body"]
+    return {
+        "status": row["status"],
+        "settled_reason": row["settled_reason"],
+        "provider_status": row["provider_status"],
+        "object_id": row["provider_object_id"],
+        "content_type": row["response_content_type"],
+        "body": None if body is None else _b64(bytes(body)),
     }
 
 
@@ -120,7 +152,9 @@ class BundleReport:
     notes: list[str] = field(default_factory=list)
     proven: int = 0
     tree_size: int = 0
+    signed_by: str = "-"  # the log's key that signed the checkpoint (name+key ID)
     cosigners: list[str] = field(default_factory=list)
+    operations: list[evidence.OperationEvidence] = field(default_factory=list)
 
 
 def _stored(entry: dict[str, Any]) -> StoredRecord:
@@ -138,20 +172,23 @@ def _stored(entry: dict[str, Any]) -> StoredRecord:
 
 def verify(
     bundle: dict[str, Any],
-    log_key: str | None = None,
+    log_keys: str | Sequence[str] = (),
     witness_keys: Sequence[str] = (),
     quorum: int | None = None,
 ) -> BundleReport:
-    """Check a bundle with the keys given (else the bundle's own, which proves less: said)."""
+    """Check a bundle with the log's keys given (its current key and the earlier ones it was
+    rotated from; else the bundle's own, which proves less: said) and the witnesses' keys."""
     report = BundleReport()
     if bundle.get("format") != FORMAT:
         raise BundleError(f"not an {FORMAT} file")
-    if log_key is None:
+    given = [log_keys] if isinstance(log_keys, str) else list(log_keys)
+    if not given:
         report.notes.append(
             "the log's key was taken from the bundle itself: pass --log-key (obtained from the"
             " operator beforehand) so that a re-signed bundle cannot pass"
         )
-    log = note.Verifier.from_vkey(log_key or bundle["log"])
+        given = [bundle["log"], *bundle.get("earlier_logs", ())]
+    log = [note.Verifier.from_vkey(k) for k in given]
     witnesses = [note.Verifier.from_vkey(k) for k in witness_keys or bundle["witnesses"]]
     needed = quorum if quorum is not None else int(bundle.get("quorum", 0))
     if needed and not witness_keys:
@@ -167,6 +204,7 @@ def verify(
     size, root = opened.checkpoint.size, opened.checkpoint.root
     report.tree_size = size
     report.cosigners = sorted({s.name for s in opened.cosignatures})
+    report.signed_by = next(f"{k.name}+{k.key_id:08x}" for k in log if k.key_id == opened.signed_by)
     if not opened.witnessed(needed):
         report.breaks.append(
             f"checkpoint: cosigned by {len(report.cosigners)} known witnesses, {needed} needed"
@@ -201,6 +239,13 @@ def verify(
     if bundle.get("since") is None:  # a window need not hold a stream's first record
         chain = sorted(by_stream.get(str(operation_id), []), key=lambda r: r.seq)
         _check_chain(chain, {int(m["seq"]) for m in bundle.get("missing", ())}, report)
+    # what the records say of each operation, and what they refer to (evidence.py); a record
+    # found altered above still speaks here, so that a swapped item is named as well
+    records = [record for stream in by_stream.values() for record in stream]
+    for found in evidence.operations(records, bundle.get("answers") or {}):
+        report.operations.append(found)
+        report.breaks.extend(found.breaks)
+        report.unproven.extend(found.unproven)
     return report
 
 

@@ -1,6 +1,8 @@
 """``opgate audit verify | show | export``: the audit log for security review and SIEMs.
 
-    opgate audit verify [--since T] [--until T]     exit 0: intact; 1: names the first break
+    opgate audit verify [--since T] [--until T] [--log-key K ...]
+                                                    exit 0: intact; 1: names the first break
+                                                    (of the chains, else of the tree)
     opgate audit show OPERATION_ID                  one operation's timeline, as a table;
                                                     exit 1: a record is marked BROKEN
     opgate audit export --since T --until T [-o F]  JSON Lines (redacted), for a SIEM
@@ -36,7 +38,13 @@ from proxy.errors import StoreUnavailable, store_unavailable_line
 from proxy.observe.auditlog import records, retention
 from proxy.observe.auditlog.chain import StoredRecord, check_record
 from proxy.observe.auditlog.redact import Redactor
-from proxy.observe.auditlog.tlog_cli import add_transparency_commands
+from proxy.observe.auditlog.tlog_cli import (
+    add_log_keys,
+    add_transparency_commands,
+    log_keys,
+    tree_summary,
+)
+from proxy.observe.auditlog.treecheck import TreeReport, check_tree
 from proxy.observe.auditlog.verify import VerifyReport, verify
 from proxy.settings import Secrets, load_settings
 from proxy.store import audit as audit_store
@@ -54,10 +62,13 @@ def add_audit_commands(commands: Any) -> None:
     audit = commands.add_parser("audit", help="verify, show and export the audit log")
     audit_commands = audit.add_subparsers()
 
-    check = audit_commands.add_parser("verify", help="check the hash chains and checkpoints")
+    check = audit_commands.add_parser(
+        "verify", help="check the hash chains, checkpoints and the transparency tree"
+    )
     _flags(check)
     check.add_argument("--since", type=_time, help="records recorded at or after (default: all)")
     check.add_argument("--until", type=_time, help="records recorded before (default: all)")
+    add_log_keys(check)
     check.set_defaults(handler=_run(_verify))
 
     show = audit_commands.add_parser(
@@ -184,17 +195,41 @@ async def _verify(conn: asyncpg.Connection, args: argparse.Namespace, settings: 
         summary += f"; pruned through checkpoint {report.pruned_through}"
     if report.unstorable:
         summary += f"; {report.unstorable} request records unstorable (placeholders)"
+    tree, unchecked = await _tree(conn, args, settings, whole)
+    tree_broken = tree is not None and bool(tree.breaks)
     first = report.first_break()
-    if first is None:
+    if first is not None:
+        print(f"BROKEN: first broken record: {first.describe()}")
+        print(f"{len(report.breaks)} problems in {summary}:")
+        for problem in report.breaks[:_SHOWN_PROBLEMS]:
+            print(f"  {problem.describe()}")
+    elif tree is not None and tree.breaks:
+        print(f"BROKEN: the tree: {tree.breaks[0]}")
+        print(f"chains ok: {summary}")
+    else:
         print(f"ok: {summary}")
-        _print_losses(report)
-        return 0
-    print(f"BROKEN: first broken record: {first.describe()}")
-    print(f"{len(report.breaks)} problems in {summary}:")
-    for problem in report.breaks[:_SHOWN_PROBLEMS]:
-        print(f"  {problem.describe()}")
+    if tree is None:
+        print(f"tree: not checked ({unchecked})")
+    elif tree.breaks:
+        print(f"tree: BROKEN: {len(tree.breaks)} problems; {tree_summary(tree)}")
+        for line in tree.breaks[:_SHOWN_PROBLEMS]:
+            print(f"  {line}")
+    else:
+        print(f"tree: ok: {tree_summary(tree)}")
     _print_losses(report)
-    return 1
+    return 1 if first is not None or tree_broken else 0
+
+
+async def _tree(
+    conn: asyncpg.Connection, args: argparse.Namespace, settings: Any, whole: bool
+) -> tuple[TreeReport | None, str]:
+    """The transparency tree checked (treecheck.py), or why it was not."""
+    if not whole:
+        return None, "--since/--until: the tree is checked on the whole log"
+    keys = log_keys(args, settings)
+    if keys is None:
+        return None, "no transparency_key; give --log-key"
+    return await check_tree(conn, keys, [w.vkey for w in settings.audit_witnesses]), ""
 
 
 def _print_losses(report: VerifyReport) -> None:

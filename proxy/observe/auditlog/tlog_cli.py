@@ -3,10 +3,10 @@
     opgate audit checkpoint                      the latest signed checkpoint, with cosignatures
     opgate audit prove STREAM:SEQ [--size N]     a record's inclusion proof (JSON)
     opgate audit consistency OLD NEW             a consistency proof between two tree sizes
-    opgate audit verify-tree [--log-key K]       the stored records against the signed tree
+    opgate audit verify-tree [--log-key K ...]   the stored records against the signed tree
     opgate audit bundle --operation OP [-o F]    offline evidence for one operation
     opgate audit bundle --since T --until T      ... for what was written in a window
-    opgate audit verify-bundle F [--log-key K]   check a bundle: no database, no settings
+    opgate audit verify-bundle F [--log-key K ...]   check a bundle: no database, no settings
     opgate audit witness --key F --log K ...     a minimal C2SP tlog-witness (its own process)
     opgate audit new-key NAME [--cosigner] -o F  an Ed25519 key: the log's, or a witness's
 
@@ -31,7 +31,7 @@ import asyncpg
 from aiohttp import web
 
 from proxy.observe.auditlog import bundle, proofs
-from proxy.observe.auditlog.treecheck import check_tree
+from proxy.observe.auditlog.treecheck import TreeReport, check_tree
 from proxy.observe.auditlog.witness_server import WitnessState, witness_app
 from proxy.observe.observer import transparency_signer
 from proxy.settings import Secrets
@@ -65,7 +65,7 @@ def add_transparency_commands(
 
     tree = commands.add_parser("verify-tree", help="the stored records against the signed tree")
     flags(tree)
-    tree.add_argument("--log-key", help="the log's vkey (default: from transparency_key)")
+    add_log_keys(tree)
     tree.set_defaults(handler=run(_verify_tree))
 
     make = commands.add_parser("bundle", help="offline evidence for one operation")
@@ -79,7 +79,13 @@ def add_transparency_commands(
 
     check = commands.add_parser("verify-bundle", help="check a bundle, offline")
     check.add_argument("file", type=Path)
-    check.add_argument("--log-key", help="the log's vkey, obtained from the operator beforehand")
+    check.add_argument(
+        "--log-key",
+        action="append",
+        default=[],
+        help="a vkey of the log, obtained from the operator beforehand (repeatable: its"
+        " current key and the earlier ones it was rotated from)",
+    )
     check.add_argument(
         "--witness-key", action="append", default=[], help="a witness's vkey (repeatable)"
     )
@@ -88,7 +94,12 @@ def add_transparency_commands(
 
     witness = commands.add_parser("witness", help="run a minimal C2SP tlog-witness")
     witness.add_argument("--key", type=Path, required=True, help="file with its PRIVATE+KEY")
-    witness.add_argument("--log", action="append", required=True, help="a trusted log's vkey")
+    witness.add_argument(
+        "--log",
+        action="append",
+        required=True,
+        help="a trusted log's vkey (repeatable; a log that rotated its key: each of its keys)",
+    )
     witness.add_argument("--state", type=Path, required=True, help="its state file (JSON)")
     witness.add_argument("--listen", default="127.0.0.1:8465", help="HOST:PORT (port 0: any)")
     witness.set_defaults(handler=_witness)
@@ -98,6 +109,16 @@ def add_transparency_commands(
     key.add_argument("--cosigner", action="store_true", help="a witness's cosigning key")
     key.add_argument("-o", "--output", type=Path, required=True, help="secret file (0600)")
     key.set_defaults(handler=_new_key)
+
+
+def add_log_keys(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-key",
+        action="append",
+        default=[],
+        help="a vkey of the log (repeatable; default: transparency_key's, and"
+        " audit_earlier_log_keys)",
+    )
 
 
 def _json(value: Any) -> int:
@@ -131,24 +152,23 @@ async def _consistency(conn: asyncpg.Connection, args: argparse.Namespace, setti
         return 1
 
 
-def _log_key(args: argparse.Namespace, settings: Any) -> note.Verifier | None:
-    if args.log_key is not None:
-        return note.Verifier.from_vkey(args.log_key)
+def log_keys(args: argparse.Namespace, settings: Any) -> list[note.Verifier] | None:
+    """The log's keys to verify with: those given (``--log-key``), else the configured key's
+    and the earlier ones (``audit_earlier_log_keys``); None when there is none."""
+    if args.log_key:
+        return [note.Verifier.from_vkey(k) for k in args.log_key]
     signer = transparency_signer(Secrets(settings.secrets_dir))
-    if signer is None:
-        print("opgate audit: give --log-key or configure transparency_key", file=sys.stderr)
+    earlier = [note.Verifier.from_vkey(k) for k in settings.audit_earlier_log_keys]
+    if signer is None and not earlier:
         return None
-    return signer.verifier()
+    return ([signer.verifier()] if signer else []) + earlier
 
 
-async def _verify_tree(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
-    log = _log_key(args, settings)
-    if log is None:
-        return 2
-    report = await check_tree(conn, log, [w.vkey for w in settings.audit_witnesses])
+def tree_summary(report: TreeReport) -> str:
     summary = (
-        f"{report.leaves} leaves, cosigned by {len(report.cosigners)} witnesses"
-        f" ({', '.join(report.cosigners) or '-'})"
+        f"{report.leaves} leaves, {report.nodes} nodes, {report.checkpoints} checkpoints"
+        f" signed by {', '.join(report.signers) or '-'}; the latest cosigned by"
+        f" {len(report.cosigners)} witnesses ({', '.join(report.cosigners) or '-'})"
     )
     if report.pending:
         assert report.oldest_pending is not None
@@ -156,6 +176,16 @@ async def _verify_tree(conn: asyncpg.Connection, args: argparse.Namespace, setti
             f"; {report.pending} records not integrated yet (oldest written"
             f" {report.oldest_pending.isoformat()}): not covered by any checkpoint"
         )
+    return summary
+
+
+async def _verify_tree(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+    keys = log_keys(args, settings)
+    if keys is None:
+        print("opgate audit: give --log-key or configure transparency_key", file=sys.stderr)
+        return 2
+    report = await check_tree(conn, keys, [w.vkey for w in settings.audit_witnesses])
+    summary = tree_summary(report)
     if report.breaks:
         print(f"BROKEN: {len(report.breaks)} problems; {summary}")
         for line in report.breaks[:50]:
@@ -166,9 +196,14 @@ async def _verify_tree(conn: asyncpg.Connection, args: argparse.Namespace, setti
 
 
 async def _bundle(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
-    log = _log_key(args, settings)
-    if log is None:
-        return 2
+    if args.log_key is not None:
+        log = note.Verifier.from_vkey(args.log_key)
+    else:
+        signer = transparency_signer(Secrets(settings.secrets_dir))
+        if signer is None:
+            print("opgate audit: give --log-key or configure transparency_key", file=sys.stderr)
+            return 2
+        log = signer.verifier()
     witnesses = [w.vkey for w in settings.audit_witnesses]
     if (args.since is None) != (args.until is None) or (args.operation is None and not args.since):
         print(
@@ -179,7 +214,13 @@ async def _bundle(conn: asyncpg.Connection, args: argparse.Namespace, settings: 
     window = (args.since, args.until) if args.since else None
     try:
         made = await bundle.build(
-            conn, args.operation, log, witnesses, settings.audit_witness_quorum, window
+            conn,
+            args.operation,
+            log,
+            witnesses,
+            settings.audit_witness_quorum,
+            window,
+            earlier_logs=settings.audit_earlier_log_keys,
         )
     except bundle.BundleError as exc:
         print(f"opgate audit bundle: {exc}", file=sys.stderr)
@@ -207,9 +248,14 @@ def _verify_bundle(args: argparse.Namespace) -> int:
     for line in report.notes:
         print(f"note: {line}")
     summary = (
-        f"{report.proven} records proven in a checkpoint of {report.tree_size} records,"
-        f" cosigned by {len(report.cosigners)} witnesses ({', '.join(report.cosigners) or '-'})"
+        f"{report.proven} records proven in a checkpoint of {report.tree_size} records"
+        f" signed by {report.signed_by}, cosigned by {len(report.cosigners)} witnesses"
+        f" ({', '.join(report.cosigners) or '-'})"
     )
+    for found in report.operations:  # did opgate send it, how often, who approved it
+        print(f"operation {found.operation_id}:")
+        for line in found.lines:
+            print(f"  {line}")
     for line in report.unproven:
         print(f"unproven: {line}")
     if report.breaks:

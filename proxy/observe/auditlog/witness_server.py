@@ -4,7 +4,8 @@ machine, with its own key, apart from opgate.
     POST /add-checkpoint           cosign a checkpoint consistent with the last one cosigned
     GET  /<sha256(origin)>/checkpoint   the last checkpoint cosigned for that log
 
-It trusts the logs whose keys it is given (``--log VKEY``), keeps per log the last checkpoint
+It trusts the logs whose keys it is given (``--log VKEY``; several keys of one origin: a log
+that rotated its key, each trusted, the state one per origin), keeps per log the last checkpoint
 it cosigned in one JSON file (written and synced before it answers; one request decides at a
 time, so two cannot both extend the same size), and refuses what the specification refuses
 (proxy/transparency/witness.py decides). No database, no opgate settings.
@@ -73,7 +74,9 @@ class WitnessState:
 def witness_app(
     signer: note.Signer, logs: Sequence[note.Verifier], state: WitnessState
 ) -> web.Application:
-    trusted = {log.name: log for log in logs}
+    trusted: dict[str, list[note.Verifier]] = {}
+    for log in logs:  # a rotated log: its earlier keys and its new one, each given by --log
+        trusted.setdefault(log.name, []).append(log)
     deciding = asyncio.Lock()  # check and keep, atomically (the specification's race)
 
     async def add_checkpoint(request: web.Request) -> web.Response:
