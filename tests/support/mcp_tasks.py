@@ -53,6 +53,14 @@ class CancelTask(Request[TaskParams, Literal["tasks/cancel"]]):
     name_param = "taskId"
 
 
+class UpdateParams(TaskParams):
+    input_responses: dict[str, Any] = Field(alias="inputResponses")
+
+
+class UpdateTask(Request[UpdateParams, Literal["tasks/update"]]):
+    name_param = "taskId"
+
+
 async def get_task(client: Client, task_id: str) -> dict[str, Any]:
     request = GetTask(method="tasks/get", params=TaskParams(taskId=task_id))
     return await client.session.send_request(request, _ANY)
@@ -61,6 +69,11 @@ async def get_task(client: Client, task_id: str) -> dict[str, Any]:
 async def cancel_task(client: Client, task_id: str) -> dict[str, Any]:
     request = CancelTask(method="tasks/cancel", params=TaskParams(taskId=task_id))
     return await client.session.send_request(request, _ANY)
+
+
+async def update_task(client: Client, task_id: str, responses: dict[str, Any]) -> dict[str, Any]:
+    params = UpdateParams(taskId=task_id, inputResponses=responses)
+    return await client.session.send_request(UpdateTask(method="tasks/update", params=params), _ANY)
 
 
 async def polled(client: Client, task_id: str, seconds: float = 60.0) -> dict[str, Any]:
@@ -84,8 +97,16 @@ class TasksExtension(ClientExtension):
 
 
 @contextlib.asynccontextmanager
-async def tasks_client(agent_url: str, token: str, *, tasks: bool = True) -> AsyncIterator[Client]:
-    """The official client on the 2026-07-28 exchange, declaring the extension (``tasks``)."""
+async def tasks_client(
+    agent_url: str, token: str, *, tasks: bool = True, url_elicitation: bool = False
+) -> AsyncIterator[Client]:
+    """The official client on the 2026-07-28 exchange, declaring the extension (``tasks``)
+    and, with ``url_elicitation``, elicitation (it never answers one here: the tests read
+    the task's ``inputRequests`` themselves)."""
+
+    async def never(context: Any, params: Any) -> Any:
+        raise AssertionError("opgate sent an elicitation outside the task")
+
     async with (
         httpx2.AsyncClient(
             headers={"Authorization": f"Bearer {token}"},
@@ -95,6 +116,7 @@ async def tasks_client(agent_url: str, token: str, *, tasks: bool = True) -> Asy
         Client(
             streamable_http_client(f"{agent_url}/_opgate/mcp", http_client=http),
             extensions=[TasksExtension()] if tasks else None,
+            elicitation_callback=never if url_elicitation else None,
         ) as client,
     ):
         yield client
@@ -104,6 +126,14 @@ async def execute_as_task(client: Client, operation_id: str) -> CreatedTask | Ca
     result = await client.session.call_tool(
         "execute_operation", {"operation_id": operation_id}, allow_claimed=True
     )
+    assert isinstance(result, CreatedTask | CallToolResult), result
+    return result
+
+
+async def propose_as_task(
+    client: Client, arguments: dict[str, Any]
+) -> CreatedTask | CallToolResult:
+    result = await client.session.call_tool("propose_operation", arguments, allow_claimed=True)
     assert isinstance(result, CreatedTask | CallToolResult), result
     return result
 
