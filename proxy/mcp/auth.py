@@ -57,6 +57,7 @@ _METHOD_SCOPES = {
     "tasks/cancel": EXECUTE,
     "resources/list": READ,
     "resources/read": READ,
+    "subscriptions/listen": READ,
 }
 WELL_KNOWN = "/.well-known/oauth-protected-resource"
 _REFETCH_SECONDS = 10.0  # an unknown key id refetches the JWKS at most this often

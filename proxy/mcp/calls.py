@@ -436,6 +436,32 @@ def _refuse_withdrawal(call: McpCall, record: AuditRecord, proposal: Proposal) -
     return _refuse(call, record, Deny(Reason.MCP_TASK_NOT_CANCELLABLE, why))
 
 
+async def watchable(
+    call: McpCall, operation_ids: list[str], task_ids: list[str]
+) -> tuple[list[str], list[str]]:
+    """What a ``subscriptions/listen`` stream may watch of what it named: the operations, and
+    the tasks (an operation's or a proposal's), in the agent's scope. Another tenant's is left
+    out as an unknown one is: the stream's acknowledgement names only these."""
+
+    async def operation_in_scope(operation_id: str) -> bool:
+        if not valid_operation_id(operation_id):
+            return False
+        op = await call.gateway.store.load(operation_id)
+        return op is not None and in_scope(op, call.agent)
+
+    async def task_in_scope(task_id: str) -> bool:
+        if not valid_operation_id(task_id):
+            return False
+        proposal = await _proposal_of(call, task_id)
+        if proposal is not None:
+            return _own(call, proposal)
+        return await operation_in_scope(task_id)
+
+    operations = [i for i in dict.fromkeys(operation_ids) if await operation_in_scope(i)]
+    tasks = [i for i in dict.fromkeys(task_ids) if await task_in_scope(i)]
+    return operations, tasks
+
+
 _ANSWER_ACTIONS = ("accept", "decline", "cancel")
 
 

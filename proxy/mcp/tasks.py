@@ -223,16 +223,32 @@ class OperationTasks(Extension):
 
     async def _get(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> HandlerResult:
         self._require(ctx)
+        task = await self._task(ctx, params.task_id)
+        if isinstance(task, ToolError):
+            raise _jsonrpc_error(task)
+        return {"resultType": "complete", **task}
+
+    async def task_of(
+        self, ctx: ServerRequestContext[Any, Any], task_id: str
+    ) -> dict[str, Any] | None:
+        """The task as ``tasks/get`` answers it now, or None where it cannot be read (for
+        ``notifications/tasks``, which carry the same)."""
+        task = await self._task(ctx, task_id)
+        return None if isinstance(task, ToolError) else task
+
+    async def _task(
+        self, ctx: ServerRequestContext[Any, Any], task_id: str
+    ) -> dict[str, Any] | ToolError:
         call = self.call_of(ctx)
-        answer = await read_task(call, params.task_id)
+        answer = await read_task(call, task_id)
         if isinstance(answer, ToolError):
-            raise _jsonrpc_error(answer)
+            return answer
         if answer.kind == "operation":
-            return {"resultType": "complete", **task_state(answer.view)}
+            return task_state(answer.view)
         console = call.gateway.settings.console_url
         if not url_elicitation_supported(ctx.protocol_version, ctx.params):
             console = None
-        return {"resultType": "complete", **proposal_task_state(answer.view, console)}
+        return proposal_task_state(answer.view, console)
 
     async def _update(
         self, ctx: ServerRequestContext[Any, Any], params: UpdateParams
