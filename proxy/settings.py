@@ -189,7 +189,7 @@ class Settings(BaseSettings):
         '"subject_claim": "sub", "subjects": [{"subject": "...", "agent_id": "..."}]}], '
         '"static_tokens": true}`. A token\'s subject acts as the configured agent it names; '
         "an unknown subject is refused. `static_tokens: false`: only OAuth tokens open it "
-        "(docs/how-to/mcp.md).",
+        "(docs/mcp.md).",
     )
     approvers: list[ApproverConfig] = Field(
         default_factory=list,

@@ -203,12 +203,21 @@ MEANINGS: dict[Reason, str] = {
     Reason.MCP_TASK_NOT_CANCELLABLE: (
         "`tasks/cancel` of an operation that was claimed (something may have left) or is "
         "settled: only an operation still `created` is cancelled (its approval revoked, in one "
-        "conditional statement), so a cancel never races a send."
+        "conditional statement), so a cancel never races a send. A proposal's task is never "
+        "cancelled: opgate's proposals have no withdrawn state (a pending one waits for an "
+        "approver until it expires)."
     ),
     Reason.MCP_SCOPE_INSUFFICIENT: (
         "An OAuth access token (`mcp_oauth`) that is valid but lacks the scope the request "
         "needs (`operations:read`, `operations:execute`, `proposals:write`); the 403 carries "
         '`WWW-Authenticate: Bearer error="insufficient_scope", scope="..."`.'
+    ),
+    Reason.MCP_TASK_INPUT_REFUSED: (
+        "`tasks/update` carrying `content` in an input response: opgate asks a task's client "
+        "only to open the console's approval page (URL-mode elicitation, answered by `action` "
+        "alone), so content can only be an attempt to decide; the agent's token never approves "
+        "or declines anything. Responses to keys opgate never asked are ignored, as the tasks "
+        "extension says."
     ),
 }
 

@@ -81,6 +81,7 @@ class Reason(StrEnum):
     MCP_TOOL_FAILED = "mcp_tool_failed"
     MCP_TASK_NOT_CANCELLABLE = "mcp_task_not_cancellable"
     MCP_SCOPE_INSUFFICIENT = "mcp_scope_insufficient"
+    MCP_TASK_INPUT_REFUSED = "mcp_task_input_refused"
 
 
 # Refusals the same request, sent again later, may get another answer to: a limit, an attempt in
@@ -418,5 +419,11 @@ REASONS: dict[Reason, ReasonInfo] = {
         403,
         "The access token does not grant this",
         "Ask the authorization server for a token with the scope named in WWW-Authenticate.",
+    ),
+    Reason.MCP_TASK_INPUT_REFUSED: ReasonInfo(
+        403,
+        "A task's client cannot decide for an approver",
+        "Answer the approval request with its action only (accept, decline, cancel); an "
+        "approver decides on opgate's console. Follow the task with tasks/get.",
     ),
 }

@@ -40,6 +40,7 @@ from proxy.mcp.tools import (
     PROPOSE_OPERATION,
 )
 from proxy.settings import McpOAuth, OAuthIssuer
+from proxy.store.proposal import PROPOSAL_ID_PREFIX
 
 READ, EXECUTE, PROPOSE = "operations:read", "operations:execute", "proposals:write"
 SCOPES = (READ, EXECUTE, PROPOSE)
@@ -52,9 +53,11 @@ _TOOL_SCOPES = {
 }
 _METHOD_SCOPES = {
     "tasks/get": READ,
+    "tasks/update": EXECUTE,
     "tasks/cancel": EXECUTE,
     "resources/list": READ,
     "resources/read": READ,
+    "subscriptions/listen": READ,
 }
 WELL_KNOWN = "/.well-known/oauth-protected-resource"
 _REFETCH_SECONDS = 10.0  # an unknown key id refetches the JWKS at most this often
@@ -89,6 +92,11 @@ def required_scope(message: Any) -> str | None:
         params = message.get("params")
         name = params.get("name") if isinstance(params, dict) else None
         return _TOOL_SCOPES.get(name) if isinstance(name, str) else None
+    if isinstance(method, str) and method.startswith("tasks/"):
+        params = message.get("params")
+        task_id = params.get("taskId") if isinstance(params, dict) else None
+        if isinstance(task_id, str) and task_id.startswith(PROPOSAL_ID_PREFIX):
+            return PROPOSE  # a proposal's task: what get_proposal needs
     return _METHOD_SCOPES.get(method) if isinstance(method, str) else None
 
 

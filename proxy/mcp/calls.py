@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import structlog
 from aiohttp import web
@@ -47,7 +47,7 @@ from proxy.recovery.api import (
 )
 from proxy.runtime import Gateway
 from proxy.store.operation import Operation, Status
-from proxy.store.proposal import Proposal, ProposalState
+from proxy.store.proposal import PROPOSAL_ID_PREFIX, Proposal, ProposalState
 
 LISTENER = "mcp"
 _log = structlog.get_logger("opgate.mcp")
@@ -334,6 +334,9 @@ async def cancel_task(call: McpCall, task_id: str) -> Answer:
         refused = _invalid_operation_id(task_id)
         if refused is not None:
             return _refuse(call, record, refused)
+        proposal = await _proposal_of(call, task_id)
+        if proposal is not None:
+            return _refuse_withdrawal(call, record, proposal)
         record.operation_id = task_id
         op = await call.gateway.store.load(task_id)
         unknown = Deny(Reason.OPERATION_UNKNOWN, f"no operation {task_id}")
@@ -359,6 +362,162 @@ async def cancel_task(call: McpCall, task_id: str) -> Answer:
         return Answered({})
 
     return await _guarded(call, "tasks/cancel", {"operation_id": task_id}, cancel)
+
+
+# -- tasks of proposals, tasks/update -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskView:
+    """What a task id names: an operation's recovery view, or a proposal's view."""
+
+    kind: Literal["operation", "proposal"]
+    view: dict[str, Any]
+
+
+async def _proposal_of(call: McpCall, task_id: str) -> Proposal | None:
+    """The proposal a task id names (any tenant's: the caller checks the scope), or None:
+    a task id is a proposal's when it has the prefix and the proposal exists (an operation's
+    id may start so too: then it is the operation's)."""
+    if not task_id.startswith(PROPOSAL_ID_PREFIX) or not valid_operation_id(task_id):
+        return None
+    return await call.gateway.store.load_proposal(task_id)
+
+
+def _own(call: McpCall, proposal: Proposal) -> bool:
+    return proposal.tenant == call.agent.tenant and proposal.agent_id == call.agent.agent_id
+
+
+async def read_task(call: McpCall, task_id: str) -> TaskView | ToolError:
+    """``tasks/get``: a proposal's task (``get_proposal``'s view) or an operation's
+    (``get_operation``'s), read as those tools read them, with one record."""
+    kind: list[Literal["operation", "proposal"]] = ["operation"]
+
+    async def read(record: AuditRecord) -> Answer:
+        if await _proposal_of(call, task_id) is not None:
+            kind[0] = "proposal"
+            return await _get_proposal(call, {"proposal_id": task_id}, record)
+        return await _get(call, {"operation_id": task_id}, record)
+
+    answer = await _guarded(
+        call,
+        "tasks/get",
+        {"operation_id": task_id},
+        lambda: _recorded_read(call, read),
+    )
+    return answer if isinstance(answer, ToolError) else TaskView(kind[0], answer.content)
+
+
+def _refuse_withdrawal(call: McpCall, record: AuditRecord, proposal: Proposal) -> ToolError:
+    """``tasks/cancel`` of a proposal's task: refused, with the reason. opgate's proposals
+    have no withdrawn state: a pending one waits for an approver until it expires (nothing is
+    sent before an approval), a decided one stays decided."""
+    record.rule = PROPOSAL_RULE
+    if not _own(call, proposal):
+        unknown = Deny(Reason.PROPOSAL_UNKNOWN, f"no proposal {proposal.proposal_id}")
+        scope = Deny(Reason.OPERATION_SCOPE_MISMATCH, unknown.detail)
+        return _refuse(call, record, scope, told=unknown.reason)
+    record.provider, record.operation_id = proposal.provider, proposal.operation_id
+    record.status_before = record.status_after = proposal.state.value
+    state = proposal.state
+    if state is ProposalState.PENDING:
+        why = (
+            "a proposal cannot be withdrawn: it waits for an approver until "
+            f"{proposal.expires_at.isoformat()}, then expires; nothing is sent unless one "
+            "approves it, and then its operation is a task of its own"
+        )
+    elif state is ProposalState.APPROVED:
+        why = (
+            f"it is decided (approved): operation {proposal.operation_id} is a task of its own; "
+            "cancel that one"
+        )
+    else:
+        why = f"it is decided ({state.value}): nothing was or will be sent for it"
+    return _refuse(call, record, Deny(Reason.MCP_TASK_NOT_CANCELLABLE, why))
+
+
+async def watchable(
+    call: McpCall, operation_ids: list[str], task_ids: list[str]
+) -> tuple[list[str], list[str]]:
+    """What a ``subscriptions/listen`` stream may watch of what it named: the operations, and
+    the tasks (an operation's or a proposal's), in the agent's scope. Another tenant's is left
+    out as an unknown one is: the stream's acknowledgement names only these."""
+
+    async def operation_in_scope(operation_id: str) -> bool:
+        if not valid_operation_id(operation_id):
+            return False
+        op = await call.gateway.store.load(operation_id)
+        return op is not None and in_scope(op, call.agent)
+
+    async def task_in_scope(task_id: str) -> bool:
+        if not valid_operation_id(task_id):
+            return False
+        proposal = await _proposal_of(call, task_id)
+        if proposal is not None:
+            return _own(call, proposal)
+        return await operation_in_scope(task_id)
+
+    operations = [i for i in dict.fromkeys(operation_ids) if await operation_in_scope(i)]
+    tasks = [i for i in dict.fromkeys(task_ids) if await task_in_scope(i)]
+    return operations, tasks
+
+
+_ANSWER_ACTIONS = ("accept", "decline", "cancel")
+
+
+def _decides(answer: Any) -> bool:
+    """Whether an input response is more than the answer to a URL-mode elicitation (an
+    ``action``, no ``content``): the only question opgate ever asks a task's client."""
+    if not isinstance(answer, dict) or answer.get("action") not in _ANSWER_ACTIONS:
+        return True
+    return bool(set(answer) - {"action", "_meta"})
+
+
+async def update_task(call: McpCall, task_id: str, responses: Mapping[str, Any]) -> Answer:
+    """``tasks/update``: the client's answers to what the task asked. opgate asks only that
+    the user open the proposal's approval page, so an answer is acknowledged and changes
+    nothing (``accept`` means only that the user agreed to open it); an answer that carries
+    more (content: a decision) is refused, since the agent's token never approves; answers
+    to keys never asked are ignored, as the extension says."""
+
+    async def update() -> Answer:
+        record = _record(call, MCP_RULE)
+        refused = _invalid_operation_id(task_id)
+        if refused is not None:
+            return _refuse(call, record, refused)
+        proposal = await _proposal_of(call, task_id)
+        if proposal is not None:
+            record.rule = PROPOSAL_RULE
+            unknown = Deny(Reason.PROPOSAL_UNKNOWN, f"no proposal {task_id}")
+            if not _own(call, proposal):
+                scope = Deny(Reason.OPERATION_SCOPE_MISMATCH, unknown.detail)
+                return _refuse(call, record, scope, told=unknown.reason)
+            record.provider, record.operation_id = proposal.provider, proposal.operation_id
+            record.status_before = record.status_after = proposal.state.value
+        else:
+            record.operation_id = task_id
+            op = await call.gateway.store.load(task_id)
+            unknown = Deny(Reason.OPERATION_UNKNOWN, f"no operation {task_id}")
+            if op is None:
+                return _refuse(call, record, unknown)
+            if not in_scope(op, call.agent):
+                scope = Deny(Reason.OPERATION_SCOPE_MISMATCH, unknown.detail)
+                return _refuse(call, record, scope, told=unknown.reason)
+            record.provider = op.provider
+            record.status_before = record.status_after = op.status.value
+        deciding = sorted(key for key, answer in responses.items() if _decides(answer))
+        if deciding:
+            why = (
+                f"the answer to {', '.join(deciding)} carries more than an action: opgate only "
+                "asks the user to open the approval page; an approver decides there, and the "
+                "agent's token never approves or declines"
+            )
+            return _refuse(call, record, Deny(Reason.MCP_TASK_INPUT_REFUSED, why))
+        record.decision, record.response_status = Decision.ALLOW, 200
+        _emit(call, record)
+        return Answered({})
+
+    return await _guarded(call, "tasks/update", {"operation_id": task_id}, update)
 
 
 async def _answer(gw: Gateway, operation_id: str, response: web.StreamResponse) -> Answer:

@@ -36,14 +36,20 @@ def approval_url(console_url: str, proposal_id: str) -> str:
     return f"{console_url.rstrip('/')}/proposals/{quote(proposal_id, safe='')}"
 
 
-def ask_for_approval(console_url: str, view: dict[str, Any]) -> types.InputRequiredResult:
-    proposal = view["proposal"]
+def approval_request(console_url: str, proposal: dict[str, Any]) -> types.ElicitRequest:
+    """The URL-mode elicitation that sends the user to the proposal's approval page (the
+    retried call's ``inputRequests``, and a proposal task's while it waits)."""
     message = (
         f"The agent asks to {proposal['action']} at {proposal['provider']}. An approver "
         "reviews the exact request and approves or declines it on opgate's console."
     )
     url = approval_url(console_url, proposal["proposal_id"])
-    request = types.ElicitRequest(params=types.ElicitRequestURLParams(message=message, url=url))
+    return types.ElicitRequest(params=types.ElicitRequestURLParams(message=message, url=url))
+
+
+def ask_for_approval(console_url: str, view: dict[str, Any]) -> types.InputRequiredResult:
+    proposal = view["proposal"]
     return types.InputRequiredResult(
-        input_requests={APPROVAL: request}, request_state=proposal["proposal_id"]
+        input_requests={APPROVAL: approval_request(console_url, proposal)},
+        request_state=proposal["proposal_id"],
     )

@@ -50,6 +50,7 @@ from proxy.mcp.auth import (
 from proxy.mcp.calls import LISTENER, MCP_RULE, McpCall, call_tool
 from proxy.mcp.elicitation import ask_for_approval, url_elicitation_supported
 from proxy.mcp.messages import malformed_request
+from proxy.mcp.subscriptions import Listening
 from proxy.mcp.tasks import OperationTasks
 from proxy.mcp.tools import GET_PROPOSAL, PROPOSE_OPERATION, TOOLS, Answered, tool_result
 from proxy.observe.audit import REQUEST_OBSERVER, AuditRecord, Decision, emit, request_path
@@ -71,10 +72,11 @@ def _call_of(ctx: Any) -> McpCall:
     return call
 
 
-def mcp_server(tasks: OperationTasks, name: str = "opgate") -> Server[Any]:
+def mcp_server(tasks: OperationTasks, stopping: asyncio.Event, name: str = "opgate") -> Server[Any]:
     """The SDK server with opgate's tools, and the tasks extension applied as the SDK's
     ``MCPServer`` applies one (its methods, its advertisement, its ``tools/call``
-    interceptor), on the low-level server opgate bridges."""
+    interceptor), on the low-level server opgate bridges. ``stopping``: ends the listen
+    streams (the listener stops)."""
 
     async def list_tools(
         ctx: Any, params: types.PaginatedRequestParams | None
@@ -123,6 +125,7 @@ def mcp_server(tasks: OperationTasks, name: str = "opgate") -> Server[Any]:
         on_list_resources=list_resources,
         on_list_resource_templates=list_templates,
         on_read_resource=read_resource,
+        on_subscriptions_listen=Listening(_call_of, tasks.task_of, stopping),
     )
     for method in tasks.methods():
         server.add_request_handler(method.method, method.params_type, method.handler)
@@ -138,10 +141,11 @@ def mcp_server(tasks: OperationTasks, name: str = "opgate") -> Server[Any]:
 class McpEndpoint:
     def __init__(self) -> None:
         self.tasks = OperationTasks(_call_of)
+        self.stopping = asyncio.Event()  # set: the listen streams end
         self.verifier: OAuthVerifier | None = None  # built on first use, from the settings
         self.http: aiohttp.ClientSession | None = None  # fetches the issuers' keys
         self.manager = StreamableHTTPSessionManager(
-            mcp_server(self.tasks),
+            mcp_server(self.tasks, self.stopping),
             json_response=True,
             stateless=True,
             max_request_body_size=MAX_MESSAGE_BYTES,
@@ -166,11 +170,17 @@ class McpEndpoint:
         try:
             yield
         finally:
+            self.stopping.set()
             await self.tasks.drained()  # executions started as tasks finish sending
             stop.set()
             await task
             if self.http is not None:
                 await self.http.close()
+
+    async def ending(self, app: web.Application) -> None:
+        """``on_shutdown``: the listen streams end now (aiohttp waits for open requests
+        before the cleanup contexts run, and a stream would keep it waiting)."""
+        self.stopping.set()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         gw = request.app[GATEWAY]
@@ -252,7 +262,9 @@ class McpEndpoint:
             self.http = aiohttp.ClientSession(trust_env=False)
         return await self.verifier.verify(self.http, token)
 
-    async def _exchange(self, request: web.Request, body: bytes, call: McpCall) -> web.Response:
+    async def _exchange(
+        self, request: web.Request, body: bytes, call: McpCall
+    ) -> web.StreamResponse:
         """The SDK's ASGI exchange over this aiohttp request."""
         scope: Scope = {
             "type": "http",
@@ -272,7 +284,7 @@ class McpEndpoint:
             "server": None,
             _CALL: call,
         }
-        bridge = _Bridge(body)
+        bridge = _Bridge(body, request)
         observer = REQUEST_OBSERVER.set(request.app.get(OBSERVABILITY))
         try:
             await self.manager.handle_request(scope, bridge.receive, bridge.send)
@@ -284,20 +296,24 @@ class McpEndpoint:
 class _Bridge:
     """One ASGI request/response over aiohttp. The body is already read; the answer is
     buffered (JSON mode: each answer is one JSON document), so that a refusal that is not
-    JSON-RPC can still be answered as problem+json."""
+    JSON-RPC can still be answered as problem+json; except a ``subscriptions/listen``
+    stream (server-sent events), which is written as the SDK sends it."""
 
-    def __init__(self, body: bytes) -> None:
+    def __init__(self, body: bytes, request: web.Request) -> None:
         self.body: bytes | None = body
+        self.request = request
         self.status: int | None = None
         self.headers: list[tuple[str, str]] = []
         self.chunks: list[bytes] = []
+        self.stream: web.StreamResponse | None = None
+        self.gone = asyncio.Event()  # the client of a stream hung up
 
     async def receive(self) -> dict[str, Any]:
         if self.body is not None:
             body, self.body = self.body, None
             return {"type": "http.request", "body": body, "more_body": False}
-        await asyncio.Event().wait()  # the SDK watches for a hang-up: this one never comes
-        raise AssertionError("unreachable")
+        await self.gone.wait()  # the SDK watches for a hang-up: only a stream's comes
+        return {"type": "http.disconnect"}
 
     async def send(self, message: MutableMapping[str, Any]) -> None:
         if message["type"] == "http.response.start":
@@ -306,10 +322,31 @@ class _Bridge:
                 (name.decode("latin-1"), value.decode("latin-1"))
                 for name, value in message.get("headers", [])
             ]
+            if any(
+                name.lower() == "content-type" and value.startswith("text/event-stream")
+                for name, value in self.headers
+            ):
+                self.stream = web.StreamResponse(status=message["status"])
+                for name, value in self.headers:
+                    if name.lower() != "content-length":
+                        self.stream.headers.add(name, value)
+                await self.stream.prepare(self.request)
         elif message["type"] == "http.response.body":
-            self.chunks.append(message.get("body", b""))
+            chunk = message.get("body", b"")
+            if self.stream is None:
+                self.chunks.append(chunk)
+                return
+            try:
+                if chunk:
+                    await self.stream.write(chunk)
+                if not message.get("more_body", False):
+                    await self.stream.write_eof()
+            except ConnectionError:  # the client left: the SDK ends the stream's handler
+                self.gone.set()
 
-    def answer(self) -> web.Response:
+    def answer(self) -> web.StreamResponse:
+        if self.stream is not None:
+            return self.stream
         if self.status is None:  # the SDK ended without an answer: a bug, said as such
             raise web.HTTPInternalServerError(text="the MCP exchange ended without an answer")
         body = b"".join(self.chunks)
@@ -345,9 +382,11 @@ def _owed_error(message: Any) -> web.Response | None:
     return web.Response(status=400, text=answer, content_type="application/json")
 
 
-def _is_error(response: web.Response) -> bool:
+def _is_error(response: web.StreamResponse) -> bool:
     """Whether a JSON answer is a JSON-RPC error (the SDK answers some with 200)."""
-    if response.content_type != "application/json" or not isinstance(response.body, bytes):
+    if not isinstance(response, web.Response) or response.content_type != "application/json":
+        return False
+    if not isinstance(response.body, bytes):
         return False
     try:
         answer = json.loads(response.body)
@@ -409,3 +448,4 @@ def add_mcp_route(app: web.Application) -> None:
     app.router.add_route("*", MCP_PATH, endpoint.handle)
     app.router.add_get(WELL_KNOWN + MCP_PATH, protected_resource_metadata)
     app.cleanup_ctx.append(endpoint.running)
+    app.on_shutdown.append(endpoint.ending)

@@ -36,8 +36,23 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import Field
 
-from proxy.mcp.calls import McpCall, cancel_task, read_operation, start_execution
-from proxy.mcp.tools import EXECUTE_OPERATION, Answered, ToolError, decoded_body, tool_result
+from proxy.mcp.calls import (
+    McpCall,
+    call_tool,
+    cancel_task,
+    read_task,
+    start_execution,
+    update_task,
+)
+from proxy.mcp.elicitation import APPROVAL, approval_request, url_elicitation_supported
+from proxy.mcp.tools import (
+    EXECUTE_OPERATION,
+    PROPOSE_OPERATION,
+    Answered,
+    ToolError,
+    decoded_body,
+    tool_result,
+)
 from proxy.recovery.next_action import NextAction
 from proxy.store.operation import Operation
 
@@ -48,6 +63,11 @@ DEFAULT_POLL_MS = 1000  # where opgate has no retry_after_seconds to give
 
 class TaskParams(types.RequestParams):
     task_id: str = Field(alias="taskId", min_length=1, max_length=255)
+
+
+class UpdateParams(TaskParams):
+    # the answers are opgate's to judge (calls.update_task), not refused here in bulk
+    input_responses: dict[str, Any] = Field(alias="inputResponses")
 
 
 def negotiated(ctx: ServerRequestContext[Any, Any]) -> bool:
@@ -90,6 +110,35 @@ def task_state(view: dict[str, Any]) -> dict[str, Any]:
     return task
 
 
+def proposal_task_state(view: dict[str, Any], console_url: str | None) -> dict[str, Any]:
+    """The task a proposal's view (``get_proposal``'s) stands for. Pure. ``console_url``:
+    ask the user to open the approval page (a client that declared URL elicitation)."""
+    proposal = view["proposal"]
+    retry_after = view.get("retry_after_seconds")
+    task: dict[str, Any] = {
+        "taskId": proposal["proposal_id"],
+        "status": "input_required",
+        "statusMessage": f"{view['next_action']}: {view['reason']}",
+        "createdAt": proposal["created_at"],
+        "lastUpdatedAt": proposal["decided_at"] or proposal["created_at"],
+        "ttlMs": None,  # it expires (then completed, isError) but is never discarded
+        "pollIntervalMs": DEFAULT_POLL_MS if retry_after is None else max(retry_after, 0) * 1000,
+    }
+    if view["status"] == "pending":
+        asked = {} if console_url is None else {APPROVAL: approval_request(console_url, proposal)}
+        task["inputRequests"] = {
+            key: request.model_dump(by_alias=True, mode="json", exclude_none=True)
+            for key, request in asked.items()
+        }
+        return task
+    # approved: the operation it created (a task of its own); declined or expired: a tool
+    # error, never "failed", which the extension keeps for JSON-RPC errors
+    task["status"] = "completed"
+    answer = tool_result(Answered(view, failed=view["status"] != "approved"))
+    task["result"] = answer.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return task
+
+
 def _result(view: dict[str, Any], *, failed: bool) -> dict[str, Any]:
     operation = view["operation"]
     stored = operation.get("provider_response") or {}
@@ -128,9 +177,9 @@ def _jsonrpc_error(error: ToolError) -> MCPError:
     """A refused tasks/* request as JSON-RPC: an unknown task is -32602 (the extension's
     rule), anything else opgate refused is -32603 with opgate's problem as ``data``."""
     code = error.problem.get("code")
-    if code in ("operation_unknown", "operation_id_invalid"):
+    if code in ("operation_unknown", "operation_id_invalid", "proposal_unknown"):
         return MCPError(types.INVALID_PARAMS, "Failed to retrieve task: Task not found")
-    if code == "mcp_task_not_cancellable":
+    if code in ("mcp_task_not_cancellable", "mcp_task_input_refused"):
         return MCPError(types.INVALID_PARAMS, str(error.problem.get("detail")), error.problem)
     return MCPError(types.INTERNAL_ERROR, str(error.problem.get("detail")), error.problem)
 
@@ -145,6 +194,7 @@ class OperationTasks(Extension):
     def methods(self) -> Sequence[MethodBinding]:
         return (
             MethodBinding("tasks/get", TaskParams, self._get),
+            MethodBinding("tasks/update", UpdateParams, self._update),
             MethodBinding("tasks/cancel", TaskParams, self._cancel),
         )
 
@@ -154,7 +204,17 @@ class OperationTasks(Extension):
         ctx: ServerRequestContext[Any, Any],
         call_next: CallNext,
     ) -> HandlerResult:
-        if params.name != EXECUTE_OPERATION or not negotiated(ctx):
+        if not negotiated(ctx) or params.request_state is not None:
+            return await call_next(ctx)
+        if params.name == PROPOSE_OPERATION:
+            # the proposal row is written before the handle is returned: durable, as required
+            proposed = await call_tool(self.call_of(ctx), PROPOSE_OPERATION, params.arguments)
+            if isinstance(proposed, ToolError):
+                return tool_result(proposed)
+            seed = proposal_task_state(proposed.content, None)
+            seed.pop("inputRequests", None)  # a CreateTaskResult is a Task: asked on tasks/get
+            return {"resultType": "task", **seed}
+        if params.name != EXECUTE_OPERATION:
             return await call_next(ctx)
         started = await start_execution(self.call_of(ctx), params.arguments, self.running)
         if isinstance(started, ToolError):
@@ -163,10 +223,41 @@ class OperationTasks(Extension):
 
     async def _get(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> HandlerResult:
         self._require(ctx)
-        answer = await read_operation(self.call_of(ctx), params.task_id, "tasks/get")
+        task = await self._task(ctx, params.task_id)
+        if isinstance(task, ToolError):
+            raise _jsonrpc_error(task)
+        return {"resultType": "complete", **task}
+
+    async def task_of(
+        self, ctx: ServerRequestContext[Any, Any], task_id: str
+    ) -> dict[str, Any] | None:
+        """The task as ``tasks/get`` answers it now, or None where it cannot be read (for
+        ``notifications/tasks``, which carry the same)."""
+        task = await self._task(ctx, task_id)
+        return None if isinstance(task, ToolError) else task
+
+    async def _task(
+        self, ctx: ServerRequestContext[Any, Any], task_id: str
+    ) -> dict[str, Any] | ToolError:
+        call = self.call_of(ctx)
+        answer = await read_task(call, task_id)
+        if isinstance(answer, ToolError):
+            return answer
+        if answer.kind == "operation":
+            return task_state(answer.view)
+        console = call.gateway.settings.console_url
+        if not url_elicitation_supported(ctx.protocol_version, ctx.params):
+            console = None
+        return proposal_task_state(answer.view, console)
+
+    async def _update(
+        self, ctx: ServerRequestContext[Any, Any], params: UpdateParams
+    ) -> HandlerResult:
+        self._require(ctx)
+        answer = await update_task(self.call_of(ctx), params.task_id, params.input_responses)
         if isinstance(answer, ToolError):
             raise _jsonrpc_error(answer)
-        return {"resultType": "complete", **task_state(answer.content)}
+        return {"resultType": "complete"}
 
     async def _cancel(
         self, ctx: ServerRequestContext[Any, Any], params: TaskParams

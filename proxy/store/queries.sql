@@ -969,6 +969,18 @@ SELECT event_id, at, event, from_status, to_status, actor, detail::text AS detai
   FROM proposal_events WHERE proposal_id = %(proposal_id)s ORDER BY event_id;
 -- ============================================================================ end proposals
 
+-- ====================================================================================== mcp
+-- name: watched_versions
+-- What an MCP subscriptions/listen stream watches (proxy/mcp/subscriptions.py, which admitted
+-- the ids in scope first): a digest of each named operation's and proposal's row, which changes
+-- with any change of the row; a proposal's also when it expires by the clock.
+SELECT o.operation_id AS id, md5(o::text) AS version
+  FROM operations o WHERE o.operation_id = ANY(%(operation_ids)s::text[])
+UNION ALL
+SELECT p.proposal_id, md5(p::text) || (p.expires_at <= now())::text
+  FROM proposals p WHERE p.proposal_id = ANY(%(proposal_ids)s::text[]);
+-- ================================================================================== end mcp
+
 -- ============================================================================= transparency
 -- The audit log as an RFC 6962 Merkle tree (migration 0018; proxy/store/transparency.py):
 -- the integrator's rounds, the proofs' nodes, checkpoints and cosignatures.

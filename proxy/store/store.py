@@ -667,6 +667,20 @@ class Store:
     async def load_proposal(self, proposal_id: str) -> Proposal | None:
         return await self._proposal("proposal_load", proposal_id=proposal_id)
 
+    async def watched_versions(
+        self, operation_ids: list[str], proposal_ids: list[str]
+    ) -> dict[str, str]:
+        """A version of each named row that exists (a digest: it changes when the row does)."""
+        records = await self._run(
+            lambda conn: queries.fetch(
+                conn,
+                "watched_versions",
+                operation_ids=operation_ids,
+                proposal_ids=proposal_ids,
+            )
+        )
+        return {r["id"]: r["version"] for r in records}
+
     async def list_proposals(
         self, tenant: str | None, states: list[str], limit: int = 100
     ) -> list[Proposal]:

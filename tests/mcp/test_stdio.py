@@ -9,9 +9,22 @@ import os
 import sys
 from typing import Any
 
+import pytest
+from mcp.shared.exceptions import MCPError
+
 from tests.mcp.conftest import approved_refund, revoke
 from tests.support.localstripe_server import list_refunds
 from tests.support.mcp_client import refused_code, stdio_client, structured
+from tests.support.mcp_tasks import (
+    CreatedTask,
+    TasksExtension,
+    cancel_task,
+    execute_as_task,
+    get_task,
+    polled,
+    propose_as_task,
+    update_task,
+)
 from tests.support.opgate import AGENT_TOKEN, OTHER_TENANT_TOKEN, Opgate
 from tests.support.paths import REPO
 
@@ -101,3 +114,39 @@ async def test_over_stdio_a_request_with_invalid_params_gets_an_error_answer(
     assert answers[2]["error"]["code"] == -32602  # invalid params
     assert answers[3]["error"]["code"] == -32602
     assert answers[4]["error"]["code"] == -32602
+
+
+async def test_over_stdio_tasks_work_as_over_http(
+    stripe_gate: Opgate, localstripe_url: str
+) -> None:
+    """A stdio client that declares the tasks extension gets execute_operation as a task
+    (the operation id) and polls it to completed through the relay; a proposal is a task
+    too, whose cancel is refused with opgate's reason and whose update is acknowledged."""
+    op = await approved_refund(stripe_gate, localstripe_url)
+    proposal = {
+        "provider": "stripe",
+        "action": "refund.create",
+        "amount": 100,
+        "params": {"charge": op["params"]["charge"]},
+        "reason": "a second partial refund",
+    }
+    async with stdio_client(
+        stripe_gate.agent_url, AGENT_TOKEN, extensions=[TasksExtension()]
+    ) as client:
+        created = await execute_as_task(client, op["operation_id"])
+        assert isinstance(created, CreatedTask), created
+        done = await polled(client, created.task_id)
+        proposed = await propose_as_task(client, proposal)
+        assert isinstance(proposed, CreatedTask), proposed
+        waiting = await get_task(client, proposed.task_id)
+        updated = await update_task(client, proposed.task_id, {"approval": {"action": "accept"}})
+        with pytest.raises(MCPError) as refused:
+            await cancel_task(client, proposed.task_id)
+    assert created.task_id == op["operation_id"]
+    assert done["status"] == "completed", done
+    [refund] = await list_refunds(localstripe_url, charge=op["params"]["charge"])
+    assert done["result"]["structuredContent"]["provider_response"]["body"]["id"] == refund["id"]
+    assert waiting["status"] == "input_required"
+    assert updated.get("resultType") == "complete"
+    assert refused.value.error.code == -32602
+    assert refused.value.error.data["code"] == "mcp_task_not_cancellable"

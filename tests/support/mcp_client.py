@@ -45,8 +45,11 @@ async def http_client(
 
 
 @contextlib.asynccontextmanager
-async def stdio_client(agent_url: str, token: str) -> AsyncIterator[Client]:
-    """``opgate mcp --url ... --token ...`` as a child process; the client stops it on exit."""
+async def stdio_client(
+    agent_url: str, token: str, *, extensions: list[Any] | None = None
+) -> AsyncIterator[Client]:
+    """``opgate mcp --url ... --token ...`` as a child process; the client stops it on exit.
+    ``extensions``: the client's (``ClientExtension``), e.g. the tasks extension's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")}
     server = StdioServerParameters(
         command=sys.executable,
@@ -54,7 +57,7 @@ async def stdio_client(agent_url: str, token: str) -> AsyncIterator[Client]:
         cwd=REPO,
         env=env,
     )
-    async with Client(server) as client:
+    async with Client(server, extensions=extensions) as client:
         yield client
 
 
