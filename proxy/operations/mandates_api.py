@@ -1,5 +1,7 @@
 """Signed mandates over HTTP. On the agent listener (agent token, each call one audited agent
-request): ``POST /_opgate/v1/mandates`` presents an AP2 Payment Mandate as the approval of one
+request): ``POST /_opgate/v1/mandates/nonces`` hands the agent a nonce for its next key
+binding (AP2's verifier challenge; single use, a few minutes, this agent only);
+``POST /_opgate/v1/mandates`` presents an AP2 Payment Mandate as the approval of one
 operation and answers the operation with a signed receipt; ``GET
 /_opgate/v1/mandates/{operation_id}/receipt`` answers the receipt of where it stands;
 ``GET /.well-known/jwks.json`` publishes the receipts' key. On the operations listener
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -56,8 +59,14 @@ from proxy.operations.approvals import (
 from proxy.recovery.api import recorded, recovery_view
 from proxy.runtime import GATEWAY, Gateway
 from proxy.settings import MandateIssuerConfig, Settings
-from proxy.store.mandates import MandateStore, OpenMandateLimits, OpenMandateUsed
-from proxy.store.operation import Status
+from proxy.store.mandates import (
+    MandateStore,
+    NonceRefused,
+    NonceUse,
+    OpenMandateLimits,
+    OpenMandateUsed,
+)
+from proxy.store.operation import Operation, Status
 from proxy.store.store import NewOperation
 
 MANDATES_PREFIX = "/_opgate/v1/mandates"
@@ -66,6 +75,9 @@ MANDATE_RULE = "mandate"  # the rule name presentations are recorded under: opga
 # The operation a mandate approves lives as long as the mandate, and at most this long: within
 # every shipped provider's memory of an idempotency key (approvals.py checks it).
 _LONGEST_APPROVAL = timedelta(hours=1)
+# A nonce answers one presentation within this long: the key binding's own age limit
+# (chain.Expectation.max_key_binding_age_seconds), so neither outlives the other.
+NONCE_TTL_SECONDS = 300
 _log = structlog.get_logger("opgate.mandates")
 
 
@@ -239,9 +251,12 @@ async def _present(
             errors=planned,
         )
     record.provider, record.operation_id = planned.provider, planned.operation_id
-    created = await _create(gw, planned, terms, open_digest)
-    if isinstance(created, Reason):
-        return _refuse(record, trust, created, REASONS[created].title, verified.reference)
+    nonce = None
+    if verified.nonce is not None:
+        nonce = NonceUse(verified.nonce, agent.tenant, agent.agent_id)
+    created = await _create(gw, planned, terms, open_digest, nonce)
+    if isinstance(created, NotCreated):
+        return _refuse(record, trust, created.reason, created.detail, verified.reference)
     op, status = created
     record.status_after = op.status.value
     claims = receipt_claims(
@@ -296,22 +311,53 @@ def _plan(
     return plan_operation(approval, gw.policy, now)
 
 
+@dataclass(frozen=True, slots=True)
+class NotCreated:
+    reason: Reason
+    detail: str
+
+    @classmethod
+    def because(cls, reason: Reason) -> NotCreated:
+        return cls(reason, REASONS[reason].title)
+
+
+_NONCE_REFUSALS = {
+    NonceRefused.UNKNOWN: NotCreated(
+        Reason.MANDATE_NONCE_UNKNOWN,
+        "the key binding's nonce is not one opgate issued to this agent",
+    ),
+    NonceRefused.EXPIRED: NotCreated(
+        Reason.MANDATE_NONCE_UNKNOWN, "the key binding's nonce expired"
+    ),
+    NonceRefused.USED: NotCreated(
+        Reason.MANDATE_NONCE_USED,
+        "the key binding's nonce already answered another presentation",
+    ),
+}
+
+
 async def _create(
-    gw: Gateway, planned: NewOperation, terms: MandateTerms, open_digest: str | None
-) -> tuple[Any, int] | Reason:
-    """The operation (created: 201; the mandate's earlier one: 200), or why not."""
+    gw: Gateway,
+    planned: NewOperation,
+    terms: MandateTerms,
+    open_digest: str | None,
+    nonce: NonceUse | None,
+) -> tuple[Operation, int] | NotCreated:
+    """The operation (created: 201; the mandate's earlier one: 200), or why not (a reason and
+    its sentence). The nonce is consumed in the transaction that creates the row."""
     actor = planned.approved_by
+    limits = None
+    if terms.open_use is not None and open_digest is not None:
+        limits = OpenMandateLimits(
+            open_digest, terms.open_use.max_occurrences, terms.open_use.budget_max
+        )
     try:
-        if terms.open_use is None or open_digest is None:
-            created = await gw.store.create(planned, actor=actor)
-        else:
-            limits = OpenMandateLimits(
-                open_digest, terms.open_use.max_occurrences, terms.open_use.budget_max
-            )
-            outcome = await MandateStore(gw.store).create_within(planned, actor, limits)
-            if isinstance(outcome, OpenMandateUsed):
-                return Reason.MANDATE_EXHAUSTED
-            created = outcome
+        outcome = await MandateStore(gw.store).create(planned, actor, nonce=nonce, limits=limits)
+        if isinstance(outcome, OpenMandateUsed):
+            return NotCreated.because(Reason.MANDATE_EXHAUSTED)
+        if isinstance(outcome, NonceRefused):
+            return _NONCE_REFUSALS[outcome]
+        created = outcome
     except IdempotencyKeyInUse:
         # The key is the mandate's own (derived from its digest): another presentation of the
         # same mandate inserted the row at this very moment. Two inserts of one row racing can
@@ -319,14 +365,32 @@ async def _create(
         # read below is then that presentation's, and is compared like any replay.
         created = None
     except AlreadySuperseded:
-        return Reason.MANDATE_MISMATCH
+        return NotCreated.because(Reason.MANDATE_MISMATCH)
     if created is not None:
         _log.info("mandate_operation_created", operation_id=created.operation_id)
         return created, 201
     existing = await gw.store.load(planned.operation_id)
     if existing is not None and same_approval(planned, existing.to_public()):
         return existing, 200  # the same mandate again: the same operation, never a second
-    return Reason.MANDATE_MISMATCH
+    return NotCreated.because(Reason.MANDATE_MISMATCH)
+
+
+async def _issue_nonce(
+    gw: Gateway, request: web.Request, agent: Agent, record: AuditRecord
+) -> web.Response:
+    """A fresh nonce for this agent's next key binding: AP2 has the verifier challenge the
+    agent ("a Verifier challenges an Agent to provide proof"), and the challenge is opgate's to
+    make so that a copied presentation cannot be replayed by anyone, on any replica."""
+    record.rule = MANDATE_RULE
+    trust = request.app.get(MANDATE_TRUST)
+    if trust is None:
+        return _refuse(record, None, Reason.MANDATES_NOT_SUPPORTED, "no mandate issuer is set")
+    nonce = secrets.token_urlsafe(32)
+    expires_at = await MandateStore(gw.store).issue_nonce(
+        nonce, agent.tenant, agent.agent_id, NONCE_TTL_SECONDS
+    )
+    body = {"nonce": nonce, "audience": trust.audience, "expires_at": expires_at.isoformat()}
+    return web.json_response(body, status=201)
 
 
 async def _receipt(
@@ -394,6 +458,8 @@ async def revoke_mandate(request: web.Request) -> web.Response:
 
 present_mandate = recorded(_present)
 read_receipt = recorded(_receipt)
+# admitted under the agent's request limits: each nonce is a row until it is pruned
+issue_nonce = recorded(_issue_nonce, rate_limited=True)
 
 
 def add_agent_mandate_routes(app: web.Application, settings: Settings) -> None:
@@ -401,6 +467,7 @@ def add_agent_mandate_routes(app: web.Application, settings: Settings) -> None:
     if trust is not None:
         app[MANDATE_TRUST] = trust
     app.router.add_post(MANDATES_PREFIX, present_mandate)
+    app.router.add_post(MANDATES_PREFIX + "/nonces", issue_nonce)
     app.router.add_get(MANDATES_PREFIX + "/{operation_id}/receipt", read_receipt)
     app.router.add_get(JWKS_PATH, jwks)
 
