@@ -20,8 +20,13 @@ from joserfc.jwk import ECKey, KeySet
 from tests.support.fault_provider import FaultProvider
 from tests.support.mandates import (
     Signer,
+    checkout_jwt,
+    closed_checkout,
+    closed_checkout_content,
     closed_mandate,
     closed_payment,
+    digest,
+    open_checkout,
     open_mandate,
     present_under,
 )
@@ -502,3 +507,90 @@ async def test_a_nonce_answers_one_presentation(gate: Opgate) -> None:
         again["operation"]["operation"]["operation_id"]
         == (created["operation"]["operation"]["operation_id"])
     )
+
+
+MERCHANT = Signer("merchant-key")
+
+
+async def test_a_payment_is_bound_to_the_checkout_presented_with_it(
+    gate: Opgate, database_url: str
+) -> None:
+    """With the person's closed Checkout Mandate, a payment whose transaction_id is not its
+    checkout_hash is mandate_mismatch naming transaction_id; the one that is becomes the
+    operation, and the checkout mandate is kept with the audit record."""
+    jwt = checkout_jwt(MERCHANT)
+    checkout = closed_checkout(PERSON, jwt)
+    other = closed_mandate(PERSON, transaction_id=digest(checkout_jwt(MERCHANT)))
+    status, refused = await present(gate, gate.http, other, checkout_mandate=checkout)
+    assert (status, refused["code"], refused["field"]) == (
+        403,
+        "mandate_mismatch",
+        "transaction_id",
+    )
+    paid = closed_mandate(PERSON, transaction_id=digest(jwt))
+    status, answer = await present(gate, gate.http, paid, checkout_mandate=checkout)
+    assert status == 201, answer
+    conn = await asyncpg.connect(database_url)
+    try:
+
+        async def kept() -> bool:
+            row = await conn.fetchval(
+                "SELECT record FROM audit_log WHERE record::jsonb->'mandate'->>'digest' = $1",
+                answer["mandate_digest"],
+            )
+            return row is not None and json.loads(row)["mandate"]["checkout"]["presentation"] == (
+                checkout
+            )
+
+        await _eventually(kept)
+    finally:
+        await conn.close()
+
+
+async def test_an_agent_pays_a_checkout_it_closed_under_the_persons_open_mandates(
+    gate: Opgate,
+) -> None:
+    """Human not present: the person's open Checkout and Payment Mandates (line items, and
+    payment.reference naming the open checkout); the agent closes both answering one opgate
+    nonce: accepted. Line items the person did not allow are mandate_constraint_failed naming
+    checkout.line_items; the two mandates answering different nonces are mandate_invalid."""
+    shoe = {
+        "type": "checkout.line_items",
+        "items": [
+            {"id": "shoe", "acceptable_items": [{"id": "sku_shoe", "title": "Shoe"}], "quantity": 1}
+        ],
+    }
+    open_checkout_token = open_checkout(PERSON, AGENT, [shoe])
+    reference = {
+        "type": "payment.reference",
+        "conditional_transaction_id": digest(open_checkout_token),
+    }
+    open_payment = open_mandate(PERSON, AGENT, [reference])
+
+    async def presented(line_items: list[tuple[str, int]], nonces: tuple[str, str]) -> Any:
+        jwt = checkout_jwt(MERCHANT, line_items=line_items)
+        checkout = present_under(
+            open_checkout_token, AGENT, closed_checkout_content(jwt), aud=AUDIENCE, nonce=nonces[0]
+        )
+        payment = present_under(
+            open_payment,
+            AGENT,
+            closed_payment(transaction_id=digest(jwt)),
+            aud=AUDIENCE,
+            nonce=nonces[1],
+        )
+        return await present(gate, gate.http, payment, checkout_mandate=checkout)
+
+    nonce = await issued_nonce(gate, gate.http)
+    status, refused = await presented([("sku_hat", 1)], (nonce, nonce))
+    assert (status, refused["code"], refused["constraint"]) == (
+        403,
+        "mandate_constraint_failed",
+        "checkout.line_items",
+    )
+    status, refused = await presented(
+        [("sku_shoe", 1)], (nonce, await issued_nonce(gate, gate.http))
+    )
+    assert (status, refused["code"]) == (403, "mandate_invalid"), refused
+    status, answer = await presented([("sku_shoe", 1)], (nonce, nonce))
+    assert status == 201, answer
