@@ -237,7 +237,8 @@ class Settings(BaseSettings):
     receipt_key_file: Path | None = Field(
         None,
         description="opgate's P-256 private key (a JWK file) that signs mandate receipts; "
-        "required with mandate_issuers. `--dev` makes one in the data directory.",
+        "required with mandate_issuers (`--dev` makes none; docs/how-to/pay-with-a-mandate.md "
+        "shows how to make one).",
     )
     secrets_dir: Path | None = Field(
         None,
