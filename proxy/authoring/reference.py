@@ -152,6 +152,10 @@ MEANINGS: dict[Reason, str] = {
         "A key binding's `nonce` is not one opgate issued to this agent of this tenant "
         "(`POST /_opgate/v1/mandates/nonces`), or it expired. AP2 error `invalid_credential`."
     ),
+    Reason.AGENT_SIGNING_KEY_MISSING: (
+        "The provider's policy sets `agent_signature` (RFC 9421) and the agent has no "
+        "`signing_key_file`: nothing is sent unsigned."
+    ),
     Reason.MANDATE_NONCE_USED: (
         "A key binding's `nonce` already answered another mandate's presentation (a replay). "
         "AP2 error `invalid_credential`."

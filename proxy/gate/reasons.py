@@ -66,6 +66,7 @@ class Reason(StrEnum):
     MANDATE_REVOKED = "mandate_revoked"
     MANDATE_NONCE_UNKNOWN = "mandate_nonce_unknown"
     MANDATE_NONCE_USED = "mandate_nonce_used"
+    AGENT_SIGNING_KEY_MISSING = "agent_signing_key_missing"
     # the provider's state, asked before the send (the rule's preconditions)
     PRECONDITION_FAILED = "precondition_failed"
     PRECONDITION_UNVERIFIABLE = "precondition_unverifiable"
@@ -354,6 +355,12 @@ REASONS: dict[Reason, ReasonInfo] = {
         "The key binding answers no nonce opgate issued to this agent",
         "Nothing was created. Ask POST /_opgate/v1/mandates/nonces for a nonce, bind the "
         "mandate to it (the key binding's nonce) and present it within the nonce's lifetime.",
+    ),
+    Reason.AGENT_SIGNING_KEY_MISSING: ReasonInfo(
+        403,
+        "This provider takes only requests signed as the agent, and opgate holds no key for you",
+        "Nothing was sent. The operator gives this agent a signing key "
+        "(agents[].signing_key_file).",
     ),
     Reason.MANDATE_NONCE_USED: ReasonInfo(
         403,
