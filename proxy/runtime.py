@@ -12,6 +12,7 @@ from proxy.gate.credentials import CredentialSource
 from proxy.gate.cutoff import CutOffClaims
 from proxy.gate.identity import AgentDirectory
 from proxy.gate.limits import AgentSlots
+from proxy.gate.signatures import AgentKey
 from proxy.observe.observer import OBSERVABILITY, Observability
 from proxy.policy.set import PolicySet
 from proxy.settings import Settings
@@ -34,6 +35,8 @@ class Gateway:
     in_flight: AgentSlots = field(default_factory=AgentSlots)
     # Claims whose statement was cut off before anything left, until released as not_sent.
     cut_off: CutOffClaims = field(default_factory=CutOffClaims)
+    # The keys opgate signs as each agent with (agent id -> key; agents[].signing_key_file)
+    signing_keys: dict[str, AgentKey] = field(default_factory=dict)
 
     def egress_client(self, forwarded: bool) -> aiohttp.ClientSession:
         if not forwarded:

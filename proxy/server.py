@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 import signal
 import socket
 import ssl
@@ -23,7 +24,7 @@ from proxy.admin.access import admin_malformed_answer
 from proxy.authoring.explain_api import add_explain_routes
 from proxy.console.views import PREFIX as CONSOLE_PREFIX
 from proxy.console.views import console_app
-from proxy.errors import ListenFailed, ReplicationNotDurable
+from proxy.errors import ConfigurationError, ListenFailed, ReplicationNotDurable
 from proxy.forward.destinations import AddressClass, CheckedResolver
 from proxy.forward.listener import (
     ForwardListener,
@@ -40,6 +41,7 @@ from proxy.gate.framing import (
 from proxy.gate.identity import AgentDirectory
 from proxy.gate.intake import expect_continue
 from proxy.gate.pipeline import handle_agent_request
+from proxy.gate.signatures import AgentKey
 from proxy.gate.upstream import new_client_session
 from proxy.mcp.endpoint import add_mcp_route
 from proxy.observe.observer import (
@@ -83,6 +85,22 @@ def agent_directory(settings: Settings) -> AgentDirectory:
     return AgentDirectory(
         {a.token_sha256: Agent(agent_id=a.id, tenant=a.tenant) for a in settings.agents}
     )
+
+
+def agent_signing_keys(settings: Settings) -> dict[str, AgentKey]:
+    """The agents' signing keys, read once at start (a bad file stops the start, named)."""
+    keys: dict[str, AgentKey] = {}
+    for agent in settings.agents:
+        if agent.signing_key_file is None:
+            continue
+        try:
+            jwk = json.loads(agent.signing_key_file.read_text("utf-8"))
+            keys[agent.id] = AgentKey.from_jwk(jwk)
+        except (OSError, ValueError, TypeError) as exc:
+            raise ConfigurationError(
+                f"agents[{agent.id}].signing_key_file {agent.signing_key_file}: {exc}"
+            ) from exc
+    return keys
 
 
 def reverse_connector(settings: Settings) -> aiohttp.TCPConnector:
@@ -166,6 +184,7 @@ async def running(
             agents=agent_directory(settings),
             credentials=credentials,
             observability=observability,
+            signing_keys=agent_signing_keys(settings),
         )
         runners: list[web.AppRunner] = []
         try:

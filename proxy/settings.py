@@ -49,6 +49,10 @@ class AgentConfig(BaseModel):
     # The approver (by name) this agent belongs to: with `four_eyes: true` in the policy, that
     # approver may not approve the agent's proposals (proxy/proposals/rules.py).
     owner: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    # The agent's Ed25519 private key (a JWK file) opgate signs its requests with toward
+    # providers whose policy sets agent_signature (RFC 9421): opgate holds it, as it holds the
+    # provider's secrets, so the agent never does.
+    signing_key_file: Path | None = None
 
 
 class ApproverConfig(BaseModel):
@@ -237,7 +241,8 @@ class Settings(BaseSettings):
     receipt_key_file: Path | None = Field(
         None,
         description="opgate's P-256 private key (a JWK file) that signs mandate receipts; "
-        "required with mandate_issuers. `--dev` makes one in the data directory.",
+        "required with mandate_issuers (`--dev` makes none; docs/how-to/pay-with-a-mandate.md "
+        "shows how to make one).",
     )
     secrets_dir: Path | None = Field(
         None,

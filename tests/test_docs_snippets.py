@@ -1,12 +1,16 @@
 """The "connect your SDK" pages (docs/how-to/connect-*.md) work as written: each page's one
 python snippet is run verbatim, with only OPGATE_URL and OPGATE_AGENT_TOKEN set in the
 environment it reads, against opgate and the provider's fake; the client it builds then makes
-an approved call and gets a refusal in its SDK's own error."""
+an approved call and gets a refusal in its SDK's own error. The worked example's mandate
+variant (docs/how-to/pay-with-a-mandate.md) runs the same way, with opgate started from the
+settings its shell block names."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +23,7 @@ from tests.support.fake_adyen import FakeAdyen
 from tests.support.fake_paypal import FakePayPal
 from tests.support.fake_square import FakeSquare
 from tests.support.localstripe_server import create_charge, list_refunds
-from tests.support.opgate import AGENT_TOKEN, Opgate
+from tests.support.opgate import AGENT_TOKEN, SHIPPED_POLICIES, Opgate, StartOpgate
 from tests.support.paths import REPO
 
 # the providers' fakes and opgate in front of each, as the SDK tests start them
@@ -199,3 +203,57 @@ async def test_connect_adyen(
     )
     assert refunded.message["reference"] == refund_op["operation_id"]
     assert [e["kind"] for e in adyen.effects] == ["payment", "refund"]
+
+
+MANDATE_PAGE = HOW_TO / "pay-with-a-mandate.md"
+
+
+def blocks(language: str) -> list[str]:
+    """The mandate page's fenced blocks of ``language``, in order."""
+    text = MANDATE_PAGE.read_text("utf-8")
+    return re.findall(rf"^```{language}\n(.*?)^```", text, re.S | re.M)
+
+
+def documented_setting(shell: str, name: str) -> str:
+    """The value the page's shell block gives ``OPGATE_<name>`` (quotes removed)."""
+    found = re.search(rf"OPGATE_{name}=('[^']*'|\S+)", shell)
+    assert found is not None, name
+    return found.group(1).strip("'")
+
+
+async def test_pay_with_a_mandate(
+    start_opgate: StartOpgate,
+    localstripe_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pay-with-a-mandate.md runs as written: its key block, then opgate with the mandate
+    settings its shell block names, then the person-and-agent block, which pays once through
+    the Stripe SDK and reads a receipt, verified with opgate's published key, saying
+    confirmed with localstripe's payment intent id."""
+    monkeypatch.setattr(stripe, "enable_telemetry", False)
+    monkeypatch.chdir(tmp_path)  # the page writes and reads its key files where it runs
+    keys, person_and_agent = blocks("python")
+    exec(compile(keys, str(MANDATE_PAGE), "exec"), {"__name__": "keys"})  # noqa: S102
+    shell = "\n".join(blocks("sh"))
+    issuers = json.loads(documented_setting(shell, "MANDATE_ISSUERS"))
+    for issuer in issuers:
+        issuer["tenants"] = ["t1"]  # the test agent's tenant (the page's is dev mode's demo)
+        issuer["jwks_file"] = str(tmp_path / issuer["jwks_file"])
+    async with start_opgate(
+        policy_dir=SHIPPED_POLICIES,
+        upstream_overrides={"stripe": localstripe_url},
+        mandate_issuers=issuers,
+        mandate_audience=documented_setting(shell, "MANDATE_AUDIENCE"),
+        receipt_key_file=tmp_path / documented_setting(shell, "RECEIPT_KEY_FILE"),
+    ) as gate:
+        monkeypatch.setenv("OPGATE_URL", gate.agent_url)
+        monkeypatch.setenv("OPGATE_AGENT_TOKEN", AGENT_TOKEN)
+        defined: dict[str, Any] = {"__name__": "person_and_agent"}
+        code = compile(person_and_agent, str(MANDATE_PAGE), "exec")
+        # blocking HTTP (urllib, the SDK) against the opgate this loop runs: in a thread
+        await asyncio.to_thread(exec, code, defined)
+    assert defined["claims"]["status"] == "confirmed"
+    assert defined["claims"]["payment_id"] == defined["intent"].id
+    assert defined["intent"].metadata["operation_id"] == defined["op"]["operation_id"]
+    assert defined["op"]["approval"]["approved_by"] == "surface:alice@example.com"

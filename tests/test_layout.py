@@ -58,7 +58,7 @@ GATE_ENTRY_POINTS = {
 # Which gate modules a part may import; parts not listed are bound by MAY_IMPORT alone. The
 # runtime holds the gate's resources and nothing of the request path.
 REACHES_INTO_GATE: dict[str, set[str]] = {
-    "runtime": {"credentials", "cutoff", "identity", "limits"},
+    "runtime": {"credentials", "cutoff", "identity", "limits", "signatures"},  # + agent keys
     "admin": GATE_ENTRY_POINTS,
     "operations": GATE_ENTRY_POINTS,
     "proposals": GATE_ENTRY_POINTS,

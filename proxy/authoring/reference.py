@@ -148,6 +148,18 @@ MEANINGS: dict[Reason, str] = {
         "`payment.budget` are spent, counted across every opgate process."
     ),
     Reason.MANDATE_REVOKED: "The mandate (or its open mandate) was revoked by its digest.",
+    Reason.MANDATE_NONCE_UNKNOWN: (
+        "A key binding's `nonce` is not one opgate issued to this agent of this tenant "
+        "(`POST /_opgate/v1/mandates/nonces`), or it expired. AP2 error `invalid_credential`."
+    ),
+    Reason.AGENT_SIGNING_KEY_MISSING: (
+        "The provider's policy sets `agent_signature` (RFC 9421) and the agent has no "
+        "`signing_key_file`: nothing is sent unsigned."
+    ),
+    Reason.MANDATE_NONCE_USED: (
+        "A key binding's `nonce` already answered another mandate's presentation (a replay). "
+        "AP2 error `invalid_credential`."
+    ),
     Reason.PROPOSAL_UNKNOWN: (
         "No such proposal, or one of another tenant or agent (the same answer; on record "
         "`operation_scope_mismatch`)."

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from dataclasses import dataclass, fields, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -71,6 +71,7 @@ from proxy.gate.preconditions import (
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.gate.resend import ask_before_resend
+from proxy.gate.signatures import signed_headers
 from proxy.gate.token_exchange import answer_token_request, token_request_provider
 from proxy.gate.upstream import OutboundRequest, UpstreamResponse
 from proxy.observe.audit import (
@@ -516,11 +517,21 @@ def _prepare(
     url = gw.upstream_base(provider.provider, provider.upstream) + target.path
     if target.query:
         url += "?" + target.query
+    headers = outbound_headers(target.headers, provider.forward_headers, injected)
+    raw = body.serialise()
+    if provider.agent_signature is not None:  # the agent's identity, signed by opgate
+        key = gw.signing_keys.get(target.agent.agent_id)
+        if key is None:
+            return Deny(Reason.AGENT_SIGNING_KEY_MISSING, f"no key for {target.agent.agent_id}")
+        now = datetime.now(UTC)
+        headers = signed_headers(
+            target.rule.method, url, headers, raw, key, provider.agent_signature, now
+        )
     return OutboundRequest(
         method=target.rule.method,
         url=url,
-        headers=outbound_headers(target.headers, provider.forward_headers, injected),
-        body=body.serialise(),
+        headers=headers,
+        body=raw,
         connect_timeout=provider.timeouts.connect_seconds,
         total_timeout=provider.timeouts.total_seconds,
         max_response_bytes=provider.limits.max_response_body_bytes,

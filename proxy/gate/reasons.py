@@ -64,6 +64,9 @@ class Reason(StrEnum):
     MANDATE_CONSTRAINT_FAILED = "mandate_constraint_failed"
     MANDATE_EXHAUSTED = "mandate_exhausted"
     MANDATE_REVOKED = "mandate_revoked"
+    MANDATE_NONCE_UNKNOWN = "mandate_nonce_unknown"
+    MANDATE_NONCE_USED = "mandate_nonce_used"
+    AGENT_SIGNING_KEY_MISSING = "agent_signing_key_missing"
     # the provider's state, asked before the send (the rule's preconditions)
     PRECONDITION_FAILED = "precondition_failed"
     PRECONDITION_UNVERIFIABLE = "precondition_unverifiable"
@@ -347,6 +350,24 @@ REASONS: dict[Reason, ReasonInfo] = {
         403,
         "The mandate was revoked",
         "Nothing was created. An operator revoked it; ask the person for a new mandate.",
+    ),
+    Reason.MANDATE_NONCE_UNKNOWN: ReasonInfo(
+        403,
+        "The key binding answers no nonce opgate issued to this agent",
+        "Nothing was created. Ask POST /_opgate/v1/mandates/nonces for a nonce, bind the "
+        "mandate to it (the key binding's nonce) and present it within the nonce's lifetime.",
+    ),
+    Reason.AGENT_SIGNING_KEY_MISSING: ReasonInfo(
+        403,
+        "This provider takes only requests signed as the agent, and opgate holds no key for you",
+        "Nothing was sent. The operator gives this agent a signing key "
+        "(agents[].signing_key_file).",
+    ),
+    Reason.MANDATE_NONCE_USED: ReasonInfo(
+        403,
+        "The key binding's nonce already answered another presentation",
+        "Nothing was created. A nonce answers one presentation: ask for a new one and bind the "
+        "mandate to it.",
     ),
     Reason.PRECONDITION_FAILED: ReasonInfo(
         409,

@@ -1,8 +1,9 @@
 """Approvals a person signed: AP2 Payment Mandates (SD-JWT verifiable credentials) verified at the
 boundary and read as the approval of exactly one operation. ``sdjwt`` verifies one SD-JWT (RFC
 9901), ``chain`` a presentation (one mandate, or an open mandate and the agent's closed one
-under it), ``ap2`` reads the verified claims as terms or a refusal, ``receipts`` signs opgate's
-answers. All pure.
+under it), ``ap2`` reads the verified claims as terms or a refusal, ``checkout`` reads a Checkout
+Mandate as the checkout a payment is bound to (its constraints evaluated), ``receipts`` signs
+opgate's answers. All pure.
 
 May import: policy. Imported by: operations.
 """

@@ -14,9 +14,14 @@ Where AP2 leaves a reading open, opgate takes the stricter one and says so:
   is refused.
 - An open mandate with no ``payment.agent_recurrence`` authorises one closed mandate ("MUST
   NOT present any subsequent open Payment ... Mandates without receiving a rejection receipt").
-- Constraints opgate cannot evaluate at an egress boundary (``payment.reference``: the checkout
-  mandate is the merchant's; ``payment.allowed_pisps``; a recurrence ``frequency`` other than
-  ``ON_DEMAND``) fail, as AP2 requires of unknown ones ("MUST be treated as failing").
+- Constraints opgate cannot evaluate at an egress boundary (``payment.allowed_pisps``; a
+  recurrence ``frequency`` other than ``ON_DEMAND``) fail, as AP2 requires of unknown ones
+  ("MUST be treated as failing").
+
+The checkout a payment pays (``checkout``: a verified Checkout Mandate, when the agent
+presents one) binds it: the closed ``transaction_id`` must be the checkout's ``checkout_hash``,
+and ``payment.reference``'s ``conditional_transaction_id`` the hash of the open Checkout
+Mandate it was made under (no checkout presented: the constraint fails).
 """
 
 from __future__ import annotations
@@ -38,7 +43,6 @@ _ABOUT_THE_MANDATE = {"vct", "constraints", "cnf", "iss", "sub", "iat", "exp", "
 _CURRENCY = re.compile(r"^[A-Z]{3}$")
 # AP2 constraints an egress boundary cannot evaluate, and why
 _NOT_EVALUATED = {
-    "payment.reference": "the checkout mandate it refers to is the merchant's, not presented",
     "payment.allowed_pisps": "opgate does not know which PISP facilitates the payment",
 }
 
@@ -55,6 +59,16 @@ class MandateRefusal:
     detail: str
     field: str | None = None  # mandate_mismatch: the field that differs
     constraint: str | None = None  # mandate_constraint_failed: the constraint's type
+
+
+@dataclass(frozen=True, slots=True)
+class CheckoutBinding:
+    """What a verified Checkout Mandate binds a payment to (``proxy.mandates.checkout``)."""
+
+    checkout_hash: str  # base64url SHA-256 of the merchant's checkout_jwt
+    # the open Checkout Mandate as presented, hashed as sd_hash is (AP2 payment.reference's
+    # conditional_transaction_id); None for a person's closed checkout
+    open_reference: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +97,11 @@ class MandateTerms:
     open_use: OpenMandateUse | None
 
 
-def terms_of(mandate: VerifiedMandate, today: date) -> MandateTerms | MandateRefusal:
-    """The terms of a closed mandate, or of an agent's closed mandate within its open one."""
+def terms_of(
+    mandate: VerifiedMandate, today: date, checkout: CheckoutBinding | None = None
+) -> MandateTerms | MandateRefusal:
+    """The terms of a closed mandate, or of an agent's closed mandate within its open one,
+    bound to ``checkout`` when the agent presented one."""
     vct = mandate.root.get("vct")
     if mandate.closed is None:
         if vct == PAYMENT_OPEN:
@@ -93,7 +110,7 @@ def terms_of(mandate: VerifiedMandate, today: date) -> MandateTerms | MandateRef
             )
         if vct != PAYMENT:
             return MandateRefusal(MandateCode.INVALID, f"vct is not {PAYMENT}")
-        return _closed_terms(mandate, mandate.root, None)
+        return _closed_terms(mandate, mandate.root, None, checkout)
     if vct != PAYMENT_OPEN:
         return MandateRefusal(
             MandateCode.INVALID, f"the delegating mandate's vct is not {PAYMENT_OPEN}"
@@ -101,17 +118,22 @@ def terms_of(mandate: VerifiedMandate, today: date) -> MandateTerms | MandateRef
     closed = mandate.closed
     if closed.get("vct") != PAYMENT:
         return MandateRefusal(MandateCode.INVALID, f"the agent's mandate's vct is not {PAYMENT}")
-    unchanged = _unchanged(mandate.root, closed)
-    if unchanged is not None:
-        return unchanged
-    use = _evaluate_constraints(mandate.root, closed, today, b64url_digest(mandate.root_jwt))
+    changed = unchanged(mandate.root, closed)
+    if changed is not None:
+        return changed
+    use = _evaluate_constraints(
+        mandate.root, closed, today, b64url_digest(mandate.root_jwt), checkout
+    )
     if isinstance(use, MandateRefusal):
         return use
-    return _closed_terms(mandate, closed, use)
+    return _closed_terms(mandate, closed, use, checkout)
 
 
 def _closed_terms(
-    mandate: VerifiedMandate, content: dict[str, Any], use: OpenMandateUse | None
+    mandate: VerifiedMandate,
+    content: dict[str, Any],
+    use: OpenMandateUse | None,
+    checkout: CheckoutBinding | None,
 ) -> MandateTerms | MandateRefusal:
     payee, amount = content.get("payee"), content.get("payment_amount")
     transaction_id = content.get("transaction_id")
@@ -134,6 +156,12 @@ def _closed_terms(
         )
     if not isinstance(transaction_id, str) or not transaction_id:
         return MandateRefusal(MandateCode.INVALID, "transaction_id is missing")
+    if checkout is not None and transaction_id != checkout.checkout_hash:
+        return MandateRefusal(
+            MandateCode.MISMATCH,
+            "transaction_id is not the checkout_hash of the Checkout Mandate presented",
+            field="transaction_id",
+        )
     if not isinstance(content.get("payment_instrument"), dict):
         return MandateRefusal(MandateCode.INVALID, "payment_instrument is missing")
     subject = mandate.root.get("sub")
@@ -154,7 +182,7 @@ def _closed_terms(
     )
 
 
-def _unchanged(open_content: dict[str, Any], closed: dict[str, Any]) -> MandateRefusal | None:
+def unchanged(open_content: dict[str, Any], closed: dict[str, Any]) -> MandateRefusal | None:
     """AP2: "verify the closed Mandate Content has these values unchanged"."""
     for name, value in open_content.items():
         if name in _ABOUT_THE_MANDATE:
@@ -168,12 +196,17 @@ def _unchanged(open_content: dict[str, Any], closed: dict[str, Any]) -> MandateR
     return None
 
 
-def _failed(kind: str, detail: str) -> MandateRefusal:
+def failed(kind: str, detail: str) -> MandateRefusal:
+    """A constraint of ``kind`` fails (named; an unknown type is named ``unknown``)."""
     return MandateRefusal(MandateCode.CONSTRAINT_FAILED, detail, constraint=kind)
 
 
 def _evaluate_constraints(
-    open_content: dict[str, Any], closed: dict[str, Any], today: date, open_reference: str
+    open_content: dict[str, Any],
+    closed: dict[str, Any],
+    today: date,
+    open_reference: str,
+    checkout: CheckoutBinding | None,
 ) -> OpenMandateUse | MandateRefusal:
     constraints = open_content.get("constraints", [])
     if not isinstance(constraints, list):
@@ -188,35 +221,43 @@ def _evaluate_constraints(
         if not isinstance(kind, str):
             return MandateRefusal(MandateCode.INVALID, "a constraint has no type")
         if kind in _NOT_EVALUATED:
-            return _failed(kind, _NOT_EVALUATED[kind])
+            return failed(kind, _NOT_EVALUATED[kind])
         if kind == "payment.amount_range":
             low, high = constraint.get("min", 0), constraint.get("max")
             if not _integers(low, high) or constraint.get("currency") != currency:
-                return _failed(kind, "the range's currency or bounds do not read as minor units")
+                return failed(kind, "the range's currency or bounds do not read as minor units")
             if not (isinstance(minor, int) and low <= minor <= high):
-                return _failed(kind, f"the amount is outside {low}..{high} {currency}")
+                return failed(kind, f"the amount is outside {low}..{high} {currency}")
         elif kind == "payment.allowed_payees":
             if not _listed(closed.get("payee"), constraint.get("allowed")):
-                return _failed(kind, "the payee is not one the person allowed")
+                return failed(kind, "the payee is not one the person allowed")
         elif kind == "payment.allowed_payment_instruments":
             if not _listed(closed.get("payment_instrument"), constraint.get("allowed")):
-                return _failed(kind, "the payment instrument is not one the person allowed")
+                return failed(kind, "the payment instrument is not one the person allowed")
         elif kind == "payment.execution_date":
             if not _within_dates(closed.get("execution_date"), constraint, today):
-                return _failed(kind, "the execution date is outside the allowed window")
+                return failed(kind, "the execution date is outside the allowed window")
         elif kind == "payment.budget":
             high = constraint.get("max")
             if not _integers(high) or constraint.get("currency") != currency:
-                return _failed(kind, "the budget's max or currency do not read as minor units")
+                return failed(kind, "the budget's max or currency do not read as minor units")
             budget_max = high
+        elif kind == "payment.reference":
+            # AP2: the checkout "MUST contain an open Checkout Mandate with a matching hash in
+            # its delegate chain"; only a presented checkout can show it
+            reference = constraint.get("conditional_transaction_id")
+            if checkout is None or checkout.open_reference is None:
+                return failed(kind, "no open Checkout Mandate was presented with the payment")
+            if not isinstance(reference, str) or reference != checkout.open_reference:
+                return failed(kind, "the checkout was not made under the open checkout named")
         elif kind == "payment.agent_recurrence":
             occurrences = constraint.get("max_occurrences")
             if constraint.get("frequency") != "ON_DEMAND" or not _integers(occurrences):
-                return _failed(kind, "only ON_DEMAND with max_occurrences is evaluated")
+                return failed(kind, "only ON_DEMAND with max_occurrences is evaluated")
             max_occurrences = occurrences
         else:
             # named "unknown": the type is the mandate's text, never echoed back
-            return _failed("unknown", "a constraint opgate cannot evaluate (AP2: it fails)")
+            return failed("unknown", "a constraint opgate cannot evaluate (AP2: it fails)")
     return OpenMandateUse(
         open_reference=open_reference,
         max_occurrences=max_occurrences,

@@ -30,6 +30,7 @@ CHAIN_SEPARATOR = "~~"
 KB_JWT_TYP = "kb+jwt"
 HOP_TYPES = ("kb+sd-jwt", "kb-sd-jwt")
 MAX_PRESENTATION = 64 * 1024
+MAX_NONCE = 256  # opgate's own are 43 characters; anything far longer is not one of them
 
 
 class IssuerUnknown(SdJwtInvalid):
@@ -53,6 +54,12 @@ class VerifiedMandate:
     root_jwt: str  # the trusted issuer's signed JWT: the person's mandate's identity
     closed_jwt: str  # the issuer-signed JWT of the final token: the mandate's identity
     reference: str  # AP2's receipt reference: the final SD-JWT hashed as sd_hash is
+    # the nonce the key binding (a KB-JWT, or the agent's closed mandate) answered; None when
+    # nothing is key-bound. Whether opgate issued it is the caller's to check (it is stored).
+    nonce: str | None
+    # the person's mandate as presented, hashed as sd_hash is: for an open Checkout Mandate,
+    # the hash a Payment Mandate's payment.reference names (AP2 conditional_transaction_id)
+    root_reference: str
 
     @property
     def final(self) -> dict[str, Any]:
@@ -79,7 +86,8 @@ def verify_presentation(
     if len(segments) > 2:
         raise SdJwtInvalid("delegation past one agent is not accepted (AP2 v0.2 defines none)")
     root_token = split(segments[0] + ("~" if len(segments) == 2 else ""))
-    issuer, root = _verify_root(root_token, trusted, expect, last=len(segments) == 1)
+    issuer, root, nonce = _verify_root(root_token, trusted, expect, last=len(segments) == 1)
+    root_reference = b64url_digest(root_token.without_key_binding)
     if len(segments) == 1:
         return VerifiedMandate(
             issuer=issuer,
@@ -87,7 +95,9 @@ def verify_presentation(
             closed=None,
             root_jwt=root_token.issuer_jwt,
             closed_jwt=root_token.issuer_jwt,
-            reference=b64url_digest(root_token.without_key_binding),
+            reference=root_reference,
+            nonce=nonce,
+            root_reference=root_reference,
         )
     hop = split(segments[1])
     if hop.key_binding_jwt is not None:
@@ -95,7 +105,7 @@ def verify_presentation(
     agent_key = confirmation_key(root)
     if agent_key is None:
         raise SdJwtInvalid("the open mandate names no agent key (cnf) to sign under it")
-    closed = _verify_hop(hop, root_token, agent_key, expect)
+    closed, nonce = _verify_hop(hop, root_token, agent_key, expect)
     return VerifiedMandate(
         issuer=issuer,
         root=root,
@@ -103,12 +113,15 @@ def verify_presentation(
         root_jwt=root_token.issuer_jwt,
         closed_jwt=hop.issuer_jwt,
         reference=b64url_digest(hop.without_key_binding),
+        nonce=nonce,
+        root_reference=root_reference,
     )
 
 
 def _verify_root(
     token: SdJwt, trusted: Mapping[str, TrustedKey], expect: Expectation, *, last: bool
-) -> tuple[str, dict[str, Any]]:
+) -> tuple[str, dict[str, Any], str | None]:
+    """The issuer's name, the mandate content, and the nonce of its KB-JWT if it has one."""
     kid = unverified_header(token.issuer_jwt).get("kid")
     key = trusted.get(kid) if isinstance(kid, str) else None
     if key is None:
@@ -118,35 +131,38 @@ def _verify_root(
     check_times(claims, expect.now, expect.skew_seconds, "the mandate")
     content = _effective(claims)
     holder_key = confirmation_key(content)
+    nonce = None
     if last and holder_key is not None:
         # the person bound this mandate to a holder's key: only that holder may present it
         if token.key_binding_jwt is None:
             raise SdJwtInvalid("the mandate is bound to a key and carries no key binding JWT")
-        _verify_key_binding(token, holder_key, expect)
+        nonce = _verify_key_binding(token, holder_key, expect)
     elif token.key_binding_jwt is not None and not last:
         raise SdJwtInvalid("an open mandate in a chain carries a key binding JWT")
-    return key.issuer, content
+    return key.issuer, content, nonce
 
 
-def _verify_key_binding(token: SdJwt, holder_key: dict[str, Any], expect: Expectation) -> None:
+def _verify_key_binding(token: SdJwt, holder_key: dict[str, Any], expect: Expectation) -> str:
     """RFC 9901 section 7.3: typ, signature by the holder's key, aud, nonce, iat, sd_hash."""
     assert token.key_binding_jwt is not None
     header, claims = verify_jws(token.key_binding_jwt, holder_key)
     if header.get("typ") != KB_JWT_TYP:
         raise SdJwtInvalid(f"the key binding JWT's typ is not {KB_JWT_TYP}")
-    _check_binding_claims(claims, expect, "the key binding JWT")
+    nonce = _check_binding_claims(claims, expect, "the key binding JWT")
     if claims.get("sd_hash") != b64url_digest(token.without_key_binding):
         raise SdJwtInvalid("the key binding JWT's sd_hash does not match the presentation")
+    return nonce
 
 
 def _verify_hop(
     hop: SdJwt, previous: SdJwt, agent_key: dict[str, Any], expect: Expectation
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], str]:
+    """The agent's closed mandate content and the nonce it answered."""
     header, payload = verify_jws(hop.issuer_jwt, agent_key)
     if header.get("typ") not in HOP_TYPES:
         raise SdJwtInvalid(f"the closed mandate's typ is not one of {', '.join(HOP_TYPES)}")
     claims = reveal(payload, hop.disclosures)
-    _check_binding_claims(claims, expect, "the closed mandate")
+    nonce = _check_binding_claims(claims, expect, "the closed mandate")
     bindings = [name for name in ("sd_hash", "issuer_jwt_hash") if name in claims]
     if len(bindings) != 1:
         raise SdJwtInvalid("the closed mandate needs exactly one of sd_hash, issuer_jwt_hash")
@@ -158,15 +174,16 @@ def _verify_hop(
     closed = _effective(claims)
     if "cnf" in closed:
         raise SdJwtInvalid("a closed mandate delegates further (cnf)")
-    return closed
+    return closed, nonce
 
 
-def _check_binding_claims(claims: dict[str, Any], expect: Expectation, what: str) -> None:
+def _check_binding_claims(claims: dict[str, Any], expect: Expectation, what: str) -> str:
+    """aud, nonce and iat of a key binding checked; the nonce (its origin is the caller's)."""
     if claims.get("aud") != expect.audience:
         raise SdJwtInvalid(f"{what} is for another audience")
     nonce = claims.get("nonce")
-    if not isinstance(nonce, str) or not nonce:
-        raise SdJwtInvalid(f"{what} carries no nonce")
+    if not isinstance(nonce, str) or not nonce or len(nonce) > MAX_NONCE:
+        raise SdJwtInvalid(f"{what} carries no nonce (or one longer than {MAX_NONCE})")
     iat = claims.get("iat")
     if not isinstance(iat, int) or isinstance(iat, bool):
         raise SdJwtInvalid(f"{what} carries no iat")
@@ -175,6 +192,7 @@ def _check_binding_claims(claims: dict[str, Any], expect: Expectation, what: str
     if iat < expect.now - expect.max_key_binding_age_seconds:
         raise SdJwtInvalid(f"{what} is older than {expect.max_key_binding_age_seconds} s")
     check_times(claims, expect.now, expect.skew_seconds, what)
+    return nonce
 
 
 def _effective(claims: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,8 @@ AP2_ERRORS = {
     "mandate_expired": "invalid_credential",
     "mandate_issuer_unknown": "invalid_credential",
     "mandate_revoked": "invalid_credential",
+    "mandate_nonce_unknown": "invalid_credential",
+    "mandate_nonce_used": "invalid_credential",
     "mandate_constraint_failed": "unresolved_constraint",
     "mandate_mismatch": "invalid_mandate",
     "mandate_exhausted": "invalid_mandate",

@@ -1,5 +1,7 @@
 """Signed mandates over HTTP. On the agent listener (agent token, each call one audited agent
-request): ``POST /_opgate/v1/mandates`` presents an AP2 Payment Mandate as the approval of one
+request): ``POST /_opgate/v1/mandates/nonces`` hands the agent a nonce for its next key
+binding (AP2's verifier challenge; single use, a few minutes, this agent only);
+``POST /_opgate/v1/mandates`` presents an AP2 Payment Mandate as the approval of one
 operation and answers the operation with a signed receipt; ``GET
 /_opgate/v1/mandates/{operation_id}/receipt`` answers the receipt of where it stands;
 ``GET /.well-known/jwks.json`` publishes the receipts' key. On the operations listener
@@ -16,8 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
@@ -34,7 +37,13 @@ from proxy.gate.checks import Agent
 from proxy.gate.identity import path_operation_id
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import REASONS, Reason
-from proxy.mandates.ap2 import MandateCode, MandateRefusal, MandateTerms, terms_of
+from proxy.mandates.ap2 import (
+    CheckoutBinding,
+    MandateCode,
+    MandateRefusal,
+    MandateTerms,
+    terms_of,
+)
 from proxy.mandates.chain import (
     Expectation,
     IssuerUnknown,
@@ -42,6 +51,7 @@ from proxy.mandates.chain import (
     VerifiedMandate,
     verify_presentation,
 )
+from proxy.mandates.checkout import checkout_of
 from proxy.mandates.receipts import public_jwks, receipt_claims, sign_receipt
 from proxy.mandates.sdjwt import SdJwtExpired, SdJwtInvalid, b64url_digest
 from proxy.observe.audit import AuditRecord, Decision
@@ -56,8 +66,14 @@ from proxy.operations.approvals import (
 from proxy.recovery.api import recorded, recovery_view
 from proxy.runtime import GATEWAY, Gateway
 from proxy.settings import MandateIssuerConfig, Settings
-from proxy.store.mandates import MandateStore, OpenMandateLimits, OpenMandateUsed
-from proxy.store.operation import Status
+from proxy.store.mandates import (
+    MandateStore,
+    NonceRefused,
+    NonceUse,
+    OpenMandateLimits,
+    OpenMandateUsed,
+)
+from proxy.store.operation import Operation, Status
 from proxy.store.store import NewOperation
 
 MANDATES_PREFIX = "/_opgate/v1/mandates"
@@ -66,6 +82,9 @@ MANDATE_RULE = "mandate"  # the rule name presentations are recorded under: opga
 # The operation a mandate approves lives as long as the mandate, and at most this long: within
 # every shipped provider's memory of an idempotency key (approvals.py checks it).
 _LONGEST_APPROVAL = timedelta(hours=1)
+# A nonce answers one presentation within this long: the key binding's own age limit
+# (chain.Expectation.max_key_binding_age_seconds), so neither outlives the other.
+NONCE_TTL_SECONDS = 300
 _log = structlog.get_logger("opgate.mandates")
 
 
@@ -129,6 +148,9 @@ class Presentation(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     mandate: Annotated[str, Field(min_length=1, max_length=64 * 1024)]
+    # AP2's Checkout Mandate of the checkout this payment pays: when given, the payment's
+    # transaction_id must be its checkout_hash (and payment.reference its open checkout's)
+    checkout_mandate: Annotated[str | None, Field(min_length=1, max_length=64 * 1024)] = None
     provider: Annotated[str, Field(min_length=1, max_length=128)]
     action: Annotated[str, Field(min_length=1, max_length=128)]
     path_params: dict[str, str] = Field(default_factory=dict)
@@ -172,6 +194,49 @@ _CODES = {
 }
 
 
+def _verified(
+    text: str, keys: dict[str, TrustedKey], expect: Expectation
+) -> VerifiedMandate | Refused:
+    try:
+        return verify_presentation(text, keys, expect)
+    except IssuerUnknown as exc:
+        return Refused(Reason.MANDATE_ISSUER_UNKNOWN, str(exc))
+    except SdJwtExpired as exc:
+        return Refused(Reason.MANDATE_EXPIRED, str(exc))
+    except SdJwtInvalid as exc:
+        return Refused(Reason.MANDATE_INVALID, str(exc))
+
+
+@dataclass(frozen=True, slots=True)
+class PresentedCheckout:
+    verified: VerifiedMandate
+    binding: CheckoutBinding
+
+
+def _checkout(
+    text: str | None,
+    keys: dict[str, TrustedKey],
+    expect: Expectation,
+    payment: VerifiedMandate,
+) -> PresentedCheckout | Refused | None:
+    """The Checkout Mandate presented with the payment, verified as the payment is (a
+    trusted issuer, key binding for opgate) and read by ``checkout_of``; None if none was."""
+    if text is None:
+        return None
+    verified = _verified(text, keys, expect)
+    if isinstance(verified, Refused):
+        return Refused(verified.reason, f"the checkout mandate: {verified.detail}")
+    if None not in (payment.nonce, verified.nonce) and payment.nonce != verified.nonce:
+        # one presentation answers one challenge: both key bindings name the same nonce
+        return Refused(
+            Reason.MANDATE_INVALID, "the payment and checkout mandates answer different nonces"
+        )
+    binding = checkout_of(verified)
+    if isinstance(binding, MandateRefusal):
+        return Refused.of(binding)
+    return PresentedCheckout(verified, binding)
+
+
 async def _present(
     gw: Gateway, request: web.Request, agent: Agent, record: AuditRecord
 ) -> web.Response:
@@ -189,14 +254,10 @@ async def _present(
         return _refuse(record, trust, Reason.MANDATE_INVALID, "not a presentation", errors=errors)
     keys, issuers = trust.for_tenant(agent.tenant)
     now = int(time.time())
-    try:
-        verified = verify_presentation(presentation.mandate, keys, Expectation(trust.audience, now))
-    except IssuerUnknown as exc:
-        return _refuse(record, trust, Reason.MANDATE_ISSUER_UNKNOWN, str(exc))
-    except SdJwtExpired as exc:
-        return _refuse(record, trust, Reason.MANDATE_EXPIRED, str(exc))
-    except SdJwtInvalid as exc:
-        return _refuse(record, trust, Reason.MANDATE_INVALID, str(exc))
+    expect = Expectation(trust.audience, now)
+    verified = _verified(presentation.mandate, keys, expect)
+    if isinstance(verified, Refused):
+        return _refuse(record, trust, verified.reason, verified.detail)
     issuer = issuers[verified.issuer]
     digest = mandate_digest(verified.closed_jwt)
     open_digest = None if verified.closed is None else mandate_digest(verified.root_jwt)
@@ -207,12 +268,28 @@ async def _present(
         "issuer": issuer.name,
         "presentation": presentation.mandate,
         "issuer_jwks": issuer.jwks,
+        "checkout": None,
     }
-    terms = terms_of(verified, datetime.now(UTC).date())
+    checkout = _checkout(presentation.checkout_mandate, keys, expect, verified)
+    if isinstance(checkout, Refused):
+        return _refuse(
+            record, trust, checkout.reason, checkout.detail, verified.reference, **checkout.named
+        )
+    if checkout is not None:
+        record.mandate["checkout"] = {
+            "digest": mandate_digest(checkout.verified.closed_jwt),
+            "reference": checkout.verified.reference,
+            "issuer": issuers[checkout.verified.issuer].name,
+            "presentation": presentation.checkout_mandate,
+        }
+    terms = terms_of(
+        verified, datetime.now(UTC).date(), None if checkout is None else checkout.binding
+    )
     if isinstance(terms, MandateRefusal):
-        named = {"field": terms.field} if terms.field else {}
-        named |= {"constraint": terms.constraint} if terms.constraint else {}
-        return _refuse(record, trust, _CODES[terms.code], terms.detail, verified.reference, **named)
+        refused = Refused.of(terms)
+        return _refuse(
+            record, trust, refused.reason, refused.detail, verified.reference, **refused.named
+        )
     if issuer.payees.get(terms.payee_id) != presentation.provider:
         return _refuse(
             record,
@@ -239,9 +316,11 @@ async def _present(
             errors=planned,
         )
     record.provider, record.operation_id = planned.provider, planned.operation_id
-    created = await _create(gw, planned, terms, open_digest)
-    if isinstance(created, Reason):
-        return _refuse(record, trust, created, REASONS[created].title, verified.reference)
+    nonce = verified.nonce or (None if checkout is None else checkout.verified.nonce)
+    nonce_use = None if nonce is None else NonceUse(nonce, agent.tenant, agent.agent_id)
+    created = await _create(gw, planned, terms, open_digest, nonce_use)
+    if isinstance(created, Refused):
+        return _refuse(record, trust, created.reason, created.detail, verified.reference)
     op, status = created
     record.status_after = op.status.value
     claims = receipt_claims(
@@ -296,22 +375,61 @@ def _plan(
     return plan_operation(approval, gw.policy, now)
 
 
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Why a presentation approves nothing: the code, a sentence, and the field or the
+    constraint it names (``mandate_mismatch``, ``mandate_constraint_failed``)."""
+
+    reason: Reason
+    detail: str
+    named: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def because(cls, reason: Reason) -> Refused:
+        return cls(reason, REASONS[reason].title)
+
+    @classmethod
+    def of(cls, refusal: MandateRefusal) -> Refused:
+        named = {"field": refusal.field} if refusal.field else {}
+        named |= {"constraint": refusal.constraint} if refusal.constraint else {}
+        return cls(_CODES[refusal.code], refusal.detail, named)
+
+
+_NONCE_REFUSALS = {
+    NonceRefused.UNKNOWN: Refused(
+        Reason.MANDATE_NONCE_UNKNOWN,
+        "the key binding's nonce is not one opgate issued to this agent",
+    ),
+    NonceRefused.EXPIRED: Refused(Reason.MANDATE_NONCE_UNKNOWN, "the key binding's nonce expired"),
+    NonceRefused.USED: Refused(
+        Reason.MANDATE_NONCE_USED,
+        "the key binding's nonce already answered another presentation",
+    ),
+}
+
+
 async def _create(
-    gw: Gateway, planned: NewOperation, terms: MandateTerms, open_digest: str | None
-) -> tuple[Any, int] | Reason:
-    """The operation (created: 201; the mandate's earlier one: 200), or why not."""
+    gw: Gateway,
+    planned: NewOperation,
+    terms: MandateTerms,
+    open_digest: str | None,
+    nonce: NonceUse | None,
+) -> tuple[Operation, int] | Refused:
+    """The operation (created: 201; the mandate's earlier one: 200), or why not (a reason and
+    its sentence). The nonce is consumed in the transaction that creates the row."""
     actor = planned.approved_by
+    limits = None
+    if terms.open_use is not None and open_digest is not None:
+        limits = OpenMandateLimits(
+            open_digest, terms.open_use.max_occurrences, terms.open_use.budget_max
+        )
     try:
-        if terms.open_use is None or open_digest is None:
-            created = await gw.store.create(planned, actor=actor)
-        else:
-            limits = OpenMandateLimits(
-                open_digest, terms.open_use.max_occurrences, terms.open_use.budget_max
-            )
-            outcome = await MandateStore(gw.store).create_within(planned, actor, limits)
-            if isinstance(outcome, OpenMandateUsed):
-                return Reason.MANDATE_EXHAUSTED
-            created = outcome
+        outcome = await MandateStore(gw.store).create(planned, actor, nonce=nonce, limits=limits)
+        if isinstance(outcome, OpenMandateUsed):
+            return Refused.because(Reason.MANDATE_EXHAUSTED)
+        if isinstance(outcome, NonceRefused):
+            return _NONCE_REFUSALS[outcome]
+        created = outcome
     except IdempotencyKeyInUse:
         # The key is the mandate's own (derived from its digest): another presentation of the
         # same mandate inserted the row at this very moment. Two inserts of one row racing can
@@ -319,14 +437,32 @@ async def _create(
         # read below is then that presentation's, and is compared like any replay.
         created = None
     except AlreadySuperseded:
-        return Reason.MANDATE_MISMATCH
+        return Refused.because(Reason.MANDATE_MISMATCH)
     if created is not None:
         _log.info("mandate_operation_created", operation_id=created.operation_id)
         return created, 201
     existing = await gw.store.load(planned.operation_id)
     if existing is not None and same_approval(planned, existing.to_public()):
         return existing, 200  # the same mandate again: the same operation, never a second
-    return Reason.MANDATE_MISMATCH
+    return Refused.because(Reason.MANDATE_MISMATCH)
+
+
+async def _issue_nonce(
+    gw: Gateway, request: web.Request, agent: Agent, record: AuditRecord
+) -> web.Response:
+    """A fresh nonce for this agent's next key binding: AP2 has the verifier challenge the
+    agent ("a Verifier challenges an Agent to provide proof"), and the challenge is opgate's to
+    make so that a copied presentation cannot be replayed by anyone, on any replica."""
+    record.rule = MANDATE_RULE
+    trust = request.app.get(MANDATE_TRUST)
+    if trust is None:
+        return _refuse(record, None, Reason.MANDATES_NOT_SUPPORTED, "no mandate issuer is set")
+    nonce = secrets.token_urlsafe(32)
+    expires_at = await MandateStore(gw.store).issue_nonce(
+        nonce, agent.tenant, agent.agent_id, NONCE_TTL_SECONDS
+    )
+    body = {"nonce": nonce, "audience": trust.audience, "expires_at": expires_at.isoformat()}
+    return web.json_response(body, status=201)
 
 
 async def _receipt(
@@ -394,6 +530,8 @@ async def revoke_mandate(request: web.Request) -> web.Response:
 
 present_mandate = recorded(_present)
 read_receipt = recorded(_receipt)
+# admitted under the agent's request limits: each nonce is a row until it is pruned
+issue_nonce = recorded(_issue_nonce, rate_limited=True)
 
 
 def add_agent_mandate_routes(app: web.Application, settings: Settings) -> None:
@@ -401,6 +539,7 @@ def add_agent_mandate_routes(app: web.Application, settings: Settings) -> None:
     if trust is not None:
         app[MANDATE_TRUST] = trust
     app.router.add_post(MANDATES_PREFIX, present_mandate)
+    app.router.add_post(MANDATES_PREFIX + "/nonces", issue_nonce)
     app.router.add_get(MANDATES_PREFIX + "/{operation_id}/receipt", read_receipt)
     app.router.add_get(JWKS_PATH, jwks)
 

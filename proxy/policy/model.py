@@ -457,6 +457,18 @@ class ForwardProxy(Strict):
 # --- end forward-proxy mode ---
 
 
+class AgentSignature(Strict):
+    """Sign each request to this provider as the agent (RFC 9421 HTTP message signatures, as
+    Visa's Trusted Agent Protocol and Web Bot Auth verify them): over ``@authority``,
+    ``@path`` and ``content-digest``, with ``created``, ``expires``, ``nonce``, ``keyid`` (the
+    key's RFC 7638 thumbprint) and ``tag``; Ed25519, with the key opgate holds for the agent
+    (``agents[].signing_key_file``). An agent without one is refused."""
+
+    tag: Literal["agent-browser-auth", "agent-payer-auth"]
+    # Trusted Agent Protocol: a signature lives at most 8 minutes
+    expires_seconds: Annotated[int, Field(ge=1, le=480)] = 60
+
+
 class Provider(Strict):
     version: Literal[1]
     provider: Annotated[str, Field(pattern=_NAME)]
@@ -495,6 +507,8 @@ class Provider(Strict):
     ) = None
     rules: Annotated[list[Rule], Field(min_length=1)]
     forward_proxy: ForwardProxy = Field(default_factory=ForwardProxy)  # forward mode
+    # The agent's identity toward this provider: every request signed as the agent (RFC 9421)
+    agent_signature: AgentSignature | None = None
     # Spend caps per currency and rolling window, enforced at claim (proxy/policy/budgets.py).
     budgets: list[Budget] = Field(default_factory=list)
     # Request rates and requests in flight per agent and per tenant on this provider.

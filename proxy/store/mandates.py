@@ -1,11 +1,14 @@
 """The statements of operations approved by signed mandates (queries.sql ``mandate*``,
-migration 0019): revoked mandates, and an operation created under an open mandate only while
-the mandate's uses and budget allow, counted and inserted in one transaction under the open
-mandate's advisory lock, so that any number of processes together never exceed them."""
+migrations 0019 and 0021): revoked mandates; the nonces opgate issues for key bindings; and
+an operation created in one transaction that consumes its key binding's nonce and, under an
+open mandate, counts the mandate's uses and budget under its advisory lock first, so that any
+number of processes together never use a nonce twice nor exceed an open mandate."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
 
 import asyncpg
 
@@ -26,6 +29,23 @@ class OpenMandateUsed:
 
     occurrences: int
     spent: int
+
+
+class NonceRefused(StrEnum):
+    """Why a key binding's nonce consumed nothing (nothing was created)."""
+
+    UNKNOWN = "unknown"  # never issued to this agent of this tenant, or long gone
+    EXPIRED = "expired"
+    USED = "used"  # it answered another mandate's presentation
+
+
+@dataclass(frozen=True, slots=True)
+class NonceUse:
+    """The nonce a presentation's key binding answered, and who presents it."""
+
+    nonce: str
+    tenant: str
+    agent_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,29 +79,49 @@ class MandateStore:
 
         return await self._store.run(revoke)
 
-    async def create_within(
-        self, new: NewOperation, actor: str, limits: OpenMandateLimits
-    ) -> Operation | OpenMandateUsed | None:
-        """``new`` created if the open mandate still allows one more use of ``new.amount``;
-        None if ``new.operation_id`` exists (a replay: the caller compares); else the use so
-        far. Raises as ``Store.create``."""
+    async def issue_nonce(
+        self, nonce: str, tenant: str, agent_id: str, ttl_seconds: int
+    ) -> datetime:
+        """Store ``nonce`` as issued to the agent; when it expires."""
+        expires_at: datetime = await self._store.run(
+            lambda c: queries.fetchval(
+                c,
+                "mandate_nonce_issue",
+                nonce=nonce,
+                tenant=tenant,
+                agent_id=agent_id,
+                ttl_seconds=ttl_seconds,
+            )
+        )
+        return expires_at
 
-        async def create(conn: asyncpg.Connection) -> Operation | OpenMandateUsed | None:
-            async with conn.transaction():
-                await queries.execute(conn, "budget_lock", lock_name=f"ap2-open:{limits.digest}")
-                if await queries.fetchrow(conn, "load_operation", operation_id=new.operation_id):
-                    return None  # a replay of this closed mandate: its operation, unchanged
-                use = await queries.fetchrow(conn, "mandate_open_use", open_digest=limits.digest)
-                assert use is not None  # an aggregate: always one row
-                occurrences, spent = int(use["occurrences"]), int(use["spent"])
-                over_budget = limits.budget_max is not None and (
-                    spent + (new.amount or 0) > limits.budget_max
-                )
-                if occurrences >= limits.max_occurrences or over_budget:
-                    return OpenMandateUsed(occurrences, spent)
-                record = await queries.fetchrow(
-                    conn, "create_operation", **operation_values(new), actor=actor
-                )
+    async def create(
+        self,
+        new: NewOperation,
+        actor: str,
+        *,
+        nonce: NonceUse | None,
+        limits: OpenMandateLimits | None,
+    ) -> Operation | OpenMandateUsed | NonceRefused | None:
+        """``new`` created, in one transaction, if its ``nonce`` is the agent's, unexpired and
+        unused (or used by ``new`` itself: the same presentation again) and the open mandate of
+        ``limits`` still allows one more use of ``new.amount``. None if ``new.operation_id``
+        exists (a replay: the caller compares); else why not. Raises as ``Store.create``."""
+
+        async def create(
+            conn: asyncpg.Connection,
+        ) -> Operation | OpenMandateUsed | NonceRefused | None:
+            try:
+                async with conn.transaction():
+                    if nonce is not None:
+                        await _use_nonce(conn, nonce, new.operation_id)
+                    if limits is not None:
+                        await _within_open_mandate(conn, limits, new)
+                    record = await queries.fetchrow(
+                        conn, "create_operation", **operation_values(new), actor=actor
+                    )
+            except _Refused as refused:
+                return refused.why  # rolled back: nothing created, the nonce not consumed
             return None if record is None else operation_from_record(record)
 
         try:
@@ -90,3 +130,39 @@ class MandateStore:
             if exc.constraint_name == "operations_provider_key_unique":
                 raise IdempotencyKeyInUse(new.idempotency_key) from exc
             raise AlreadySuperseded(str(new.supersedes)) from exc
+
+
+class _Refused(Exception):
+    """Raised inside the creating transaction so that it rolls back; carries why."""
+
+    def __init__(self, why: OpenMandateUsed | NonceRefused) -> None:
+        super().__init__(str(why))
+        self.why = why
+
+
+async def _use_nonce(conn: asyncpg.Connection, use: NonceUse, operation_id: str) -> None:
+    """The nonce consumed for ``operation_id``, or ``_Refused`` saying why not."""
+    agent = {"nonce": use.nonce, "tenant": use.tenant, "agent_id": use.agent_id}
+    if await queries.fetchrow(conn, "mandate_nonce_use", operation_id=operation_id, **agent):
+        return
+    state = await queries.fetchrow(conn, "mandate_nonce_state", **agent)
+    if state is None:
+        raise _Refused(NonceRefused.UNKNOWN)
+    raise _Refused(NonceRefused.EXPIRED if state["expired"] else NonceRefused.USED)
+
+
+async def _within_open_mandate(
+    conn: asyncpg.Connection, limits: OpenMandateLimits, new: NewOperation
+) -> None:
+    """Nothing if the open mandate allows ``new`` (or ``new`` exists: a replay of this closed
+    mandate, its operation unchanged); else ``_Refused`` with its use so far. Takes the open
+    mandate's lock first, so that the count sees every creation before it."""
+    await queries.execute(conn, "budget_lock", lock_name=f"ap2-open:{limits.digest}")
+    if await queries.fetchrow(conn, "load_operation", operation_id=new.operation_id):
+        return
+    use = await queries.fetchrow(conn, "mandate_open_use", open_digest=limits.digest)
+    assert use is not None  # an aggregate: always one row
+    occurrences, spent = int(use["occurrences"]), int(use["spent"])
+    over_budget = limits.budget_max is not None and spent + (new.amount or 0) > limits.budget_max
+    if occurrences >= limits.max_occurrences or over_budget:
+        raise _Refused(OpenMandateUsed(occurrences, spent))

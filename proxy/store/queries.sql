@@ -1174,3 +1174,35 @@ WHERE approval_ref LIKE 'ap2:%'
   AND (split_part(split_part(approval_ref, ';', 1), ':', 2) = %(digest)s
        OR split_part(approval_ref, ';open:', 2) = %(digest)s)
 ORDER BY created_at;
+
+-- name: mandate_nonce_issue
+-- A new nonce for one agent of one tenant, valid ttl_seconds; expired ones a while past their
+-- expiry (a key binding answering them is refused by its age already) are pruned in the same
+-- round trip, a bounded batch at a time.
+WITH pruned AS (
+    DELETE FROM mandate_nonces
+     WHERE nonce IN (SELECT nonce FROM mandate_nonces
+                      WHERE expires_at < now() - interval '1 hour' LIMIT 100)
+)
+INSERT INTO mandate_nonces (nonce, tenant, agent_id, expires_at)
+VALUES (%(nonce)s, %(tenant)s, %(agent_id)s, now() + make_interval(secs => %(ttl_seconds)s))
+RETURNING expires_at;
+
+-- name: mandate_nonce_use
+-- Consume a nonce for the operation operation_id: only the agent it was issued to, before its
+-- expiry, once. A nonce already used for this very operation (the same presentation again)
+-- is its own; the row lock makes presentations racing on one nonce take turns, on any replica.
+-- Zero rows: unknown (never issued, another agent's, pruned), expired or used for another;
+-- mandate_nonce_state says which.
+UPDATE mandate_nonces
+   SET used_at = coalesce(used_at, now()), used_for = %(operation_id)s
+ WHERE nonce = %(nonce)s AND tenant = %(tenant)s AND agent_id = %(agent_id)s
+   AND expires_at > now()
+   AND (used_for IS NULL OR used_for = %(operation_id)s)
+RETURNING nonce;
+
+-- name: mandate_nonce_state
+-- Why mandate_nonce_use consumed nothing: the agent's nonce as it stands (no row: unknown).
+SELECT expires_at <= now() AS expired, used_for
+  FROM mandate_nonces
+ WHERE nonce = %(nonce)s AND tenant = %(tenant)s AND agent_id = %(agent_id)s;

@@ -170,3 +170,17 @@ def test_a_holder_bound_closed_mandate_needs_its_key_binding(person: Signer, age
     stolen = presentation + key_binding(Signer("thief"), presentation, aud=AUD)
     with pytest.raises(SdJwtInvalid, match="does not verify"):
         verify_presentation(stolen, trusted(person), expect())
+
+
+def test_the_nonce_the_agent_answered_is_given_back(person: Signer, agent: Signer) -> None:
+    """The verified presentation names the nonce its key binding answered (the caller checks it
+    is one opgate issued); a mandate with no key binding has none."""
+    open_token = open_mandate(person, agent, [])
+    chain = present_under(open_token, agent, closed_payment(), aud=AUD, nonce="n-opgate-1")
+    assert verify_presentation(chain, trusted(person), expect()).nonce == "n-opgate-1"
+    claims = person_claims({**closed_payment(), "cnf": {"jwk": agent.public_jwk}})
+    jwt, disclosures = person.sd_jwt(claims)
+    bound = compact(jwt, disclosures)
+    bound += key_binding(agent, bound, aud=AUD, nonce="n-opgate-2")
+    assert verify_presentation(bound, trusted(person), expect()).nonce == "n-opgate-2"
+    assert verify_presentation(closed_mandate(person), trusted(person), expect()).nonce is None

@@ -21,20 +21,27 @@ from tests.support.fault_provider import FaultProvider
 from tests.support.mandate_gate import (
     AUDIENCE,
     PERSON,
+    issued_nonce,
     mandate_settings,
     present,
     send_exactly,
 )
 from tests.support.mandates import (
     Signer,
+    checkout_jwt,
+    closed_checkout,
+    closed_checkout_content,
     closed_mandate,
     closed_payment,
+    digest,
+    open_checkout,
     open_mandate,
     present_under,
 )
 from tests.support.opgate import (
     AGENT_TOKEN,
     OTHER_TENANT_TOKEN,
+    SECOND_AGENT_TOKEN,
     Opgate,
     StartOpgate,
     admin_headers,
@@ -279,8 +286,12 @@ async def test_a_revoked_mandate_approves_nothing_more(gate: Opgate) -> None:
 async def test_an_open_mandate_allows_one_payment_without_recurrence(gate: Opgate) -> None:
     """Without agent_recurrence an open mandate approves one closed mandate, not a second."""
     open_token = open_mandate(PERSON, AGENT, [])
-    first = present_under(open_token, AGENT, closed_payment(), aud=AUDIENCE)
-    second = present_under(open_token, AGENT, closed_payment(), aud=AUDIENCE)
+    first = present_under(
+        open_token, AGENT, closed_payment(), aud=AUDIENCE, nonce=await issued_nonce(gate, gate.http)
+    )
+    second = present_under(
+        open_token, AGENT, closed_payment(), aud=AUDIENCE, nonce=await issued_nonce(gate, gate.http)
+    )
     assert (await present(gate, gate.http, first))[0] == 201
     status, refused = await present(gate, gate.http, second)
     assert (status, refused["code"]) == (403, "mandate_exhausted")
@@ -292,7 +303,9 @@ async def test_twenty_presentations_over_two_processes_make_one_effect_and_hold_
     """Two opgate processes, one database. One closed mandate presented 20 times at once (10
     to each) names one operation; each presenter then sends its request: one effect at the
     provider. Then 20 closed mandates of 400 under one open mandate with a 2,000 budget and 20
-    uses, at once over both: exactly 5 are accepted, 15 refused mandate_exhausted."""
+    uses, at once over both: exactly 5 are accepted, 15 refused mandate_exhausted. Then ten
+    closed mandates answering one nonce, at once over both: one accepted, nine
+    mandate_nonce_used."""
     policies = tmp_path / "policies"
     policies.mkdir()
     (policies / "fault.yaml").write_text(fault_policy(deduplicates=False))
@@ -336,19 +349,184 @@ async def test_twenty_presentations_over_two_processes_make_one_effect_and_hold_
         ]
         open_token = open_mandate(PERSON, AGENT, budget)
         closed = [
-            present_under(open_token, AGENT, closed_payment(amount=400), aud=AUDIENCE)
-            for _ in range(20)
+            present_under(
+                open_token,
+                AGENT,
+                closed_payment(amount=400),
+                aud=AUDIENCE,
+                nonce=await issued_nonce(gates[i % 2], http),
+            )
+            for i in range(20)
+        ]
+        results = await asyncio.gather(
+            *(present(gates[i % 2], http, c) for i, c in enumerate(closed))
+        )
+        codes = sorted(str(status) if status == 201 else body["code"] for status, body in results)
+        assert codes == ["201"] * 5 + ["mandate_exhausted"] * 15, codes
+
+        # one nonce, ten different closed mandates answering it, at once over both processes
+        # (issued by one, presented to both): one is accepted, nine are replays
+        roomy = [
+            {"type": "payment.agent_recurrence", "frequency": "ON_DEMAND", "max_occurrences": 20}
+        ]
+        open_token = open_mandate(PERSON, AGENT, roomy)
+        nonce = await issued_nonce(gate_a, http)
+        closed = [
+            present_under(open_token, AGENT, closed_payment(amount=100), aud=AUDIENCE, nonce=nonce)
+            for _ in range(10)
         ]
         results = await asyncio.gather(
             *(present(gates[i % 2], http, c) for i, c in enumerate(closed))
         )
     codes = sorted(str(status) if status == 201 else body["code"] for status, body in results)
-    assert codes == ["201"] * 5 + ["mandate_exhausted"] * 15, codes
+    assert codes == ["201"] + ["mandate_nonce_used"] * 9, codes
     conn = await asyncpg.connect(database_url)
     try:
         spent = await conn.fetchval(
-            "SELECT sum(amount) FROM operations WHERE approval_ref LIKE 'ap2:%;open:%'"
+            "SELECT sum(amount) FROM operations WHERE approval_ref LIKE 'ap2:%;open:%' "
+            "AND amount = 400"
         )
     finally:
         await conn.close()
     assert spent == 2000
+
+
+async def test_a_key_binding_answers_a_nonce_opgate_issued_to_this_agent(
+    gate: Opgate, database_url: str
+) -> None:
+    """A nonce opgate never issued, one it issued to another agent, or one past its expiry is
+    mandate_nonce_unknown and creates nothing; the agent's own fresh nonce is accepted."""
+    open_token = open_mandate(PERSON, AGENT, [])
+
+    def chain(nonce: str) -> str:
+        return present_under(open_token, AGENT, closed_payment(), aud=AUDIENCE, nonce=nonce)
+
+    status, refused = await present(gate, gate.http, chain("made-up-by-the-agent"))
+    assert (status, refused["code"]) == (403, "mandate_nonce_unknown"), refused
+    others = await issued_nonce(gate, gate.http, token=SECOND_AGENT_TOKEN)
+    status, refused = await present(gate, gate.http, chain(others))
+    assert (status, refused["code"]) == (403, "mandate_nonce_unknown"), refused
+    stale = await issued_nonce(gate, gate.http)
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(
+            "UPDATE mandate_nonces SET expires_at = now() - interval '1 second' WHERE nonce = $1",
+            stale,
+        )
+        status, refused = await present(gate, gate.http, chain(stale))
+        assert (status, refused["code"]) == (403, "mandate_nonce_unknown"), refused
+        assert "expired" in refused["detail"]
+        assert await conn.fetchval("SELECT count(*) FROM operations") == 0
+    finally:
+        await conn.close()
+    status, answer = await present(gate, gate.http, chain(await issued_nonce(gate, gate.http)))
+    assert status == 201, answer
+
+
+async def test_a_nonce_answers_one_presentation(gate: Opgate) -> None:
+    """A nonce used by one closed mandate cannot carry another (mandate_nonce_used); the very
+    same presentation again names its operation (200), as any replayed mandate does."""
+    recurring = [
+        {"type": "payment.agent_recurrence", "frequency": "ON_DEMAND", "max_occurrences": 5}
+    ]
+    open_token = open_mandate(PERSON, AGENT, recurring)
+    nonce = await issued_nonce(gate, gate.http)
+    first = present_under(open_token, AGENT, closed_payment(), aud=AUDIENCE, nonce=nonce)
+    second = present_under(open_token, AGENT, closed_payment(), aud=AUDIENCE, nonce=nonce)
+    status, created = await present(gate, gate.http, first)
+    assert status == 201, created
+    status, refused = await present(gate, gate.http, second)
+    assert (status, refused["code"]) == (403, "mandate_nonce_used"), refused
+    status, again = await present(gate, gate.http, first)
+    assert status == 200, again
+    assert (
+        again["operation"]["operation"]["operation_id"]
+        == (created["operation"]["operation"]["operation_id"])
+    )
+
+
+MERCHANT = Signer("merchant-key")
+
+
+async def test_a_payment_is_bound_to_the_checkout_presented_with_it(
+    gate: Opgate, database_url: str
+) -> None:
+    """With the person's closed Checkout Mandate, a payment whose transaction_id is not its
+    checkout_hash is mandate_mismatch naming transaction_id; the one that is becomes the
+    operation, and the checkout mandate is kept with the audit record."""
+    jwt = checkout_jwt(MERCHANT)
+    checkout = closed_checkout(PERSON, jwt)
+    other = closed_mandate(PERSON, transaction_id=digest(checkout_jwt(MERCHANT)))
+    status, refused = await present(gate, gate.http, other, checkout_mandate=checkout)
+    assert (status, refused["code"], refused["field"]) == (
+        403,
+        "mandate_mismatch",
+        "transaction_id",
+    )
+    paid = closed_mandate(PERSON, transaction_id=digest(jwt))
+    status, answer = await present(gate, gate.http, paid, checkout_mandate=checkout)
+    assert status == 201, answer
+    conn = await asyncpg.connect(database_url)
+    try:
+
+        async def kept() -> bool:
+            row = await conn.fetchval(
+                "SELECT record FROM audit_log WHERE record::jsonb->'mandate'->>'digest' = $1",
+                answer["mandate_digest"],
+            )
+            return row is not None and json.loads(row)["mandate"]["checkout"]["presentation"] == (
+                checkout
+            )
+
+        await _eventually(kept)
+    finally:
+        await conn.close()
+
+
+async def test_an_agent_pays_a_checkout_it_closed_under_the_persons_open_mandates(
+    gate: Opgate,
+) -> None:
+    """Human not present: the person's open Checkout and Payment Mandates (line items, and
+    payment.reference naming the open checkout); the agent closes both answering one opgate
+    nonce: accepted. Line items the person did not allow are mandate_constraint_failed naming
+    checkout.line_items; the two mandates answering different nonces are mandate_invalid."""
+    shoe = {
+        "type": "checkout.line_items",
+        "items": [
+            {"id": "shoe", "acceptable_items": [{"id": "sku_shoe", "title": "Shoe"}], "quantity": 1}
+        ],
+    }
+    open_checkout_token = open_checkout(PERSON, AGENT, [shoe])
+    reference = {
+        "type": "payment.reference",
+        "conditional_transaction_id": digest(open_checkout_token),
+    }
+    open_payment = open_mandate(PERSON, AGENT, [reference])
+
+    async def presented(line_items: list[tuple[str, int]], nonces: tuple[str, str]) -> Any:
+        jwt = checkout_jwt(MERCHANT, line_items=line_items)
+        checkout = present_under(
+            open_checkout_token, AGENT, closed_checkout_content(jwt), aud=AUDIENCE, nonce=nonces[0]
+        )
+        payment = present_under(
+            open_payment,
+            AGENT,
+            closed_payment(transaction_id=digest(jwt)),
+            aud=AUDIENCE,
+            nonce=nonces[1],
+        )
+        return await present(gate, gate.http, payment, checkout_mandate=checkout)
+
+    nonce = await issued_nonce(gate, gate.http)
+    status, refused = await presented([("sku_hat", 1)], (nonce, nonce))
+    assert (status, refused["code"], refused["constraint"]) == (
+        403,
+        "mandate_constraint_failed",
+        "checkout.line_items",
+    )
+    status, refused = await presented(
+        [("sku_shoe", 1)], (nonce, await issued_nonce(gate, gate.http))
+    )
+    assert (status, refused["code"]) == (403, "mandate_invalid"), refused
+    status, answer = await presented([("sku_shoe", 1)], (nonce, nonce))
+    assert status == 201, answer

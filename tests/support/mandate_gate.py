@@ -59,6 +59,22 @@ async def present(
         return response.status, json.loads(await response.read())
 
 
+async def issued_nonce(
+    gate: Opgate | OpgateProcess, http: aiohttp.ClientSession, token: str = AGENT_TOKEN
+) -> str:
+    """A nonce opgate hands out for the agent's next key binding (AP2: the verifier's
+    challenge)."""
+    async with http.post(
+        f"{gate.agent_url}/_opgate/v1/mandates/nonces",
+        headers={"Authorization": f"Bearer {token}"},
+    ) as response:
+        body = await response.json()
+        assert response.status == 201, body
+    assert body["audience"] == AUDIENCE
+    nonce: str = body["nonce"]
+    return nonce
+
+
 async def send_exactly(
     gate: Opgate | OpgateProcess, http: aiohttp.ClientSession, request: dict[str, Any]
 ) -> int:

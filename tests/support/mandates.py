@@ -10,6 +10,7 @@ import hashlib
 import json
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,3 +153,52 @@ def key_binding(
         "sd_hash": digest(sd_jwt),
     }
     return sign(holder.key, {"typ": "kb+jwt"}, claims)
+
+
+def checkout_jwt(
+    merchant: Signer,
+    *,
+    line_items: Sequence[tuple[str, int]] = (("sku_shoe", 1),),
+    merchant_id: str = "acct_merchant",
+    total: int = 2500,
+) -> str:
+    """A merchant-signed UCP Checkout (AP2's ``checkout_jwt``): ``line_items`` as (item id,
+    quantity), ``totals`` in minor units."""
+    payload = {
+        "id": "chk_" + b64url(secrets.token_bytes(8)),
+        "merchant": {"id": merchant_id, "name": "Merchant Choice", "website": "https://m.example"},
+        "line_items": [
+            {"id": f"li_{i}", "item": {"id": item, "title": item}, "quantity": quantity}
+            for i, (item, quantity) in enumerate(line_items)
+        ],
+        "status": "ready_for_complete",
+        "currency": "USD",
+        "totals": [{"type": "total", "amount": total}],
+        "links": [],
+    }
+    return sign(merchant.key, {"kid": merchant.kid, "typ": "JWT"}, payload)
+
+
+def closed_checkout_content(jwt: str, **extra: Any) -> dict[str, Any]:
+    """AP2's closed Checkout Mandate content: the checkout JWT and its hash."""
+    return {"vct": "mandate.checkout.1", "checkout_jwt": jwt, "checkout_hash": digest(jwt), **extra}
+
+
+def closed_checkout(person: Signer, jwt: str, **extra: Any) -> str:
+    """A closed Checkout Mandate the person signed (human present), checkout_jwt disclosed."""
+    claims = person_claims(closed_checkout_content(jwt, **extra))
+    token, disclosures = person.sd_jwt(claims, disclose=("checkout_jwt",))
+    return compact(token, disclosures)
+
+
+def open_checkout(person: Signer, agent: Signer, constraints: list[dict[str, Any]]) -> str:
+    """An open Checkout Mandate naming the agent's key; its constraints disclosed."""
+    claims = person_claims(
+        {
+            "vct": "mandate.checkout.open.1",
+            "constraints": constraints,
+            "cnf": {"jwk": agent.public_jwk},
+        }
+    )
+    token, disclosures = person.sd_jwt(claims, disclose=("constraints",))
+    return compact(token, disclosures)
