@@ -3,7 +3,8 @@ opgate composes for ``execute_operation`` (compose), the tool calls against the 
 the Streamable HTTP endpoint on the agent listener (endpoint) and the stdio relay that local
 agent runtimes spawn (stdio); the tasks extension (tasks), OAuth access tokens (auth), URL
 elicitation for proposals (elicitation), operations as resources (resources), the listen
-streams that watch operations and tasks (subscriptions) and the JSON-RPC messages checked
+streams that watch operations and tasks (subscriptions), the proposal card as an MCP App
+(apps) and the JSON-RPC messages checked
 before the SDK reads them (messages). Every mutating call goes through
 ``proxy.gate.pipeline``.
 

@@ -37,7 +37,7 @@ from proxy.gate.identity import (
 )
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
-from proxy.mcp import resources
+from proxy.mcp import apps, resources
 from proxy.mcp.auth import (
     WELL_KNOWN,
     Bearer,
@@ -110,11 +110,15 @@ def mcp_server(tasks: OperationTasks, stopping: asyncio.Event, name: str = "opga
     async def list_resources(
         ctx: Any, params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
-        return await resources.listed(_call_of(ctx))
+        listed = await resources.listed(_call_of(ctx))
+        listed.resources.append(apps.CARD)
+        return listed
 
     async def read_resource(
         ctx: Any, params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
+        if params.uri == apps.CARD_URI:
+            return apps.card()
         return await resources.read(_call_of(ctx), params.uri)
 
     server: Server[Any] = Server(
@@ -130,6 +134,7 @@ def mcp_server(tasks: OperationTasks, stopping: asyncio.Event, name: str = "opga
     for method in tasks.methods():
         server.add_request_handler(method.method, method.params_type, method.handler)
     server.extensions[tasks.identifier] = tasks.settings()
+    server.extensions[apps.APPS] = {}  # the proposal card (no settings defined)
     server.add_request_handler(
         "tools/call",
         types.CallToolRequestParams,

@@ -37,6 +37,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from pydantic import ConfigDict, Field
 
+from proxy.mcp import apps
 from proxy.mcp.elicitation import url_elicitation_supported
 from proxy.mcp.endpoint import MCP_PATH
 from proxy.mcp.messages import malformed_request
@@ -188,6 +189,19 @@ def relay_server(url: str, token: str) -> Server[Any]:
         async with _opgate(endpoint, token) as opgate:
             return await opgate.call_tool(params.name, params.arguments)
 
+    async def list_resources(
+        ctx: Any, params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        return types.ListResourcesResult(resources=[apps.CARD])
+
+    async def read_resource(
+        ctx: Any, params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        # the proposal tools name the card: it is served here (pure), not relayed
+        if params.uri != apps.CARD_URI:
+            raise MCPError(types.INVALID_PARAMS, "Resource not found")
+        return apps.card()
+
     server: Server[Any] = Server(
         "opgate",
         instructions=(
@@ -196,10 +210,13 @@ def relay_server(url: str, token: str) -> Server[Any]:
         ),
         on_list_tools=list_tools,
         on_call_tool=on_call_tool,
+        on_list_resources=list_resources,
+        on_read_resource=read_resource,
     )
     for method in tasks.methods():  # applied as endpoint.mcp_server applies opgate's own
         server.add_request_handler(method.method, method.params_type, method.handler)
     server.extensions[tasks.identifier] = tasks.settings()
+    server.extensions[apps.APPS] = {}
     server.add_request_handler(
         "tools/call",
         types.CallToolRequestParams,

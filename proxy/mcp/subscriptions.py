@@ -117,14 +117,15 @@ class Listening:
                 if now.get(task_id) == versions_of_tasks.get(task_id):
                     continue
                 task = await self.task_of(ctx, task_id)
-                if task is not None:
-                    task.pop("resultType", None)  # a notification carries the task alone
-                    told = _TaskNotification(
-                        method="notifications/tasks", params={**task, "_meta": meta}
-                    )
-                    await ctx.session.send_notification(
-                        told,  # type: ignore[arg-type]  # the extension's, not a core notification
-                        related_request_id=subscription_id,
-                    )
-            versions_of_tasks = now
+                if task is None:  # not read this time (a limit, the store): next interval
+                    continue
+                versions_of_tasks[task_id] = now.get(task_id, "")
+                task.pop("resultType", None)  # a notification carries the task alone
+                told = _TaskNotification(
+                    method="notifications/tasks", params={**task, "_meta": meta}
+                )
+                await ctx.session.send_notification(
+                    told,  # type: ignore[arg-type]  # the extension's, not a core notification
+                    related_request_id=subscription_id,
+                )
         return types.SubscriptionsListenResult(_meta=meta)

@@ -18,6 +18,13 @@ is the operation.
   statement, so it never races a claim) and is refused with the reason otherwise.
 - Only a client that declares the extension in the request's capabilities gets a task
   (2026-07-28 exchanges only); the others get the tool's answer inline.
+- ``propose_operation`` answers a task too: the proposal (its id), ``input_required`` while
+  it waits for an approver (``proposal_task_state``, pure: the console's approval page as a
+  URL elicitation for a client that declared one), ``completed`` once decided (the
+  operation id once approved, a tool error once declined or expired). ``tasks/cancel`` of
+  it is refused: proposals are never withdrawn.
+- ``tasks/update`` acknowledges an answer to that elicitation and changes nothing; one that
+  carries a decision is refused (``calls.update_task``): the agent's token never approves.
 
 Built on the SDK's extension interface (``mcp.server.extension``): new methods as
 ``MethodBinding``, the task answer as a ``tools/call`` interceptor.

@@ -14,6 +14,7 @@ from typing import Any
 
 import mcp.types as types
 
+from proxy.mcp.apps import CARD_META
 from proxy.recovery.next_action import NextAction
 
 LIST_OPERATIONS = "list_operations"
@@ -176,6 +177,7 @@ TOOLS = (
             "additionalProperties": False,
         },
         output_schema=_PROPOSAL_VIEW,
+        _meta=CARD_META,  # hosts that render MCP Apps show the request as a read-only card
         # it adds a pending proposal and changes nothing else; each call is a new proposal
         annotations=types.ToolAnnotations(
             read_only_hint=False,
@@ -199,6 +201,7 @@ TOOLS = (
             "additionalProperties": False,
         },
         output_schema=_PROPOSAL_VIEW,
+        _meta=CARD_META,
         annotations=types.ToolAnnotations(
             read_only_hint=True, idempotent_hint=True, open_world_hint=False
         ),
