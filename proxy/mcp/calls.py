@@ -251,18 +251,9 @@ async def _prepare(call: McpCall, args: dict[str, Any]) -> _Prepared | ToolError
     if refused is not None:
         return _refuse(call, record, refused)
     assert isinstance(operation_id, str)
-    record.operation_id = operation_id
-    try:
-        op = await gw.store.load(operation_id)
-    except StoreUnavailable as exc:
-        record.decision = Decision.ERROR
-        return _refuse(call, record, Deny(Reason.STORE_UNAVAILABLE, f"nothing was sent: {exc}"))
-    unknown = Deny(Reason.OPERATION_UNKNOWN, f"no operation {operation_id}")
-    if op is None:
-        return _refuse(call, record, unknown)
-    if not in_scope(op, call.agent):  # told exactly what an absent id is told
-        scope = Deny(Reason.OPERATION_SCOPE_MISMATCH, unknown.detail)
-        return _refuse(call, record, scope, told=unknown.reason)
+    op = await _operation_in_scope(call, record, operation_id)
+    if isinstance(op, ToolError):
+        return op
     provider = gw.policy.provider_named(op.provider)
     rule = provider.rule_named(op.action) if provider else None
     if provider is None or rule is None:
@@ -337,14 +328,9 @@ async def cancel_task(call: McpCall, task_id: str) -> Answer:
         proposal = await _proposal_of(call, task_id)
         if proposal is not None:
             return _refuse_withdrawal(call, record, proposal)
-        record.operation_id = task_id
-        op = await call.gateway.store.load(task_id)
-        unknown = Deny(Reason.OPERATION_UNKNOWN, f"no operation {task_id}")
-        if op is None:
-            return _refuse(call, record, unknown)
-        if not in_scope(op, call.agent):
-            scope = Deny(Reason.OPERATION_SCOPE_MISMATCH, unknown.detail)
-            return _refuse(call, record, scope, told=unknown.reason)
+        op = await _operation_in_scope(call, record, task_id)
+        if isinstance(op, ToolError):
+            return op
         revoked = await call.gateway.store.revoke_unsent(
             task_id, "cancelled by the agent (tasks/cancel)", f"agent:{call.agent.agent_id}"
         )
@@ -495,14 +481,9 @@ async def update_task(call: McpCall, task_id: str, responses: Mapping[str, Any])
             record.provider, record.operation_id = proposal.provider, proposal.operation_id
             record.status_before = record.status_after = proposal.state.value
         else:
-            record.operation_id = task_id
-            op = await call.gateway.store.load(task_id)
-            unknown = Deny(Reason.OPERATION_UNKNOWN, f"no operation {task_id}")
-            if op is None:
-                return _refuse(call, record, unknown)
-            if not in_scope(op, call.agent):
-                scope = Deny(Reason.OPERATION_SCOPE_MISMATCH, unknown.detail)
-                return _refuse(call, record, scope, told=unknown.reason)
+            op = await _operation_in_scope(call, record, task_id)
+            if isinstance(op, ToolError):
+                return op
             record.provider = op.provider
             record.status_before = record.status_after = op.status.value
         deciding = sorted(key for key, answer in responses.items() if _decides(answer))
@@ -571,6 +552,27 @@ def _invalid_operation_id(value: Any) -> Deny | None:
     if isinstance(value, str) and valid_operation_id(value):
         return None
     return Deny(Reason.OPERATION_ID_INVALID, "an operation id is 1-255 printable ASCII characters")
+
+
+async def _operation_in_scope(
+    call: McpCall, record: AuditRecord, operation_id: str
+) -> Operation | ToolError:
+    """The operation, read from the primary, if it is in the agent's scope; else the refusal
+    on record (an operation of another scope is told exactly what an absent id is told, and a
+    store fault is ``store_unavailable``, nothing sent)."""
+    record.operation_id = operation_id
+    try:
+        op = await call.gateway.store.load(operation_id)
+    except StoreUnavailable as exc:
+        record.decision = Decision.ERROR
+        return _refuse(call, record, Deny(Reason.STORE_UNAVAILABLE, f"nothing was sent: {exc}"))
+    unknown = Deny(Reason.OPERATION_UNKNOWN, f"no operation {operation_id}")
+    if op is None:
+        return _refuse(call, record, unknown)
+    if not in_scope(op, call.agent):
+        scope = Deny(Reason.OPERATION_SCOPE_MISMATCH, unknown.detail)
+        return _refuse(call, record, scope, told=unknown.reason)
+    return op
 
 
 def _record(call: McpCall, rule: str) -> AuditRecord:
