@@ -51,7 +51,7 @@ async def test_the_tree_is_verified_across_a_key_rotation(
 ) -> None:
     """With the rotated key configured and the earlier one named (audit_earlier_log_keys),
     both checkpoints verify; the chain summary is unchanged. Without any key, the tree is said
-    to be unchecked, not passed."""
+    to be unchecked, not passed; a key that is not a vkey ends the command (exit 2)."""
     current, earlier = ROTATED_SIGNER.verifier(), LOG_SIGNER.verifier()
     done = audit_cli(
         "verify",
@@ -74,6 +74,11 @@ async def test_the_tree_is_verified_across_a_key_rotation(
     code, lines = await verify(database_url)
     assert code == 0
     assert lines[1] == "tree: not checked (no transparency_key; give --log-key)"
+    code, out, err = await audit_in_process(
+        "verify", "--database-url", database_url, "--log-key", "opgate.test/audit"
+    )
+    assert (code, out) == (2, "")
+    assert err.startswith("opgate audit verify: the log's key: not a verifier key")
 
 
 async def test_a_tampered_node_or_leaf_and_an_unknown_key_are_reported(
