@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from joserfc.jwk import ECKey
 
 from proxy.observe.auditlog.chain import StoredRecord
 from proxy.observe.auditlog.evidence import check_mandate, operations
@@ -127,9 +128,10 @@ def test_mandates_are_checked_against_the_approvals_digests_and_the_issuers_keys
     closed = closed_mandate(PERSON)
     mandate = {"presentation": closed, "issuer": "surface", "issuer_jwks": PERSON.jwks}
     closed_digest = digest(closed.split("~")[0])
+    thumbprint = ECKey.import_key(PERSON.public_jwk).thumbprint()  # joserfc's, RFC 7638
     assert check_mandate(mandate, closed_digest, None) == (
         None,
-        "issuer surface (key surface-2026)",
+        f"issuer surface (key surface-2026, RFC 7638 thumbprint {thumbprint})",
     )
     other = digest(closed_mandate(PERSON).split("~")[0])
     assert check_mandate(mandate, other, None)[0] == (
