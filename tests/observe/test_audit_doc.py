@@ -30,3 +30,22 @@ def test_every_request_record_field_is_in_the_audit_doc() -> None:
     """The canonical record's fields are exactly the documented ones."""
     fields = {f.name for f in dataclasses.fields(AuditRecord)} - {"started_monotonic"}
     assert documented_request_fields() == fields
+
+
+def test_the_output_of_audit_verify_is_documented() -> None:
+    """Each form of the lines `opgate audit verify` begins with (tests/observe/
+    test_auditlog_cli_verify.py and test_auditlog_chain.py assert them) is in docs/audit.md,
+    with the exit statuses."""
+    section = DOCS.read_text().split("**Verification.**", 1)[1].split("**What someone", 1)[0]
+    section = " ".join(section.split())  # as wrapped in the page: one space between words
+    forms = [
+        "`ok: <summary>`",
+        "`BROKEN: first broken record: ...`",
+        "`BROKEN: the tree: <first problem>`",
+        "`chains ok: <summary>`",
+        "`tree: ok: <N> leaves,",
+        "`tree: BROKEN: <N> problems; ...`",
+        "`tree: not checked (<why>)`",
+        "Exit status: 0 intact, 1 a chain or the tree broken, 2",
+    ]
+    assert [form for form in forms if form not in section] == []

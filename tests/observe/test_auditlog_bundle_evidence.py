@@ -77,7 +77,7 @@ async def test_the_bundle_says_who_approved_and_that_it_was_sent_once(
     out = checked.stdout
     assert f"operation {operation_id}:" in out
     assert "approved by surface:alice" in out
-    assert "mandate signed by issuer surface (key surface-2026): verified" in out
+    assert "mandate signed by issuer surface (key surface-2026, RFC 7638 thumbprint" in out
     assert "sent once (1 attempt)" in out
     effect = fault_provider.effects[0].id
     assert f"answered confirmed: provider status 200, object {effect}" in out

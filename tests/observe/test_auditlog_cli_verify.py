@@ -14,7 +14,7 @@ import pytest_asyncio
 
 from proxy.observe.auditlog import integrator
 from proxy.store import audit
-from tests.support.bundles import audit_cli
+from tests.support.bundles import audit_cli, audit_in_process
 from tests.support.transparency import LOG_SIGNER, ROTATED_SIGNER, UNKNOWN_SIGNER
 
 STREAM = "op_verify_tree"
@@ -38,12 +38,12 @@ async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
         await connection.close()
 
 
-def verify(database_url: str, *keys: str) -> tuple[int, list[str]]:
+async def verify(database_url: str, *keys: str) -> tuple[int, list[str]]:
     """``opgate audit verify`` with these ``--log-key``s (none: the configured ones)."""
     args = [a for key in keys for a in ("--log-key", key)]
-    done = audit_cli("verify", "--database-url", database_url, *args)
-    assert not done.stderr, done.stderr
-    return done.returncode, done.stdout.splitlines()
+    code, out, err = await audit_in_process("verify", "--database-url", database_url, *args)
+    assert not err, err
+    return code, out.splitlines()
 
 
 async def test_the_tree_is_verified_across_a_key_rotation(
@@ -51,7 +51,7 @@ async def test_the_tree_is_verified_across_a_key_rotation(
 ) -> None:
     """With the rotated key configured and the earlier one named (audit_earlier_log_keys),
     both checkpoints verify; the chain summary is unchanged. Without any key, the tree is said
-    to be unchecked, not passed."""
+    to be unchecked, not passed; a key that is not a vkey ends the command (exit 2)."""
     current, earlier = ROTATED_SIGNER.verifier(), LOG_SIGNER.verifier()
     done = audit_cli(
         "verify",
@@ -71,9 +71,14 @@ async def test_the_tree_is_verified_across_a_key_rotation(
         " latest cosigned by 0 witnesses (-)"
     )
 
-    code, lines = verify(database_url)
+    code, lines = await verify(database_url)
     assert code == 0
     assert lines[1] == "tree: not checked (no transparency_key; give --log-key)"
+    code, out, err = await audit_in_process(
+        "verify", "--database-url", database_url, "--log-key", "opgate.test/audit"
+    )
+    assert (code, out) == (2, "")
+    assert err.startswith("opgate audit verify: the log's key: not a verifier key")
 
 
 async def test_a_tampered_node_or_leaf_and_an_unknown_key_are_reported(
@@ -88,7 +93,7 @@ async def test_a_tampered_node_or_leaf_and_an_unknown_key_are_reported(
     await conn.execute(
         "UPDATE transparency_leaves SET record_hash = $1 WHERE leaf_index = 5", b"\x07" * 32
     )
-    code, lines = verify(database_url, LOG_SIGNER.verifier().vkey())
+    code, lines = await verify(database_url, LOG_SIGNER.verifier().vkey())
     assert code == 1
     assert lines[0] == "BROKEN: the tree: node (1, 0): not the hash its leaves make (rewritten)"
     assert lines[1].startswith("chains ok: 7 records, 0 checkpoints")
@@ -101,6 +106,6 @@ async def test_a_tampered_node_or_leaf_and_an_unknown_key_are_reported(
     ) in problems
     assert "checkpoint 7: no signature by a known key" in problems
 
-    code, lines = verify(database_url, UNKNOWN_SIGNER.verifier().vkey())
+    code, lines = await verify(database_url, UNKNOWN_SIGNER.verifier().vkey())
     assert code == 1
     assert "checkpoint 5: no signature by a known key" in [line.strip() for line in lines]

@@ -116,3 +116,27 @@ async def test_a_checkpoint_signed_by_another_key_is_a_break(conn: asyncpg.Conne
     other = note.Signer.generate("opgate.test/audit")
     report = await check_tree(conn, other.verifier())
     assert report.breaks == ["checkpoint 5: no signature by a known key"]
+
+
+async def test_a_tree_of_many_rounds_and_cursor_pages_verifies(database_url: str) -> None:
+    """300 records over 7 rounds, each signed: leaves, nodes and checkpoints are read by three
+    cursors in step, each over several pages, and all agree; a node deep in the tree rewritten
+    is found."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        for round_ in range(7):
+            texts = [json.dumps({"event": f"r{round_}.{n}"}) for n in range(43)]
+            await audit.append_texts(conn, f"op_many_{round_}", "transition", texts)
+            assert await integrator.integrate(conn, SIGNER) is not None
+        report = await check_tree(conn, SIGNER.verifier())
+        assert report.breaks == []
+        assert (report.leaves, report.checkpoints) == (301, 7)
+        assert report.nodes == sum(301 >> level for level in range(9))
+        await conn.execute(
+            "UPDATE transparency_nodes SET hash = $1 WHERE level = 3 AND node_index = 20",
+            b"\x00" * 32,
+        )
+        report = await check_tree(conn, SIGNER.verifier())
+        assert report.breaks == ["node (3, 20): not the hash its leaves make (rewritten)"]
+    finally:
+        await conn.close()

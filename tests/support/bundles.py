@@ -4,11 +4,15 @@ OPGATE_* setting in its environment."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import io
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from proxy.cli import main
 from tests.support.paths import REPO
 
 
@@ -42,3 +46,17 @@ def verify_offline(path: Path, cwd: Path, *args: str) -> subprocess.CompletedPro
         timeout=120,
         check=False,
     )
+
+
+async def audit_in_process(*args: str) -> tuple[int, str, str]:
+    """``opgate audit ARGS`` in this process (its own thread and event loop), as the CLI parses
+    and runs it: exit code, stdout, stderr. A second faster than a process, where the test is
+    about what the command finds rather than how it starts."""
+    out, err = io.StringIO(), io.StringIO()
+
+    def run() -> int:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            return main(["audit", *args])
+
+    code = await asyncio.to_thread(run)
+    return code, out.getvalue(), err.getvalue()

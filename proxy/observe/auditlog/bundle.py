@@ -80,7 +80,8 @@ async def build(
     # what the records refer to: a mandate's presentation record (outside a window too), and
     # the stored provider answers, which no record holds whole (evidence.py checks them)
     have = {(r["stream"], r["seq"]) for r in rows}
-    rows += [r for r in await tstore.mandate_records(conn, operations) if (r[0], r[1]) not in have]
+    presented = await tstore.mandate_records(conn, operations)
+    rows += [r for r in presented if (r["stream"], r["seq"]) not in have]
     answers = {
         a["operation_id"]: _answer(a) for a in await tstore.operation_answers(conn, operations)
     }

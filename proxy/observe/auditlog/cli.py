@@ -51,6 +51,7 @@ from proxy.store import audit as audit_store
 from proxy.store.embedded import database_dsn
 from proxy.store.faults import is_unavailable
 from proxy.store.migrate import migrate
+from proxy.transparency.note import NoteError, Verifier
 
 _BEGINNING = datetime(1970, 1, 1, tzinfo=UTC)
 _END = datetime(9999, 1, 1, tzinfo=UTC)
@@ -181,6 +182,11 @@ def _key(settings: Any) -> bytes | None:
 async def _verify(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
     whole = args.since is None and args.until is None
     since, until = args.since or _BEGINNING, args.until or _END
+    try:
+        keys = log_keys(args, settings)
+    except NoteError as exc:
+        print(f"opgate audit verify: the log's key: {exc}", file=sys.stderr)
+        return 2
     report = await verify(conn, since, until, key=_key(settings), whole_log=whole)
     signed = (
         "signatures verified"
@@ -195,7 +201,7 @@ async def _verify(conn: asyncpg.Connection, args: argparse.Namespace, settings: 
         summary += f"; pruned through checkpoint {report.pruned_through}"
     if report.unstorable:
         summary += f"; {report.unstorable} request records unstorable (placeholders)"
-    tree, unchecked = await _tree(conn, args, settings, whole)
+    tree, unchecked = await _tree(conn, keys, settings, whole)
     tree_broken = tree is not None and bool(tree.breaks)
     first = report.first_break()
     if first is not None:
@@ -221,12 +227,11 @@ async def _verify(conn: asyncpg.Connection, args: argparse.Namespace, settings: 
 
 
 async def _tree(
-    conn: asyncpg.Connection, args: argparse.Namespace, settings: Any, whole: bool
+    conn: asyncpg.Connection, keys: list[Verifier] | None, settings: Any, whole: bool
 ) -> tuple[TreeReport | None, str]:
-    """The transparency tree checked (treecheck.py), or why it was not."""
+    """The transparency tree checked with the log's keys (treecheck.py), or why it was not."""
     if not whole:
         return None, "--since/--until: the tree is checked on the whole log"
-    keys = log_keys(args, settings)
     if keys is None:
         return None, "no transparency_key; give --log-key"
     return await check_tree(conn, keys, [w.vkey for w in settings.audit_witnesses]), ""

@@ -149,7 +149,17 @@ def check_mandate(
     kid, problem = _verify_es256(root_jwt, mandate.get("issuer_jwks"))
     if problem is not None:
         return f"is not signed by the issuer's keys it was accepted with: {problem}", ""
-    return None, f"issuer {mandate.get('issuer')} (key {kid})"
+    thumbprint = _thumbprint(mandate["issuer_jwks"], kid)
+    return None, f"issuer {mandate.get('issuer')} (key {kid}, RFC 7638 thumbprint {thumbprint})"
+
+
+def _thumbprint(jwks: Mapping[str, Any], kid: str | None) -> str:
+    """The signing key's RFC 7638 thumbprint, which a reviewer compares with the key the issuer
+    publishes (the JWKS in the record is the one opgate trusted, not proof of the issuer's)."""
+    jwk = next(k for k in jwks["keys"] if isinstance(k, dict) and k.get("kid") == kid)
+    members = {name: jwk[name] for name in ("crv", "kty", "x", "y")}
+    canonical = json.dumps(members, separators=(",", ":"), sort_keys=True)
+    return _b64url_sha256(canonical)
 
 
 def _b64url_sha256(text: str) -> str:

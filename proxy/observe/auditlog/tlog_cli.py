@@ -154,7 +154,8 @@ async def _consistency(conn: asyncpg.Connection, args: argparse.Namespace, setti
 
 def log_keys(args: argparse.Namespace, settings: Any) -> list[note.Verifier] | None:
     """The log's keys to verify with: those given (``--log-key``), else the configured key's
-    and the earlier ones (``audit_earlier_log_keys``); None when there is none."""
+    and the earlier ones (``audit_earlier_log_keys``); None when there is none. Raises
+    ``note.NoteError`` for one that is not a vkey."""
     if args.log_key:
         return [note.Verifier.from_vkey(k) for k in args.log_key]
     signer = transparency_signer(Secrets(settings.secrets_dir))
@@ -180,7 +181,11 @@ def tree_summary(report: TreeReport) -> str:
 
 
 async def _verify_tree(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
-    keys = log_keys(args, settings)
+    try:
+        keys = log_keys(args, settings)
+    except note.NoteError as exc:
+        print(f"opgate audit verify-tree: the log's key: {exc}", file=sys.stderr)
+        return 2
     if keys is None:
         print("opgate audit: give --log-key or configure transparency_key", file=sys.stderr)
         return 2
