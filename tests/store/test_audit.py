@@ -3,6 +3,7 @@ one appends, another reads back."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -12,6 +13,7 @@ import asyncpg
 import pytest_asyncio
 
 from proxy.store import audit, queries
+from tests.support.polling import until
 
 BEGINNING, END = datetime(1970, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC)
 STREAM = "requests/store-test"
@@ -207,3 +209,33 @@ async def test_the_checkpointer_takes_an_operation_head_once_its_record_is_visib
         await other.close()
     assert await _taken_heads(conn) == [("op_late", 2)]
     assert await _taken_heads(conn) == []
+
+
+async def test_two_creations_of_one_operation_racing_write_one_record(
+    conn: asyncpg.Connection, database_url: str
+) -> None:
+    """A creation racing an uncommitted creation of the same id waits for it, then creates
+    nothing and writes no record: the stream holds the first creation's record alone."""
+    first = await asyncpg.connect(database_url)
+    second = await asyncpg.connect(database_url)
+    try:
+        racing = first.transaction()
+        await racing.start()
+        assert await _create(first, "op_race") is not None
+        pid = await second.fetchval("SELECT pg_backend_pid()")
+        late = asyncio.create_task(_create(second, "op_race"))
+
+        async def waiting() -> bool:
+            wait = await conn.fetchval(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1", pid
+            )
+            return bool(wait == "Lock")
+
+        await until(waiting, "the second creation waits for the first")
+        await racing.commit()
+        assert await late is None
+    finally:
+        await first.close()
+        await second.close()
+    rows = await conn.fetch("SELECT stream, seq FROM audit_log")
+    assert [(r["stream"], r["seq"]) for r in rows] == [("op_race", 1)]
