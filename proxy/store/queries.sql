@@ -587,9 +587,10 @@ WITH state AS (
 ), kept AS (
     UPDATE audit_checkpoint_state SET seen = pg_current_snapshot()
 ), left_by_0020 AS (
+    -- (0020 removed those already signed; the partial index finds the others)
     DELETE FROM audit_heads h USING operations o
-     WHERE h.stream = o.operation_id
-    RETURNING h.stream, h.seq, h.hash, h.seq > h.checkpointed_seq AS unsigned
+     WHERE h.seq > h.checkpointed_seq AND h.stream = o.operation_id
+    RETURNING h.stream, h.seq, h.hash
 ), changed AS (
     UPDATE audit_heads h SET checkpointed_seq = h.seq
      WHERE h.seq > h.checkpointed_seq
@@ -602,7 +603,7 @@ SELECT o.operation_id, o.audit_seq, o.audit_hash
   FROM operations o JOIN moved m ON o.operation_id = m.stream
 UNION ALL
 SELECT l.stream, l.seq, l.hash FROM left_by_0020 l
- WHERE l.unsigned AND l.stream NOT IN (SELECT stream FROM moved)
+ WHERE l.stream NOT IN (SELECT stream FROM moved)
  ORDER BY stream;
 
 -- name: audit_last_checkpoint

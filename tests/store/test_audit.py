@@ -3,6 +3,7 @@ one appends, another reads back."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -12,6 +13,7 @@ import asyncpg
 import pytest_asyncio
 
 from proxy.store import audit, queries
+from tests.support.polling import until
 
 BEGINNING, END = datetime(1970, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC)
 STREAM = "requests/store-test"
@@ -138,24 +140,40 @@ async def test_the_reviewer_grants_apply_to_a_role(conn: asyncpg.Connection) -> 
         await conn.execute(f'DROP ROLE "{role}"')
 
 
+async def _create(conn: asyncpg.Connection, operation_id: str) -> asyncpg.Record | None:
+    return await queries.fetchrow(
+        conn, "create_operation",
+        operation_id=operation_id, tenant="t", agent_id=None, provider="fault",
+        action="refund", method="POST", path="/v1/refunds", path_params="{}", amount=1,
+        currency="usd", params="{}", idempotency_key=f"key-{operation_id}",
+        approval_ref="ref", approved_by="human", expires_at=datetime(9999, 1, 1, tzinfo=UTC),
+        actor="test", supersedes=None,
+    )  # fmt: skip
+
+
+async def _claim(conn: asyncpg.Connection, operation_id: str) -> None:
+    claimed = await queries.fetchrow(
+        conn, "claim_operation",
+        operation_id=operation_id, owner="me", lease_seconds=30.0, expected_attempts=0,
+        actor=None, dedup_window_seconds=None, after_lookup_by=None, unchanged_since=None,
+    )  # fmt: skip
+    assert claimed is not None
+
+
+async def _taken_heads(conn: asyncpg.Connection) -> list[tuple[str, int]]:
+    async with conn.transaction():
+        await audit.lock_checkpoints(conn)
+        return [(r["stream"], r["seq"]) for r in await audit.take_changed_heads(conn)]
+
+
 async def test_a_transition_writes_one_record_and_moves_its_head_on_the_operation_row(
     conn: asyncpg.Connection,
 ) -> None:
     """Creation, claim and settlement each write exactly one audit record (nothing else: no
     event row, no audit_heads row), chained onto the head kept on the operation row."""
-    expires = datetime(9999, 1, 1, tzinfo=UTC)
-    await queries.fetchrow(
-        conn, "create_operation",
-        operation_id="op_one", tenant="t", agent_id=None, provider="fault", action="refund",
-        method="POST", path="/v1/refunds", path_params="{}", amount=1, currency="usd",
-        params="{}", idempotency_key="key-one", approval_ref="ref", approved_by="human",
-        expires_at=expires, actor="test", supersedes=None,
-    )  # fmt: skip
-    await queries.fetchrow(
-        conn, "claim_operation",
-        operation_id="op_one", owner="me", lease_seconds=30.0, expected_attempts=0, actor=None,
-        dedup_window_seconds=None, after_lookup_by=None, unchanged_since=None,
-    )  # fmt: skip
+    assert await _create(conn, "op_one") is not None
+    assert await _create(conn, "op_one") is None  # a repeated creation writes nothing
+    await _claim(conn, "op_one")
     await queries.fetchrow(
         conn, "settle_operation",
         operation_id="op_one", status="confirmed", provider_status=200, object_id="re_1",
@@ -170,3 +188,54 @@ async def test_a_transition_writes_one_record_and_moves_its_head_on_the_operatio
         "SELECT relkind::text FROM pg_class WHERE relname = 'operation_events'"
     )
     assert kind == "v"  # a view over the transition records
+
+
+async def test_the_checkpointer_takes_an_operation_head_once_its_record_is_visible(
+    conn: asyncpg.Connection, database_url: str
+) -> None:
+    """An operation's head is taken by the first checkpoint that sees its new record: not while
+    the transition's transaction is open (it may still commit), then after its commit, and
+    never again until it moves."""
+    await _create(conn, "op_late")
+    assert await _taken_heads(conn) == [("op_late", 1)]
+    other = await asyncpg.connect(database_url)
+    try:
+        open_transition = other.transaction()
+        await open_transition.start()
+        await _claim(other, "op_late")
+        assert await _taken_heads(conn) == []
+        await open_transition.commit()
+    finally:
+        await other.close()
+    assert await _taken_heads(conn) == [("op_late", 2)]
+    assert await _taken_heads(conn) == []
+
+
+async def test_two_creations_of_one_operation_racing_write_one_record(
+    conn: asyncpg.Connection, database_url: str
+) -> None:
+    """A creation racing an uncommitted creation of the same id waits for it, then creates
+    nothing and writes no record: the stream holds the first creation's record alone."""
+    first = await asyncpg.connect(database_url)
+    second = await asyncpg.connect(database_url)
+    try:
+        racing = first.transaction()
+        await racing.start()
+        assert await _create(first, "op_race") is not None
+        pid = await second.fetchval("SELECT pg_backend_pid()")
+        late = asyncio.create_task(_create(second, "op_race"))
+
+        async def waiting() -> bool:
+            wait = await conn.fetchval(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1", pid
+            )
+            return bool(wait == "Lock")
+
+        await until(waiting, "the second creation waits for the first")
+        await racing.commit()
+        assert await late is None
+    finally:
+        await first.close()
+        await second.close()
+    rows = await conn.fetch("SELECT stream, seq FROM audit_log")
+    assert [(r["stream"], r["seq"]) for r in rows] == [("op_race", 1)]

@@ -118,8 +118,8 @@ async def test_old_chains_go_on_and_verify_after_migration_0020(
 ) -> None:
     """Chains written at 0019 (transitions, requests, a policy load, a checkpoint), migrated:
     every event row reads the same through the view, each operation's head moves onto its
-    row, new transitions continue the old chains, the next checkpoint signs what moved, and
-    the whole log verifies with the key."""
+    row (a reviewer role of before may read it), new transitions continue the old chains, the
+    next checkpoint signs what moved, and the whole log verifies with the key."""
     dsn, conn = at_0019
     await _old_chains(conn)
     events_before = [tuple(r) for r in await conn.fetch(_EVENTS)]
@@ -130,7 +130,17 @@ async def test_old_chains_go_on_and_verify_after_migration_0020(
     records_before = await conn.fetchval("SELECT count(*) FROM audit_log")
     assert len(events_before) == 3 * 2 + 1 + 1
 
-    assert await migrate(dsn) == [20]
+    reviewer = f"opgate_reviewer_{uuid.uuid4().hex[:8]}"
+    await conn.execute(f'CREATE ROLE "{reviewer}"')
+    try:
+        await conn.execute(f'GRANT SELECT ON audit_heads TO "{reviewer}"')
+        assert await migrate(dsn) == [20]
+        # a reviewer of before reads every head through the view
+        granted = "SELECT has_table_privilege($1, 'audit_stream_heads', 'SELECT')"
+        assert await conn.fetchval(granted, reviewer)
+    finally:
+        await conn.execute(f'DROP OWNED BY "{reviewer}"')
+        await conn.execute(f'DROP ROLE "{reviewer}"')
 
     assert [tuple(r) for r in await conn.fetch(_EVENTS)] == events_before
     assert await conn.fetchval("SELECT count(*) FROM audit_log") == records_before
