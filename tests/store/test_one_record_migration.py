@@ -134,7 +134,8 @@ async def test_old_chains_go_on_and_verify_after_migration_0020(
     await conn.execute(f'CREATE ROLE "{reviewer}"')
     try:
         await conn.execute(f'GRANT SELECT ON audit_heads TO "{reviewer}"')
-        assert await migrate(dsn) == [20]
+        applied = await migrate(dsn)  # 0020 and every later migration
+        assert applied[0] == 20
         # a reviewer of before reads every head through the view
         granted = "SELECT has_table_privilege($1, 'audit_stream_heads', 'SELECT')"
         assert await conn.fetchval(granted, reviewer)
