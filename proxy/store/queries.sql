@@ -2,8 +2,8 @@
 -- Each state transition is ONE conditional statement that also names its event (the operation
 -- row's `audit_event`: {"event", "actor", "detail"}), which the row's trigger writes as the one
 -- chained audit record (migration 0020), so the transition and its record commit together, in
--- one round trip. Zero rows back means
--- the row was not in the expected state: a conflict to be explained, never blindly retried.
+-- one round trip. Zero rows back means the row was not in the expected state: a conflict to be
+-- explained, never blindly retried.
 -- Parameters are named, %(name)s, and bound by keyword (proxy/store/queries.py translates each
 -- query once into PostgreSQL's numbered ones). A condition several statements share is one SQL
 -- function of migration 0016 (opgate_lease_free, opgate_unsettled, opgate_nothing_left_yet),

@@ -17,11 +17,12 @@ from proxy.observe.auditlog.verify import VerifyReport, verify
 from proxy.store import queries
 from proxy.store.migrate import migrate
 from tests.support import before_0020
+from tests.support.auditlog import AUDIT_KEY, run_cli
 from tests.support.postgres import database_at_migration
 from tests.support.tamper import rechain
 
 BEGINNING, END = datetime(1970, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC)
-KEY = b"migration-0020-test-key"
+KEY = AUDIT_KEY.encode()
 REQUESTS = "requests/instance-a"
 _EVENTS = (
     "SELECT event_id, operation_id, at, event, from_status, to_status, actor, detail::text"
@@ -119,7 +120,8 @@ async def test_old_chains_go_on_and_verify_after_migration_0020(
     """Chains written at 0019 (transitions, requests, a policy load, a checkpoint), migrated:
     every event row reads the same through the view, each operation's head moves onto its
     row (a reviewer role of before may read it), new transitions continue the old chains, the
-    next checkpoint signs what moved, and the whole log verifies with the key."""
+    next checkpoint signs what moved, and the whole log verifies with the key (`opgate audit
+    verify` too)."""
     dsn, conn = at_0019
     await _old_chains(conn)
     events_before = [tuple(r) for r in await conn.fetch(_EVENTS)]
@@ -196,6 +198,10 @@ async def test_old_chains_go_on_and_verify_after_migration_0020(
     assert report.ok, [b.describe() for b in report.breaks]
     assert report.records == records_before + 3 + 1 + 1 + 1
     assert report.checkpoints_authenticated
+    env = {"OPGATE_SECRET_AUDIT_KEY": AUDIT_KEY, "PATH": "/usr/bin:/bin"}
+    code, out = await run_cli("audit", "verify", "--database-url", dsn, env=env)
+    assert code == 0, out
+    assert "signatures verified" in out
 
 
 async def test_a_rewritten_transition_is_named_before_and_after_the_migration(
