@@ -1,7 +1,8 @@
 """The tamper-evident audit log: chaining (chain), the records appended (records), what can be
 stored (storable), the writer of request records and the checkpointer (writer), the counting of
 repeated pre-authentication denials (denials), redaction (redact), verification (verify),
-retention (retention) and ``opgate audit`` (cli); the transparency log over it: the integrator
+retention (retention), the periodic rounds of the checkpointer and the integrator (periodic) and
+``opgate audit`` (cli); the transparency log over it: the integrator
 that makes records leaves of the Merkle tree and signs checkpoints (integrator), the witnesses
 it asks to cosign (witnesses), proofs (proofs), the check of the stored records against the
 signed tree (treecheck), offline bundles (bundle) and what their records say of each operation,

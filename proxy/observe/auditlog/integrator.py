@@ -14,8 +14,6 @@ from the same nodes (``inclusion``, ``consistency``).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 
@@ -23,6 +21,7 @@ import asyncpg
 import structlog
 
 from proxy.errors import StoreUnavailable
+from proxy.observe.auditlog.periodic import Periodic
 from proxy.store import transparency as tstore
 from proxy.store.store import Store
 from proxy.transparency import merkle, note
@@ -121,13 +120,17 @@ class Integrator:
     ) -> None:
         self._store = store
         self._signer = signer
-        self._interval = interval
         self._witnessing = witnessing
-        self._task: asyncio.Task[None] | None = None
-        self._stop = asyncio.Event()
+        self._rounds = Periodic(
+            "audit-integrator",
+            interval,
+            self.integrate,
+            (StoreUnavailable, asyncpg.PostgresError, LookupError),
+            "audit_integration_failed",
+        )
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="audit-integrator")
+        self._rounds.start()
 
     async def integrate(self) -> Integrated | None:
         """Rounds until the backlog is integrated; the last round's outcome."""
@@ -143,19 +146,4 @@ class Integrator:
                 return done
 
     async def close(self) -> None:
-        self._stop.set()
-        if self._task is not None:
-            await self._task
-        with contextlib.suppress(StoreUnavailable, asyncpg.PostgresError):
-            await self.integrate()
-
-    async def _run(self) -> None:
-        while not self._stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), self._interval)
-            if self._stop.is_set():
-                return
-            try:
-                await self.integrate()
-            except (StoreUnavailable, asyncpg.PostgresError, LookupError) as exc:
-                _log.warning("audit_integration_failed", error=str(exc))
+        await self._rounds.close()

@@ -55,6 +55,7 @@ from proxy.errors import StoreUnavailable
 from proxy.observe.audit import AUDIT_SCHEMA_VERSION
 from proxy.observe.auditlog import records
 from proxy.observe.auditlog.denials import DenialCounter, aggregable
+from proxy.observe.auditlog.periodic import Periodic
 from proxy.observe.auditlog.storable import record_digest
 from proxy.store.store import Store
 
@@ -516,12 +517,16 @@ class Checkpointer:
         self._store = store
         self._key = key
         self._writer = writer
-        self._interval = interval
-        self._task: asyncio.Task[None] | None = None
-        self._stop = asyncio.Event()
+        self._rounds = Periodic(
+            "audit-checkpointer",
+            interval,
+            self.checkpoint,
+            (StoreUnavailable, asyncpg.PostgresError),
+            "audit_checkpoint_failed",
+        )
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="audit-checkpointer")
+        self._rounds.start()
 
     async def checkpoint(self) -> int | None:
         written = await self._store.run(
@@ -536,19 +541,4 @@ class Checkpointer:
         return checkpoint_id
 
     async def close(self) -> None:
-        self._stop.set()
-        if self._task is not None:
-            await self._task
-        with contextlib.suppress(StoreUnavailable, asyncpg.PostgresError):
-            await self.checkpoint()
-
-    async def _run(self) -> None:
-        while not self._stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), self._interval)
-            if self._stop.is_set():
-                return
-            try:
-                await self.checkpoint()
-            except (StoreUnavailable, asyncpg.PostgresError) as exc:
-                _log.warning("audit_checkpoint_failed", error=str(exc))
+        await self._rounds.close()
