@@ -139,9 +139,20 @@ async def test_a_cancelled_call_gives_its_connection_back(pool: asyncpg.Pool) ->
         started.set()
         await conn.execute("SELECT pg_sleep(30)")
 
+    async def sleeping_on_the_server() -> bool:
+        # A cancel request that reaches the server before the statement runs cancels nothing
+        # (the server then sleeps the whole 30 s): cancel once the server is in it.
+        return bool(
+            await pool.fetchval(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE state = 'active' AND query = 'SELECT pg_sleep(30)'"
+            )
+        )
+
     try:
         running = asyncio.create_task(connections.run(long_statement))
         await started.wait()
+        await until(sleeping_on_the_server, "the statement runs on the server")
         running.cancel()
         with pytest.raises(asyncio.CancelledError):
             await running
