@@ -49,6 +49,7 @@ from proxy.mandates.chain import (
     IssuerUnknown,
     TrustedKey,
     VerifiedMandate,
+    presented_parts,
     verify_presentation,
 )
 from proxy.mandates.checkout import checkout_of
@@ -116,6 +117,8 @@ class MandateTrust:
 
 
 MANDATE_TRUST = web.AppKey("opgate_mandate_trust", MandateTrust)
+# the fields kept_presentation records (null when the payment mandate did not split)
+_KEPT_FIELDS = ("digest", "open_digest", "reference", "issuer", "presentation", "issuer_jwks")
 
 
 def load_mandate_trust(settings: Settings) -> MandateTrust | None:
@@ -161,6 +164,29 @@ def mandate_digest(issuer_signed_jwt: str) -> str:
     """A mandate's identity: base64url SHA-256 of its issuer-signed JWT, the same whichever of
     its disclosures a presentation reveals."""
     return b64url_digest(issuer_signed_jwt)
+
+
+def kept_presentation(
+    text: str, keys: dict[str, TrustedKey], issuers: dict[str, Issuer]
+) -> dict[str, Any] | None:
+    """What the audit record keeps of one presentation, accepted or refused: its digests, AP2's
+    reference, the presentation as received, and the issuer its ``kid`` names with that issuer's
+    JWKS as then configured (null for a kid no issuer of the tenant holds). Read before anything
+    is verified, so that a refusal keeps it too; None if the text does not split as one."""
+    parts = presented_parts(text)
+    if parts is None:
+        return None
+    trusted = None if parts.kid is None else keys.get(parts.kid)
+    issuer = None if trusted is None else issuers[trusted.issuer]
+    chained = parts.closed_jwt != parts.root_jwt
+    return {
+        "digest": mandate_digest(parts.closed_jwt),
+        "open_digest": mandate_digest(parts.root_jwt) if chained else None,
+        "reference": parts.reference,
+        "issuer": None if issuer is None else issuer.name,
+        "presentation": text,
+        "issuer_jwks": None if issuer is None else issuer.jwks,
+    }
 
 
 def _operation_id(digest: str) -> str:
@@ -253,35 +279,27 @@ async def _present(
         errors = validation_errors(exc) if isinstance(exc, ValidationError) else [str(exc)]
         return _refuse(record, trust, Reason.MANDATE_INVALID, "not a presentation", errors=errors)
     keys, issuers = trust.for_tenant(agent.tenant)
+    # kept before anything is verified: a refusal is answered for with its evidence too
+    kept = kept_presentation(presentation.mandate, keys, issuers)
+    kept_checkout = None
+    if presentation.checkout_mandate is not None:
+        kept_checkout = kept_presentation(presentation.checkout_mandate, keys, issuers)
+    if kept is not None or kept_checkout is not None:
+        record.mandate = {**(kept or dict.fromkeys(_KEPT_FIELDS)), "checkout": kept_checkout}
+    reference = None if kept is None else kept["reference"]
     now = int(time.time())
     expect = Expectation(trust.audience, now)
     verified = _verified(presentation.mandate, keys, expect)
     if isinstance(verified, Refused):
-        return _refuse(record, trust, verified.reason, verified.detail)
+        return _refuse(record, trust, verified.reason, verified.detail, reference)
     issuer = issuers[verified.issuer]
     digest = mandate_digest(verified.closed_jwt)
     open_digest = None if verified.closed is None else mandate_digest(verified.root_jwt)
-    record.mandate = {
-        "digest": digest,
-        "open_digest": open_digest,
-        "reference": verified.reference,
-        "issuer": issuer.name,
-        "presentation": presentation.mandate,
-        "issuer_jwks": issuer.jwks,
-        "checkout": None,
-    }
     checkout = _checkout(presentation.checkout_mandate, keys, expect, verified)
     if isinstance(checkout, Refused):
         return _refuse(
             record, trust, checkout.reason, checkout.detail, verified.reference, **checkout.named
         )
-    if checkout is not None:
-        record.mandate["checkout"] = {
-            "digest": mandate_digest(checkout.verified.closed_jwt),
-            "reference": checkout.verified.reference,
-            "issuer": issuers[checkout.verified.issuer].name,
-            "presentation": presentation.checkout_mandate,
-        }
     terms = terms_of(
         verified, datetime.now(UTC).date(), None if checkout is None else checkout.binding
     )

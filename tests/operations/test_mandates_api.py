@@ -200,12 +200,16 @@ async def test_every_refusal_is_a_code_with_a_signed_error_receipt(
     code: str,
 ) -> None:
     """Each attack or mistake is refused 403 with its code and an AP2 error receipt, creates
-    no operation, and is audited with the rule ``mandate`` and its code."""
-    status, refused = await present(gate, gate.http, mandate(), token=token)
+    no operation, and is audited with the rule ``mandate``, its code, the mandate's digest,
+    the presentation as received and the JWKS of the issuer its ``kid`` names."""
+    presented = mandate()
+    status, refused = await present(gate, gate.http, presented, token=token)
     assert (status, refused["code"]) == (403, code), refused
     claims = await receipt_claims(gate, refused["receipt"])
     assert (claims["result"], claims["opgate_code"]) == ("error", code)
     assert fault_provider.requests == []
+    final_jwt = presented.split("~~")[-1].split("~", 1)[0]
+    known_kid = scenario not in ("unknown kid", "other tenant")
     conn = await asyncpg.connect(database_url)
     try:
         assert await conn.fetchval("SELECT count(*) FROM operations") == 0
@@ -220,6 +224,15 @@ async def test_every_refusal_is_a_code_with_a_signed_error_receipt(
             )
 
         await _eventually(audited)
+        kept = json.loads(
+            await conn.fetchval(
+                "SELECT record FROM audit_log WHERE record::jsonb->>'reason' = $1", code
+            )
+        )["mandate"]
+        assert kept is not None, "the refused presentation is not kept"
+        assert (kept["digest"], kept["presentation"]) == (digest(final_jwt), presented)
+        assert kept["issuer_jwks"] == (PERSON.jwks if known_kid else None)
+        assert claims["reference"] == kept["reference"]
     finally:
         await conn.close()
 
@@ -481,6 +494,41 @@ async def test_a_payment_is_bound_to_the_checkout_presented_with_it(
         await _eventually(kept)
     finally:
         await conn.close()
+
+
+async def test_a_refused_checkout_mandate_is_kept_with_the_refusal(
+    gate: Opgate, database_url: str
+) -> None:
+    """A Checkout Mandate signed under the person's kid by another key is refused
+    mandate_invalid, and its record keeps both presentations, their digests and the JWKS."""
+    jwt = checkout_jwt(MERCHANT)
+    checkout = closed_checkout(Signer(PERSON.kid), jwt)
+    paid = closed_mandate(PERSON, transaction_id=digest(jwt))
+    status, refused = await present(gate, gate.http, paid, checkout_mandate=checkout)
+    assert (status, refused["code"]) == (403, "mandate_invalid"), refused
+    conn = await asyncpg.connect(database_url)
+    try:
+
+        async def kept() -> dict[str, Any] | None:
+            row = await conn.fetchval(
+                "SELECT record FROM audit_log WHERE record::jsonb->>'reason' = 'mandate_invalid'"
+            )
+            return None if row is None else json.loads(row)
+
+        await _eventually(lambda: _some(kept()))
+        record = await kept()
+        assert record is not None
+        mandate = record["mandate"]
+        assert (mandate["digest"], mandate["presentation"]) == (digest(paid.split("~")[0]), paid)
+        assert mandate["checkout"]["presentation"] == checkout
+        assert mandate["checkout"]["digest"] == digest(checkout.split("~")[0])
+        assert mandate["checkout"]["issuer_jwks"] == PERSON.jwks
+    finally:
+        await conn.close()
+
+
+async def _some(value: Awaitable[object]) -> bool:
+    return await value is not None
 
 
 async def test_an_agent_pays_a_checkout_it_closed_under_the_persons_open_mandates(
