@@ -4,7 +4,9 @@ binding (AP2's verifier challenge; single use, a few minutes, this agent only);
 ``POST /_opgate/v1/mandates`` presents an AP2 Payment Mandate as the approval of one
 operation and answers the operation with a signed receipt; ``GET
 /_opgate/v1/mandates/{operation_id}/receipt`` answers the receipt of where it stands;
-``GET /.well-known/jwks.json`` publishes the receipts' key. On the operations listener
+``POST /_opgate/v1/mandates/receipts`` takes a receipt opgate signed (from a replacement agent)
+and answers where its operation stands; ``GET /.well-known/jwks.json`` publishes the
+receipts' key. On the operations listener
 (admin): ``POST /v1/mandates/{digest}/revoke``.
 
 Why a separate call before the provider request, rather than a header on it: AP2 has the
@@ -53,7 +55,13 @@ from proxy.mandates.chain import (
     verify_presentation,
 )
 from proxy.mandates.checkout import checkout_of
-from proxy.mandates.receipts import public_jwks, receipt_claims, sign_receipt
+from proxy.mandates.receipts import (
+    ReceiptInvalid,
+    public_jwks,
+    read_receipt,
+    receipt_claims,
+    sign_receipt,
+)
 from proxy.mandates.sdjwt import SdJwtExpired, SdJwtInvalid, b64url_digest
 from proxy.observe.audit import AuditRecord, Decision
 from proxy.operations.agent_body import read_agent_body
@@ -491,6 +499,54 @@ async def _receipt(
     if trust is None:
         return _refuse(record, None, Reason.MANDATES_NOT_SUPPORTED, "no mandate issuer is set")
     operation_id = path_operation_id(request, "operation_id")
+    return await _where_it_stands(gw, trust, agent, record, operation_id)
+
+
+class PresentedReceipt(BaseModel):
+    """The body of ``POST /_opgate/v1/mandates/receipts``: a receipt opgate signed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    receipt: Annotated[str, Field(min_length=1, max_length=16 * 1024)]
+
+
+async def _receipt_presented(
+    gw: Gateway, request: web.Request, agent: Agent, record: AuditRecord
+) -> web.Response:
+    """A receipt opgate signed, presented back (the issue: "what a replacement agent presents
+    to prove the operation ended"): opgate's own signature checked, the operation it names
+    answered as it stands now, with a fresh receipt. The agent need not be the one that
+    presented the mandate (it is replaced); the tenant must be the operation's."""
+    record.rule = MANDATE_RULE
+    trust = request.app.get(MANDATE_TRUST)
+    if trust is None:
+        return _refuse(record, None, Reason.MANDATES_NOT_SUPPORTED, "no mandate issuer is set")
+    raw = await read_agent_body(gw, request)
+    if isinstance(raw, tuple):
+        return _refuse(record, None, *raw)
+    try:
+        presented = PresentedReceipt.model_validate(parse_json_object(raw))
+        claims = read_receipt(trust.receipt_key, trust.audience, presented.receipt)
+    except (BodyRejected, ValidationError, ReceiptInvalid) as exc:
+        detail = str(exc) if isinstance(exc, ReceiptInvalid) else "not a receipt presentation"
+        return _refuse(record, None, Reason.MANDATE_RECEIPT_INVALID, detail)
+    # the reference opgate signed then: AP2's, of the presentation the operation was made from
+    reference = claims.get("reference")
+    return await _where_it_stands(
+        gw, trust, agent, record, claims["operation_id"], reference=reference
+    )
+
+
+async def _where_it_stands(
+    gw: Gateway,
+    trust: MandateTrust,
+    agent: Agent,
+    record: AuditRecord,
+    operation_id: str | None,
+    *,
+    reference: object = None,
+) -> web.Response:
+    """The operation a mandate approved, as it stands, with its current receipt (``reference``
+    as given, else the mandate digest the operation's approval names)."""
     op = None if operation_id is None else await gw.store.load(operation_id)
     if op is None or op.tenant != agent.tenant or not op.approval_ref.startswith("ap2:"):
         # the same answer for "absent", "not yours" and "not a mandate's"
@@ -500,11 +556,19 @@ async def _receipt(
     claims = receipt_claims(
         issuer=trust.audience,
         now=int(time.time()),
-        reference=op.approval_ref.removeprefix("ap2:").split(";", 1)[0],
+        reference=(
+            reference
+            if isinstance(reference, str)
+            else op.approval_ref.removeprefix("ap2:").split(";", 1)[0]
+        ),
         operation=op.to_public(),
     )
     settled = op.status in (Status.CONFIRMED, Status.FAILED)
-    body = {"settled": settled, "receipt": sign_receipt(trust.receipt_key, claims)}
+    body = {
+        "settled": settled,
+        "operation": recovery_view(gw, op),
+        "receipt": sign_receipt(trust.receipt_key, claims),
+    }
     return web.json_response(body)
 
 
@@ -547,7 +611,8 @@ async def revoke_mandate(request: web.Request) -> web.Response:
 
 
 present_mandate = recorded(_present)
-read_receipt = recorded(_receipt)
+read_receipt_now = recorded(_receipt)
+receipt_presented = recorded(_receipt_presented)
 # admitted under the agent's request limits: each nonce is a row until it is pruned
 issue_nonce = recorded(_issue_nonce, rate_limited=True)
 
@@ -558,7 +623,8 @@ def add_agent_mandate_routes(app: web.Application, settings: Settings) -> None:
         app[MANDATE_TRUST] = trust
     app.router.add_post(MANDATES_PREFIX, present_mandate)
     app.router.add_post(MANDATES_PREFIX + "/nonces", issue_nonce)
-    app.router.add_get(MANDATES_PREFIX + "/{operation_id}/receipt", read_receipt)
+    app.router.add_get(MANDATES_PREFIX + "/{operation_id}/receipt", read_receipt_now)
+    app.router.add_post(MANDATES_PREFIX + "/receipts", receipt_presented)
     app.router.add_get(JWKS_PATH, jwks)
 
 

@@ -5,6 +5,7 @@ request goes through once; every refusal is a code with a signed error receipt."
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -15,7 +16,7 @@ import asyncpg
 import pytest
 import pytest_asyncio
 from joserfc import jws
-from joserfc.jwk import KeySet
+from joserfc.jwk import ECKey, KeySet
 
 from tests.support.fault_provider import FaultProvider
 from tests.support.mandate_gate import (
@@ -105,8 +106,58 @@ async def test_a_closed_mandate_becomes_one_operation_sent_once(
     final = json.loads(raw)
     assert (status, final["settled"]) == (200, True)
     claims = await receipt_claims(gate, final["receipt"])
-    assert claims["status"] == "confirmed"
-    assert claims["payment_id"] == fault_provider.effects[0].id
+    # AP2's Payment Receipt claims (payment_receipt.json), and opgate's operation state beside
+    assert (claims["status"], claims["operation_status"]) == ("Success", "confirmed")
+    assert claims["payment_id"] == claims["psp_confirmation_id"] == fault_provider.effects[0].id
+
+
+async def present_receipt(
+    gate: Opgate, receipt: str, token: str = AGENT_TOKEN
+) -> tuple[int, dict[str, Any]]:
+    async with gate.http.post(
+        f"{gate.agent_url}/_opgate/v1/mandates/receipts",
+        json={"receipt": receipt},
+        headers={"Authorization": f"Bearer {token}"},
+    ) as response:
+        return response.status, json.loads(await response.read())
+
+
+async def test_a_replacement_agent_presents_the_receipt_to_learn_the_operation_ended(
+    gate: Opgate, fault_provider: FaultProvider
+) -> None:
+    """Another agent of the tenant presents the first receipt opgate signed: opgate checks its
+    own signature and answers the operation as it stands (settled, the provider's object) and
+    a fresh receipt; a receipt signed by another key, altered, or of another tenant's agent is
+    refused."""
+    status, answer = await present(gate, gate.http, closed_mandate(PERSON))
+    assert status == 201, answer
+    first = answer["receipt"]
+    assert await send_exactly(gate, gate.http, answer["operation"]["request"]) == 200
+
+    status, known = await present_receipt(gate, first, token=SECOND_AGENT_TOKEN)
+    assert status == 200, known
+    op = known["operation"]["operation"]
+    assert (known["settled"], op["status"]) == (True, "confirmed")
+    assert op["operation_id"] == answer["operation"]["operation"]["operation_id"]
+    claims = await receipt_claims(gate, known["receipt"])
+    assert (claims["status"], claims["payment_id"]) == ("Success", fault_provider.effects[0].id)
+    # AP2's reference of the presentation the operation was made from, as first signed
+    assert claims["reference"] == (await receipt_claims(gate, first))["reference"]
+
+    header, payload, signature = first.split(".")
+    other_key = ECKey.generate_key("P-256")
+    forged = jws.serialize_compact(
+        json.loads(base64.urlsafe_b64decode(header + "==")),
+        base64.urlsafe_b64decode(payload + "=="),
+        other_key,
+    )
+    flipped = payload[:-2] + ("AA" if payload[-2:] != "AA" else "BB")
+    altered = ".".join((header, flipped, signature))
+    for receipt in (forged, altered, "not-a-jws"):
+        status, refused = await present_receipt(gate, receipt)
+        assert (status, refused["code"]) == (403, "mandate_receipt_invalid"), refused
+    status, refused = await present_receipt(gate, first, token=OTHER_TENANT_TOKEN)
+    assert (status, refused["code"]) == (404, "operation_unknown"), refused
 
 
 async def test_a_request_one_unit_off_the_mandate_is_refused(
