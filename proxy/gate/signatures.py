@@ -35,6 +35,7 @@ class AgentKey:
 
     key_id: str  # RFC 7638 thumbprint of the public key
     private: Ed25519PrivateKey
+    public_jwk: dict[str, Any]  # what the key directory publishes (key_directory.py)
 
     @classmethod
     def from_jwk(cls, jwk: dict[str, Any]) -> AgentKey:
@@ -43,7 +44,8 @@ class AgentKey:
             raise ValueError("an agent signing key is a private Ed25519 JWK (OKP)")
         private = key.private_key
         assert isinstance(private, Ed25519PrivateKey)
-        return cls(str(key.thumbprint()), private)
+        public = {n: v for n, v in key.as_dict(private=False).items() if n in ("kty", "crv", "x")}
+        return cls(str(key.thumbprint()), private, public)
 
 
 @dataclass
