@@ -27,6 +27,7 @@ from proxy.policy.model import AgentSignature
 
 COVERED = ("@authority", "@path", "content-digest")
 LABEL = "sig1"
+SIGNATURE_AGENT = "Signature-Agent"
 
 
 @dataclass(frozen=True)
@@ -65,11 +66,19 @@ def signed_headers(
     key: AgentKey,
     policy: AgentSignature,
     now: datetime,
+    signature_agent: str | None = None,
 ) -> CIMultiDict[str]:
-    """``headers`` with ``Content-Digest``, ``Signature-Input`` and ``Signature`` set."""
+    """``headers`` with ``Content-Digest``, ``Signature-Input`` and ``Signature`` set, and
+    Web Bot Auth's ``Signature-Agent`` (the origin of opgate's key directory) when given: a
+    Structured Fields dictionary whose member keyed by the signature's label is covered
+    (``"signature-agent";key="sig1"``), as the Web Bot Auth protocol draft requires."""
     message = _Message(method, url, CIMultiDict(headers))
-    for name in ("Content-Digest", "Signature-Input", "Signature"):
+    for name in ("Content-Digest", "Signature-Input", "Signature", SIGNATURE_AGENT):
         message.headers.popall(name, None)  # the agent's own never leave: opgate signs
+    covered: tuple[str, ...] = COVERED
+    if signature_agent is not None:
+        message.headers[SIGNATURE_AGENT] = f'{LABEL}="{signature_agent}"'
+        covered = (*COVERED, f'"signature-agent";key="{LABEL}"')
     signer = HTTPMessageSigner(
         signature_algorithm=algorithms.ED25519,
         key_resolver=MappingKeyResolver(public_keys={}, private_keys={key.key_id: key.private}),
@@ -82,7 +91,7 @@ def signed_headers(
         nonce=secrets.token_urlsafe(32),
         label=LABEL,
         tag=policy.tag,
-        covered_component_ids=COVERED,
+        covered_component_ids=covered,
         body=body,
     )
     return message.headers

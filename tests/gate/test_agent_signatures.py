@@ -119,3 +119,36 @@ async def test_the_provider_resolves_the_agents_key_from_opgates_key_directory(
     status, _, body = await gate.send("/fault/v1/charges/ch_1", method="GET", data=None)
     assert status == 200, body
     assert (len(provider.verified), provider.refused) == (1, [])
+
+
+async def test_a_signature_agent_names_opgates_directory_and_is_signed(
+    start_opgate: StartOpgate,
+    provider: SigningProvider,
+    tmp_path: Path,
+    database_url: str,
+    policy_dir: Path,
+) -> None:
+    """With ``signature_agent`` set, each signed request carries Web Bot Auth's
+    ``Signature-Agent: sig1="<origin>"`` (the agent's own never leaves), covered by the
+    signature as ``"signature-agent";key="sig1"``; the provider's verifier accepts it."""
+    (policy_dir / "fault.yaml").write_text(signing_policy())
+    key_file = tmp_path / "agent-a.jwk.json"
+    key_file.write_text(json.dumps(AGENT_KEY.as_dict(private=True)))
+    agents = [a.model_dump() for a in make_settings(database_url, policy_dir).agents]
+    agents[0]["signing_key_file"] = key_file
+    async with start_opgate(
+        upstream_overrides={"fault": provider.url},
+        agents=agents,
+        signature_agent="https://opgate.example",
+    ) as gate:
+        status, _, body = await gate.send(
+            "/fault/v1/charges/ch_1",
+            method="GET",
+            data=None,
+            headers={"Signature-Agent": 'sig1="https://agent.example"'},
+        )
+    assert status == 200, body
+    assert provider.refused == []
+    [signed] = provider.verified
+    assert signed["components"][3] == '"signature-agent";key="sig1"'
+    assert provider.signature_agents == ['sig1="https://opgate.example"']

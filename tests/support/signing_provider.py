@@ -83,6 +83,8 @@ class SigningProvider:
     keys: dict[str, Ed25519PublicKey]
     verified: list[dict[str, Any]] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
+    # the Signature-Agent header of each verified request, as received (Web Bot Auth)
+    signature_agents: list[str] = field(default_factory=list)
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.read()
@@ -98,6 +100,7 @@ class SigningProvider:
         except (HTTPMessageSignaturesException, ValueError) as exc:
             self.refused.append(f"{type(exc).__name__}: {exc}")
             return web.json_response({"error": "unsigned"}, status=401)
+        self.signature_agents += request.headers.getall("Signature-Agent", [])
         self.verified.append(
             {
                 "parameters": dict(result.parameters),
