@@ -578,6 +578,43 @@ async def test_a_refused_checkout_mandate_is_kept_with_the_refusal(
         await conn.close()
 
 
+async def test_a_refused_presentation_is_kept_as_the_redaction_settings_say(
+    start_opgate: StartOpgate,
+    policy_dir: Path,
+    fault_provider: FaultProvider,
+    tmp_path: Path,
+    database_url: str,
+) -> None:
+    """With ``presentation`` among ``audit_redact_fields``, a refused mandate's record keeps
+    its digest and issuer's JWKS and redacts the presentation, as every record is redacted."""
+    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False))
+    expired = closed_mandate(PERSON, exp=1)
+    async with start_opgate(
+        upstream_overrides={"fault": fault_provider.url},
+        audit_redact_fields=["presentation"],
+        **mandate_settings(tmp_path),
+    ) as running:
+        status, refused = await present(running, running.http, expired)
+    assert (status, refused["code"]) == (403, "mandate_expired"), refused
+    conn = await asyncpg.connect(database_url)
+    try:
+
+        async def kept() -> dict[str, Any] | None:
+            row = await conn.fetchval(
+                "SELECT record FROM audit_log WHERE record::jsonb->>'reason' = 'mandate_expired'"
+            )
+            return None if row is None else json.loads(row)
+
+        await _eventually(lambda: _some(kept()))
+        record = await kept()
+        assert record is not None
+        mandate = record["mandate"]
+        assert mandate["digest"] == digest(expired.split("~")[0])
+        assert (mandate["presentation"], mandate["issuer_jwks"]) == ("[REDACTED]", PERSON.jwks)
+    finally:
+        await conn.close()
+
+
 async def _some(value: Awaitable[object]) -> bool:
     return await value is not None
 
