@@ -40,6 +40,7 @@ from proxy.gate.framing import (
 )
 from proxy.gate.identity import AgentDirectory
 from proxy.gate.intake import expect_continue
+from proxy.gate.key_directory import DIRECTORY_PATH, serve_directory
 from proxy.gate.pipeline import handle_agent_request
 from proxy.gate.signatures import AgentKey
 from proxy.gate.upstream import new_client_session
@@ -124,6 +125,8 @@ def agent_app(gateway: Gateway) -> web.Application:
     # /_opgate/v1/mandates: a person's signed mandate approves; /.well-known/jwks.json
     add_agent_mandate_routes(app, gateway.settings)
     add_mcp_route(app)  # /_opgate/mcp: the same operations as MCP tools
+    # Web Bot Auth's key directory: the public keys opgate signs as the agents with
+    app.router.add_get(DIRECTORY_PATH, serve_directory)
     # Every other method and path reaches the pipeline; routing is the policy's job, deny by
     # default.
     app.router.add_route("*", "/{tail:.*}", handle_agent_request, expect_handler=expect_continue)

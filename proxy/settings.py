@@ -244,6 +244,14 @@ class Settings(BaseSettings):
         "required with mandate_issuers (`--dev` makes none; docs/how-to/pay-with-a-mandate.md "
         "shows how to make one).",
     )
+    signature_agent: Annotated[str, Field(pattern=r"^https://[^/?#\s\"]+$")] | None = Field(
+        None,
+        description="The https origin (no path) at which providers reach opgate's Web Bot Auth "
+        "key directory (`/.well-known/http-message-signatures-directory` on the agent listener, "
+        'behind the operator\'s TLS): sent as `Signature-Agent: sig1="<origin>"` on every '
+        "request signed as an agent (policy `agent_signature`) and covered by the signature. "
+        "Unset: no `Signature-Agent`; providers learn where the keys are out of band.",
+    )
     secrets_dir: Path | None = Field(
         None,
         description="Provider credentials: `OPGATE_SECRET_<NAME>` or `<secrets_dir>/<name>`, "

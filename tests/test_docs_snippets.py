@@ -253,7 +253,9 @@ async def test_pay_with_a_mandate(
         code = compile(person_and_agent, str(MANDATE_PAGE), "exec")
         # blocking HTTP (urllib, the SDK) against the opgate this loop runs: in a thread
         await asyncio.to_thread(exec, code, defined)
-    assert defined["claims"]["status"] == "confirmed"
+    assert defined["claims"]["status"] == "Success"
+    assert defined["ended"]["settled"] is True
+    assert defined["ended"]["operation"]["operation"]["status"] == "confirmed"
     assert defined["claims"]["payment_id"] == defined["intent"].id
     assert defined["intent"].metadata["operation_id"] == defined["op"]["operation_id"]
     assert defined["op"]["approval"]["approved_by"] == "surface:alice@example.com"

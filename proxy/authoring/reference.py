@@ -160,6 +160,11 @@ MEANINGS: dict[Reason, str] = {
         "A key binding's `nonce` already answered another mandate's presentation (a replay). "
         "AP2 error `invalid_credential`."
     ),
+    Reason.MANDATE_RECEIPT_INVALID: (
+        "`POST /_opgate/v1/mandates/receipts` with a receipt that does not verify under "
+        "opgate's own receipt key (`kid`, ES256, `iss` = `mandate_audience`), or an error "
+        "receipt naming no operation."
+    ),
     Reason.PROPOSAL_UNKNOWN: (
         "No such proposal, or one of another tenant or agent (the same answer; on record "
         "`operation_scope_mismatch`)."

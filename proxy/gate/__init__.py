@@ -20,6 +20,7 @@ resend.py         before a re-send of an unknown outcome, ask the provider
 lookup.py         the rule's declared lookups: does the operation's effect exist?
 credentials.py    the provider credential a policy injects
 signatures.py     RFC 9421 signatures on what leaves, as the agent (policy agent_signature)
+key_directory.py  the agents' public signing keys as a Web Bot Auth key directory, signed
 oauth2.py         OAuth 2.0 client-credentials tokens for providers that want them
 token_exchange.py an SDK's own OAuth token request, answered with the agent's opgate token
 upstream.py       the one outbound exchange, translated into opgate's errors

@@ -525,7 +525,14 @@ def _prepare(
             return Deny(Reason.AGENT_SIGNING_KEY_MISSING, f"no key for {target.agent.agent_id}")
         now = datetime.now(UTC)
         headers = signed_headers(
-            target.rule.method, url, headers, raw, key, provider.agent_signature, now
+            target.rule.method,
+            url,
+            headers,
+            raw,
+            key,
+            provider.agent_signature,
+            now,
+            gw.settings.signature_agent,
         )
     return OutboundRequest(
         method=target.rule.method,

@@ -66,6 +66,7 @@ class Reason(StrEnum):
     MANDATE_REVOKED = "mandate_revoked"
     MANDATE_NONCE_UNKNOWN = "mandate_nonce_unknown"
     MANDATE_NONCE_USED = "mandate_nonce_used"
+    MANDATE_RECEIPT_INVALID = "mandate_receipt_invalid"
     AGENT_SIGNING_KEY_MISSING = "agent_signing_key_missing"
     # the provider's state, asked before the send (the rule's preconditions)
     PRECONDITION_FAILED = "precondition_failed"
@@ -368,6 +369,12 @@ REASONS: dict[Reason, ReasonInfo] = {
         "The key binding's nonce already answered another presentation",
         "Nothing was created. A nonce answers one presentation: ask for a new one and bind the "
         "mandate to it.",
+    ),
+    Reason.MANDATE_RECEIPT_INVALID: ReasonInfo(
+        403,
+        "This is not a receipt opgate signed for an operation",
+        "Nothing was read. Present a receipt exactly as opgate answered it (a success receipt "
+        "naming an operation); a receipt signed by any other key, or altered, proves nothing.",
     ),
     Reason.PRECONDITION_FAILED: ReasonInfo(
         409,

@@ -27,6 +27,7 @@ from proxy.policy.model import AgentSignature
 
 COVERED = ("@authority", "@path", "content-digest")
 LABEL = "sig1"
+SIGNATURE_AGENT = "Signature-Agent"
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class AgentKey:
 
     key_id: str  # RFC 7638 thumbprint of the public key
     private: Ed25519PrivateKey
+    public_jwk: dict[str, Any]  # what the key directory publishes (key_directory.py)
 
     @classmethod
     def from_jwk(cls, jwk: dict[str, Any]) -> AgentKey:
@@ -43,7 +45,8 @@ class AgentKey:
             raise ValueError("an agent signing key is a private Ed25519 JWK (OKP)")
         private = key.private_key
         assert isinstance(private, Ed25519PrivateKey)
-        return cls(str(key.thumbprint()), private)
+        public = {n: v for n, v in key.as_dict(private=False).items() if n in ("kty", "crv", "x")}
+        return cls(str(key.thumbprint()), private, public)
 
 
 @dataclass
@@ -63,11 +66,19 @@ def signed_headers(
     key: AgentKey,
     policy: AgentSignature,
     now: datetime,
+    signature_agent: str | None = None,
 ) -> CIMultiDict[str]:
-    """``headers`` with ``Content-Digest``, ``Signature-Input`` and ``Signature`` set."""
+    """``headers`` with ``Content-Digest``, ``Signature-Input`` and ``Signature`` set, and
+    Web Bot Auth's ``Signature-Agent`` (the origin of opgate's key directory) when given: a
+    Structured Fields dictionary whose member keyed by the signature's label is covered
+    (``"signature-agent";key="sig1"``), as the Web Bot Auth protocol draft requires."""
     message = _Message(method, url, CIMultiDict(headers))
-    for name in ("Content-Digest", "Signature-Input", "Signature"):
+    for name in ("Content-Digest", "Signature-Input", "Signature", SIGNATURE_AGENT):
         message.headers.popall(name, None)  # the agent's own never leave: opgate signs
+    covered: tuple[str, ...] = COVERED
+    if signature_agent is not None:
+        message.headers[SIGNATURE_AGENT] = f'{LABEL}="{signature_agent}"'
+        covered = (*COVERED, f'"signature-agent";key="{LABEL}"')
     signer = HTTPMessageSigner(
         signature_algorithm=algorithms.ED25519,
         key_resolver=MappingKeyResolver(public_keys={}, private_keys={key.key_id: key.private}),
@@ -80,7 +91,7 @@ def signed_headers(
         nonce=secrets.token_urlsafe(32),
         label=LABEL,
         tag=policy.tag,
-        covered_component_ids=COVERED,
+        covered_component_ids=covered,
         body=body,
     )
     return message.headers

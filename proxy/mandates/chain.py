@@ -75,20 +75,57 @@ class Expectation:
     max_key_binding_age_seconds: int = 300
 
 
-def verify_presentation(
-    presentation: str, trusted: Mapping[str, TrustedKey], expect: Expectation
-) -> VerifiedMandate:
-    """The verified mandate, or ``SdJwtInvalid`` (``IssuerUnknown``, ``SdJwtExpired``) naming
-    the failed step. ``trusted`` maps a ``kid`` to the key of an issuer settings name."""
+@dataclass(frozen=True, slots=True)
+class PresentedParts:
+    """What a presentation names before anything of it is verified: enough to keep a refused
+    one with its identity (the digests are the issuer-signed JWTs', as ``VerifiedMandate``'s),
+    never enough to trust it."""
+
+    root_jwt: str
+    closed_jwt: str
+    reference: str  # AP2's receipt reference, as ``VerifiedMandate.reference``
+    kid: str | None  # the key the root names in its header, if it names one
+
+
+def presented_parts(presentation: str) -> PresentedParts | None:
+    """The parts of a presentation that splits as one (None: it does not, or is too large)."""
+    try:
+        root_token, hop = _tokens(presentation)
+    except SdJwtInvalid:
+        return None
+    try:
+        kid = unverified_header(root_token.issuer_jwt).get("kid")
+    except SdJwtInvalid:
+        kid = None  # still the same bytes, kept under their digest
+    final = root_token if hop is None else hop
+    return PresentedParts(
+        root_jwt=root_token.issuer_jwt,
+        closed_jwt=final.issuer_jwt,
+        reference=b64url_digest(final.without_key_binding),
+        kid=kid if isinstance(kid, str) else None,
+    )
+
+
+def _tokens(presentation: str) -> tuple[SdJwt, SdJwt | None]:
+    """The person's token and, in a chain, the agent's closed one under it (split, unverified)."""
     if len(presentation) > MAX_PRESENTATION or not presentation.isascii():
         raise SdJwtInvalid("the presentation is too large or not ASCII")
     segments = presentation.split(CHAIN_SEPARATOR)
     if len(segments) > 2:
         raise SdJwtInvalid("delegation past one agent is not accepted (AP2 v0.2 defines none)")
     root_token = split(segments[0] + ("~" if len(segments) == 2 else ""))
-    issuer, root, nonce = _verify_root(root_token, trusted, expect, last=len(segments) == 1)
+    return root_token, (split(segments[1]) if len(segments) == 2 else None)
+
+
+def verify_presentation(
+    presentation: str, trusted: Mapping[str, TrustedKey], expect: Expectation
+) -> VerifiedMandate:
+    """The verified mandate, or ``SdJwtInvalid`` (``IssuerUnknown``, ``SdJwtExpired``) naming
+    the failed step. ``trusted`` maps a ``kid`` to the key of an issuer settings name."""
+    root_token, hop = _tokens(presentation)
+    issuer, root, nonce = _verify_root(root_token, trusted, expect, last=hop is None)
     root_reference = b64url_digest(root_token.without_key_binding)
-    if len(segments) == 1:
+    if hop is None:
         return VerifiedMandate(
             issuer=issuer,
             root=root,
@@ -99,7 +136,6 @@ def verify_presentation(
             nonce=nonce,
             root_reference=root_reference,
         )
-    hop = split(segments[1])
     if hop.key_binding_jwt is not None:
         raise SdJwtInvalid("the agent's closed mandate carries a separate key binding JWT")
     agent_key = confirmation_key(root)

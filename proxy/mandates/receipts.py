@@ -1,11 +1,18 @@
 """opgate's signed answers to a mandate (AP2's Mandate Receipt and Payment Receipt): an ES256 JWS
 under opgate's own key, whose public half opgate publishes as a JWKS. Pure: the key is given.
 
-Claims (AP2 ``agent_authorization.md``, "Action Authorization", and ``payment_mandate.md``):
-``iss`` (opgate as the verifier), ``iat``, ``result`` (``success`` | ``error``), ``reference``
-(the received mandate hashed as ``sd_hash`` is), ``error`` and ``error_description`` for an
-error; opgate adds ``operation_id``, ``status`` (the operation's) and ``payment_id`` (the
-provider's object id) once the provider answered.
+Claims. AP2's Mandate Receipt (``agent_authorization.md``, "Action Authorization"): ``iss``
+(opgate as the verifier), ``iat``, ``result`` (``success`` | ``error``), ``reference`` (the
+received mandate hashed as ``sd_hash`` is), ``error`` and ``error_description`` for an error.
+opgate's own: ``opgate_code`` (an error's code), ``operation_id`` and ``operation_status``.
+Once the operation settled, AP2's Payment Receipt (``payment_receipt.json``): ``status``
+(``Success``: confirmed; ``Error``: failed), ``payment_id`` (the provider's object id, else the
+operation id), ``psp_confirmation_id`` (the provider's object id, on ``Success``), and on
+``Error`` ``error`` and ``error_description``. AP2's ``network_confirmation_id`` is not given:
+the provider's answer does not tell opgate the network's confirmation.
+
+A receipt is also presented back (``read_receipt``): by a replacement agent, to learn where the
+operation it names stands; only opgate's own signature under its own key is accepted.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import json
 from typing import Any
 
 from joserfc import jws
+from joserfc.errors import JoseError
 from joserfc.jwk import ECKey
 
 # opgate's refusal codes as AP2's four errors
@@ -67,8 +75,49 @@ def receipt_claims(
     claims["result"] = "success"
     if operation is not None:
         claims["operation_id"] = operation["operation_id"]
-        claims["status"] = operation["status"]
-        answer = operation.get("provider_response") or {}
-        if answer.get("object_id"):
-            claims["payment_id"] = answer["object_id"]
+        claims["operation_status"] = operation["status"]
+        claims.update(payment_receipt(operation))
+    return claims
+
+
+# the operation statuses that settle a payment, as AP2's Payment Receipt status
+_SETTLED = {"confirmed": "Success", "failed": "Error"}
+
+
+def payment_receipt(operation: dict[str, Any]) -> dict[str, Any]:
+    """AP2's Payment Receipt claims of a settled operation (none before it settles)."""
+    status = _SETTLED.get(operation["status"])
+    if status is None:
+        return {}
+    answer = operation.get("provider_response") or {}
+    object_id = answer.get("object_id") or None
+    payment_id = object_id or operation["operation_id"]
+    claims: dict[str, Any] = {"status": status, "payment_id": payment_id}
+    if status == "Success":
+        if object_id:
+            claims["psp_confirmation_id"] = object_id
+    else:
+        claims["error"] = "payment_failed"
+        claims["error_description"] = "the operation failed: the provider made no payment"
+    return claims
+
+
+class ReceiptInvalid(ValueError):
+    """Not a receipt opgate signed under its key (or not one naming an operation)."""
+
+
+def read_receipt(key: ECKey, issuer: str, receipt: str) -> dict[str, Any]:
+    """The claims of a receipt opgate signed with ``key`` as ``issuer``; else ReceiptInvalid.
+    Only ES256 and opgate's own ``kid``: a receipt is trusted for what opgate itself said."""
+    try:
+        verified = jws.deserialize_compact(receipt, key, algorithms=["ES256"])
+        claims = json.loads(verified.payload)
+    except (JoseError, ValueError, TypeError) as exc:
+        raise ReceiptInvalid("not a receipt signed with opgate's key") from exc
+    if verified.protected.get("kid") != key_id(key) or not isinstance(claims, dict):
+        raise ReceiptInvalid("not a receipt signed with opgate's key")
+    if claims.get("iss") != issuer:
+        raise ReceiptInvalid("a receipt of another verifier")
+    if claims.get("result") != "success" or not isinstance(claims.get("operation_id"), str):
+        raise ReceiptInvalid("the receipt names no operation (an error receipt)")
     return claims

@@ -4,7 +4,9 @@ binding (AP2's verifier challenge; single use, a few minutes, this agent only);
 ``POST /_opgate/v1/mandates`` presents an AP2 Payment Mandate as the approval of one
 operation and answers the operation with a signed receipt; ``GET
 /_opgate/v1/mandates/{operation_id}/receipt`` answers the receipt of where it stands;
-``GET /.well-known/jwks.json`` publishes the receipts' key. On the operations listener
+``POST /_opgate/v1/mandates/receipts`` takes a receipt opgate signed (from a replacement agent)
+and answers where its operation stands; ``GET /.well-known/jwks.json`` publishes the
+receipts' key. On the operations listener
 (admin): ``POST /v1/mandates/{digest}/revoke``.
 
 Why a separate call before the provider request, rather than a header on it: AP2 has the
@@ -49,10 +51,17 @@ from proxy.mandates.chain import (
     IssuerUnknown,
     TrustedKey,
     VerifiedMandate,
+    presented_parts,
     verify_presentation,
 )
 from proxy.mandates.checkout import checkout_of
-from proxy.mandates.receipts import public_jwks, receipt_claims, sign_receipt
+from proxy.mandates.receipts import (
+    ReceiptInvalid,
+    public_jwks,
+    read_receipt,
+    receipt_claims,
+    sign_receipt,
+)
 from proxy.mandates.sdjwt import SdJwtExpired, SdJwtInvalid, b64url_digest
 from proxy.observe.audit import AuditRecord, Decision
 from proxy.operations.agent_body import read_agent_body
@@ -116,6 +125,8 @@ class MandateTrust:
 
 
 MANDATE_TRUST = web.AppKey("opgate_mandate_trust", MandateTrust)
+# the fields kept_presentation records (null when the payment mandate did not split)
+_KEPT_FIELDS = ("digest", "open_digest", "reference", "issuer", "presentation", "issuer_jwks")
 
 
 def load_mandate_trust(settings: Settings) -> MandateTrust | None:
@@ -161,6 +172,29 @@ def mandate_digest(issuer_signed_jwt: str) -> str:
     """A mandate's identity: base64url SHA-256 of its issuer-signed JWT, the same whichever of
     its disclosures a presentation reveals."""
     return b64url_digest(issuer_signed_jwt)
+
+
+def kept_presentation(
+    text: str, keys: dict[str, TrustedKey], issuers: dict[str, Issuer]
+) -> dict[str, Any] | None:
+    """What the audit record keeps of one presentation, accepted or refused: its digests, AP2's
+    reference, the presentation as received, and the issuer its ``kid`` names with that issuer's
+    JWKS as then configured (null for a kid no issuer of the tenant holds). Read before anything
+    is verified, so that a refusal keeps it too; None if the text does not split as one."""
+    parts = presented_parts(text)
+    if parts is None:
+        return None
+    trusted = None if parts.kid is None else keys.get(parts.kid)
+    issuer = None if trusted is None else issuers[trusted.issuer]
+    chained = parts.closed_jwt != parts.root_jwt
+    return {
+        "digest": mandate_digest(parts.closed_jwt),
+        "open_digest": mandate_digest(parts.root_jwt) if chained else None,
+        "reference": parts.reference,
+        "issuer": None if issuer is None else issuer.name,
+        "presentation": text,
+        "issuer_jwks": None if issuer is None else issuer.jwks,
+    }
 
 
 def _operation_id(digest: str) -> str:
@@ -253,35 +287,27 @@ async def _present(
         errors = validation_errors(exc) if isinstance(exc, ValidationError) else [str(exc)]
         return _refuse(record, trust, Reason.MANDATE_INVALID, "not a presentation", errors=errors)
     keys, issuers = trust.for_tenant(agent.tenant)
+    # kept before anything is verified: a refusal is answered for with its evidence too
+    kept = kept_presentation(presentation.mandate, keys, issuers)
+    kept_checkout = None
+    if presentation.checkout_mandate is not None:
+        kept_checkout = kept_presentation(presentation.checkout_mandate, keys, issuers)
+    if kept is not None or kept_checkout is not None:
+        record.mandate = {**(kept or dict.fromkeys(_KEPT_FIELDS)), "checkout": kept_checkout}
+    reference = None if kept is None else kept["reference"]
     now = int(time.time())
     expect = Expectation(trust.audience, now)
     verified = _verified(presentation.mandate, keys, expect)
     if isinstance(verified, Refused):
-        return _refuse(record, trust, verified.reason, verified.detail)
+        return _refuse(record, trust, verified.reason, verified.detail, reference)
     issuer = issuers[verified.issuer]
     digest = mandate_digest(verified.closed_jwt)
     open_digest = None if verified.closed is None else mandate_digest(verified.root_jwt)
-    record.mandate = {
-        "digest": digest,
-        "open_digest": open_digest,
-        "reference": verified.reference,
-        "issuer": issuer.name,
-        "presentation": presentation.mandate,
-        "issuer_jwks": issuer.jwks,
-        "checkout": None,
-    }
     checkout = _checkout(presentation.checkout_mandate, keys, expect, verified)
     if isinstance(checkout, Refused):
         return _refuse(
             record, trust, checkout.reason, checkout.detail, verified.reference, **checkout.named
         )
-    if checkout is not None:
-        record.mandate["checkout"] = {
-            "digest": mandate_digest(checkout.verified.closed_jwt),
-            "reference": checkout.verified.reference,
-            "issuer": issuers[checkout.verified.issuer].name,
-            "presentation": presentation.checkout_mandate,
-        }
     terms = terms_of(
         verified, datetime.now(UTC).date(), None if checkout is None else checkout.binding
     )
@@ -473,6 +499,54 @@ async def _receipt(
     if trust is None:
         return _refuse(record, None, Reason.MANDATES_NOT_SUPPORTED, "no mandate issuer is set")
     operation_id = path_operation_id(request, "operation_id")
+    return await _where_it_stands(gw, trust, agent, record, operation_id)
+
+
+class PresentedReceipt(BaseModel):
+    """The body of ``POST /_opgate/v1/mandates/receipts``: a receipt opgate signed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    receipt: Annotated[str, Field(min_length=1, max_length=16 * 1024)]
+
+
+async def _receipt_presented(
+    gw: Gateway, request: web.Request, agent: Agent, record: AuditRecord
+) -> web.Response:
+    """A receipt opgate signed, presented back (the issue: "what a replacement agent presents
+    to prove the operation ended"): opgate's own signature checked, the operation it names
+    answered as it stands now, with a fresh receipt. The agent need not be the one that
+    presented the mandate (it is replaced); the tenant must be the operation's."""
+    record.rule = MANDATE_RULE
+    trust = request.app.get(MANDATE_TRUST)
+    if trust is None:
+        return _refuse(record, None, Reason.MANDATES_NOT_SUPPORTED, "no mandate issuer is set")
+    raw = await read_agent_body(gw, request)
+    if isinstance(raw, tuple):
+        return _refuse(record, None, *raw)
+    try:
+        presented = PresentedReceipt.model_validate(parse_json_object(raw))
+        claims = read_receipt(trust.receipt_key, trust.audience, presented.receipt)
+    except (BodyRejected, ValidationError, ReceiptInvalid) as exc:
+        detail = str(exc) if isinstance(exc, ReceiptInvalid) else "not a receipt presentation"
+        return _refuse(record, None, Reason.MANDATE_RECEIPT_INVALID, detail)
+    # the reference opgate signed then: AP2's, of the presentation the operation was made from
+    reference = claims.get("reference")
+    return await _where_it_stands(
+        gw, trust, agent, record, claims["operation_id"], reference=reference
+    )
+
+
+async def _where_it_stands(
+    gw: Gateway,
+    trust: MandateTrust,
+    agent: Agent,
+    record: AuditRecord,
+    operation_id: str | None,
+    *,
+    reference: object = None,
+) -> web.Response:
+    """The operation a mandate approved, as it stands, with its current receipt (``reference``
+    as given, else the mandate digest the operation's approval names)."""
     op = None if operation_id is None else await gw.store.load(operation_id)
     if op is None or op.tenant != agent.tenant or not op.approval_ref.startswith("ap2:"):
         # the same answer for "absent", "not yours" and "not a mandate's"
@@ -482,11 +556,19 @@ async def _receipt(
     claims = receipt_claims(
         issuer=trust.audience,
         now=int(time.time()),
-        reference=op.approval_ref.removeprefix("ap2:").split(";", 1)[0],
+        reference=(
+            reference
+            if isinstance(reference, str)
+            else op.approval_ref.removeprefix("ap2:").split(";", 1)[0]
+        ),
         operation=op.to_public(),
     )
     settled = op.status in (Status.CONFIRMED, Status.FAILED)
-    body = {"settled": settled, "receipt": sign_receipt(trust.receipt_key, claims)}
+    body = {
+        "settled": settled,
+        "operation": recovery_view(gw, op),
+        "receipt": sign_receipt(trust.receipt_key, claims),
+    }
     return web.json_response(body)
 
 
@@ -529,7 +611,8 @@ async def revoke_mandate(request: web.Request) -> web.Response:
 
 
 present_mandate = recorded(_present)
-read_receipt = recorded(_receipt)
+read_receipt_now = recorded(_receipt)
+receipt_presented = recorded(_receipt_presented)
 # admitted under the agent's request limits: each nonce is a row until it is pruned
 issue_nonce = recorded(_issue_nonce, rate_limited=True)
 
@@ -540,7 +623,8 @@ def add_agent_mandate_routes(app: web.Application, settings: Settings) -> None:
         app[MANDATE_TRUST] = trust
     app.router.add_post(MANDATES_PREFIX, present_mandate)
     app.router.add_post(MANDATES_PREFIX + "/nonces", issue_nonce)
-    app.router.add_get(MANDATES_PREFIX + "/{operation_id}/receipt", read_receipt)
+    app.router.add_get(MANDATES_PREFIX + "/{operation_id}/receipt", read_receipt_now)
+    app.router.add_post(MANDATES_PREFIX + "/receipts", receipt_presented)
     app.router.add_get(JWKS_PATH, jwks)
 
 

@@ -19,7 +19,11 @@ from tests.support.opgate import (
     fault_policy,
     make_settings,
 )
-from tests.support.signing_provider import SigningProvider, running_signing_provider
+from tests.support.signing_provider import (
+    SigningProvider,
+    resolve_directory,
+    running_signing_provider,
+)
 
 TAG = "agent-payer-auth"
 AGENT_KEY = OKPKey.generate_key("Ed25519")
@@ -101,3 +105,50 @@ async def test_an_agent_without_a_key_is_refused_before_anything_leaves(
     )
     assert (status, json.loads(body)["code"]) == (403, "agent_signing_key_missing")
     assert (provider.verified, provider.refused) == ([], [])
+
+
+async def test_the_provider_resolves_the_agents_key_from_opgates_key_directory(
+    gate: Opgate, provider: SigningProvider
+) -> None:
+    """Web Bot Auth's key directory on the agent listener lists the agent's public key (its
+    thumbprint as kid) with a response signature by that key; a provider that knew no key
+    before takes it from there and verifies what opgate signs as the agent."""
+    provider.keys.clear()
+    provider.keys.update(await resolve_directory(gate.http, gate.agent_url))
+    assert list(provider.keys) == [KEY_ID]
+    status, _, body = await gate.send("/fault/v1/charges/ch_1", method="GET", data=None)
+    assert status == 200, body
+    assert (len(provider.verified), provider.refused) == (1, [])
+
+
+async def test_a_signature_agent_names_opgates_directory_and_is_signed(
+    start_opgate: StartOpgate,
+    provider: SigningProvider,
+    tmp_path: Path,
+    database_url: str,
+    policy_dir: Path,
+) -> None:
+    """With ``signature_agent`` set, each signed request carries Web Bot Auth's
+    ``Signature-Agent: sig1="<origin>"`` (the agent's own never leaves), covered by the
+    signature as ``"signature-agent";key="sig1"``; the provider's verifier accepts it."""
+    (policy_dir / "fault.yaml").write_text(signing_policy())
+    key_file = tmp_path / "agent-a.jwk.json"
+    key_file.write_text(json.dumps(AGENT_KEY.as_dict(private=True)))
+    agents = [a.model_dump() for a in make_settings(database_url, policy_dir).agents]
+    agents[0]["signing_key_file"] = key_file
+    async with start_opgate(
+        upstream_overrides={"fault": provider.url},
+        agents=agents,
+        signature_agent="https://opgate.example",
+    ) as gate:
+        status, _, body = await gate.send(
+            "/fault/v1/charges/ch_1",
+            method="GET",
+            data=None,
+            headers={"Signature-Agent": 'sig1="https://agent.example"'},
+        )
+    assert status == 200, body
+    assert provider.refused == []
+    [signed] = provider.verified
+    assert signed["components"][3] == '"signature-agent";key="sig1"'
+    assert provider.signature_agents == ['sig1="https://opgate.example"']

@@ -11,6 +11,7 @@ from proxy.mandates.chain import (
     Expectation,
     IssuerUnknown,
     TrustedKey,
+    presented_parts,
     verify_presentation,
 )
 from proxy.mandates.sdjwt import SdJwtExpired, SdJwtInvalid, b64url_digest
@@ -184,3 +185,30 @@ def test_the_nonce_the_agent_answered_is_given_back(person: Signer, agent: Signe
     bound += key_binding(agent, bound, aud=AUD, nonce="n-opgate-2")
     assert verify_presentation(bound, trusted(person), expect()).nonce == "n-opgate-2"
     assert verify_presentation(closed_mandate(person), trusted(person), expect()).nonce is None
+
+
+@pytest.mark.parametrize("scenario", ["closed", "chain"])
+def test_the_parts_of_a_presentation_are_those_it_verifies_to(
+    person: Signer, agent: Signer, scenario: str
+) -> None:
+    """Read unverified (to keep a refused presentation), its JWTs, reference and kid are the
+    verified mandate's own."""
+    if scenario == "closed":
+        text = closed_mandate(person)
+    else:
+        text = present_under(open_mandate(person, agent, []), agent, closed_payment(), aud=AUD)
+    parts = presented_parts(text)
+    verified = verify_presentation(text, trusted(person), expect())
+    assert parts is not None
+    assert (parts.root_jwt, parts.closed_jwt, parts.reference, parts.kid) == (
+        verified.root_jwt,
+        verified.closed_jwt,
+        verified.reference,
+        person.kid,
+    )
+
+
+@pytest.mark.parametrize("text", ["", "no separator", "a~~b~~c~", "é~"])
+def test_what_does_not_split_has_no_parts(text: str) -> None:
+    """A text that is not one presentation (no ``~``, two delegations, not ASCII) has none."""
+    assert presented_parts(text) is None

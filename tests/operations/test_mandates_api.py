@@ -5,6 +5,7 @@ request goes through once; every refusal is a code with a signed error receipt."
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -15,7 +16,7 @@ import asyncpg
 import pytest
 import pytest_asyncio
 from joserfc import jws
-from joserfc.jwk import KeySet
+from joserfc.jwk import ECKey, KeySet
 
 from tests.support.fault_provider import FaultProvider
 from tests.support.mandate_gate import (
@@ -105,8 +106,58 @@ async def test_a_closed_mandate_becomes_one_operation_sent_once(
     final = json.loads(raw)
     assert (status, final["settled"]) == (200, True)
     claims = await receipt_claims(gate, final["receipt"])
-    assert claims["status"] == "confirmed"
-    assert claims["payment_id"] == fault_provider.effects[0].id
+    # AP2's Payment Receipt claims (payment_receipt.json), and opgate's operation state beside
+    assert (claims["status"], claims["operation_status"]) == ("Success", "confirmed")
+    assert claims["payment_id"] == claims["psp_confirmation_id"] == fault_provider.effects[0].id
+
+
+async def present_receipt(
+    gate: Opgate, receipt: str, token: str = AGENT_TOKEN
+) -> tuple[int, dict[str, Any]]:
+    async with gate.http.post(
+        f"{gate.agent_url}/_opgate/v1/mandates/receipts",
+        json={"receipt": receipt},
+        headers={"Authorization": f"Bearer {token}"},
+    ) as response:
+        return response.status, json.loads(await response.read())
+
+
+async def test_a_replacement_agent_presents_the_receipt_to_learn_the_operation_ended(
+    gate: Opgate, fault_provider: FaultProvider
+) -> None:
+    """Another agent of the tenant presents the first receipt opgate signed: opgate checks its
+    own signature and answers the operation as it stands (settled, the provider's object) and
+    a fresh receipt; a receipt signed by another key, altered, or of another tenant's agent is
+    refused."""
+    status, answer = await present(gate, gate.http, closed_mandate(PERSON))
+    assert status == 201, answer
+    first = answer["receipt"]
+    assert await send_exactly(gate, gate.http, answer["operation"]["request"]) == 200
+
+    status, known = await present_receipt(gate, first, token=SECOND_AGENT_TOKEN)
+    assert status == 200, known
+    op = known["operation"]["operation"]
+    assert (known["settled"], op["status"]) == (True, "confirmed")
+    assert op["operation_id"] == answer["operation"]["operation"]["operation_id"]
+    claims = await receipt_claims(gate, known["receipt"])
+    assert (claims["status"], claims["payment_id"]) == ("Success", fault_provider.effects[0].id)
+    # AP2's reference of the presentation the operation was made from, as first signed
+    assert claims["reference"] == (await receipt_claims(gate, first))["reference"]
+
+    header, payload, signature = first.split(".")
+    other_key = ECKey.generate_key("P-256")
+    forged = jws.serialize_compact(
+        json.loads(base64.urlsafe_b64decode(header + "==")),
+        base64.urlsafe_b64decode(payload + "=="),
+        other_key,
+    )
+    flipped = payload[:-2] + ("AA" if payload[-2:] != "AA" else "BB")
+    altered = ".".join((header, flipped, signature))
+    for receipt in (forged, altered, "not-a-jws"):
+        status, refused = await present_receipt(gate, receipt)
+        assert (status, refused["code"]) == (403, "mandate_receipt_invalid"), refused
+    status, refused = await present_receipt(gate, first, token=OTHER_TENANT_TOKEN)
+    assert (status, refused["code"]) == (404, "operation_unknown"), refused
 
 
 async def test_a_request_one_unit_off_the_mandate_is_refused(
@@ -200,12 +251,16 @@ async def test_every_refusal_is_a_code_with_a_signed_error_receipt(
     code: str,
 ) -> None:
     """Each attack or mistake is refused 403 with its code and an AP2 error receipt, creates
-    no operation, and is audited with the rule ``mandate`` and its code."""
-    status, refused = await present(gate, gate.http, mandate(), token=token)
+    no operation, and is audited with the rule ``mandate``, its code, the mandate's digest,
+    the presentation as received and the JWKS of the issuer its ``kid`` names."""
+    presented = mandate()
+    status, refused = await present(gate, gate.http, presented, token=token)
     assert (status, refused["code"]) == (403, code), refused
     claims = await receipt_claims(gate, refused["receipt"])
     assert (claims["result"], claims["opgate_code"]) == ("error", code)
     assert fault_provider.requests == []
+    final_jwt = presented.split("~~")[-1].split("~", 1)[0]
+    known_kid = scenario not in ("unknown kid", "other tenant")
     conn = await asyncpg.connect(database_url)
     try:
         assert await conn.fetchval("SELECT count(*) FROM operations") == 0
@@ -220,6 +275,15 @@ async def test_every_refusal_is_a_code_with_a_signed_error_receipt(
             )
 
         await _eventually(audited)
+        kept = json.loads(
+            await conn.fetchval(
+                "SELECT record FROM audit_log WHERE record::jsonb->>'reason' = $1", code
+            )
+        )["mandate"]
+        assert kept is not None, "the refused presentation is not kept"
+        assert (kept["digest"], kept["presentation"]) == (digest(final_jwt), presented)
+        assert kept["issuer_jwks"] == (PERSON.jwks if known_kid else None)
+        assert claims["reference"] == kept["reference"]
     finally:
         await conn.close()
 
@@ -481,6 +545,78 @@ async def test_a_payment_is_bound_to_the_checkout_presented_with_it(
         await _eventually(kept)
     finally:
         await conn.close()
+
+
+async def test_a_refused_checkout_mandate_is_kept_with_the_refusal(
+    gate: Opgate, database_url: str
+) -> None:
+    """A Checkout Mandate signed under the person's kid by another key is refused
+    mandate_invalid, and its record keeps both presentations, their digests and the JWKS."""
+    jwt = checkout_jwt(MERCHANT)
+    checkout = closed_checkout(Signer(PERSON.kid), jwt)
+    paid = closed_mandate(PERSON, transaction_id=digest(jwt))
+    status, refused = await present(gate, gate.http, paid, checkout_mandate=checkout)
+    assert (status, refused["code"]) == (403, "mandate_invalid"), refused
+    conn = await asyncpg.connect(database_url)
+    try:
+
+        async def kept() -> dict[str, Any] | None:
+            row = await conn.fetchval(
+                "SELECT record FROM audit_log WHERE record::jsonb->>'reason' = 'mandate_invalid'"
+            )
+            return None if row is None else json.loads(row)
+
+        await _eventually(lambda: _some(kept()))
+        record = await kept()
+        assert record is not None
+        mandate = record["mandate"]
+        assert (mandate["digest"], mandate["presentation"]) == (digest(paid.split("~")[0]), paid)
+        assert mandate["checkout"]["presentation"] == checkout
+        assert mandate["checkout"]["digest"] == digest(checkout.split("~")[0])
+        assert mandate["checkout"]["issuer_jwks"] == PERSON.jwks
+    finally:
+        await conn.close()
+
+
+async def test_a_refused_presentation_is_kept_as_the_redaction_settings_say(
+    start_opgate: StartOpgate,
+    policy_dir: Path,
+    fault_provider: FaultProvider,
+    tmp_path: Path,
+    database_url: str,
+) -> None:
+    """With ``presentation`` among ``audit_redact_fields``, a refused mandate's record keeps
+    its digest and issuer's JWKS and redacts the presentation, as every record is redacted."""
+    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False))
+    expired = closed_mandate(PERSON, exp=1)
+    async with start_opgate(
+        upstream_overrides={"fault": fault_provider.url},
+        audit_redact_fields=["presentation"],
+        **mandate_settings(tmp_path),
+    ) as running:
+        status, refused = await present(running, running.http, expired)
+    assert (status, refused["code"]) == (403, "mandate_expired"), refused
+    conn = await asyncpg.connect(database_url)
+    try:
+
+        async def kept() -> dict[str, Any] | None:
+            row = await conn.fetchval(
+                "SELECT record FROM audit_log WHERE record::jsonb->>'reason' = 'mandate_expired'"
+            )
+            return None if row is None else json.loads(row)
+
+        await _eventually(lambda: _some(kept()))
+        record = await kept()
+        assert record is not None
+        mandate = record["mandate"]
+        assert mandate["digest"] == digest(expired.split("~")[0])
+        assert (mandate["presentation"], mandate["issuer_jwks"]) == ("[REDACTED]", PERSON.jwks)
+    finally:
+        await conn.close()
+
+
+async def _some(value: Awaitable[object]) -> bool:
+    return await value is not None
 
 
 async def test_an_agent_pays_a_checkout_it_closed_under_the_persons_open_mandates(

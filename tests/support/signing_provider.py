@@ -5,17 +5,26 @@ Trusted Agent Protocol and Web Bot Auth verify them): a real aiohttp server on 1
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from http_message_signatures import HTTPMessageVerifier, algorithms
 from http_message_signatures.exceptions import HTTPMessageSignaturesException
 from http_message_signatures.resolvers import MappingKeyResolver
+from joserfc.jwk import OKPKey
 
 REQUIRED_COMPONENTS = ("@authority", "@path", "content-digest")
+# Web Bot Auth's key directory (draft-meunier-webbotauth-httpsig-directory): where, as what,
+# and what its response signatures cover and are tagged
+DIRECTORY_PATH = "/.well-known/http-message-signatures-directory"
+DIRECTORY_MEDIA_TYPE = "application/http-message-signatures-directory+json"
+DIRECTORY_TAG = "http-message-signatures-directory"
+DIRECTORY_COMPONENTS = ('"@authority";req', "content-digest")
 
 
 @dataclass
@@ -23,6 +32,46 @@ class _Message:
     method: str
     url: str
     headers: Any
+
+
+@dataclass
+class _Response:
+    status_code: int
+    headers: Any
+    request: _Message
+
+
+async def resolve_directory(
+    http: aiohttp.ClientSession, origin: str
+) -> dict[str, Ed25519PublicKey]:
+    """The keys an agent's key directory publishes, as a verifier takes them: served as the
+    draft's media type, each key's ``kid`` its RFC 7638 thumbprint, and only keys whose own
+    signature over the response (``@authority`` of this request, ``content-digest``, the
+    directory's tag) the library verifies; a key without one is ignored, as the draft says."""
+    url = origin + DIRECTORY_PATH
+    async with http.get(url, headers={"Accept": DIRECTORY_MEDIA_TYPE}) as response:
+        body = await response.read()
+        assert response.status == 200, body
+        assert response.headers["Content-Type"].split(";")[0] == DIRECTORY_MEDIA_TYPE
+        headers = response.headers
+    offered: dict[str, Ed25519PublicKey] = {}
+    for jwk in json.loads(body)["keys"]:
+        key = OKPKey.import_key(jwk)
+        assert jwk["crv"] == "Ed25519"
+        assert jwk["kid"] == key.thumbprint()
+        public = key.public_key
+        assert isinstance(public, Ed25519PublicKey)
+        offered[jwk["kid"]] = public
+    verifier = HTTPMessageVerifier(
+        signature_algorithm=algorithms.ED25519,
+        key_resolver=MappingKeyResolver(public_keys=offered, private_keys={}),
+    )
+    message = _Response(200, headers, _Message("GET", url, {}))
+    results = verifier.verify(
+        message, expect_tag=DIRECTORY_TAG, require_components=DIRECTORY_COMPONENTS, body=body
+    )
+    signed = {result.parameters["keyid"] for result in results}
+    return {kid: key for kid, key in offered.items() if kid in signed}
 
 
 @dataclass
@@ -34,6 +83,8 @@ class SigningProvider:
     keys: dict[str, Ed25519PublicKey]
     verified: list[dict[str, Any]] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
+    # the Signature-Agent header of each verified request, as received (Web Bot Auth)
+    signature_agents: list[str] = field(default_factory=list)
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.read()
@@ -49,6 +100,7 @@ class SigningProvider:
         except (HTTPMessageSignaturesException, ValueError) as exc:
             self.refused.append(f"{type(exc).__name__}: {exc}")
             return web.json_response({"error": "unsigned"}, status=401)
+        self.signature_agents += request.headers.getall("Signature-Agent", [])
         self.verified.append(
             {
                 "parameters": dict(result.parameters),
