@@ -610,7 +610,9 @@ async def revoke_mandate(request: web.Request) -> web.Response:
     return web.json_response({"digest": digest, "operations": operation_ids, "revoked": revoked})
 
 
-present_mandate = recorded(_present)
+# admitted under the agent's request limits: a presentation writes an operation (or, refused,
+# an audit record keeping the presentation), which an agent may not flood
+present_mandate = recorded(_present, rate_limited=True)
 read_receipt_now = recorded(_receipt)
 receipt_presented = recorded(_receipt_presented)
 # admitted under the agent's request limits: each nonce is a row until it is pruned

@@ -122,6 +122,30 @@ async def present_receipt(
         return response.status, json.loads(await response.read())
 
 
+async def test_presentations_are_admitted_like_every_agent_request(
+    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider, tmp_path: Path
+) -> None:
+    """With one request per second per agent, ten mandates presented at once make one
+    operation: the others are 429 rate_limited with Retry-After, nothing created for them
+    (a presentation writes an operation and its audit record: an agent may not flood them)."""
+    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False))
+    async with start_opgate(
+        upstream_overrides={"fault": fault_provider.url},
+        requests_per_second_per_agent=1,
+        **mandate_settings(tmp_path),
+    ) as limited:
+        mandates = [closed_mandate(PERSON, amount=100 + i) for i in range(10)]
+        answers = await asyncio.gather(*(present(limited, limited.http, m) for m in mandates))
+        async with limited.http.get(
+            f"{limited.ops_url}/v1/operations", headers=admin_headers()
+        ) as response:
+            listed = (await response.json())["operations"]
+    statuses = sorted(status for status, _ in answers)
+    assert statuses == [201] + [429] * 9, statuses
+    assert {body["code"] for status, body in answers if status == 429} == {"rate_limited"}
+    assert len(listed) == 1
+
+
 async def test_a_replacement_agent_presents_the_receipt_to_learn_the_operation_ended(
     gate: Opgate, fault_provider: FaultProvider
 ) -> None:
