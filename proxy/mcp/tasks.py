@@ -22,7 +22,7 @@ is the operation.
   it waits for an approver (``proposal_task_state``, pure: the console's approval page as a
   URL elicitation for a client that declared one), ``completed`` once decided (the
   operation id once approved, a tool error once declined or expired). ``tasks/cancel`` of
-  it is refused: proposals are never withdrawn.
+  it withdraws the proposal while it is pending (``cancelled``), and is refused once not.
 - ``tasks/update`` acknowledges an answer to that elicitation and changes nothing; one that
   carries a decision is refused (``calls.update_task``): the agent's token never approves.
 
@@ -131,6 +131,9 @@ def proposal_task_state(view: dict[str, Any], console_url: str | None) -> dict[s
         "ttlMs": None,  # it expires (then completed, isError) but is never discarded
         "pollIntervalMs": DEFAULT_POLL_MS if retry_after is None else max(retry_after, 0) * 1000,
     }
+    if view["status"] == "withdrawn":  # by tasks/cancel (or its agent over HTTP)
+        task["status"] = "cancelled"
+        return task
     if view["status"] == "pending":
         asked = {} if console_url is None else {APPROVAL: approval_request(console_url, proposal)}
         task["inputRequests"] = {
