@@ -66,6 +66,10 @@ from proxy.store.operation import Operation
 TASKS = "io.modelcontextprotocol/tasks"
 _CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 DEFAULT_POLL_MS = 1000  # where opgate has no retry_after_seconds to give
+# ttlMs: the extension's TTL is how long the server keeps a task ("The server may discard the
+# task after the TTL elapses"), not the work's deadline; opgate keeps its rows and answers a
+# task past any expiry, so null ("unlimited") is the true value (docs/mcp.md)
+TTL_MS = None
 
 
 class TaskParams(types.RequestParams):
@@ -98,7 +102,7 @@ def task_state(view: dict[str, Any]) -> dict[str, Any]:
         "statusMessage": f"{action.value}: {view['reason']}",
         "createdAt": operation["created_at"],
         "lastUpdatedAt": operation["updated_at"],
-        "ttlMs": None,  # the row is kept as long as the operations are
+        "ttlMs": TTL_MS,
         "pollIntervalMs": DEFAULT_POLL_MS if retry_after is None else max(retry_after, 0) * 1000,
     }
     revoked = operation["approval"]["revoked_at"] is not None
@@ -128,7 +132,7 @@ def proposal_task_state(view: dict[str, Any], console_url: str | None) -> dict[s
         "statusMessage": f"{view['next_action']}: {view['reason']}",
         "createdAt": proposal["created_at"],
         "lastUpdatedAt": proposal["decided_at"] or proposal["created_at"],
-        "ttlMs": None,  # it expires (then completed, isError) but is never discarded
+        "ttlMs": TTL_MS,  # it expires (then completed, isError) but is never discarded
         "pollIntervalMs": DEFAULT_POLL_MS if retry_after is None else max(retry_after, 0) * 1000,
     }
     if view["status"] == "withdrawn":  # by tasks/cancel (or its agent over HTTP)
@@ -178,7 +182,7 @@ def _created(op: Operation) -> dict[str, Any]:
         "statusMessage": "opgate is sending exactly the approved request",
         "createdAt": op.created_at.isoformat(),
         "lastUpdatedAt": op.updated_at.isoformat(),
-        "ttlMs": None,
+        "ttlMs": TTL_MS,
         "pollIntervalMs": DEFAULT_POLL_MS,
     }
 

@@ -88,6 +88,9 @@ async def test_a_proposal_task_waits_on_the_console_page_then_names_its_operatio
     assert created.task_id.startswith("prop_")
     assert created.status == "input_required"
     assert waiting["status"] == "input_required"
+    # kept, never discarded: the extension's TTL is retention, not the pending expiry
+    assert (created.model_extra or {})["ttlMs"] is None
+    assert waiting["ttlMs"] is None
     asked = waiting["inputRequests"]["approval"]
     assert asked["method"] == "elicitation/create"
     assert asked["params"]["mode"] == "url"
