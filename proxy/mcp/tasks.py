@@ -116,8 +116,15 @@ def task_state(view: dict[str, Any]) -> dict[str, Any]:
             task["status"] = "completed"
             task["result"] = _result(view, failed=True)
     elif action is NextAction.ESCALATED:
+        # The on-call human resolves it on opgate's console; the client's user is not that
+        # human and the agent resolves nothing, so no elicitation is asked (docs/mcp.md: a
+        # URL elicitation is input of the client's own user, completed by that same user).
         task["status"] = "input_required"
-        task["inputRequests"] = {}  # a human decides in opgate's console, not the client
+        task["inputRequests"] = {}
+        task["statusMessage"] += (
+            "; a human resolves it on opgate's console, nothing is asked of this client: "
+            "poll until it settles"
+        )
     return task
 
 

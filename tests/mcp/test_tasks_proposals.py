@@ -15,6 +15,7 @@ import pytest_asyncio
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult
 
+from tests.console.helpers import escalated
 from tests.support.localstripe_server import create_charge, list_refunds
 from tests.support.mcp_tasks import (
     CreatedTask,
@@ -200,3 +201,24 @@ async def test_update_takes_the_answer_to_the_elicitation_and_never_a_decision(
     assert after["status"] == "input_required"
     assert isinstance(inline, CallToolResult)
     assert missing.value.error.code == -32021
+
+
+async def test_an_escalated_operation_task_asks_the_client_nothing(
+    gate: Opgate, localstripe_url: str
+) -> None:
+    """An escalated operation's task is input_required with no inputRequests even for a
+    client that declared URL elicitation, with console_url set: the on-call human resolves
+    it on the console, not the client's user (docs/mcp.md says why); its statusMessage says
+    so; ttlMs stays null."""
+    charge = await create_charge(localstripe_url, 2000)
+    op = await escalated(
+        gate, provider="stripe", action="refund.create", currency=None, params={"charge": charge}
+    )
+    async with tasks_client(gate.agent_url, AGENT_TOKEN, url_elicitation=True) as client:
+        task = await get_task(client, op["operation_id"])
+    assert task["status"] == "input_required", task
+    assert task["inputRequests"] == {}
+    assert task["statusMessage"].startswith("escalated: ")
+    assert "a human resolves it on opgate's console" in task["statusMessage"]
+    assert "nothing is asked of this client" in task["statusMessage"]
+    assert task["ttlMs"] is None
