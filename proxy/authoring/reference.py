@@ -169,6 +169,12 @@ MEANINGS: dict[Reason, str] = {
         "No such proposal, or one of another tenant or agent (the same answer; on record "
         "`operation_scope_mismatch`)."
     ),
+    Reason.PROPOSAL_NOT_WITHDRAWABLE: (
+        "`POST /_opgate/v1/proposals/{id}/withdraw` of the agent's own proposal that is no "
+        "longer pending: approved (its operation exists), declined, expired, or withdrawn "
+        "already. Only a pending proposal is withdrawn, in one conditional statement, so a "
+        "withdrawal never races an approval."
+    ),
     Reason.PRECONDITION_FAILED: (
         "The rule's preconditions (a lookup at the provider before the send) no longer hold: "
         "the lookup's evidence is attached, nothing was sent, the row stays `created` and the "
@@ -220,9 +226,9 @@ MEANINGS: dict[Reason, str] = {
     Reason.MCP_TASK_NOT_CANCELLABLE: (
         "`tasks/cancel` of an operation that was claimed (something may have left) or is "
         "settled: only an operation still `created` is cancelled (its approval revoked, in one "
-        "conditional statement), so a cancel never races a send. A proposal's task is never "
-        "cancelled: opgate's proposals have no withdrawn state (a pending one waits for an "
-        "approver until it expires)."
+        "conditional statement), so a cancel never races a send. A proposal's task is "
+        "cancelled while the proposal is pending (it is withdrawn); once approved, declined, "
+        "expired or withdrawn, its cancel is refused so."
     ),
     Reason.MCP_SCOPE_INSUFFICIENT: (
         "An OAuth access token (`mcp_oauth`) that is valid but lacks the scope the request "

@@ -146,6 +146,18 @@ async def pending_proposals(gw: Gateway) -> list[dict[str, Any]]:
     ]
 
 
+async def withdrawn_proposals(gw: Gateway) -> list[dict[str, Any]]:
+    """Proposals their agents withdrew within the last day, newest first: out of the queue,
+    shown apart so that an approver who had one open sees where it went."""
+    return [
+        {
+            "view": (view := proposal_view(gw.policy, p, None)),
+            "sentence": explain.proposal_sentence(view["proposal"]),
+        }
+        for p in await gw.store.withdrawn_proposals(LIST_LIMIT)
+    ]
+
+
 async def proposal(gw: Gateway, proposal_id: str) -> dict[str, Any] | None:
     """One proposal as a human decides it: the sentence, the exact request, what the policy
     checks, the budgets it would use, who may approve, when it expires, and the provider's

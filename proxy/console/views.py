@@ -326,8 +326,10 @@ async def resolve(request: web.Request) -> web.Response:
 
 
 async def proposals(request: web.Request) -> web.Response:
-    rows = await pages.pending_proposals(request.app[GATEWAY])
-    return await _page(request, "proposals.html", rows=rows)
+    gw = request.app[GATEWAY]
+    rows = await pages.pending_proposals(gw)
+    withdrawn = await pages.withdrawn_proposals(gw)
+    return await _page(request, "proposals.html", rows=rows, withdrawn=withdrawn)
 
 
 async def decide(request: web.Request) -> web.Response:

@@ -55,6 +55,7 @@ class Reason(StrEnum):
     PROPOSAL_INVALID = "proposal_invalid"
     APPROVAL_NOT_SENDABLE = "approval_not_sendable"
     PROPOSAL_UNKNOWN = "proposal_unknown"
+    PROPOSAL_NOT_WITHDRAWABLE = "proposal_not_withdrawable"
     # approvals a person signed (AP2 Payment Mandates, proxy/mandates/)
     MANDATES_NOT_SUPPORTED = "mandates_not_supported"
     MANDATE_INVALID = "mandate_invalid"
@@ -305,6 +306,13 @@ REASONS: dict[Reason, ReasonInfo] = {
         404,
         "No such proposal",
         "Use the proposal id opgate answered when you proposed.",
+    ),
+    Reason.PROPOSAL_NOT_WITHDRAWABLE: ReasonInfo(
+        409,
+        "The proposal is no longer pending",
+        "Read the proposal (GET /_opgate/v1/proposals/{id}) and follow its next_action; an "
+        "approved one's operation is cancelled as an operation (MCP tasks/cancel) while "
+        "nothing has left.",
     ),
     Reason.MANDATES_NOT_SUPPORTED: ReasonInfo(
         404,

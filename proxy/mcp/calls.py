@@ -34,7 +34,7 @@ from proxy.mcp.tools import (
 from proxy.observe.audit import AuditRecord, Decision, emit
 from proxy.proposals.api import PROPOSAL_RULE
 from proxy.proposals.proposing import Refusal as ProposalRefusal
-from proxy.proposals.proposing import propose_for_agent
+from proxy.proposals.proposing import propose_for_agent, withdraw_proposal
 from proxy.proposals.rules import proposal_view
 from proxy.recovery.api import (
     RECOVERY_RULE,
@@ -318,7 +318,8 @@ async def read_operation(call: McpCall, operation_id: str, what: str) -> Answer:
 
 async def cancel_task(call: McpCall, task_id: str) -> Answer:
     """``tasks/cancel``: revoke the approval while nothing has left (the row still
-    ``created``, in one conditional statement); refused with the reason otherwise."""
+    ``created``, in one conditional statement), or withdraw a pending proposal; refused with
+    the reason otherwise."""
 
     async def cancel() -> Answer:
         record = _record(call, MCP_RULE)
@@ -327,7 +328,7 @@ async def cancel_task(call: McpCall, task_id: str) -> Answer:
             return _refuse(call, record, refused)
         proposal = await _proposal_of(call, task_id)
         if proposal is not None:
-            return _refuse_withdrawal(call, record, proposal)
+            return await _withdraw(call, record, proposal)
         op = await _operation_in_scope(call, record, task_id)
         if isinstance(op, ToolError):
             return op
@@ -394,32 +395,25 @@ async def read_task(call: McpCall, task_id: str) -> TaskView | ToolError:
     return answer if isinstance(answer, ToolError) else TaskView(kind[0], answer.content)
 
 
-def _refuse_withdrawal(call: McpCall, record: AuditRecord, proposal: Proposal) -> ToolError:
-    """``tasks/cancel`` of a proposal's task: refused, with the reason. opgate's proposals
-    have no withdrawn state: a pending one waits for an approver until it expires (nothing is
-    sent before an approval), a decided one stays decided."""
+async def _withdraw(call: McpCall, record: AuditRecord, proposal: Proposal) -> Answer:
+    """``tasks/cancel`` of a proposal's task: the pending proposal is withdrawn (nothing can
+    have left before an approval); refused with the reason once it is not pending. Another
+    agent's is told unknown, as ``get_proposal`` tells it."""
     record.rule = PROPOSAL_RULE
     if not _own(call, proposal):
         unknown = Deny(Reason.PROPOSAL_UNKNOWN, f"no proposal {proposal.proposal_id}")
         scope = Deny(Reason.OPERATION_SCOPE_MISMATCH, unknown.detail)
         return _refuse(call, record, scope, told=unknown.reason)
     record.provider, record.operation_id = proposal.provider, proposal.operation_id
-    record.status_before = record.status_after = proposal.state.value
-    state = proposal.state
-    if state is ProposalState.PENDING:
-        why = (
-            "a proposal cannot be withdrawn: it waits for an approver until "
-            f"{proposal.expires_at.isoformat()}, then expires; nothing is sent unless one "
-            "approves it, and then its operation is a task of its own"
-        )
-    elif state is ProposalState.APPROVED:
-        why = (
-            f"it is decided (approved): operation {proposal.operation_id} is a task of its own; "
-            "cancel that one"
-        )
-    else:
-        why = f"it is decided ({state.value}): nothing was or will be sent for it"
-    return _refuse(call, record, Deny(Reason.MCP_TASK_NOT_CANCELLABLE, why))
+    record.status_before = proposal.state.value
+    withdrawn = await withdraw_proposal(call.gateway, proposal, "mcp")
+    if isinstance(withdrawn, ProposalRefusal):
+        record.status_after = record.status_before
+        return _refuse(call, record, Deny(Reason.MCP_TASK_NOT_CANCELLABLE, withdrawn.detail))
+    record.status_after = withdrawn.state.value
+    record.decision, record.response_status = Decision.ALLOW, 200
+    _emit(call, record)
+    return Answered({})
 
 
 async def watchable(

@@ -6,6 +6,10 @@ opgate, carrying the agent's token, and opgate's answer (or tool error) is hande
 is. So a relay outlives an opgate restart, and a replacement agent's relay needs only the
 token and the operation id.
 
+Operations as resources pass through it as over HTTP: ``resources/templates/list``,
+``resources/list`` and ``resources/read`` of ``opgate://operations/{id}`` are asked of opgate
+(the proposal card alone is served here, pure).
+
 The tasks extension passes through it as over HTTP: for a client that declares it, the relay
 declares it to opgate on that call too (and URL elicitation, where the client declared it),
 hands back opgate's task handle, and relays ``tasks/get``, ``tasks/update`` and
@@ -19,14 +23,14 @@ import contextlib
 import io
 import json
 import sys
-from collections.abc import AsyncIterator, Sequence
-from typing import Any, Literal, cast
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Literal, TypeVar, cast
 
 import anyio
 import httpx2
 import mcp.types as types
 from anyio.streams.memory import MemoryObjectSendStream
-from mcp import Client
+from mcp import Client, ClientSession
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
@@ -43,6 +47,8 @@ from proxy.mcp.endpoint import MCP_PATH
 from proxy.mcp.messages import malformed_request
 from proxy.mcp.tasks import TASKS, negotiated
 from proxy.mcp.tools import TOOLS
+
+_R = TypeVar("_R")
 
 # opgate answers an execution after the provider does: as long as its longest provider timeout
 _READ_TIMEOUT_SECONDS = 300.0
@@ -176,6 +182,22 @@ class RelayedTasks(Extension):
         return relay
 
 
+async def _relayed_resources(
+    endpoint: str, token: str, ask: Callable[[ClientSession], Awaitable[_R]]
+) -> _R:
+    """A ``resources/*`` request asked of opgate (the operations are its rows, in the agent's
+    scope), its JSON-RPC error handed on as it is: another tenant's operation is "Resource not
+    found" here as over HTTP."""
+    refused: MCPError | None = None
+    async with _opgate(endpoint, token) as opgate:
+        try:
+            return await ask(opgate.session)
+        except MCPError as exc:  # raised out here: the client's task group wraps it
+            refused = exc
+    assert refused is not None  # the exchange either answered or was refused
+    raise MCPError(refused.error.code, refused.error.message, refused.error.data)
+
+
 def relay_server(url: str, token: str) -> Server[Any]:
     endpoint = endpoint_url(url)
     tasks = RelayedTasks(endpoint, token)
@@ -189,18 +211,24 @@ def relay_server(url: str, token: str) -> Server[Any]:
         async with _opgate(endpoint, token) as opgate:
             return await opgate.call_tool(params.name, params.arguments)
 
+    async def list_templates(
+        ctx: Any, params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        return await _relayed_resources(endpoint, token, lambda s: s.list_resource_templates())
+
     async def list_resources(
         ctx: Any, params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
-        return types.ListResourcesResult(resources=[apps.CARD])
+        # opgate lists the agent's unsettled operations, and the card beside them
+        return await _relayed_resources(endpoint, token, lambda s: s.list_resources())
 
     async def read_resource(
         ctx: Any, params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
         # the proposal tools name the card: it is served here (pure), not relayed
-        if params.uri != apps.CARD_URI:
-            raise MCPError(types.INVALID_PARAMS, "Resource not found")
-        return apps.card()
+        if params.uri == apps.CARD_URI:
+            return apps.card()
+        return await _relayed_resources(endpoint, token, lambda s: s.read_resource(params.uri))
 
     server: Server[Any] = Server(
         "opgate",
@@ -211,6 +239,7 @@ def relay_server(url: str, token: str) -> Server[Any]:
         on_list_tools=list_tools,
         on_call_tool=on_call_tool,
         on_list_resources=list_resources,
+        on_list_resource_templates=list_templates,
         on_read_resource=read_resource,
     )
     for method in tasks.methods():  # applied as endpoint.mcp_server applies opgate's own

@@ -22,7 +22,7 @@ is the operation.
   it waits for an approver (``proposal_task_state``, pure: the console's approval page as a
   URL elicitation for a client that declared one), ``completed`` once decided (the
   operation id once approved, a tool error once declined or expired). ``tasks/cancel`` of
-  it is refused: proposals are never withdrawn.
+  it withdraws the proposal while it is pending (``cancelled``), and is refused once not.
 - ``tasks/update`` acknowledges an answer to that elicitation and changes nothing; one that
   carries a decision is refused (``calls.update_task``): the agent's token never approves.
 
@@ -66,6 +66,10 @@ from proxy.store.operation import Operation
 TASKS = "io.modelcontextprotocol/tasks"
 _CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 DEFAULT_POLL_MS = 1000  # where opgate has no retry_after_seconds to give
+# ttlMs: the extension's TTL is how long the server keeps a task ("The server may discard the
+# task after the TTL elapses"), not the work's deadline; opgate keeps its rows and answers a
+# task past any expiry, so null ("unlimited") is the true value (docs/mcp.md)
+TTL_MS = None
 
 
 class TaskParams(types.RequestParams):
@@ -98,7 +102,7 @@ def task_state(view: dict[str, Any]) -> dict[str, Any]:
         "statusMessage": f"{action.value}: {view['reason']}",
         "createdAt": operation["created_at"],
         "lastUpdatedAt": operation["updated_at"],
-        "ttlMs": None,  # the row is kept as long as the operations are
+        "ttlMs": TTL_MS,
         "pollIntervalMs": DEFAULT_POLL_MS if retry_after is None else max(retry_after, 0) * 1000,
     }
     revoked = operation["approval"]["revoked_at"] is not None
@@ -112,8 +116,15 @@ def task_state(view: dict[str, Any]) -> dict[str, Any]:
             task["status"] = "completed"
             task["result"] = _result(view, failed=True)
     elif action is NextAction.ESCALATED:
+        # The on-call human resolves it on opgate's console; the client's user is not that
+        # human and the agent resolves nothing, so no elicitation is asked (docs/mcp.md: a
+        # URL elicitation is input of the client's own user, completed by that same user).
         task["status"] = "input_required"
-        task["inputRequests"] = {}  # a human decides in opgate's console, not the client
+        task["inputRequests"] = {}
+        task["statusMessage"] += (
+            "; a human resolves it on opgate's console, nothing is asked of this client: "
+            "poll until it settles"
+        )
     return task
 
 
@@ -128,9 +139,12 @@ def proposal_task_state(view: dict[str, Any], console_url: str | None) -> dict[s
         "statusMessage": f"{view['next_action']}: {view['reason']}",
         "createdAt": proposal["created_at"],
         "lastUpdatedAt": proposal["decided_at"] or proposal["created_at"],
-        "ttlMs": None,  # it expires (then completed, isError) but is never discarded
+        "ttlMs": TTL_MS,  # it expires (then completed, isError) but is never discarded
         "pollIntervalMs": DEFAULT_POLL_MS if retry_after is None else max(retry_after, 0) * 1000,
     }
+    if view["status"] == "withdrawn":  # by tasks/cancel (or its agent over HTTP)
+        task["status"] = "cancelled"
+        return task
     if view["status"] == "pending":
         asked = {} if console_url is None else {APPROVAL: approval_request(console_url, proposal)}
         task["inputRequests"] = {
@@ -175,7 +189,7 @@ def _created(op: Operation) -> dict[str, Any]:
         "statusMessage": "opgate is sending exactly the approved request",
         "createdAt": op.created_at.isoformat(),
         "lastUpdatedAt": op.updated_at.isoformat(),
-        "ttlMs": None,
+        "ttlMs": TTL_MS,
         "pollIntervalMs": DEFAULT_POLL_MS,
     }
 

@@ -64,7 +64,10 @@ _PROPOSAL_VIEW = {
     "type": "object",
     "properties": {
         "proposal": {"type": "object"},
-        "status": {"type": "string", "enum": ["pending", "approved", "declined", "expired"]},
+        "status": {
+            "type": "string",
+            "enum": ["pending", "approved", "declined", "expired", "withdrawn"],
+        },
         "operation_id": {
             "type": ["string", "null"],
             "description": "Once approved: the operation to get and execute.",

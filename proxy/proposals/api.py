@@ -1,5 +1,8 @@
 """Proposals over HTTP. On the agent listener (agent token, as the recovery read): ``POST
-/_opgate/v1/proposals`` and ``GET /_opgate/v1/proposals/{id}``, each one audited agent request.
+/_opgate/v1/proposals``, ``GET /_opgate/v1/proposals/{id}`` and ``POST
+/_opgate/v1/proposals/{id}/withdraw`` (the agent's own, while pending: a state change, as the
+operations API's approve and decline are, never a delete: the row is kept), each one audited
+agent request.
 On the operations listener (the admin token or an approver's): ``GET /v1/proposals``,
 ``GET /v1/proposals/{id}``, ``POST /v1/proposals/{id}/approve|decline``.
 """
@@ -26,6 +29,7 @@ from proxy.proposals.proposing import (
     approve_proposal,
     decline_proposal,
     propose_for_agent,
+    withdraw_proposal,
 )
 from proxy.proposals.rules import REASON_MAX, proposal_view
 from proxy.recovery.api import recorded, recovery_view
@@ -38,7 +42,7 @@ OPS_PROPOSALS_PREFIX = "/v1/proposals"
 PROPOSAL_RULE = "proposal"
 _STATES = {
     "pending": ["pending"],
-    "decided": ["approved", "declined"],
+    "decided": ["approved", "declined"],  # by a human; withdrawn is the agent's own
     "all": [s.value for s in ProposalState],
     **{s.value: [s.value] for s in ProposalState},
 }
@@ -81,9 +85,10 @@ async def _propose(
     return web.json_response(await _view(gw, result), status=201)
 
 
-async def _read(
+async def _own_proposal(
     gw: Gateway, request: web.Request, agent: Agent, record: AuditRecord
-) -> web.Response:
+) -> Proposal | web.Response:
+    """The path's proposal if it is ``agent``'s own, else the refusal (unknown)."""
     record.rule = PROPOSAL_RULE
     proposal_id = path_operation_id(request, "proposal_id")
     if proposal_id is None:
@@ -96,6 +101,29 @@ async def _read(
         record.decision, record.reason = Decision.DENY, Reason.OPERATION_SCOPE_MISMATCH.value
         return problem_response(Reason.PROPOSAL_UNKNOWN, f"no proposal {proposal_id}")
     record.provider, record.operation_id = proposal.provider, proposal.operation_id
+    return proposal
+
+
+async def _withdraw(
+    gw: Gateway, request: web.Request, agent: Agent, record: AuditRecord
+) -> web.Response:
+    proposal = await _own_proposal(gw, request, agent, record)
+    if isinstance(proposal, web.Response):
+        return proposal
+    record.status_before = proposal.state.value
+    result = await withdraw_proposal(gw, proposal, "http")
+    if isinstance(result, Refusal):
+        return _refuse(record, Reason(result.code), result.detail)
+    record.status_after = result.state.value
+    return web.json_response(await _view(gw, result))
+
+
+async def _read(
+    gw: Gateway, request: web.Request, agent: Agent, record: AuditRecord
+) -> web.Response:
+    proposal = await _own_proposal(gw, request, agent, record)
+    if isinstance(proposal, web.Response):
+        return proposal
     record.status_after = proposal.state.value
     view = await _view(gw, proposal)
     response = web.json_response(view)
@@ -114,11 +142,13 @@ async def _view(gw: Gateway, proposal: Proposal) -> dict[str, Any]:
 
 propose = recorded(_propose, rate_limited=True)
 read_proposal = recorded(_read)
+withdraw = recorded(_withdraw)
 
 
 def add_agent_proposal_routes(app: web.Application) -> None:
     app.router.add_post(PROPOSALS_PREFIX, propose)
     app.router.add_get(PROPOSALS_PREFIX + "/{proposal_id}", read_proposal)
+    app.router.add_post(PROPOSALS_PREFIX + "/{proposal_id}/withdraw", withdraw)
 
 
 # --------------------------------------------------------------------- the operations API

@@ -53,7 +53,7 @@ def add_proposal_commands(commands: Any) -> None:
     listing.add_argument(
         "--status",
         default="pending",
-        choices=["pending", "expired", "approved", "declined", "decided", "all"],
+        choices=["pending", "expired", "approved", "declined", "withdrawn", "decided", "all"],
     )
     listing.add_argument("--tenant")
     listing.set_defaults(proposals=_list)

@@ -6,6 +6,7 @@ code; the front end only renders it.
     propose_for_agent(gw, agent, document)   the agent's proposal -> Proposal | Refusal
     approve_proposal(gw, id, approver, note) -> Operation | Refusal
     decline_proposal(gw, id, approver, note) -> Proposal | Refusal
+    withdraw_proposal(gw, proposal, via)     the agent's own, pending -> Proposal | Refusal
 """
 
 from __future__ import annotations
@@ -211,8 +212,52 @@ async def decline_proposal(
     return _not_pending(existing)
 
 
+async def withdraw_proposal(gw: Gateway, proposal: Proposal, via: str) -> Proposal | Refusal:
+    """Withdraw ``proposal``, the calling agent's own (the front end checked the scope), while
+    it is pending: nothing can have left, no operation exists before an approval. Refused
+    ``proposal_not_withdrawable`` with the reason once it is not pending. ``via``: the front
+    end (``http``, ``mcp``), on its event."""
+    withdrawn = await gw.store.withdraw_proposal(
+        proposal.proposal_id, proposal.tenant, proposal.agent_id, via
+    )
+    if withdrawn is not None:
+        _log.info("proposal_withdrawn", proposal_id=proposal.proposal_id, via=via)
+        return withdrawn
+    again = await gw.store.load_proposal(proposal.proposal_id) or proposal
+    return Refusal(409, Reason.PROPOSAL_NOT_WITHDRAWABLE.value, not_withdrawable(again))
+
+
+def not_withdrawable(proposal: Proposal) -> str:
+    """Why a proposal that is no longer pending cannot be withdrawn (or cancelled as a task)."""
+    state = proposal.state
+    if state is ProposalState.APPROVED:
+        return (
+            f"{proposal.proposal_id} is approved by {proposal.decided_by}: operation "
+            f"{proposal.operation_id} exists; cancel that operation (MCP tasks/cancel) while "
+            "nothing has left, or leave it unsent until its approval expires"
+        )
+    if state is ProposalState.WITHDRAWN:
+        return f"{proposal.proposal_id} is withdrawn already"
+    if state is ProposalState.EXPIRED:
+        return (
+            f"{proposal.proposal_id} expired at {proposal.expires_at.isoformat()} without a "
+            "decision: nothing will be sent for it"
+        )
+    return (
+        f"{proposal.proposal_id} is declined by {proposal.decided_by}: nothing was or will be "
+        "sent for it"
+    )
+
+
 def _not_pending(proposal: Proposal) -> Refusal:
     state = proposal.state
+    if state is ProposalState.WITHDRAWN:
+        at = proposal.decided_at.isoformat() if proposal.decided_at else "?"
+        detail = (
+            f"{proposal.proposal_id} was withdrawn by its agent {proposal.decided_by} at {at}: "
+            "there is nothing to decide"
+        )
+        return Refusal(409, "proposal_not_pending", detail)
     by = f" by {proposal.decided_by}" if proposal.decided_by else ""
     return Refusal(
         409, "proposal_not_pending", f"{proposal.proposal_id} is {state.value}{by}: not decidable"

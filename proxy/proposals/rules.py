@@ -169,7 +169,7 @@ def proposal_view(
     policy: PolicySet, proposal: Proposal, operation_view: dict[str, Any] | None
 ) -> dict[str, Any]:
     """What the agent (and the approver) are told: the proposal, its state, and next_action:
-    ``wait`` while pending, ``new_approval_required`` once declined or expired, and once
+    ``wait`` while pending, ``new_approval_required`` once declined, withdrawn or expired, and once
     approved the created operation's own next_action (``send`` until it is sent), from
     ``operation_view`` (the recovery read's view of it)."""
     state = proposal.state
@@ -207,6 +207,10 @@ def proposal_view(
         view["next_action"] = NextAction.NEW_APPROVAL_REQUIRED.value
         note = f": {proposal.decision_note}" if proposal.decision_note else ""
         view["reason"] = f"declined by {proposal.decided_by}{note}"
+    elif state is ProposalState.WITHDRAWN:
+        view["next_action"] = NextAction.NEW_APPROVAL_REQUIRED.value
+        at = proposal.decided_at.isoformat() if proposal.decided_at else "?"
+        view["reason"] = f"withdrawn by its agent {proposal.decided_by} at {at}"
     else:
         view["next_action"] = NextAction.NEW_APPROVAL_REQUIRED.value
         view["reason"] = f"expired at {proposal.expires_at.isoformat()} without a decision"

@@ -17,6 +17,7 @@ class ProposalState(StrEnum):
     PENDING = "pending"
     APPROVED = "approved"
     DECLINED = "declined"
+    WITHDRAWN = "withdrawn"  # by the agent that made it, while pending (migration 0023)
     # not stored: a pending proposal past its expiry (queries.sql, proposals)
     EXPIRED = "expired"
 

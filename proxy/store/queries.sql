@@ -905,6 +905,15 @@ SELECT p.*, now() AS read_at FROM proposals p
  ORDER BY p.created_at, p.proposal_id
  LIMIT %(limit)s;
 
+-- name: proposals_withdrawn_lately
+-- Proposals their agents withdrew within the last day, newest first, at most limit: the
+-- console shows them apart from the pending ones, so an approver who opened one sees why it
+-- left the queue.
+SELECT p.*, now() AS read_at FROM proposals p
+ WHERE p.status = 'withdrawn' AND p.decided_at > now() - interval '1 day'
+ ORDER BY p.decided_at DESC, p.proposal_id
+ LIMIT %(limit)s;
+
 -- name: proposal_approve
 -- pending and unexpired -> approved, and the operation row created from the proposal as it
 -- was proposed (approval_ref: the proposal id; approved_by: the approver's identity;
@@ -955,6 +964,25 @@ WITH declined AS (
     FROM declined
 )
 SELECT d.*, now() AS read_at FROM declined d;
+
+-- name: proposal_withdraw
+-- pending and unexpired -> withdrawn, by the agent that made it (tenant, agent_id: any other
+-- agent's proposal is not found by it), with its event in the same statement. Nothing can have
+-- left for a pending proposal: no operation exists before an approval. Zero rows: it is not
+-- this agent's, or no longer pending (decided, withdrawn or expired).
+WITH withdrawn AS (
+    UPDATE proposals
+       SET status = 'withdrawn', decided_at = now(), decided_by = %(agent_id)s
+     WHERE proposal_id = %(proposal_id)s AND tenant = %(tenant)s AND agent_id = %(agent_id)s
+       AND status = 'pending' AND expires_at > now()
+    RETURNING *
+), event AS (
+    INSERT INTO proposal_events (proposal_id, event, from_status, to_status, actor, detail)
+    SELECT proposal_id, 'withdrawn', 'pending', 'withdrawn', %(agent_id)s,  -- the agent
+           jsonb_build_object('via', %(via)s::text)
+    FROM withdrawn
+)
+SELECT w.*, now() AS read_at FROM withdrawn w;
 
 -- name: proposal_refusal
 -- An approval refused before any transition (four eyes, no longer sendable, a limit): on the

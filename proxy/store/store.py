@@ -691,6 +691,12 @@ class Store:
         )
         return [proposal_from_record(r) for r in records]
 
+    async def withdrawn_proposals(self, limit: int) -> list[Proposal]:
+        records = await self._run(
+            lambda conn: queries.fetch(conn, "proposals_withdrawn_lately", limit=limit)
+        )
+        return [proposal_from_record(r) for r in records]
+
     async def approve_proposal(
         self, proposal_id: str, approved_by: str, actor: str, note: str | None
     ) -> Operation | None:
@@ -717,6 +723,15 @@ class Store:
             declined_by=declined_by,
             actor=actor,
             note=note,
+        )
+
+    async def withdraw_proposal(
+        self, proposal_id: str, tenant: str, agent_id: str, via: str
+    ) -> Proposal | None:
+        """The proposal withdrawn by its agent; None if it is not that agent's or not pending
+        (``via``: the front end, on its event)."""
+        return await self._proposal(
+            "proposal_withdraw", proposal_id=proposal_id, tenant=tenant, agent_id=agent_id, via=via
         )
 
     async def record_proposal_refusal(

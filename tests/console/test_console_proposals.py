@@ -130,3 +130,30 @@ async def test_an_agents_reason_is_shown_escaped(gate: Opgate) -> None:
             html = await page.text()
     assert "<script>alert(1)</script>" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+async def test_a_withdrawn_proposal_shows_as_withdrawn_and_cannot_be_decided(gate: Opgate) -> None:
+    """A proposal its agent withdrew leaves the pending list for the withdrawn one, its page
+    says in a sentence that the agent withdrew it (no decision form), and an approval posted
+    after it is refused 409 with that reason."""
+    proposal = await propose(gate)
+    proposal_id = proposal["proposal_id"]
+    async with browser() as session:
+        await sign_in(gate, session, APPROVER_TOKEN)
+        async with session.get(f"{gate.ops_url}/console/proposals/{proposal_id}") as page:
+            csrf = csrf_of(await page.text())
+        status, _, raw = await gate.send(
+            f"/_opgate/v1/proposals/{proposal_id}/withdraw", content_type=None
+        )
+        assert status == 200, raw
+        async with session.get(f"{gate.ops_url}/console/proposals") as page:
+            listing = await page.text()
+        async with session.get(f"{gate.ops_url}/console/proposals/{proposal_id}") as page:
+            html = await page.text()
+        status, refused, _ = await post_decision(gate, session, proposal_id, "approve", csrf)
+    assert f'id="withdrawn-{proposal_id}"' in listing
+    assert f'id="proposal-{proposal_id}"' not in listing
+    assert 'id="decide"' not in html
+    assert "Withdrawn by its agent agent-a" in html
+    assert status == 409
+    assert "withdrawn by its agent agent-a" in refused

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from mcp.shared.exceptions import MCPError
+from mcp.types import TextResourceContents
 
 from tests.mcp.conftest import approved_refund, revoke
 from tests.support.localstripe_server import list_refunds
@@ -121,7 +122,8 @@ async def test_over_stdio_tasks_work_as_over_http(
 ) -> None:
     """A stdio client that declares the tasks extension gets execute_operation as a task
     (the operation id) and polls it to completed through the relay; a proposal is a task
-    too, whose cancel is refused with opgate's reason and whose update is acknowledged."""
+    too, whose update is acknowledged and whose cancel withdraws it (a second cancel is
+    refused with opgate's reason)."""
     op = await approved_refund(stripe_gate, localstripe_url)
     proposal = {
         "provider": "stripe",
@@ -140,6 +142,8 @@ async def test_over_stdio_tasks_work_as_over_http(
         assert isinstance(proposed, CreatedTask), proposed
         waiting = await get_task(client, proposed.task_id)
         updated = await update_task(client, proposed.task_id, {"approval": {"action": "accept"}})
+        await cancel_task(client, proposed.task_id)
+        withdrawn = await get_task(client, proposed.task_id)
         with pytest.raises(MCPError) as refused:
             await cancel_task(client, proposed.task_id)
     assert created.task_id == op["operation_id"]
@@ -148,5 +152,35 @@ async def test_over_stdio_tasks_work_as_over_http(
     assert done["result"]["structuredContent"]["provider_response"]["body"]["id"] == refund["id"]
     assert waiting["status"] == "input_required"
     assert updated.get("resultType") == "complete"
+    assert withdrawn["status"] == "cancelled", withdrawn
     assert refused.value.error.code == -32602
     assert refused.value.error.data["code"] == "mcp_task_not_cancellable"
+
+
+async def test_over_stdio_operations_are_resources_as_over_http(
+    stripe_gate: Opgate, localstripe_url: str
+) -> None:
+    """Through the relay: the template opgate://operations/{operation_id}, the unsettled
+    operation listed beside the proposal card, its read (the row, next_action send, the exact
+    request) as over HTTP; another tenant reading it gets what an unknown id gets."""
+    op = await approved_refund(stripe_gate, localstripe_url)
+    uri = f"opgate://operations/{op['operation_id']}"
+    async with stdio_client(stripe_gate.agent_url, AGENT_TOKEN) as client:
+        templates = await client.list_resource_templates()
+        listed = await client.list_resources()
+        read = await client.read_resource(uri)
+    async with stdio_client(stripe_gate.agent_url, OTHER_TENANT_TOKEN) as other:
+        with pytest.raises(MCPError) as theirs:
+            await other.read_resource(uri)
+        with pytest.raises(MCPError) as absent:
+            await other.read_resource("opgate://operations/op_absent_1")
+    [template] = templates.resource_templates
+    assert template.uri_template == "opgate://operations/{operation_id}"
+    assert {uri, "ui://opgate/proposal-card.html"} <= {str(r.uri) for r in listed.resources}
+    [contents] = read.contents
+    assert isinstance(contents, TextResourceContents)
+    view = json.loads(contents.text)
+    assert (view["operation"]["operation_id"], view["next_action"]) == (op["operation_id"], "send")
+    assert view["request"]["path"] == "/stripe/v1/refunds"
+    assert theirs.value.error.code == absent.value.error.code == -32602
+    assert theirs.value.error.message == absent.value.error.message == "Resource not found"

@@ -164,3 +164,19 @@ async def test_a_proposal_identical_to_a_declined_one_says_so(capped: Opgate) ->
             headers={"Authorization": f"Bearer {AGENT_TOKEN}"},
         )
         assert json.loads(read.text)["proposal"]["declined_twin"] == declined_id
+
+
+async def test_a_withdrawn_proposal_frees_its_place_under_the_cap(capped: Opgate) -> None:
+    """An agent at its cap of 3 withdraws one pending proposal: its next one is admitted."""
+    async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
+        first = [await propose(client, capped) for _ in range(3)]
+        assert (await propose(client, capped)).status_code == 429
+        withdrawn = await client.post(
+            f"{capped.agent_url}/_opgate/v1/proposals/"
+            f"{first[0].json()['proposal']['proposal_id']}/withdraw",
+            headers={"Authorization": f"Bearer {AGENT_TOKEN}"},
+        )
+        assert withdrawn.status_code == 200, withdrawn.text
+        again = await propose(client, capped, amount=400)
+        assert again.status_code == 201, again.text
+        assert len(await pending(client, capped)) == 3

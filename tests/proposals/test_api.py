@@ -158,6 +158,55 @@ async def test_a_declined_proposal_is_never_sendable(
     assert (status, again["code"]) == (409, "proposal_not_pending")
 
 
+async def withdraw(gate: Opgate, proposal_id: str, token: str = AGENT_TOKEN) -> tuple[int, Any]:
+    status, _, raw = await gate.send(
+        f"/_opgate/v1/proposals/{proposal_id}/withdraw", token=token, content_type=None
+    )
+    return status, json.loads(raw)
+
+
+async def test_the_agent_withdraws_its_pending_proposal_and_only_that(
+    gate: Opgate, fault_provider: FaultProvider
+) -> None:
+    """A pending proposal withdrawn by its agent reads withdrawn (new_approval_required), its
+    request is never sendable, an approval after it is refused 409 saying so, and its event is
+    on record; a second withdrawal or one of a declined proposal is 409
+    proposal_not_withdrawable, and another agent's is told unknown."""
+    _, proposed = await propose(gate)
+    proposal_id = proposed["proposal"]["proposal_id"]
+    status, theirs = await withdraw(gate, proposal_id, SECOND_AGENT_TOKEN)
+    assert (status, theirs["code"]) == (404, "proposal_unknown")
+    status, withdrawn = await withdraw(gate, proposal_id)
+    assert status == 200, withdrawn
+    assert (withdrawn["status"], withdrawn["next_action"]) == ("withdrawn", "new_approval_required")
+    assert withdrawn["proposal"]["decided_by"] == "agent-a"
+    status, view = await read(gate, proposal_id)
+    assert (view["status"], view["next_action"]) == ("withdrawn", "new_approval_required")
+    status, refused = await send_exactly(gate, proposed["request"])
+    assert (status, refused["code"]) == (404, "operation_unknown")
+    status, again = await decide(gate, proposal_id, "approve")
+    assert (status, again["code"]) == (409, "proposal_not_pending")
+    assert "withdrawn by its agent" in again["detail"]
+    status, twice = await withdraw(gate, proposal_id)
+    assert (status, twice["code"]) == (409, "proposal_not_withdrawable")
+    assert "withdrawn" in twice["detail"]
+    _, other = await propose(gate)
+    await decide(gate, other["proposal"]["proposal_id"], "decline")
+    status, decided = await withdraw(gate, other["proposal"]["proposal_id"])
+    assert (status, decided["code"]) == (409, "proposal_not_withdrawable")
+    assert "declined" in decided["detail"]
+    async with gate.http.get(
+        f"{gate.ops_url}/v1/proposals/{proposal_id}", headers=admin_headers()
+    ) as response:
+        events = (await response.json())["events"]
+    assert [(e["event"], e["to_status"], e["actor"]) for e in events][-1] == (
+        "withdrawn",
+        "withdrawn",
+        "agent-a",
+    )
+    assert fault_provider.requests == []
+
+
 async def test_an_expired_proposal_is_neither_approvable_nor_sendable(
     gate: Opgate, fault_provider: FaultProvider, database_url: str
 ) -> None:
