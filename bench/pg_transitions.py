@@ -139,6 +139,7 @@ async def measure(
                         "content_type": "application/json",
                         "body": b"{}",
                         "actor": "bench",
+                        "request": None,
                     }
                 )
             )

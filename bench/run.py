@@ -771,7 +771,7 @@ def pgbench_script(tmp: Path, db_url: str) -> Path:
     # precondition lookup, the event's actor the owner.
     nothing = {name: "NULL" for name in ("after_lookup_by", "unchanged_since", "actor")}
     claim = with_variables("claim_operation", "claim", nothing)
-    settle = with_variables("settle_operation", "settle")
+    settle = with_variables("settle_operation", "settle", {"request": "NULL"})
     script = tmp / "claim_settle.sql"
     script.write_text(
         "\\set next :next + 1\n"

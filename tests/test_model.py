@@ -383,9 +383,15 @@ async def read_final(database_url: str) -> Final:
             "SELECT operation_id, event, actor, detail::text AS detail FROM operation_events"
             " ORDER BY event_id"
         )
+        # A request record in its operation's stream (written by the outcome's statement,
+        # migration 0022) is the instance's that wrote the transition before it: it is keyed
+        # by that instance's request stream, as one the instance's writer stored is.
         records = await conn.fetch(
-            "SELECT stream, operation_id, record::text AS record FROM audit_log"
-            " WHERE kind = 'request' ORDER BY stream, seq"
+            "SELECT CASE WHEN a.stream = a.operation_id"
+            " THEN 'requests/' || (t.record ->> 'instance_id') ELSE a.stream END AS stream,"
+            " a.operation_id, a.record::text AS record FROM audit_log a"
+            " LEFT JOIN audit_log t ON t.stream = a.stream AND t.seq = a.seq - 1"
+            " WHERE a.kind = 'request' ORDER BY a.stream, a.seq"
         )
     finally:
         await conn.close()

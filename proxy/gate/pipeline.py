@@ -7,8 +7,10 @@ Each stage ends in a value: the request's ``RequestOutcome`` (the decision and i
 row before and after, the provider's answer, the precondition evidence). From that value alone
 ``answer`` makes the agent's answer and ``audited`` the audit record: exactly one record,
 emitted before a byte of the answer is written, or in a ``finally`` on every other way out (from
-the outcome known so far, ``Progress``). A store that fails before anything was sent is
-answered in one place, as "nothing was sent".
+the outcome known so far, ``Progress``). The record of a request that claimed its operation is
+written by the statement that records the outcome (stage 8, migration 0022), so it commits with
+it; only if that statement fails is it emitted to the batch writer, as every other record is.
+A store that fails before anything was sent is answered in one place, as "nothing was sent".
 
 Nothing leaves before the claim has committed. Once the claim has committed, the row only
 becomes confirmed or failed from the provider's answer; every other ending leaves it dispatched.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -77,10 +80,13 @@ from proxy.gate.upstream import OutboundRequest, UpstreamResponse
 from proxy.observe.audit import (
     AuditRecord,
     Decision,
+    Sealed,
     Undelivered,
     emit,
+    emit_stored,
     emit_undelivered,
     request_path,
+    seal,
 )
 from proxy.policy.model import Mode, Provider
 from proxy.policy.set import PolicySet
@@ -135,10 +141,33 @@ _NOTHING_KNOWN = RequestOutcome()  # where every request's outcome starts
 
 class Progress:
     """The outcome known so far: each stage replaces it with a fuller value. A request that
-    ends by an exception (an agent that hangs up cancels its handler) is audited from it."""
+    ends by an exception (an agent that hangs up cancels its handler) is audited from it.
+    Also the request's record (begun at intake), whether it is on its way already
+    (``audited``: emitted, or handed to the statement that records the outcome), and how the
+    handler answers an outcome (``respond``: the record names the answer's status)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, record: AuditRecord, respond: Callable[[RequestOutcome], web.StreamResponse]
+    ) -> None:
         self.known = _NOTHING_KNOWN
+        self.record = record
+        self.respond = respond
+        self.audited = False
+        # the answer made for the outcome whose record the outcome's statement stored
+        self.answered: tuple[RequestOutcome, web.StreamResponse] | None = None
+
+    def answer(self, outcome: RequestOutcome) -> web.StreamResponse:
+        """The answer to ``outcome``: the one its stored record names, if it was made."""
+        answered = self.answered
+        if answered is not None and answered[0] is outcome:
+            return answered[1]
+        return self.respond(outcome)
+
+    def emit_once(self, outcome: RequestOutcome, response_status: int | None = None) -> None:
+        """The record of ``outcome``, unless it is on its way already."""
+        if not self.audited:
+            self.audited = True
+            emit(audited(self.record, outcome, response_status))
 
 
 @dataclass(frozen=True)
@@ -166,24 +195,28 @@ async def handle_agent_request(request: web.Request) -> web.StreamResponse:
         token_provider = token_request_provider(policy, request.method, request.raw_path)
         if token_provider is not None:  # the SDK's own token request, answered here
             return await _token_request(gateway, token_provider, request, record)
-    progress = Progress()
-    emitted = False
+    progress = Progress(record, _answer_in_dialect)
     try:
         outcome = progress.known = await _outcome(gateway, policy, request, progress)
-        response: web.StreamResponse = answer(outcome)
-        if outcome.target is not None:  # opgate's refusals in the provider's dialect (errors:)
-            response = in_dialect(response, outcome.target.provider.errors)
-        # 9. audit, before a byte of the answer is written: numbered and queued, the record is
-        # on its way to the audit log however long the agent takes to read (or a crash comes
-        # meanwhile). It says what opgate answered; an answer that then does not reach the
-        # agent in full gets a record of its own (audit.emit_undelivered), never a change.
-        emitted = True
-        emit(audited(record, outcome, response.status))
+        response: web.StreamResponse = progress.answer(outcome)
+        # 9. audit, before a byte of the answer is written: numbered and queued (or stored by
+        # the outcome's statement already), the record is on its way to the audit log however
+        # long the agent takes to read (or a crash comes meanwhile). It says what opgate
+        # answered; an answer that then does not reach the agent in full gets a record of its
+        # own (audit.emit_undelivered), never a change.
+        progress.emit_once(outcome, response.status)
         await _write_answer(request, response, record, gateway.settings)
         return response
     finally:
-        if not emitted:  # every other way out: still exactly one record
-            emit(audited(record, progress.known))
+        progress.emit_once(progress.known)  # every other way out: still exactly one record
+
+
+def _answer_in_dialect(outcome: RequestOutcome) -> web.StreamResponse:
+    """``answer``, with opgate's refusals in the provider's dialect (its ``errors:``)."""
+    response = answer(outcome)
+    if outcome.target is not None:
+        return in_dialect(response, outcome.target.provider.errors)
+    return response
 
 
 async def _token_request(
@@ -257,15 +290,15 @@ async def handle_composed_request(
         policy_version=policy.version,
         listener=listener,
     )
-    progress = Progress()
+    progress = Progress(record, answer)
     response_status = None
     try:
         outcome = progress.known = await _outcome(gateway, policy, composed, progress)
-        response = answer(outcome)
+        response = progress.answer(outcome)
         response_status = response.status
         return response
     finally:
-        emit(audited(record, progress.known, response_status))
+        progress.emit_once(progress.known, response_status)
 
 
 async def _outcome(
@@ -420,12 +453,12 @@ async def _forward(
         attempt=claimed.attempts if claimed else None,
     )
     progress.known = sending
-    forwarding = _send_and_record(gw, target, ready, sending)
+    forwarding = _send_and_record(gw, target, ready, sending, progress)
     return await asyncio.shield(slot.held_through(forwarding))
 
 
 async def _send_and_record(
-    gw: Gateway, target: Target, ready: ReadyToSend, sending: RequestOutcome
+    gw: Gateway, target: Target, ready: ReadyToSend, sending: RequestOutcome, progress: Progress
 ) -> RequestOutcome:
     # 6. forward
     try:
@@ -451,7 +484,15 @@ async def _send_and_record(
         classification = target.provider.classification_for(target.rule)
         classified = classify_answer(classification, answered.status, answered.body)
 
-    # 8. record the outcome
+    # 8. record the outcome, and in the same statement the request's record (9. audit): the
+    # outcome as it will be once that statement has committed
+    outcome = sending.updated(provider_answer=answered, provider_status=provider_status)
+    if isinstance(classified, Unknown):
+        outcome = outcome.updated(decision=Decision.ERROR, unsettled=classified.outcome)
+    recorded_as = classified.status if isinstance(classified, Settled) else op.status
+    outcome = outcome.updated(status_after=recorded_as)
+    sealed = _seal(progress, outcome)
+    request = sealed[0].text if sealed is not None else None
     actor = gw.settings.instance_id
     try:
         if isinstance(classified, Settled):
@@ -462,23 +503,45 @@ async def _send_and_record(
                 answered.headers.get("Content-Type"),
                 answered.body,
             )
-            recorded = await gw.store.settle(op.operation_id, classified.status, stored, actor)
+            recorded = await gw.store.settle(
+                op.operation_id, classified.status, stored, actor, request=request
+            )
         else:
             recorded = await gw.store.end_attempt(
-                op.operation_id, op.attempts, classified.outcome.value, provider_status, actor
+                op.operation_id,
+                op.attempts,
+                classified.outcome.value,
+                provider_status,
+                actor,
+                request=request,
             )
     except StoreUnavailable:
         # The provider has answered but the row could not be updated: it stays dispatched with
         # a lease that will expire, i.e. unknown, which is true from the row's point of view.
         recorded = None
-    outcome = sending.updated(
-        provider_answer=answered,
-        provider_status=provider_status,
-        status_after=recorded or op.status,
-    )
-    if isinstance(classified, Unknown):
-        return outcome.updated(decision=Decision.ERROR, unsettled=classified.outcome)
+    if recorded is None:
+        outcome = outcome.updated(status_after=op.status)
+    if sealed is not None:
+        if recorded is not None:  # the record committed with the outcome
+            progress.answered = (outcome, sealed[1])
+            emit_stored(sealed[0])
+        else:  # the statement failed, or found the row changed: the batch writer, as before
+            emit(audited(progress.record, outcome, progress.respond(outcome).status))
     return outcome
+
+
+def _seal(progress: Progress, outcome: RequestOutcome) -> tuple[Sealed, web.StreamResponse] | None:
+    """The record of a claimed request whose outcome is about to be recorded, for that
+    statement to store (audit.seal), and the answer it names; None if it is on its way
+    already (the agent hung up meanwhile: the handler emitted it) or cannot go that way."""
+    if progress.audited:
+        return None
+    response = progress.respond(outcome)
+    sealed = seal(audited(progress.record, outcome, response.status))
+    if sealed is None:
+        return None
+    progress.audited = True  # from here on, this stage emits it, whatever the statement does
+    return sealed, response
 
 
 def _prepare(

@@ -7,9 +7,13 @@ in, only named facts; the forwarded body appears only as its SHA-256.
 ``emit`` first lets the request's observer number the record (``instance_seq``) or count it
 into a ``denials`` record (``aggregated``), then hands it on (queued for the PostgreSQL audit
 log before anything else, then the span and counters), then writes the log line: the log line
-and the stored record carry the same number, and are the same JSON. No sink's failure (stdout
-gone: EPIPE, ENOSPC; a span exporter's bug) reaches the caller or costs the stored record: it
-is counted and fails readiness (sinks.py).
+and the stored record carry the same number, and are the same JSON. The record of a request
+that claimed its operation is instead ``seal``-ed: made before the statement that records the
+operation's outcome, which stores it in the operation's stream (migration 0022), and then
+``emit_stored``: the span, counters and log line, the same JSON, without a number.
+
+No sink's failure (stdout gone: EPIPE, ENOSPC; a span exporter's bug) reaches the caller or
+costs the stored record: it is counted and fails readiness (sinks.py).
 """
 
 from __future__ import annotations
@@ -150,6 +154,14 @@ class RequestObserver(Protocol):
         """A record of the request stream that is not a request's (``record_type``), numbered
         by ``admit`` already: queued for the audit table only."""
 
+    def sealing(self, fields: dict[str, Any]) -> bool:
+        """Whether request records are stored (a writer runs); if so, gives the record its
+        trace id, as ``admit`` does, but no number: the statement that records its
+        operation's outcome stores it instead (``seal``)."""
+
+    def observe_stored(self, fields: dict[str, Any]) -> None:
+        """``observe`` for a record already stored (``seal``): span attributes and counters."""
+
 
 REQUEST_OBSERVER: ContextVar[RequestObserver | None] = ContextVar(
     "opgate_request_observer", default=None
@@ -213,6 +225,40 @@ def emit(record: AuditRecord) -> None:
     if observer is not None:
         observer.observe(redacted, text)
     _write_line(redacted, text)
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """A request's record as it is stored (redacted, and its JSON), made for the statement
+    that records its operation's outcome to store (queries.sql settle_operation)."""
+
+    fields: dict[str, Any]
+    text: str
+
+
+def seal(record: AuditRecord) -> Sealed | None:
+    """``record`` made ready for the statement that records its operation's outcome, or None
+    where it cannot go that way (no audit log is kept; JSON cannot hold it): ``emit`` it then.
+    Not numbered (``instance_seq`` null): it is stored in the operation's stream, not by this
+    instance's writer, whose numbering accounts only for the records the writer stores."""
+    observer = REQUEST_OBSERVER.get()
+    if observer is None:
+        return None
+    fields = record.fields()
+    if not observer.sealing(fields):
+        return None
+    redacted = redact_record(fields)
+    text = stored_json(redacted)
+    return None if text is None else Sealed(redacted, text)
+
+
+def emit_stored(sealed: Sealed) -> None:
+    """The sinks of a record the outcome's statement has stored: the span and counters, then
+    the log line (the same JSON as the stored record)."""
+    observer = REQUEST_OBSERVER.get()
+    if observer is not None:
+        observer.observe_stored(sealed.fields)
+    _write_line(sealed.fields, sealed.text)
 
 
 def _write_line(fields: dict[str, Any], text: str | None) -> None:

@@ -230,9 +230,7 @@ class Observability:
         """Before the request's log line: its number in this instance's sequence, or its
         place in a count of repeated denials (writer.py, denials.py). And its trace id: the
         record names its trace, so the console links it and a reviewer finds its spans."""
-        context = trace.get_current_span().get_span_context()
-        if fields.get("trace_id") is None and context.is_valid:
-            fields["trace_id"] = format(context.trace_id, "032x")
+        _name_trace(fields)
         if self.writer is not None:
             self.writer.admit(fields)
 
@@ -249,6 +247,13 @@ class Observability:
             )
         return "; ".join(p for p in problems if p) or None
 
+    def sealing(self, fields: dict[str, Any]) -> bool:
+        """Whether request records are stored; if so, the record's trace id (audit.seal)."""
+        if self.writer is None:
+            return False
+        _name_trace(fields)
+        return True
+
     def observe(self, fields: dict[str, Any], stored_json: str | None) -> None:
         """One canonical request record, redacted already and made the JSON it is stored as
         (audit.emit; None where JSON cannot hold it): span attributes, counters, the audit
@@ -256,6 +261,10 @@ class Observability:
         # The audit log first: nothing after this can cost the stored record.
         if self.writer is not None:
             self.writer.submit(fields, redacted=True, text=stored_json)
+        self.observe_stored(fields)
+
+    def observe_stored(self, fields: dict[str, Any]) -> None:
+        """Span attributes and counters of a record stored already (audit.emit_stored)."""
         try:
             span = trace.get_current_span()
             if span.is_recording():
@@ -469,6 +478,13 @@ def _span_path(request: web.Request) -> str:
 
 # The process's observability on each listener's app, set by the server (absent in bare setups).
 OBSERVABILITY = web.AppKey("observability", Observability)
+
+
+def _name_trace(fields: dict[str, Any]) -> None:
+    """The record's trace id, from the current span (unless it names one already)."""
+    context = trace.get_current_span().get_span_context()
+    if fields.get("trace_id") is None and context.is_valid:
+        fields["trace_id"] = format(context.trace_id, "032x")
 
 
 @web.middleware

@@ -214,6 +214,8 @@ SELECT DISTINCT ON (e.operation_id) e.operation_id, e.detail
 -- settles: with a deduplicating provider every attempt reports the same effect. Returns only
 -- the status settled: the row's other columns (the answer just written among them) are
 -- known to the caller, and would cross the connection again for nothing.
+-- request: the record of the agent request this answer came to (a JSON object, or NULL), which
+-- the row's trigger writes after the transition's, in the operation's stream (migration 0022).
 WITH settled AS (
     UPDATE operations
        SET status = %(status)s, last_outcome = %(status)s, provider_status = %(provider_status)s,
@@ -225,7 +227,8 @@ WITH settled AS (
                'event', %(status)s::text, 'actor', %(actor)s::text,
                'detail', jsonb_build_object('attempt', attempts,
                                             'provider_status', %(provider_status)s::integer,
-                                            'object_id', %(object_id)s::text))
+                                            'object_id', %(object_id)s::text)),
+           audit_request = %(request)s::jsonb
      WHERE operation_id = %(operation_id)s AND status = 'dispatched'
     RETURNING status
 )
@@ -238,7 +241,7 @@ SELECT s.status FROM settled s;
 -- owner, when given: the claim's own lease owner, for a claim whose statement was cut off
 -- (proxy/gate/cutoff.py): only that claim, if it committed at all, and only while its attempt
 -- has no recorded end.
--- Returns only the status (dispatched), as settle_operation does.
+-- Returns only the status (dispatched), as settle_operation does; request: as settle_operation's.
 WITH released AS (
     UPDATE operations
        SET lease_owner = NULL, lease_until = NULL, last_outcome = %(outcome)s,
@@ -249,7 +252,8 @@ WITH released AS (
            audit_event = jsonb_build_object(
                'event', 'unknown', 'actor', %(actor)s::text,
                'detail', jsonb_build_object('attempt', attempts, 'outcome', %(outcome)s::text,
-                                            'provider_status', %(provider_status)s::integer))
+                                            'provider_status', %(provider_status)s::integer)),
+           audit_request = %(request)s::jsonb
      WHERE operation_id = %(operation_id)s AND status = 'dispatched' AND attempts = %(attempt)s
        AND (%(owner)s::text IS NULL OR (lease_owner = %(owner)s AND attempt_ended_at IS NULL))
     RETURNING status

@@ -391,9 +391,16 @@ class Store:
         return {row["operation_id"]: json.loads(row["detail"]) for row in rows}
 
     async def settle(
-        self, operation_id: str, status: Status, answer: ProviderAnswer, actor: str
+        self,
+        operation_id: str,
+        status: Status,
+        answer: ProviderAnswer,
+        actor: str,
+        *,
+        request: str | None = None,
     ) -> Status | None:
-        """The row's status once settled, or None if it was not dispatched."""
+        """The row's status once settled, or None if it was not dispatched. ``request``: the
+        JSON of the agent request's audit record, written with the settle (migration 0022)."""
         return await self._status(
             "settle_operation",
             operation_id=operation_id,
@@ -403,6 +410,7 @@ class Store:
             content_type=answer.content_type,
             body=answer.body,
             actor=actor,
+            request=request,
         )
 
     async def end_attempt(
@@ -414,11 +422,13 @@ class Store:
         actor: str,
         *,
         owner: str | None = None,
+        request: str | None = None,
     ) -> Status | None:
         """End ``attempt`` without settling the operation (queries.sql ``release_unknown``):
         its outcome unknown, or ``not_sent`` (a claim withdrawn before anything left). The
         row's status (still dispatched), or None if ``attempt`` no longer holds it. ``owner``:
-        only if that claim holds it, its end unrecorded (a cut-off claim)."""
+        only if that claim holds it, its end unrecorded (a cut-off claim). ``request``: as
+        ``settle``'s."""
         return await self._status(
             "release_unknown",
             operation_id=operation_id,
@@ -427,6 +437,7 @@ class Store:
             provider_status=provider_status,
             actor=actor,
             owner=owner,
+            request=request,
         )
 
     async def many(self, query: str, **values: Any) -> list[Operation]:

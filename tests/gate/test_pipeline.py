@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 from yarl import URL
 
 import proxy.gate.pipeline
-from proxy.observe.audit import AuditRecord
+from proxy.observe.audit import AuditRecord, Sealed
 from tests.support.fault_provider import FaultMode, FaultProvider
 from tests.support.opgate import (
     AGENT_TOKEN,
@@ -464,10 +464,15 @@ async def test_the_audit_record_is_queued_before_the_answer_is_written(
     written, so an agent that does not read cannot hold it back; once, for the answer sent."""
     order: list[str] = []
     emit, write_eof = proxy.gate.pipeline.emit, web.Response.write_eof
+    emit_stored = proxy.gate.pipeline.emit_stored
 
     def emitting(record: AuditRecord) -> None:
         order.append(f"record {record.response_status}")
         emit(record)
+
+    def emitting_stored(sealed: Sealed) -> None:  # stored by the settle (migration 0022)
+        order.append(f"record {sealed.fields['response_status']}")
+        emit_stored(sealed)
 
     async def writing_eof(self: web.Response, data: bytes = b"") -> None:
         if "X-Operation-Status" in self.headers:  # opgate's answer, not the fault provider's
@@ -476,6 +481,7 @@ async def test_the_audit_record_is_queued_before_the_answer_is_written(
 
     op = await fault_gate.approve()
     monkeypatch.setattr(proxy.gate.pipeline, "emit", emitting)
+    monkeypatch.setattr(proxy.gate.pipeline, "emit_stored", emitting_stored)
     monkeypatch.setattr(web.Response, "write_eof", writing_eof)
     status, _, _ = await fault_gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))
     assert status == 200

@@ -95,9 +95,12 @@ async def test_two_processes_and_200_operations_produce_a_chain_that_verifies(
         }
     finally:
         await conn.close()
-    assert all(per_stream[op] == 3 for op in ids)  # created, claimed, confirmed
-    # one record per request, and the writer's `started` record
-    assert per_stream["requests/gate-a"] == per_stream["requests/gate-b"] == OPERATIONS + 1
+    # created, claimed, confirmed, and the record of the request that claimed it, written with
+    # the settle (migration 0022)
+    assert all(per_stream[op] == 4 for op in ids)
+    # one record per other request (the one each operation's claim refused or replayed), and
+    # each writer's `started` record
+    assert per_stream["requests/gate-a"] + per_stream["requests/gate-b"] == OPERATIONS + 2
     assert per_stream["policy"] == 2
     assert checkpoint_writers == {"gate-a", "gate-b"}
 

@@ -214,6 +214,7 @@ async def test_chains_written_before_migration_0010_go_on_after_it(pg_server_dsn
                 conn, "settle_operation",
                 operation_id="op_before", status="confirmed", provider_status=200,
                 object_id="re_1", content_type="application/json", body=b"{}", actor="me",
+                request=None,
             )  # fmt: skip
             requests = await _chain(conn, STREAM)
             count = 3 + MANY_RECORDS + 1

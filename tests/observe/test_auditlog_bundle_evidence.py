@@ -96,9 +96,9 @@ async def test_a_swapped_answer_or_mandate_is_refused(made: tuple[Path, str]) ->
     forged["amount"] = 1
     answer["body"] = base64.b64encode(json.dumps(forged).encode()).decode()
     [refused] = bundle.verify(swapped, LOG_KEY).breaks
-    assert refused.startswith(
+    assert refused.startswith(  # the record that claimed it: in its stream (migration 0022)
         f"operation {operation_id}: the stored answer in the bundle is not the one the signed"
-        " request record stream requests/"
+        f" request record stream {operation_id} seq 4"
     )
 
     swapped = json.loads(path.read_text())

@@ -177,7 +177,7 @@ async def test_a_transition_writes_one_record_and_moves_its_head_on_the_operatio
     await queries.fetchrow(
         conn, "settle_operation",
         operation_id="op_one", status="confirmed", provider_status=200, object_id="re_1",
-        content_type="application/json", body=b"{}", actor="me",
+        content_type="application/json", body=b"{}", actor="me", request=None,
     )  # fmt: skip
     rows = await conn.fetch("SELECT stream, seq, hash FROM audit_log ORDER BY seq")
     assert [(r["stream"], r["seq"]) for r in rows] == [("op_one", 1), ("op_one", 2), ("op_one", 3)]

@@ -85,7 +85,7 @@ async def _settle(conn: asyncpg.Connection, operation_id: str) -> None:
     settled = await queries.fetchrow(
         conn, "settle_operation",
         operation_id=operation_id, status="confirmed", provider_status=200, object_id="re_1",
-        content_type="application/json", body=b"{}", actor="me",
+        content_type="application/json", body=b"{}", actor="me", request=None,
     )  # fmt: skip
     assert settled is not None
 
