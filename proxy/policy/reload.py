@@ -159,7 +159,6 @@ class PolicyReloader:
         self, trigger: str, version: str | None, problems: list[str]
     ) -> ReloadOutcome:
         outcome = ReloadOutcome(trigger, version, False, problems)
-        self.refused.append(outcome)
         observability = self._gateway.observability
         if observability is not None:
             with contextlib.suppress(StoreUnavailable):  # the log line below still has it
@@ -178,6 +177,9 @@ class PolicyReloader:
             policy_version=self._gateway.policy.version,  # the set that keeps serving
             errors=problems,
         )
+        # Listed once recorded and said: whoever watches the list (an operator, a test) then
+        # finds the refusal in the audit log and the log stream too.
+        self.refused.append(outcome)
         return outcome
 
 
