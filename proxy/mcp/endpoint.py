@@ -25,6 +25,7 @@ import mcp.types as types
 from aiohttp import web
 from mcp.server.extension import compose_tool_call_handler
 from mcp.server.lowlevel import Server
+from mcp.server.request_state import RequestStateBoundary
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
 from proxy.gate.decision import Deny
@@ -50,6 +51,7 @@ from proxy.mcp.auth import (
 from proxy.mcp.calls import LISTENER, MCP_RULE, McpCall, call_tool
 from proxy.mcp.elicitation import ask_for_approval, url_elicitation_supported
 from proxy.mcp.messages import malformed_request
+from proxy.mcp.request_state import sealing_boundary, state_key
 from proxy.mcp.subscriptions import Listening
 from proxy.mcp.tasks import OperationTasks
 from proxy.mcp.tools import GET_PROPOSAL, PROPOSE_OPERATION, TOOLS, Answered, tool_result
@@ -72,11 +74,17 @@ def _call_of(ctx: Any) -> McpCall:
     return call
 
 
-def mcp_server(tasks: OperationTasks, stopping: asyncio.Event, name: str = "opgate") -> Server[Any]:
+def mcp_server(
+    tasks: OperationTasks,
+    stopping: asyncio.Event,
+    sealed: RequestStateBoundary,
+    name: str = "opgate",
+) -> Server[Any]:
     """The SDK server with opgate's tools, and the tasks extension applied as the SDK's
     ``MCPServer`` applies one (its methods, its advertisement, its ``tools/call``
     interceptor), on the low-level server opgate bridges. ``stopping``: ends the listen
-    streams (the listener stops)."""
+    streams (the listener stops); ``sealed``: the ``requestState`` boundary, which reads a
+    retry's state (and refuses any other) before the handlers see it."""
 
     async def list_tools(
         ctx: Any, params: types.PaginatedRequestParams | None
@@ -140,17 +148,25 @@ def mcp_server(tasks: OperationTasks, stopping: asyncio.Event, name: str = "opga
         types.CallToolRequestParams,
         compose_tool_call_handler([tasks], on_call_tool),
     )
+    # inside the SDK's OpenTelemetry middleware, as MCPServer installs it: spans see the
+    # sealed form, handlers and interceptors only what opgate minted
+    server.middleware.append(sealed)
     return server
 
 
 class McpEndpoint:
-    def __init__(self) -> None:
+    def __init__(self, gw: Gateway) -> None:
         self.tasks = OperationTasks(_call_of)
         self.stopping = asyncio.Event()  # set: the listen streams end
         self.verifier: OAuthVerifier | None = None  # built on first use, from the settings
         self.http: aiohttp.ClientSession | None = None  # fetches the issuers' keys
+        sealed = sealing_boundary(
+            state_key(gw.credentials),
+            gw.settings.proposal_pending_seconds,
+            lambda ctx: _call_of(ctx).agent,
+        )
         self.manager = StreamableHTTPSessionManager(
-            mcp_server(self.tasks, self.stopping),
+            mcp_server(self.tasks, self.stopping, sealed),
             json_response=True,
             stateless=True,
             max_request_body_size=MAX_MESSAGE_BYTES,
@@ -449,7 +465,7 @@ async def protected_resource_metadata(request: web.Request) -> web.Response:
 
 
 def add_mcp_route(app: web.Application) -> None:
-    endpoint = McpEndpoint()
+    endpoint = McpEndpoint(app[GATEWAY])
     app.router.add_route("*", MCP_PATH, endpoint.handle)
     app.router.add_get(WELL_KNOWN + MCP_PATH, protected_resource_metadata)
     app.cleanup_ctx.append(endpoint.running)
