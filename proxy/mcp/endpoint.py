@@ -27,6 +27,7 @@ from mcp.server.extension import compose_tool_call_handler
 from mcp.server.lowlevel import Server
 from mcp.server.request_state import RequestStateBoundary
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.exceptions import MCPError
 
 from proxy.gate.decision import Deny
 from proxy.gate.identity import (
@@ -49,12 +50,21 @@ from proxy.mcp.auth import (
     required_scope,
 )
 from proxy.mcp.calls import LISTENER, MCP_RULE, McpCall, call_tool
+from proxy.mcp.capabilities import OpgateServer
 from proxy.mcp.elicitation import ask_for_approval, url_elicitation_supported
 from proxy.mcp.messages import malformed_request
+from proxy.mcp.origins import origin_allowed
 from proxy.mcp.request_state import sealing_boundary, state_key
 from proxy.mcp.subscriptions import Listening
 from proxy.mcp.tasks import OperationTasks
-from proxy.mcp.tools import GET_PROPOSAL, PROPOSE_OPERATION, TOOLS, Answered, tool_result
+from proxy.mcp.tools import (
+    GET_PROPOSAL,
+    PROPOSE_OPERATION,
+    TOOL_NAMES,
+    TOOLS,
+    Answered,
+    tool_result,
+)
 from proxy.observe.audit import REQUEST_OBSERVER, AuditRecord, Decision, emit, request_path
 from proxy.observe.observer import OBSERVABILITY
 from proxy.runtime import GATEWAY, Gateway
@@ -95,6 +105,8 @@ def mcp_server(
         ctx: Any, params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult:
         call = _call_of(ctx)
+        if params.name not in TOOL_NAMES:  # a protocol error, as the specification lists it
+            raise MCPError(types.INVALID_PARAMS, "Unknown tool (tools/list names opgate's)")
         if params.name != PROPOSE_OPERATION:
             return tool_result(await call_tool(call, params.name, params.arguments))
         if params.request_state is not None:  # the retry: the proposal it made, as it is now
@@ -129,7 +141,7 @@ def mcp_server(
             return apps.card()
         return await resources.read(_call_of(ctx), params.uri)
 
-    server: Server[Any] = Server(
+    server: Server[Any] = OpgateServer(
         name,
         version=version("opgate"),
         on_list_tools=list_tools,
@@ -215,6 +227,13 @@ class McpEndpoint:
         )
         call: McpCall | None = None
         try:
+            # DNS rebinding (the transport's MUST): a browser page's request is refused
+            # before anything else is read, a token checked or the protocol spoken
+            if not origin_allowed(
+                request.headers.getall("Origin", []), gw.settings.mcp_allowed_origins
+            ):
+                detail = "this Origin is not in mcp_allowed_origins"  # never echoed
+                return _refuse(record, Reason.MCP_ORIGIN_REFUSED, detail)
             try:
                 token = presented_agent_token(request.headers, "Authorization")
             except AmbiguousCredentials as exc:
