@@ -5,7 +5,10 @@ and polling it to the end; and what it says of the protocol headers holds."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import re
+import shutil
 
 import pytest
 
@@ -50,6 +53,28 @@ async def test_the_raw_task_example_runs_as_written(
     assert printed == [("completed", "proceed")]
     [refund] = await list_refunds(localstripe_url, charge=op["params"]["charge"])
     assert refund["metadata"]["operation_id"] == op["operation_id"]
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+async def test_the_curl_example_reads_a_task(stripe_gate: Opgate, localstripe_url: str) -> None:
+    """The page's curl block, pointed at this opgate, answers tasks/get of an operation."""
+    op = await approved_refund(stripe_gate, localstripe_url)
+    [block] = re.findall(r"^```sh\n(.*?)^```", PAGE.read_text("utf-8"), re.S | re.M)
+    command = block.replace("http://127.0.0.1:8080", stripe_gate.agent_url)
+    env = {"PATH": os.environ["PATH"], "OPGATE_AGENT_TOKEN": AGENT_TOKEN}
+    child = await asyncio.create_subprocess_exec(
+        "sh",
+        "-c",
+        command,
+        env={**env, "TASK_ID": op["operation_id"]},
+        stdout=asyncio.subprocess.PIPE,
+    )
+    output, _ = await asyncio.wait_for(child.communicate(), 60)
+    answer = json.loads(output)
+    assert (answer["result"]["taskId"], answer["result"]["status"]) == (
+        op["operation_id"],
+        "working",
+    )
 
 
 async def test_without_the_version_header_a_request_is_of_the_handshake_era(
