@@ -59,6 +59,7 @@ async def _claim_waiting_for(
         lambda: holder.fetchval(
             "SELECT a.xact_start FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
             " WHERE l.locktype = 'advisory' AND NOT l.granted"
+            " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
         ),
         "the claim waits for the budget's lock",
     )
