@@ -283,8 +283,13 @@ def _within_dates(execution: object, constraint: dict[str, Any], today: date) ->
 
 
 def _day(value: object) -> date:
-    if not isinstance(value, str):
+    """The UTC day of an ISO 8601 date or date-time; its year is checked (2..9998) before the
+    conversion to UTC, which a date at either end of datetime's range overflows."""
+    if not isinstance(value, str) or len(value) > 64:
         raise ValueError("not a date")
-    if "T" in value:
-        return datetime.fromisoformat(value).astimezone(UTC).date()
-    return date.fromisoformat(value)
+    if "T" not in value:
+        return date.fromisoformat(value)
+    moment = datetime.fromisoformat(value)
+    if not 1 < moment.year < 9999:
+        raise ValueError("a date outside the years opgate converts")
+    return moment.astimezone(UTC).date()

@@ -62,7 +62,7 @@ from proxy.mandates.receipts import (
     receipt_claims,
     sign_receipt,
 )
-from proxy.mandates.sdjwt import SdJwtExpired, SdJwtInvalid, b64url_digest
+from proxy.mandates.sdjwt import ClaimWithheld, SdJwtExpired, SdJwtInvalid, b64url_digest
 from proxy.observe.audit import AuditRecord, Decision
 from proxy.operations.agent_body import read_agent_body
 from proxy.operations.api import read_document
@@ -237,6 +237,9 @@ def _verified(
         return Refused(Reason.MANDATE_ISSUER_UNKNOWN, str(exc))
     except SdJwtExpired as exc:
         return Refused(Reason.MANDATE_EXPIRED, str(exc))
+    except ClaimWithheld as exc:
+        # the claim's path is the mandate's own text: kept short, never the disclosed value
+        return Refused(Reason.MANDATE_INVALID, str(exc), {"claim": exc.claim[:200]})
     except SdJwtInvalid as exc:
         return Refused(Reason.MANDATE_INVALID, str(exc))
 
@@ -259,7 +262,7 @@ def _checkout(
         return None
     verified = _verified(text, keys, expect)
     if isinstance(verified, Refused):
-        return Refused(verified.reason, f"the checkout mandate: {verified.detail}")
+        return Refused(verified.reason, f"the checkout mandate: {verified.detail}", verified.named)
     if None not in (payment.nonce, verified.nonce) and payment.nonce != verified.nonce:
         # one presentation answers one challenge: both key bindings name the same nonce
         return Refused(
@@ -299,7 +302,7 @@ async def _present(
     expect = Expectation(trust.audience, now)
     verified = _verified(presentation.mandate, keys, expect)
     if isinstance(verified, Refused):
-        return _refuse(record, trust, verified.reason, verified.detail, reference)
+        return _refuse(record, trust, verified.reason, verified.detail, reference, **verified.named)
     issuer = issuers[verified.issuer]
     digest = mandate_digest(verified.closed_jwt)
     open_digest = None if verified.closed is None else mandate_digest(verified.root_jwt)

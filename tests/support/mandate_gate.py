@@ -19,8 +19,8 @@ AUDIENCE = "opgate.test"
 PERSON = Signer("surface-2026")
 
 
-def mandate_settings(tmp_path: Path) -> dict[str, Any]:
-    """Mandates of PERSON accepted for tenant t1, paid through the fault provider."""
+def mandate_settings(tmp_path: Path, provider: str = "fault") -> dict[str, Any]:
+    """Mandates of PERSON accepted for tenant t1, paid through ``provider``."""
     key_file = tmp_path / "receipt-key.json"
     key_file.write_text(json.dumps(ECKey.generate_key("P-256").as_dict(private=True)))
     return {
@@ -29,7 +29,7 @@ def mandate_settings(tmp_path: Path) -> dict[str, Any]:
                 "name": "surface",
                 "tenants": ["t1"],
                 "jwks": PERSON.jwks,
-                "payees": {"acct_merchant": "fault"},
+                "payees": {"acct_merchant": provider},
             }
         ],
         "mandate_audience": AUDIENCE,
