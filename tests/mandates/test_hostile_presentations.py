@@ -16,7 +16,13 @@ import pytest
 import pytest_asyncio
 
 from tests.support.fault_provider import FaultProvider
-from tests.support.mandate_gate import AUDIENCE, PERSON, mandate_settings, present
+from tests.support.mandate_gate import (
+    AUDIENCE,
+    PERSON,
+    mandate_policy,
+    mandate_settings,
+    present,
+)
 from tests.support.mandates import (
     Signer,
     b64url,
@@ -28,7 +34,7 @@ from tests.support.mandates import (
     person_claims,
     present_under,
 )
-from tests.support.opgate import AGENT_TOKEN, Opgate, StartOpgate, fault_policy
+from tests.support.opgate import AGENT_TOKEN, Opgate, StartOpgate
 
 AGENT = Signer("agent-key")
 DEEP = 6000  # ~13 KB of brackets once base64url-encoded: past Python's recursion limit
@@ -38,7 +44,7 @@ DEEP = 6000  # ~13 KB of brackets once base64url-encoded: past Python's recursio
 async def gate(
     start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider, tmp_path: Path
 ) -> AsyncIterator[Opgate]:
-    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False))
+    (policy_dir / "fault.yaml").write_text(mandate_policy())
     async with start_opgate(
         upstream_overrides={"fault": fault_provider.url}, **mandate_settings(tmp_path)
     ) as running:
