@@ -213,14 +213,22 @@ def closed_checkout(person: Signer, jwt: str, **extra: Any) -> str:
     return compact(token, disclosures)
 
 
-def open_checkout(person: Signer, agent: Signer, constraints: list[dict[str, Any]]) -> str:
-    """An open Checkout Mandate naming the agent's key; its constraints disclosed."""
+def open_checkout(
+    person: Signer, agent: Signer, constraints: list[dict[str, Any]], *, elements: bool = False
+) -> str:
+    """An open Checkout Mandate naming the agent's key; its constraints disclosed, and with
+    ``elements`` each constraint an array element of its own."""
+    listed: list[Any] = list(constraints)
+    element_disclosures: list[str] = []
+    if elements:
+        element_disclosures = [disclosure(None, c) for c in constraints]
+        listed = [{"...": digest(d)} for d in element_disclosures]
     claims = person_claims(
         {
             "vct": "mandate.checkout.open.1",
-            "constraints": constraints,
+            "constraints": listed,
             "cnf": {"jwk": agent.public_jwk},
         }
     )
     token, disclosures = person.sd_jwt(claims, disclose=("constraints",))
-    return compact(token, disclosures)
+    return compact(token, [*disclosures, *element_disclosures])
