@@ -34,10 +34,12 @@ MAX_NONCE = 256  # opgate's own are 43 characters; anything far longer is not on
 # The claims of mandate content a decision reads by name (ap2.py, checkout.py), by vct. Only
 # for naming a withheld one in a refusal: sdjwt.reveal refuses ANY undisclosed digest, named
 # or not (docs/mandates.md, "Not shown is never not there").
-_ABOUT = ("vct", "cnf", "sub", "exp", "nbf")
-_PAYMENT = ("payee", "payment_amount", "payment_instrument", "transaction_id", "execution_date")
+# (the ones a well-formed mandate always has first, so that the first one not shown is the
+# likeliest withheld)
+_ABOUT = ("vct", "sub", "cnf", "exp", "nbf")
+_PAYMENT = ("payee", "payment_amount", "payment_instrument", "transaction_id")
 READ_BY_NAME: dict[str, tuple[str, ...]] = {
-    "mandate.payment.1": (*_PAYMENT, *_ABOUT),
+    "mandate.payment.1": (*_PAYMENT, *_ABOUT, "execution_date"),
     "mandate.payment.open.1": ("constraints", *_ABOUT),
     "mandate.checkout.1": ("checkout_jwt", "checkout_hash", *_ABOUT),
     "mandate.checkout.open.1": ("constraints", *_ABOUT),

@@ -284,10 +284,12 @@ class _Revealer:
             # name the claim a decision reads that is not shown, where the caller named them
             absent = [name for name in self._named(path, revealed) if name not in revealed]
             claim = _member(path, absent[0], self._words) if absent else path or "$"
+            candidates = ", ".join(_member(path, name, self._words) for name in absent)
             raise ClaimWithheld(
                 claim,
-                f"{claim} is withheld: {withheld} digest(s) of {path or 'the claims'} "
-                "undisclosed (a withheld claim or a decoy; opgate reads a mandate whole)",
+                f"{withheld} digest(s) of {path or 'the claims'} undisclosed (a withheld claim or "
+                "a decoy; opgate reads a mandate whole)"
+                + (f": not shown, of those read by name: {candidates}" if absent else ""),
             )
         return revealed
 

@@ -214,3 +214,28 @@ def test_the_parts_of_a_presentation_are_those_it_verifies_to(
 def test_what_does_not_split_has_no_parts(text: str) -> None:
     """A text that is not one presentation (no ``~``, two delegations, not ASCII) has none."""
     assert presented_parts(text) is None
+
+
+def test_a_withheld_holder_key_does_not_lift_the_key_binding(person: Signer) -> None:
+    """A closed mandate whose cnf (the holder's key) is selectively disclosable, presented
+    without that disclosure and without a KB-JWT, is refused naming cnf: whether a key binding
+    is required is decided by the signed mandate, never by what the presenter shows (RFC 9901:
+    "Verifiers MUST NOT take into account whether the Holder has provided an SD-JWT+KB")."""
+    holder = Signer("holder")
+    claims = person_claims(closed_payment(cnf={"jwk": holder.public_jwk}))
+    jwt, disclosures = person.sd_jwt(claims, disclose=("cnf",))
+    with pytest.raises(ClaimWithheld) as refused:
+        verify_presentation(f"{jwt}~", trusted(person), expect())
+    assert refused.value.claim == "cnf"
+    # shown whole, the key binding is required
+    with pytest.raises(SdJwtInvalid, match="no key binding"):
+        verify_presentation(compact(jwt, disclosures), trusted(person), expect())
+
+
+def test_the_mandate_contents_own_expiry_is_checked(person: Signer, agent: Signer) -> None:
+    """An agent's closed mandate whose content (delegate_payload) expired is refused as
+    expired, as the token's own exp is."""
+    past = int(time.time()) - 3600
+    chain = present_under(open_mandate(person, agent, []), agent, closed_payment(exp=past), aud=AUD)
+    with pytest.raises(SdJwtExpired):
+        verify_presentation(chain, trusted(person), expect())
