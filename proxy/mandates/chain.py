@@ -36,13 +36,16 @@ MAX_NONCE = 256  # opgate's own are 43 characters; anything far longer is not on
 # or not (docs/mandates.md, "Not shown is never not there").
 # (the ones a well-formed mandate always has first, so that the first one not shown is the
 # likeliest withheld)
-_ABOUT = ("vct", "sub", "cnf", "exp", "nbf")
+_ABOUT = ("vct", "sub", "cnf", "exp")
 _PAYMENT = ("payee", "payment_amount", "payment_instrument", "transaction_id")
+_CHECKOUT = ("checkout_jwt", "checkout_hash")
 READ_BY_NAME: dict[str, tuple[str, ...]] = {
-    "mandate.payment.1": (*_PAYMENT, *_ABOUT, "execution_date"),
-    "mandate.payment.open.1": ("constraints", *_ABOUT),
-    "mandate.checkout.1": ("checkout_jwt", "checkout_hash", *_ABOUT),
-    "mandate.checkout.open.1": ("constraints", *_ABOUT),
+    "mandate.payment.1": (*_PAYMENT, *_ABOUT, "execution_date", "nbf"),
+    # an open mandate may fix any claim of the closed one (AP2: "MAY optionally include any
+    # property from the closed Payment Mandate"), which unchanged then compares
+    "mandate.payment.open.1": ("constraints", *_ABOUT, *_PAYMENT, "execution_date", "nbf"),
+    "mandate.checkout.1": (*_CHECKOUT, *_ABOUT, "nbf"),
+    "mandate.checkout.open.1": ("constraints", *_ABOUT, *_CHECKOUT, "nbf"),
 }
 # where mandate content sits: at the top, or in AP2 SDK tokens in delegate_payload[0]
 _CONTENT_PATHS = ("", "delegate_payload[0]")

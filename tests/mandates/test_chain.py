@@ -239,3 +239,29 @@ def test_the_mandate_contents_own_expiry_is_checked(person: Signer, agent: Signe
     chain = present_under(open_mandate(person, agent, []), agent, closed_payment(exp=past), aud=AUD)
     with pytest.raises(SdJwtExpired):
         verify_presentation(chain, trusted(person), expect())
+
+
+def test_a_fixed_claim_withheld_from_the_open_mandate_is_refused(
+    person: Signer, agent: Signer
+) -> None:
+    """An open mandate fixing the payee (selectively disclosable), presented without it, is
+    refused naming payee: unchanged could not compare what it cannot see, and the agent's
+    closed mandate would pay anyone."""
+    open_token = open_mandate(
+        person,
+        agent,
+        [],
+        disclose=("constraints", "payee"),
+        payee={"id": "acct_merchant", "name": "Merchant Choice", "website": "https://m.example"},
+    )
+    jwt, constraints, _payee, _ = open_token.split("~")
+    chain = present_under(
+        f"{jwt}~{constraints}~",
+        agent,
+        closed_payment(payee_id="acct_attacker"),
+        aud=AUD,
+        binding="issuer_jwt_hash",
+    )
+    with pytest.raises(ClaimWithheld) as refused:
+        verify_presentation(chain, trusted(person), expect())
+    assert refused.value.claim == "payee"

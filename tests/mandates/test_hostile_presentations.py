@@ -7,14 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
 import pytest_asyncio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from proxy.mandates.ap2 import terms_of
+from proxy.mandates.chain import Expectation, TrustedKey, verify_presentation
+from proxy.mandates.checkout import checkout_of
+from proxy.mandates.sdjwt import SdJwtInvalid
 from tests.support.fault_provider import FaultProvider
 from tests.support.mandate_gate import (
     AUDIENCE,
@@ -266,3 +274,55 @@ async def test_a_hostile_receipt_presented_back_is_a_4xx_problem(
 def test_the_deep_header_is_about_13_kb() -> None:
     """The nested header is the size the attack used (about 13 KB of base64url)."""
     assert 12_000 < len(deep_header().split(".")[0]) < 20_000
+
+
+def _decide_purely(presentation: str) -> None:
+    """Verify and read a presentation as the API does, without the store: it may refuse
+    (SdJwtInvalid or a MandateRefusal), never raise anything else."""
+    expect = Expectation(AUDIENCE, int(time.time()))
+    try:
+        verified = verify_presentation(presentation, TRUSTED, expect)
+    except SdJwtInvalid:
+        return
+    terms_of(verified, datetime.now(UTC).date())
+    checkout_of(verified)
+
+
+TRUSTED = {PERSON.kid: TrustedKey("surface", PERSON.public_jwk)}
+VALID = present_under(
+    open_mandate(PERSON, AGENT, [{"type": "payment.amount_range", "currency": "USD", "max": 9}]),
+    AGENT,
+    closed_payment(amount=5),
+    aud=AUDIENCE,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(0, len(VALID) - 1),
+    st.integers(1, 40),
+    st.text(alphabet=st.characters(codec="ascii"), max_size=40),
+)
+def test_no_edit_of_a_presentation_raises_anything_but_a_refusal(
+    at: int, length: int, inserted: str
+) -> None:
+    """Any span of a valid presentation replaced by any ASCII text is verified to a decision
+    or refused; nothing else is raised (what would be a 500 at the API)."""
+    _decide_purely(VALID[:at] + inserted + VALID[at + length :])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(),
+        lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner),
+        max_leaves=30,
+    )
+)
+def test_any_json_as_a_disclosed_claim_is_decided_or_refused(value: Any) -> None:
+    """Whatever JSON a person's mandate discloses as its constraints, payee or amount, the
+    verifier decides or refuses; it never raises anything else."""
+    for name in ("constraints", "payee", "payment_amount", "execution_date", "exp"):
+        content = {**closed_payment(), name: value}
+        jwt, disclosures = PERSON.sd_jwt(person_claims(content), disclose=(name,))
+        _decide_purely(compact(jwt, disclosures))
