@@ -20,9 +20,15 @@ from proxy.observe.auditlog import bundle
 from tests.support.auditlog import flushed
 from tests.support.bundles import verify_offline
 from tests.support.fault_provider import FaultProvider
-from tests.support.mandate_gate import PERSON, mandate_settings, present, send_exactly
+from tests.support.mandate_gate import (
+    PERSON,
+    mandate_policy,
+    mandate_settings,
+    present,
+    send_exactly,
+)
 from tests.support.mandates import closed_mandate
-from tests.support.opgate import StartOpgate, fault_policy
+from tests.support.opgate import StartOpgate
 from tests.support.transparency import LOG_SIGNER
 
 LOG_KEY = LOG_SIGNER.verifier().vkey()
@@ -40,7 +46,8 @@ async def made(
     """A mandate presented, its refund sent once and replayed once, integrated; the bundle of
     its operation (the file, and the operation id)."""
     monkeypatch.setenv("OPGATE_SECRET_TRANSPARENCY_KEY", LOG_SIGNER.skey())
-    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False))
+    # a mandate approves the payment rule that names what carries its payee
+    (policy_dir / "fault.yaml").write_text(mandate_policy())
     async with start_opgate(
         upstream_overrides={"fault": fault_provider.url}, **mandate_settings(tmp_path)
     ) as gate:
