@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -52,46 +53,88 @@ def action_words(action: str) -> str:
     return f"{verb.replace('_', ' ').capitalize()} {noun_words}"
 
 
-def subject_words(path_params: Mapping[str, str], params: Mapping[str, Any]) -> str:
-    """The objects an operation names, as words: "of charge ch_1"."""
+@dataclass(frozen=True)
+class Sentence:
+    """What the console says, in parts: its own words, and between them what others wrote
+    (``quoted``: an agent's reason, a parameter's value, a name), which a page draws isolated
+    (``<bdi>``) so that nothing quoted can reorder the console's words around it."""
+
+    parts: tuple[tuple[str, bool], ...]
+
+    def __str__(self) -> str:
+        return "".join(text for text, _ in self.parts)
+
+
+class _Words:
+    """A sentence being built: ``say`` the console's words, ``quote`` the others'."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[str, bool]] = []
+
+    def say(self, text: str) -> _Words:
+        self.parts.append((text, False))
+        return self
+
+    def quote(self, text: object) -> _Words:
+        self.parts.append((str(text), True))
+        return self
+
+    def sentence(self) -> Sentence:
+        return Sentence(tuple(self.parts))
+
+
+def _subject(words: _Words, path_params: Mapping[str, str], params: Mapping[str, Any]) -> None:
+    """The objects an operation names: " of charge ch_1, customer cus_1"."""
     named = [
-        f"{name.replace('_', ' ')} {value}"
+        (name.replace("_", " "), value)
         for name, value in (*path_params.items(), *params.items())
         if isinstance(value, str | int) and not isinstance(value, bool)
     ]
-    return f"of {', '.join(named)}" if named else ""
+    for index, (name, value) in enumerate(named):
+        words.say((" of " if index == 0 else ", ") + name + " ").quote(value)
+
+
+def subject_words(path_params: Mapping[str, str], params: Mapping[str, Any]) -> str:
+    """The objects an operation names, as words: "of charge ch_1"."""
+    words = _Words()
+    _subject(words, path_params, params)
+    return str(words.sentence()).removeprefix(" ")
 
 
 def provider_words(provider: str) -> str:
     return provider[:1].upper() + provider[1:]
 
 
-def proposal_sentence(proposal: Mapping[str, Any]) -> str:
+def proposal_said(proposal: Mapping[str, Any]) -> Sentence:
     """ "Refund 25.00 USD of charge ch_1 at Stripe, asked by demo-agent (tenant demo): why"."""
-    parts = [action_words(proposal["action"])]
+    words = _Words().say(action_words(proposal["action"]))
     if proposal["amount"] is not None:
-        parts.append(human_amount(proposal["amount"], proposal["currency"]))
-    subject = subject_words(proposal["target"]["path_params"], proposal["params"])
-    if subject:
-        parts.append(subject)
-    parts.append(f"at {provider_words(proposal['provider'])},")
-    parts.append(f"asked by {proposal['agent_id']} (tenant {proposal['tenant']}):")
-    parts.append(proposal["reason"])
-    return " ".join(parts)
+        words.say(" " + human_amount(proposal["amount"], proposal["currency"]))
+    _subject(words, proposal["target"]["path_params"], proposal["params"])
+    words.say(f" at {provider_words(proposal['provider'])}, asked by ").quote(proposal["agent_id"])
+    words.say(" (tenant ").quote(proposal["tenant"]).say("): ").quote(proposal["reason"])
+    return words.sentence()
+
+
+def proposal_sentence(proposal: Mapping[str, Any]) -> str:
+    """The proposal's sentence as plain text (``proposal_said``)."""
+    return str(proposal_said(proposal))
+
+
+def operation_said(op: Mapping[str, Any]) -> Sentence:
+    """ "Refund 5.00 USD of charge ch_1 at Stripe, approved by alice (INC-1)"."""
+    words = _Words().say(action_words(op["action"]))
+    if op["amount"] is not None:
+        words.say(" " + human_amount(op["amount"], op["currency"]))
+    _subject(words, op["target"]["path_params"], op["params"])
+    approval = op["approval"]
+    words.say(f" at {provider_words(op['provider'])}, approved by ").quote(approval["approved_by"])
+    return words.say(" (").quote(approval["ref"]).say(")").sentence()
 
 
 def operation_sentence(op: Mapping[str, Any]) -> str:
-    """ "Refund 5.00 USD of charge ch_1 at Stripe, approved by alice (INC-1)"."""
-    parts = [action_words(op["action"])]
-    if op["amount"] is not None:
-        parts.append(human_amount(op["amount"], op["currency"]))
-    subject = subject_words(op["target"]["path_params"], op["params"])
-    if subject:
-        parts.append(subject)
-    parts.append(f"at {provider_words(op['provider'])},")
-    approval = op["approval"]
-    parts.append(f"approved by {approval['approved_by']} ({approval['ref']})")
-    return " ".join(parts)
+    """The operation's sentence as plain text (``operation_said``)."""
+    return str(operation_said(op))
 
 
 def policy_checks(

@@ -59,7 +59,7 @@ async def summaries(gw: Gateway, ops: list[Operation]) -> list[dict[str, Any]]:
     views = await recovery_views(gw, ops)
     for op, view in zip(ops, views, strict=True):
         view["age_seconds"] = (op.read_at - op.created_at).total_seconds()
-        view["sentence"] = explain.operation_sentence(view["operation"])
+        view["sentence"] = explain.operation_said(view["operation"])
         if op.escalated_at is not None:
             view["escalated_seconds"] = (op.read_at - op.escalated_at).total_seconds()
     return views
@@ -108,7 +108,7 @@ async def timeline(gw: Gateway, operation_id: str) -> dict[str, Any] | None:
         "events": events,
         "attempt_lines": explain.attempts(events),
         "tries": explain.lookup_tries(events, LOOKUP_EVENTS),
-        "sentence": explain.operation_sentence(op.to_public()),
+        "sentence": explain.operation_said(op.to_public()),
         "provider_name": explain.provider_words(op.provider),
         "decision": decision(provider, rule, op)
         if op.escalated_at is not None or op.status is Status.DISPATCHED
@@ -139,7 +139,7 @@ async def pending_proposals(gw: Gateway) -> list[dict[str, Any]]:
     return [
         {
             "view": (view := proposal_view(gw.policy, p, None)),
-            "sentence": explain.proposal_sentence(view["proposal"]),
+            "sentence": explain.proposal_said(view["proposal"]),
             "expires_in": (p.expires_at - p.read_at).total_seconds(),
         }
         for p in proposals
@@ -152,7 +152,7 @@ async def withdrawn_proposals(gw: Gateway) -> list[dict[str, Any]]:
     return [
         {
             "view": (view := proposal_view(gw.policy, p, None)),
-            "sentence": explain.proposal_sentence(view["proposal"]),
+            "sentence": explain.proposal_said(view["proposal"]),
         }
         for p in await gw.store.withdrawn_proposals(LIST_LIMIT)
     ]
@@ -183,7 +183,7 @@ async def proposal(gw: Gateway, proposal_id: str) -> dict[str, Any] | None:
         "currency_from_provider": found.currency is None and currency is not None,
         "provider_name": explain.provider_words(found.provider),
         "pending": pending,
-        "sentence": explain.proposal_sentence(shown),
+        "sentence": explain.proposal_said(shown),
         "request_text": None
         if view.get("request") is None
         else json.dumps(view["request"], indent=2, ensure_ascii=False),
