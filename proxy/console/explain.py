@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote
 
 from proxy.gate.lookup import LookupSubject, render_lookup
@@ -109,7 +109,9 @@ def proposal_said(proposal: Mapping[str, Any]) -> Sentence:
     """ "Refund 25.00 USD of charge ch_1 at Stripe, asked by demo-agent (tenant demo): why"."""
     words = _Words().say(action_words(proposal["action"]))
     if proposal["amount"] is not None:
-        words.say(" " + human_amount(proposal["amount"], proposal["currency"]))
+        words.say(
+            " " + human_amount(proposal["amount"], proposal["currency"], with_minor_units=True)
+        )
     _subject(words, proposal["target"]["path_params"], proposal["params"])
     words.say(f" at {provider_words(proposal['provider'])}, asked by ").quote(proposal["agent_id"])
     words.say(" (tenant ").quote(proposal["tenant"]).say("): ").quote(proposal["reason"])
@@ -125,7 +127,7 @@ def operation_said(op: Mapping[str, Any]) -> Sentence:
     """ "Refund 5.00 USD of charge ch_1 at Stripe, approved by alice (INC-1)"."""
     words = _Words().say(action_words(op["action"]))
     if op["amount"] is not None:
-        words.say(" " + human_amount(op["amount"], op["currency"]))
+        words.say(" " + human_amount(op["amount"], op["currency"], with_minor_units=True))
     _subject(words, op["target"]["path_params"], op["params"])
     approval = op["approval"]
     words.say(f" at {provider_words(op['provider'])}, approved by ").quote(approval["approved_by"])
@@ -146,7 +148,10 @@ def policy_checks(
         if amount is None:
             checks.append(f"{rule.amount} must be absent (no amount was asked for)")
         else:
-            checks.append(f"{rule.amount} must be exactly {human_amount(amount, currency)}")
+            checks.append(
+                f"{rule.amount} must be exactly "
+                + human_amount(amount, currency, with_minor_units=True)
+            )
     if rule.params:
         checks.append(
             f"these must equal the approved values or be absent: {', '.join(rule.params)}"
@@ -247,6 +252,69 @@ def searches(provider: Provider, rule: Rule | None, op: LookupSubject) -> list[d
         if where is not None:
             found.append({"search": f"an object whose {where} is {op.operation_id}", "request": ""})
     return found
+
+
+class SearchSubject(LookupSubject, Protocol):
+    """What a search by the approved values reads: an operation."""
+
+    @property
+    def amount(self) -> int | None: ...
+    @property
+    def currency(self) -> str | None: ...
+    @property
+    def idempotency_key(self) -> str: ...
+
+
+def value_searches(provider: Provider, rule: Rule, op: SearchSubject) -> list[dict[str, str]]:
+    """What a human searches for where the provider was never sent the operation id (no
+    lookup, no metadata field): the object the rule makes with the approved values, around the
+    attempts' times, and the request by the idempotency key, where it was sent."""
+    values = [f"{name} = {value}" for name, value in {**op.path_params, **op.params}.items()]
+    if op.amount is not None:
+        values.insert(0, human_amount(op.amount, op.currency, with_minor_units=True))
+    shown = ", ".join(values) or "the approved values"
+    made = "made around the attempts' times (opgate did not send it its operation id)"
+    found = [{"search": f"{_collection(rule.path.text)} with {shown}, {made}", "request": ""}]
+    header = provider.key_header(rule)
+    if header is not None:
+        found.append(
+            {"search": f"a request sent with {header} = {op.idempotency_key}", "request": ""}
+        )
+    return found
+
+
+def looks_up(rule: Rule | None) -> bool:
+    """Whether opgate still looks the provider up for an operation of ``rule`` on its own."""
+    return rule is not None and rule.reconcile is not None and bool(rule.reconcile.lookups)
+
+
+def verdict(op: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """How a settled operation was settled, for the top of its page: a human's verdict (who,
+    when, the note, the object named) or what opgate learned; None while it is unsettled."""
+    if op["status"] not in ("confirmed", "failed"):
+        return None
+    words = "It happened" if op["status"] == "confirmed" else "It did not happen"
+    for event in reversed(events):
+        detail = event["detail"] if isinstance(event["detail"], dict) else {}
+        if event["event"] == "resolved":
+            return {
+                "words": words,
+                "status": op["status"],
+                "by": event["actor"],
+                "at": event["at"],
+                "note": detail.get("note") or None,
+                "object_id": detail.get("object_id"),
+            }
+        if event.get("to_status") == op["status"]:
+            return {
+                "words": words,
+                "status": op["status"],
+                "by": event["actor"],
+                "at": event["at"],
+                "note": None,
+                "object_id": (op.get("provider_response") or {}).get("object_id"),
+            }
+    return None
 
 
 def _collection(path: str) -> str:

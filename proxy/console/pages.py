@@ -25,7 +25,7 @@ from proxy.recovery.api import recovery_views
 from proxy.runtime import Gateway
 from proxy.store.console import ConsoleStore
 from proxy.store.operation import STATUS_FILTERS as STATUS_FILTERS  # views.py reads it here
-from proxy.store.operation import Operation, Status
+from proxy.store.operation import UNSETTLED, Operation, Status
 from proxy.store.proposal import Proposal
 
 # "older than": the age filter's choices, in seconds
@@ -110,8 +110,13 @@ async def timeline(gw: Gateway, operation_id: str) -> dict[str, Any] | None:
         "tries": explain.lookup_tries(events, LOOKUP_EVENTS),
         "sentence": explain.operation_said(op.to_public()),
         "provider_name": explain.provider_words(op.provider),
+        # what a human decides while it is unsettled; once settled, how it was, and by whom
         "decision": decision(provider, rule, op)
-        if op.escalated_at is not None or op.status is Status.DISPATCHED
+        if op.status in UNSETTLED
+        and (op.escalated_at is not None or op.status is Status.DISPATCHED)
+        else None,
+        "verdict": explain.verdict(op.to_public(), events)
+        if op.escalated_at is not None or op.settled_reason == "human_verdict"
         else None,
         "requests": [r for r in records if r["kind"] == "request"],
         "transitions": [r for r in records if r["kind"] == "transition"],
@@ -125,9 +130,13 @@ async def timeline(gw: Gateway, operation_id: str) -> dict[str, Any] | None:
 def decision(provider: Provider | None, rule: Rule | None, op: Operation) -> dict[str, Any]:
     """What a human needs to decide an escalated operation: where to look at the provider and
     what each verdict does."""
+    searches = [] if provider is None else explain.searches(provider, rule, op)
+    if not searches and provider is not None and rule is not None:
+        searches = explain.value_searches(provider, rule, op)
     return {
-        "searches": [] if provider is None else explain.searches(provider, rule, op),
+        "searches": searches,
         "dashboard_url": None if provider is None else explain.dashboard_url(provider, op),
+        "looks_up": explain.looks_up(rule),
         "consequences": explain.CONSEQUENCES,
     }
 
@@ -217,7 +226,7 @@ def _budget_line(standing: Standing, amount: int) -> dict[str, Any]:
     after = standing.remaining - amount
 
     def shown(minor_units: int) -> str:
-        return human_amount(minor_units, budget.currency)
+        return human_amount(minor_units, budget.currency, with_minor_units=True)
 
     whose = standing.key.agent_id or standing.key.tenant or standing.key.provider
     return {
@@ -302,7 +311,9 @@ def _shown_values(values: dict[str, Any], currency: str | None) -> str:
     parts = []
     for name, value in values.items():
         is_amount = "amount" in name and isinstance(value, int) and not isinstance(value, bool)
-        text = human_amount(value, currency) if is_amount else json.dumps(value)
+        text = (
+            human_amount(value, currency, with_minor_units=True) if is_amount else json.dumps(value)
+        )
         parts.append(f"{name} = {text}")
     return ", ".join(parts)
 
@@ -320,15 +331,19 @@ async def dashboard(gw: Gateway, state: ChainState) -> dict[str, Any]:
         "escalations": waiting.escalations,
         "oldest_escalation_seconds": waiting.oldest_escalation_seconds,
         "pending_proposals": waiting.pending_proposals,
-        "budgets_near_limit": [
-            f"{s.key.provider} {s.key.budget.scope.value} {s.key.tenant or ''} "
-            f"{human_amount(s.spent, s.key.budget.currency)} of "
-            f"{human_amount(s.key.budget.limit, s.key.budget.currency)}".replace("  ", " ")
-            for s in near
-        ],
+        "budgets_near_limit": [_near_limit(s) for s in near],
         "last_checkpoint_at": waiting.last_checkpoint_at,
         "verification": state,
     }
+
+
+def _near_limit(standing: Standing) -> str:
+    """ "fault tenant t1 6.00 USD (600 minor units) of 7.00 USD (700 minor units)"."""
+    budget = standing.key.budget
+    spent = human_amount(standing.spent, budget.currency, with_minor_units=True)
+    limit = human_amount(budget.limit, budget.currency, with_minor_units=True)
+    whose = " ".join(filter(None, (standing.key.provider, budget.scope.value, standing.key.tenant)))
+    return f"{whose} {spent} of {limit}"
 
 
 @dataclass

@@ -122,7 +122,9 @@ def money(minor_units: Any, currency: Any) -> str:
     that is no amount."""
     if not isinstance(minor_units, int) or isinstance(minor_units, bool):
         return ""
-    return human_amount(minor_units, currency if isinstance(currency, str) else None)
+    return human_amount(
+        minor_units, currency if isinstance(currency, str) else None, with_minor_units=True
+    )
 
 
 def pretty(value: Any) -> str:

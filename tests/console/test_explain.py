@@ -49,7 +49,8 @@ def test_a_proposal_reads_as_one_sentence() -> None:
         "reason": "charged twice",
     }
     assert explain.proposal_sentence(proposal) == (
-        "Refund 25.00 USD of charge ch_1 at Stripe, asked by demo-agent (tenant demo): "
+        "Refund 25.00 USD (2500 minor units) of charge ch_1 at Stripe, asked by demo-agent "
+        "(tenant demo): "
         "charged twice"
     )
 

@@ -17,10 +17,10 @@ BIDI_CONTROLS = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2
 @pytest.mark.parametrize(
     ("minor_units", "currency", "shown"),
     [
-        pytest.param(8200000, "usd", "82000.00 USD", id="two decimals"),
+        pytest.param(8200000, "usd", "82000.00 USD (8200000 minor units)", id="two decimals"),
         pytest.param(500, "jpy", "500 JPY", id="no decimals"),
-        pytest.param(1234, "kwd", "1.234 KWD", id="three decimals"),
-        pytest.param(7, "usd", "0.07 USD", id="under one unit"),
+        pytest.param(1234, "kwd", "1.234 KWD (1234 minor units)", id="three decimals"),
+        pytest.param(7, "usd", "0.07 USD (7 minor units)", id="under one unit"),
         pytest.param(500, "zzz", "500 (minor units of ZZZ)", id="unknown currency"),
         pytest.param(500, None, "500 (minor units, no currency)", id="no currency"),
         pytest.param(None, "usd", "", id="no amount"),
@@ -29,7 +29,8 @@ BIDI_CONTROLS = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2
 )
 def test_money_reads_as_a_human_would(minor_units: object, currency: object, shown: str) -> None:
     """An amount is shown in its currency's exponent, so that 820,000.00 is never mistaken
-    for 82,000.00; an unknown exponent is said to be minor units."""
+    for 82,000.00, then in the minor units a request carries; an unknown exponent is said to be
+    minor units."""
     assert money(minor_units, currency) == shown
 
 
