@@ -12,7 +12,7 @@ from typing import Any
 
 from proxy.console import explain
 from proxy.gate.budgets import Standing, budget_standings, standings
-from proxy.gate.lookup import Inconclusive, fetch, render_lookup
+from proxy.gate.lookup import Inconclusive, LookupSubject, fetch, render_lookup
 from proxy.gate.preconditions import Failed, Held, judge_answer
 from proxy.observe.auditlog.verify import unaccounted_runs, verify
 from proxy.observe.observer import audit_key
@@ -103,12 +103,23 @@ async def timeline(gw: Gateway, operation_id: str) -> dict[str, Any] | None:
     ]
     provider = gw.policy.provider_named(op.provider)
     rule = provider.rule_named(op.action) if provider is not None else None
+    view = (await summaries(gw, [op]))[0]
+    public = op.to_public()
+    currency = None
+    if op.amount is not None and op.currency is None and op.status in UNSETTLED:
+        # a refund names no currency: the charge's, as the provider says now, is shown (as on
+        # the proposal's page the approver read it)
+        currency = await currency_now(gw, provider, rule, op)
+    if currency is not None:
+        public = {**public, "currency": currency}
+        view = {**view, "operation": {**view["operation"], "currency": currency}}
     return {
-        "view": (await summaries(gw, [op]))[0],
+        "view": view,
+        "currency_from_provider": currency is not None,
         "events": events,
         "attempt_lines": explain.attempts(events),
         "tries": explain.lookup_tries(events, LOOKUP_EVENTS),
-        "sentence": explain.operation_said(op.to_public()),
+        "sentence": explain.operation_said(public),
         "provider_name": explain.provider_words(op.provider),
         # what a human decides while it is unsettled; once settled, how it was, and by whom
         "decision": decision(provider, rule, op)
@@ -292,6 +303,29 @@ async def preconditions_now(
                 line["error"] = getattr(checked, "why", f"the provider answered {answer.status}")
         shown.append(line)
     return shown, currency
+
+
+async def currency_now(
+    gw: Gateway, provider: Provider | None, rule: Rule | None, subject: LookupSubject
+) -> str | None:
+    """The currency the rule's precondition lookups find at the provider now (a refund's
+    charge's), for an amount that names none; None if none says, or none answers in time."""
+    if provider is None or rule is None or rule.preconditions is None:
+        return None
+    for lookup in rule.preconditions.lookups:
+        target = render_lookup(lookup, subject)
+        if target is None:
+            continue
+        try:
+            async with asyncio.timeout(PRECONDITION_READ_SECONDS):
+                answer = await fetch(gw, provider, target)
+        except TimeoutError:
+            continue
+        if not isinstance(answer, Inconclusive):
+            currency = _currency_of(answer.status, answer.body)
+            if currency is not None:
+                return currency
+    return None
 
 
 def _currency_of(status: int, body: bytes) -> str | None:

@@ -16,7 +16,8 @@ import pytest_asyncio
 
 from proxy.gate.identity import token_digest
 from tests.console.helpers import csrf_of, escalated, sign_in
-from tests.support.opgate import ADMIN_TOKEN, Opgate, StartOpgate, fault_policy
+from tests.support.localstripe_server import create_charge
+from tests.support.opgate import ADMIN_TOKEN, SHIPPED_POLICIES, Opgate, StartOpgate, fault_policy
 
 APPROVER_TOKEN = "opg_test_console_walk_approver_0123"
 MONEY = "6.00 USD (600 minor units)"
@@ -29,7 +30,8 @@ def browser() -> aiohttp.ClientSession:
 def text_of(page: str) -> str:
     """What a person reads on a page: its text without markup, spaces collapsed."""
     body = page.split("<main>", 1)[-1]
-    return " ".join(html_module.unescape(re.sub(r"<[^>]+>", " ", body)).split())
+    words = " ".join(html_module.unescape(re.sub(r"<[^>]+>", " ", body)).split())
+    return re.sub(r" ([,.:;)])", r"\1", words)
 
 
 def without_metadata(policy: str) -> str:
@@ -148,3 +150,47 @@ async def test_the_sign_in_names_every_token_and_required_fields_say_so(gate: Op
     note_label = re.search(r'<label for="note">(.*?)</label>', escalation)
     assert note_label is not None
     assert "required" in note_label.group(1)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def stripe_gate(start_opgate: StartOpgate, localstripe_url: str) -> AsyncIterator[Opgate]:
+    async with start_opgate(
+        policy_dir=SHIPPED_POLICIES, upstream_overrides={"stripe": localstripe_url}
+    ) as running:
+        yield running
+
+
+async def test_an_approved_refund_reads_in_the_currency_its_charge_has_now(
+    stripe_gate: Opgate, localstripe_url: str
+) -> None:
+    """A Stripe refund names no currency: once approved as "6.00 USD" on the proposal page,
+    its operation page says 6.00 USD as well (the charge's currency, read from Stripe as the
+    proposal page reads it, and said to be), never a bare "Refund 600"."""
+    gate = stripe_gate
+    charge = await create_charge(localstripe_url, 2000)
+    body = {
+        "provider": "stripe",
+        "action": "refund.create",
+        "amount": 600,
+        "params": {"charge": charge},
+        "reason": "order 1042 was charged twice",
+    }
+    status, _, raw = await gate.send(
+        "/_opgate/v1/proposals", data=json.dumps(body), content_type="application/json"
+    )
+    assert status == 201, raw
+    proposal = json.loads(raw)["proposal"]
+    async with browser() as session:
+        await sign_in(gate, session, ADMIN_TOKEN)
+        page = await read(session, gate, f"/console/proposals/{proposal['proposal_id']}")
+        async with session.post(
+            f"{gate.ops_url}/console/proposals/{proposal['proposal_id']}/approve",
+            data={"csrf_token": csrf_of(page)},
+            allow_redirects=False,
+        ) as response:
+            assert response.status == 303
+        shown = text_of(
+            await read(session, gate, f"/console/operations/{proposal['operation_id']}")
+        )
+    assert shown.startswith(f"Operation {proposal['operation_id']} Refund {MONEY} of charge")
+    assert f"Amount {MONEY}, in the currency Stripe gives it now" in shown
