@@ -274,7 +274,8 @@ def value_searches(provider: Provider, rule: Rule, op: SearchSubject) -> list[di
         values.insert(0, human_amount(op.amount, op.currency, with_minor_units=True))
     shown = ", ".join(values) or "the approved values"
     made = "made around the attempts' times (opgate did not send it its operation id)"
-    found = [{"search": f"{_collection(rule.path.text)} with {shown}, {made}", "request": ""}]
+    what = f"the effect of {rule.method} {rule.path.text}"
+    found = [{"search": f"{what} with {shown}, {made}", "request": ""}]
     header = provider.key_header(rule)
     if header is not None:
         found.append(
