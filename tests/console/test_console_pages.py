@@ -347,6 +347,9 @@ async def test_an_escalation_reads_as_a_decision_resolved_with_the_keyboard(
         tab_to(chrome, "it-did-not")
         navigate(chrome, lambda: type_keys(chrome, Keys.ENTER))
         seen["status_after"] = chrome.find_element(By.ID, "status").text
+        seen["verdict"] = chrome.find_element(By.ID, "verdict").text
+        seen["decision_after"] = len(chrome.find_elements(By.ID, "decision"))
+        seen["axe_resolved"] = serious_violations(chrome)
         seen["dashboard_after"] = chrome.find_element(By.ID, "dash-escalations").text
         chrome.get(f"{base}/console/audit")
         seen["audit_line"] = chrome.find_element(By.ID, "dash-audit").text
@@ -390,6 +393,13 @@ async def test_an_escalation_reads_as_a_decision_resolved_with_the_keyboard(
     )
     assert seen["note_kept"] == "no refund for ch_1 in the dashboard"
     assert seen["status_after"] == "failed (human_verdict)"
+    # once resolved, the page opens with the verdict and who gave it, and asks nothing
+    assert seen["verdict"].startswith(
+        "It did not happen: failed by human:alice@example.com (admin) at 20"
+    )
+    assert "Note: no refund for ch_1 in the dashboard" in seen["verdict"]
+    assert seen["decision_after"] == 0
+    assert seen["axe_resolved"] == []
     assert seen["dashboard_after"] == "0 escalations waiting"
     assert seen["audit_line"].startswith("audit chain: not verified by this process; ")
     assert seen["error_page"] == "no such operation"
