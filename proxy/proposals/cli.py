@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from proxy.operations.cli import _age, _call, _cell, _table, run_api_call
+from proxy.operations.cli import _age, _call, _cell, _table, money, run_api_call
 
 COLUMNS = (
     "proposal_id",
@@ -24,8 +24,7 @@ COLUMNS = (
     "provider",
     "action",
     "target",
-    "amount",
-    "currency",
+    "amount",  # with its currency, as a person reads it (money)
     "age",
     "status",
     "next_action",
@@ -93,6 +92,7 @@ def _row(view: dict[str, Any], now: datetime) -> dict[str, Any]:
     target = proposal.get("target") or {}
     return {
         **proposal,
+        "amount": money(proposal.get("amount"), proposal.get("currency")),
         "status": view.get("status"),
         "next_action": view.get("next_action"),
         "target": f"{target.get('method', '')} {target.get('path', '')}".strip(),
