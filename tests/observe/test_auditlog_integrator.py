@@ -185,3 +185,28 @@ async def test_a_database_holding_old_chains_is_migrated_and_integrated(
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
+
+
+async def test_a_backlog_over_the_round_limit_skips_no_late_commit(
+    conn: asyncpg.Connection, database_url: str
+) -> None:
+    """A transaction that took its id before a backlog larger than a round, and commits its
+    record after a round was cut by the limit: a later round integrates it (the floor never
+    passes a transaction open in the round's snapshot), and the tree verifies."""
+    late = await asyncpg.connect(database_url)
+    try:
+        transaction = late.transaction()
+        await transaction.start()
+        await late.fetchval("SELECT txid_current()")  # its id, below every backlog record's
+        await append(late, "requests/late", 1)
+        for _ in range(8):
+            await append(conn, "requests/backlog", 1)
+        first = await integrator.integrate(conn, SIGNER, limit=5)
+        assert first is not None and first.added == 5
+        await transaction.commit()
+    finally:
+        await late.close()
+    while (done := await integrator.integrate(conn, SIGNER, limit=5)) and done.added:
+        pass
+    assert await tstore.leaf(conn, "requests/late", 1) is not None
+    assert await tstore.leafless_integrated(conn, 10) == []

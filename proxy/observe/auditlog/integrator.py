@@ -62,18 +62,23 @@ async def tree_root(conn: asyncpg.Connection, size: int) -> bytes:
     return merkle.range_hash(0, size, node) if size else merkle.EMPTY_ROOT
 
 
-async def integrate(conn: asyncpg.Connection, signer: note.Signer) -> Integrated | None:
-    """One round (its own transaction); None when another replica is integrating."""
+async def integrate(
+    conn: asyncpg.Connection, signer: note.Signer, limit: int = ROUND_LIMIT
+) -> Integrated | None:
+    """One round (its own transaction) of at most ``limit`` records; None when another
+    replica is integrating."""
     async with conn.transaction():
         if not await tstore.try_lock(conn):
             return None
         state = await tstore.state(conn)
         size = state.tree_size
-        found = await tstore.pending(conn, state.floor_txid, ROUND_LIMIT)
+        found = await tstore.pending(conn, state.floor_txid, limit)
         rows = found.records
         # Every row below xmin was visible to this read: all taken, unless the limit cut it
-        # (then the last row's transaction may have more: the next round starts there).
-        floor = found.xmin if len(rows) < ROUND_LIMIT else rows[-1]["txid"]
+        # (then the last row's transaction may have more: the next round starts there). Never
+        # above xmin: a transaction open in this snapshot may still commit rows below the last
+        # row's txid, which a floor above it would skip for good.
+        floor = found.xmin if len(rows) < limit else min(found.xmin, rows[-1]["txid"])
         if rows:
             positions = merkle.frontier_positions(size)
             node = await _reader(conn, positions)
