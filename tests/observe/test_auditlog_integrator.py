@@ -202,7 +202,8 @@ async def test_a_backlog_over_the_round_limit_skips_no_late_commit(
         for _ in range(8):
             await append(conn, "requests/backlog", 1)
         first = await integrator.integrate(conn, SIGNER, limit=5)
-        assert first is not None and first.added == 5
+        assert first is not None
+        assert first.added == 5
         await transaction.commit()
     finally:
         await late.close()

@@ -30,7 +30,7 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
-from proxy.observe.auditlog import bundle, proofs
+from proxy.observe.auditlog import bundle, proofs, retention
 from proxy.observe.auditlog.treecheck import TreeReport, check_tree
 from proxy.observe.auditlog.witness_server import WitnessState, witness_app
 from proxy.observe.observer import transparency_signer
@@ -171,6 +171,11 @@ def tree_summary(report: TreeReport) -> str:
         f" signed by {', '.join(report.signers) or '-'}; the latest cosigned by"
         f" {len(report.cosigners)} witnesses ({', '.join(report.cosigners) or '-'})"
     )
+    if report.pruned:
+        summary += (
+            f"; {report.pruned} records pruned (at or before the cuts of seal"
+            f" {report.pruned_through}: in the prune's archive)"
+        )
     if report.pending:
         assert report.oldest_pending is not None
         summary += (
@@ -189,7 +194,9 @@ async def _verify_tree(conn: asyncpg.Connection, args: argparse.Namespace, setti
     if keys is None:
         print("opgate audit: give --log-key or configure transparency_key", file=sys.stderr)
         return 2
-    report = await check_tree(conn, keys, [w.vkey for w in settings.audit_witnesses])
+    secret = Secrets(settings.secrets_dir).secret("audit_key")
+    pruned, _ = await retention.in_force(conn, secret.encode("utf-8") if secret else None)
+    report = await check_tree(conn, keys, [w.vkey for w in settings.audit_witnesses], pruned)
     summary = tree_summary(report)
     if report.breaks:
         print(f"BROKEN: {len(report.breaks)} problems; {summary}")

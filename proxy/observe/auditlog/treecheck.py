@@ -28,6 +28,7 @@ import asyncpg
 
 from proxy.observe.auditlog import integrator
 from proxy.observe.auditlog.chain import StoredRecord
+from proxy.observe.auditlog.retention import Retention
 from proxy.store import transparency as tstore
 from proxy.transparency import merkle, note
 from proxy.transparency.checkpoint import open_checkpoint
@@ -45,6 +46,10 @@ class TreeReport:
     cosigners: list[str] = field(default_factory=list)
     pending: int = 0
     oldest_pending: datetime | None = None
+    # leaves whose record a prune removed (at or before a cut of the retention in force):
+    # counted, not breaks; the seal the cuts are read from
+    pruned: int = 0
+    pruned_through: int | None = None
 
 
 class _Ahead:
@@ -68,9 +73,14 @@ async def check_tree(
     conn: asyncpg.Connection,
     log: note.Verifier | Sequence[note.Verifier],
     witness_keys: Sequence[str] = (),
+    retention: Retention | None = None,
 ) -> TreeReport:
-    """``log``: the log's keys (the current one, and any it was rotated from)."""
+    """``log``: the log's keys (the current one, and any it was rotated from);
+    ``retention``: the cuts of the prunes so far (retention.py), whose records are gone by
+    design (their leaves stay: the tree only grows)."""
     report = TreeReport()
+    pruned = retention or Retention()
+    report.pruned_through = pruned.through_checkpoint
     keys = [log] if isinstance(log, note.Verifier) else list(log)
     signers: set[int] = set()
     async with conn.transaction(isolation="repeatable_read", readonly=True):
@@ -90,7 +100,7 @@ async def check_tree(
                     f"leaf {size}: missing (the next leaf stored is {row['leaf_index']})"
                 )
             committed = bytes(row["record_hash"])
-            _leaf(row, committed, report)
+            _leaf(row, committed, pruned, report)
             grown = merkle.append_leaves(size, frontier, [integrator.record_leaf(committed)])
             for level, index, digest in grown.nodes:
                 await _node(nodes, level, index, digest, report)
@@ -146,8 +156,11 @@ async def check_tree(
     return report
 
 
-def _leaf(row: asyncpg.Record, committed: bytes, report: TreeReport) -> None:
+def _leaf(row: asyncpg.Record, committed: bytes, retention: Retention, report: TreeReport) -> None:
     where = f"leaf {row['leaf_index']} (stream {row['stream']} seq {row['seq']})"
+    if row["hash"] is None and retention.pruned(row["stream"], row["seq"]):
+        report.pruned += 1  # archived and deleted by a prune the retention record vouches for
+        return
     if row["hash"] is None:
         report.breaks.append(f"{where}: the record is gone (deleted)")
         return
