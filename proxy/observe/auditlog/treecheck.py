@@ -30,8 +30,8 @@ from proxy.observe.auditlog import integrator
 from proxy.observe.auditlog.chain import StoredRecord
 from proxy.observe.auditlog.retention import Retention
 from proxy.store import transparency as tstore
-from proxy.transparency import merkle, note
-from proxy.transparency.checkpoint import open_checkpoint
+from proxy.transparency import heads, merkle, note
+from proxy.transparency.checkpoint import open_checkpoint, parse_checkpoint
 
 _LEAFLESS_SHOWN = 50
 
@@ -137,6 +137,7 @@ async def check_tree(
                 )
             signed = await tstore.checkpoint_at(conn, signed_size)
             assert signed is not None
+            await _check_heads(conn, signed_size, str(signed["note"]), report)
             cosigned = str(signed["note"]) + "".join(signed["cosignatures"])
             try:
                 report.cosigners = _cosigners(cosigned, keys, witness_keys)
@@ -225,6 +226,38 @@ def _checkpoint(
     elif bytes(row["root"]) != signed.root:
         report.breaks.append(f"checkpoint {size}: its root column is not the root it signs")
     return signed.size, signed.root
+
+
+async def _check_heads(
+    conn: asyncpg.Connection, size: int, signed: str, report: TreeReport
+) -> None:
+    """The stream heads the latest checkpoint signs (its extension line, heads.py) must be
+    those its leaves make: witnesses vouch only for the tree, so this is where a heads root
+    signed wrongly (by whoever holds the log's key) is found. Earlier checkpoints' heads are
+    not recomputed (it would take every stream's head at every size)."""
+    try:
+        claimed = heads.signed_root(parse_checkpoint(note.parse_note(signed).text).extensions)
+    except (note.NoteError, heads.HeadsError) as exc:
+        report.breaks.append(f"checkpoint {size}: {exc}")
+        return
+    if claimed is None:
+        return  # signed before migration 0024: it says nothing of where streams end
+    buckets: dict[int, bytes] = {}
+    current: list[heads.Head] = []
+    bucket = -1
+    async for row in tstore.heads_from_leaves(conn, size):
+        if row["bucket"] != bucket and current:
+            buckets[bucket] = heads.bucket_hash(current)
+            current = []
+        bucket = row["bucket"]
+        current.append(heads.Head(row["stream"], row["seq"], bytes(row["record_hash"])))
+    if current:
+        buckets[bucket] = heads.bucket_hash(current)
+    if heads.root(buckets) != claimed:
+        report.breaks.append(
+            f"checkpoint {size}: the stream heads it signs are not the ones its leaves make"
+            " (where a stream ends, as a bundle proves it, would be wrong)"
+        )
 
 
 async def _stored_root(conn: asyncpg.Connection, size: int) -> bytes | None:
