@@ -258,7 +258,7 @@ class Parsed:
 def _field(value: Any, kind: type, where: str) -> Any:
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise BundleError(f"{where} is not a {kind.__name__}")
-    if kind is str:
+    if isinstance(value, str):
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:  # a lone surrogate, which JSON's \u escapes can spell
