@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.observe.auditlog import bundle
+from proxy.transparency import note
 from tests.support.bundles import MINTED_OPERATION, mint_bundle
 from tests.support.transparency import LOG_SIGNER, WITNESS_SIGNER
 
@@ -124,3 +125,16 @@ def test_hiding_never_widens(changes: list[Edit]) -> None:
         assert {kind(line) for line in lines} <= kinds, changes
         decisive = [line for line in whole[operation_id] if line.startswith(DECISIVE)]
         assert [line for line in lines if line.startswith(DECISIVE)] == decisive, changes
+
+
+def test_the_reviewers_witnesses_are_counted_by_name() -> None:
+    """Every witness the reviewer names must have cosigned (no --quorum): a witness named by
+    two keys (its rotated key and its old one) is one witness; another witness named that did
+    not cosign fails the bundle, whatever ``quorum`` the bundle says."""
+    rotated = note.Signer.generate(WITNESS_SIGNER.name, note.COSIGNATURE_V1).verifier().vkey()
+    assert bundle.verify(FULL, LOG, [WITNESS, rotated]).breaks == []
+    other = note.Signer.generate("w2.test", note.COSIGNATURE_V1).verifier().vkey()
+    assert bundle.verify(dict(FULL, quorum=0), LOG, [WITNESS, other]).breaks == [
+        "checkpoint: cosigned by 1 of the 2 witnesses given, 2 needed"
+    ]
+    assert bundle.verify(FULL, LOG, [WITNESS, other], quorum=1).breaks == []

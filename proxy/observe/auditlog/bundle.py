@@ -450,7 +450,8 @@ def verify(
         witnesses = [note.Verifier.from_vkey(k) for k in witness_keys]
     except note.NoteError as exc:
         raise BundleError(f"a key: {exc}") from None
-    needed = len(witnesses) if quorum is None else quorum
+    named = len({w.name for w in witnesses})  # a witness given by several keys is one
+    needed = named if quorum is None else quorum
     if not witnesses:
         report.notes.append(
             "no witness key given: the checkpoint's cosignatures are not counted (pass"
@@ -467,7 +468,7 @@ def verify(
     report.signed_by = next(f"{k.name}+{k.key_id:08x}" for k in log if k.key_id == opened.signed_by)
     if not opened.witnessed(needed):
         report.breaks.append(
-            f"checkpoint: cosigned by {len(report.cosigners)} of the {len(witnesses)} witnesses"
+            f"checkpoint: cosigned by {len(report.cosigners)} of the {named} witnesses"
             f" given, {needed} needed"
         )
     proven = _prove(parsed, size, root, report)
