@@ -107,7 +107,7 @@ def test_the_whole_bundle_verifies() -> None:
     assert lines[1].startswith("sent 2 times (2 attempts)")
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(edits)
 def test_hiding_never_widens(changes: list[Edit]) -> None:
     """Refused, or the same decisive lines as the whole bundle and no line it does not say."""

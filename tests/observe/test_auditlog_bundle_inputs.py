@@ -93,3 +93,36 @@ async def test_a_records_text_is_printed_escaped(tmp_path: Path) -> None:
     assert evidence.printable("a\u202eb\x1b[31m") == "a\\u202eb\\u001b[31m"
     assert evidence.money(500, None) == "500 minor units"
     assert evidence.money(500, "usd") == "5.00 USD (500 minor units)"
+
+
+@pytest.mark.parametrize(
+    ("currency", "shown"),
+    [
+        (None, "500 minor units"),
+        ("usd", "5.00 USD (500 minor units)"),
+        ("jpy", "500 JPY (500 minor units)"),
+    ],
+)
+def test_an_approved_amount_reads_as_money(currency: str | None, shown: str) -> None:
+    """The summary's approval line spells the amount in its currency's exponent with the minor
+    units beside it, and never as "500 None"."""
+    from datetime import UTC, datetime
+
+    from proxy.observe.auditlog.chain import StoredRecord
+    from proxy.observe.auditlog.evidence import operations
+
+    fields = {
+        "event": "created",
+        "detail": {
+            "approved_by": "alice",
+            "action": "refund.create",
+            "provider": "fault",
+            "amount": 500,
+            "currency": currency,
+        },
+    }
+    record = StoredRecord(
+        "op_1", 1, datetime.now(UTC), "transition", "op_1", json.dumps(fields), bytes(32), bytes(32)
+    )
+    [found] = operations([record], {})
+    assert found.lines[0] == f"approved by alice (None): refund.create on fault, {shown}"
