@@ -479,6 +479,13 @@ def verify(
                 f"stream {_shown(entry.record.stream)} seq {entry.record.seq}: an operation's"
                 " own record among the referenced ones (its stream is proven whole, in records)"
             )
+    seen: dict[tuple[str, int], int] = {}
+    for entry in (*parsed.records, *parsed.referenced):
+        position = (entry.record.stream, entry.record.seq)
+        seen[position] = seen.get(position, 0) + 1
+    for (stream, seq), times in sorted(seen.items()):
+        if times > 1:  # a record shown twice would be counted twice (a replay, a claim)
+            report.breaks.append(f"stream {_shown(stream)} seq {seq}: more than once in the bundle")
     missing = {(stream, seq) for stream, seq, _ in parsed.missing}
     for stream, seq, index in parsed.missing:
         report.breaks.append(
@@ -563,9 +570,7 @@ def _check_run(
     """A stream's records here chain between each other without a gap (an operation's from
     seq 1); a position listed missing counts as present (it is a break of its own)."""
     shown = _shown(stream)
-    seqs = sorted(r.seq for r in present)
-    for seq in sorted({s for s in seqs if seqs.count(s) > 1}):
-        report.breaks.append(f"stream {shown} seq {seq}: more than once in the bundle")
+    seqs = sorted(r.seq for r in present)  # (a seq twice is a break of its own, in verify)
     held = set(seqs) | {seq for s, seq in missing if s == stream}
     start = 1 if whole else min(held)
     for gap in _gaps(held, start, max(held)):
