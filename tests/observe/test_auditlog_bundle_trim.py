@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -14,6 +15,7 @@ import pytest_asyncio
 
 from proxy.observe.auditlog import bundle, integrator
 from proxy.store import audit
+from tests.support.bundles import MINTED_OPERATION, audit_in_process, mint_bundle
 from tests.support.transparency import LOG_SIGNER, WITNESS_SIGNER
 
 OPERATION = "op_sent_twice"
@@ -77,3 +79,16 @@ async def test_the_quorum_is_the_reviewers(made: dict[str, Any]) -> None:
     witness = WITNESS_SIGNER.verifier().vkey()
     report = bundle.verify(dict(made, quorum=0), VKEY, [witness])
     assert report.breaks == ["checkpoint: cosigned by 0 of the 1 witnesses given, 1 needed"]
+
+
+async def test_a_trimmed_bundle_fails_at_the_command_line(tmp_path: Path) -> None:
+    """``verify-bundle`` of a bundle whose tail (the second claim and the confirmation) was
+    dropped: exit 1, BROKEN, and the summary never says "sent once"."""
+    minted = mint_bundle()
+    minted["records"] = [r for r in minted["records"] if r["seq"] <= 3]
+    path = tmp_path / "trimmed.json"
+    path.write_text(json.dumps(minted))
+    code, out, _ = await audit_in_process("verify-bundle", str(path), "--log-key", VKEY)
+    assert code == 1, out
+    assert f"stream {MINTED_OPERATION}: records 4-6 are missing" in out
+    assert "sent once" not in out

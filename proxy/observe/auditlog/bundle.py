@@ -509,6 +509,13 @@ def verify(
         and entry.record.seq <= ends.get(entry.record.stream, _MAX_SEQ)
     ]
     for found in evidence.operations(speaking, parsed.answers):
+        shown = _shown(found.operation_id)
+        if any(b.startswith((f"stream {shown}:", f"stream {shown} seq ")) for b in report.breaks):
+            # its stream is not the one the log holds: what it would say is not said at all
+            found.lines = [
+                "not proven: its stream in this bundle is not whole, or not the one the log"
+                " holds (the problems below): how often it was sent is not known from it"
+            ]
         report.operations.append(found)
         report.breaks.extend(found.breaks)
         report.unproven.extend(found.unproven)
