@@ -11,7 +11,7 @@ import copy
 import random
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from proxy.observe.auditlog import bundle
@@ -119,9 +119,12 @@ def test_hiding_never_widens(changes: list[Edit]) -> None:
     try:
         report = bundle.verify(present(FULL, changes), LOG, [WITNESS])
     except bundle.BundleError:
-        return  # refused as unreadable
-    if report.breaks:
+        event("refused as unreadable")
         return
+    if report.breaks:
+        event("refused as broken")
+        return
+    event("verified")
     whole, shown = said(WHOLE), said(report)
     for operation_id, lines in shown.items():
         # what the records it may leave out show (replays, the holders of the answer's

@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import random
 
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from proxy.transparency import note
@@ -77,4 +77,5 @@ def test_a_hidden_part_never_widens_what_a_witness_cosigns(new: int, data: st.Da
         else:
             del items[len(items) - 1 - n % len(items) :]
     shown = decided(body(old, proof, text_lines + signatures), latest)
+    event(f"refused {shown}" if isinstance(shown, int) else "cosigned")
     assert isinstance(shown, int) or shown == whole

@@ -247,7 +247,8 @@ async def _bundle(conn: asyncpg.Connection, args: argparse.Namespace, settings: 
     else:
         sys.stdout.write(text)
     print(
-        f"{len(made['records'])} records; checkpoint of"
+        f"{len(made['records'])} records, {len(made['referenced'])} referenced, the ends of"
+        f" {len(made['ends'])} operation streams; checkpoint of"
         f" {made['checkpoint'].splitlines()[1]} records",
         file=sys.stderr,
     )
