@@ -92,3 +92,26 @@ async def test_a_trimmed_bundle_fails_at_the_command_line(tmp_path: Path) -> Non
     assert code == 1, out
     assert f"stream {MINTED_OPERATION}: records 4-6 are missing" in out
     assert "sent once" not in out
+
+
+async def test_a_window_holds_each_of_its_operations_whole(database_url: str) -> None:
+    """A window that starts after the operation's first records still carries its whole stream
+    and the proof of its end: it verifies and says what the log says, sent twice."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        texts = [
+            json.dumps({"event": event, "operation_id": OPERATION, "detail": detail})
+            for event, detail in EVENTS
+        ]
+        await audit.append_texts(conn, OPERATION, "transition", texts[:3])
+        since = await conn.fetchval("SELECT clock_timestamp()")
+        await audit.append_texts(conn, OPERATION, "transition", texts[3:])
+        until = await conn.fetchval("SELECT clock_timestamp() + interval '1 minute'")
+        assert await integrator.integrate(conn, LOG_SIGNER) is not None
+        made = await bundle.build(conn, None, LOG_SIGNER.verifier(), [], 0, (since, until))
+    finally:
+        await conn.close()
+    assert sorted(r["seq"] for r in made["records"] if r["stream"] == OPERATION) == [1, 2, 3, 4, 5]
+    report = bundle.verify(made, VKEY)
+    assert report.breaks == []
+    assert sends(report)[0].startswith("sent 2 times (2 attempts)")
