@@ -409,7 +409,7 @@ async def run_verification(gw: Gateway, state: ChainState) -> None:
         if report.checkpoints_authenticated
         else "signatures NOT verified (no audit key)"
     )
-    state.summary = f"{report.records} records, {report.checkpoints} checkpoints ({signed})"
+    state.summary = f"{report.records} records, {report.checkpoints} seals ({signed})"
     state.problems = [p.describe() for p in report.breaks[:50]]
 
 
