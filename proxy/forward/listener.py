@@ -53,11 +53,12 @@ from proxy.gate.checks import Agent
 from proxy.gate.decision import Deny
 from proxy.gate.forwarded import FORWARDED, ForwardedRequest, Origin
 from proxy.gate.identity import credential_from
+from proxy.gate.intake import audited_target
 from proxy.gate.pipeline import handle_agent_request
 from proxy.gate.problem import PROBLEM, problem_response
 from proxy.gate.reasons import Reason
 from proxy.gate.upstream import new_client_session
-from proxy.observe.audit import AuditRecord, Decision, emit, request_path
+from proxy.observe.audit import AuditRecord, Decision, emit
 from proxy.observe.observer import observe_agent_request
 from proxy.runtime import Gateway, serve_with
 from proxy.settings import Settings
@@ -474,7 +475,7 @@ def _refuse_request(
 ) -> web.Response:
     """A forward-mode request refused before the pipeline: audited here, once."""
     record = _record(request, listener)
-    record.path = request_path(request.raw_path)  # as sent, never decoded
+    record.path = audited_target(request.raw_path)  # as sent, never decoded
     record.destination = origin.authority if origin else None
     if agent is not None:
         record.agent_id, record.tenant = agent.agent_id, agent.tenant

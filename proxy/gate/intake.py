@@ -32,6 +32,7 @@ from proxy.gate.identity import (
     valid_operation_id,
 )
 from proxy.gate.reasons import Reason
+from proxy.observe.audit import request_path
 from proxy.policy.model import BodyKind, OperationRequirement, Provider, Rule
 from proxy.policy.paths import is_canonical_path
 from proxy.policy.set import PolicySet, match_rule
@@ -113,7 +114,7 @@ def identify_request(
             Reason.NO_MATCHING_RULE,
             f"no {provider.provider} rule allows {method} {route.path}",
         )
-    if query and matched.rule.body is not BodyKind.NONE:
+    if query and takes_no_query(matched.rule):
         return Deny(Reason.QUERY_NOT_ALLOWED, "parameters must travel in the validated body")
     return Target(
         provider=provider,
@@ -127,6 +128,23 @@ def identify_request(
         headers=headers,
         forwarded=forwarded is not None,
     )
+
+
+def takes_no_query(rule: Rule) -> bool:
+    """Whether a query string on ``rule`` is refused: on every rule that takes an operation
+    (what an approval binds is the path and the validated body; a query would reach the
+    provider unchecked, with the real credential, even where the rule takes no body) and on
+    every rule that reads a body. Only reads without an operation forward a query."""
+    return rule.operation is not OperationRequirement.NONE or rule.body is not BodyKind.NONE
+
+
+def audited_target(raw_target: str) -> str:
+    """The request target as the audit record names it: the raw path (origin-form, as
+    ``request_path`` gives it) and the raw query, when there is one: what was asked, and for a
+    forwarded read exactly what was sent."""
+    query = raw_target.partition("#")[0].partition("?")[2]
+    path = request_path(raw_target)
+    return f"{path}?{query}" if query else path
 
 
 def refuse_unreadable_headers(

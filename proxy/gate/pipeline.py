@@ -54,6 +54,7 @@ from proxy.gate.forwarded import FORWARDED
 from proxy.gate.headers import outbound_headers, response_headers
 from proxy.gate.intake import (
     Target,
+    audited_target,
     identify,
     identify_request,
     load_operation,
@@ -85,7 +86,6 @@ from proxy.observe.audit import (
     emit,
     emit_stored,
     emit_undelivered,
-    request_path,
     seal,
 )
 from proxy.policy.model import Mode, Provider
@@ -186,7 +186,7 @@ async def handle_agent_request(request: web.Request) -> web.StreamResponse:
         source=request.remote,
         method=request.method,
         # as sent: decoded, a path can hold what no log or database should (a NUL)
-        path=request_path(forwarded.raw_path if forwarded is not None else request.raw_path),
+        path=audited_target(forwarded.raw_path if forwarded is not None else request.raw_path),
         policy_version=policy.version,
     )
     if forwarded is not None:
@@ -286,7 +286,7 @@ async def handle_composed_request(
     record = AuditRecord(
         source=source,
         method=composed.method,
-        path=request_path(composed.raw_target),
+        path=audited_target(composed.raw_target),
         policy_version=policy.version,
         listener=listener,
     )

@@ -64,7 +64,8 @@ class AuditRecord:
     # are counted by.
     source: str | None = None
     method: str | None = None
-    # Raw, as sent (percent-encoded, without the query); cut at 512 bytes, and then
+    # Raw, as sent (percent-encoded; the pipeline's records keep the query: gate.intake's
+    # audited_target); cut at 512 bytes, and then
     # path_sha256 is the SHA-256 of the whole path (see fields()).
     path: str | None = None
     path_sha256: str | None = None
