@@ -53,7 +53,7 @@ from proxy.gate.checks import Agent
 from proxy.gate.decision import Deny
 from proxy.gate.forwarded import FORWARDED, ForwardedRequest, Origin
 from proxy.gate.identity import credential_from
-from proxy.gate.intake import audited_target
+from proxy.gate.intake import audited_target, defer_expectation
 from proxy.gate.pipeline import handle_agent_request
 from proxy.gate.problem import PROBLEM, problem_response
 from proxy.gate.reasons import Reason
@@ -134,7 +134,9 @@ def forward_app(listener: ForwardListener) -> web.Application:
     serve_with(app, listener.gateway)
     app[FORWARD_LISTENER] = listener
     app.on_shutdown.append(_close_tunnels)
-    app.router.add_route("*", "/{tail:.*}", handle_agent_request)
+    # Expect is the pipeline's to decide, after forward_front has authenticated the agent and
+    # decided the host (aiohttp's default handler would answer before any middleware).
+    app.router.add_route("*", "/{tail:.*}", handle_agent_request, expect_handler=defer_expectation)
     return app
 
 

@@ -36,9 +36,10 @@ from proxy.observe.audit import request_path
 from proxy.policy.model import BodyKind, OperationRequirement, Provider, Rule
 from proxy.policy.paths import is_canonical_path
 from proxy.policy.set import PolicySet, match_rule
-from proxy.runtime import GATEWAY
 from proxy.store.operation import Operation
 from proxy.store.store import Store
+
+CONTINUE = "100-continue"
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,9 @@ def identify_request(
         agent = agents.lookup(token) if token else None
     if agent is None:
         return Deny(Reason.AGENT_UNAUTHENTICATED, "no valid agent token was presented")
+    unmet = unsupported_expectation(headers)
+    if unmet is not None:
+        return unmet
     if not is_canonical_path(route.path):
         return Deny(Reason.PATH_NOT_CANONICAL, f"{route.path} is not canonical")
     matched = match_rule(provider, method, route.path)
@@ -147,6 +151,26 @@ def audited_target(raw_target: str) -> str:
     return f"{path}?{query}" if query else path
 
 
+def expectations(headers: CIMultiDictProxy[str]) -> list[str]:
+    """The expectations ``Expect`` lists (RFC 9110 10.1.1: a comma-separated list), lowered;
+    empty elements are no expectation."""
+    return [
+        token.strip().lower()
+        for value in headers.getall("Expect", [])
+        for token in value.split(",")
+        if token.strip()
+    ]
+
+
+def unsupported_expectation(headers: CIMultiDictProxy[str]) -> Deny | None:
+    """``100-continue`` is the only expectation opgate meets (``read_body`` sends the 100);
+    any other is refused here, in the pipeline, so that it has its record (aiohttp's own
+    handler answered 417 before any stage ran). The detail does not echo the value."""
+    if any(token != CONTINUE for token in expectations(headers)):
+        return Deny(Reason.EXPECTATION_UNSUPPORTED, "only Expect: 100-continue is supported")
+    return None
+
+
 def refuse_unreadable_headers(
     headers: CIMultiDictProxy[str], key_header: str | None
 ) -> Deny | None:
@@ -175,6 +199,11 @@ async def read_body(
     refused = refuse_before_reading(target, request.content_length)
     if refused is not None:
         return refused
+    if _invites_body(request, target):
+        # Everything the headers alone decide has passed (in forward mode the proxy token and
+        # the host too, before the pipeline began): only now is the body invited.
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the 100 is not part of the response aiohttp counts
     limit = target.provider.limits.max_request_body_bytes
     try:
         if request.content.is_eof():  # all of it arrived with the headers: nothing to wait for
@@ -295,18 +324,21 @@ async def load_operation(store: Store, target: Target) -> Operation | None:
     return await store.load_by_key(reference.provider, reference.idempotency_key)
 
 
-async def expect_continue(request: web.Request) -> None:
-    """``Expect: 100-continue``: invite the body only if the headers alone pass (route, agent,
-    rule, declared length, encoding). Otherwise send no 100: the handler then answers with the
-    rejection (and its audit record) before any body has been sent (RFC 9110 10.1.1)."""
-    if request.version != HttpVersion11:
-        return
-    expect = request.headers.get("Expect", "").strip().lower()
-    if expect != "100-continue":
-        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
-    gateway = request.app[GATEWAY]
-    target = identify(gateway.policy, gateway.agents, request)
-    if isinstance(target, Deny) or refuse_before_reading(target, request.content_length):
-        return
-    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-    request.writer.output_size = 0  # the 100 is not part of the response aiohttp counts
+async def defer_expectation(request: web.Request) -> None:
+    """The ``expect_handler`` of the pipeline's routes: it answers nothing, so that ``Expect``
+    is decided inside the pipeline (aiohttp's default answers 100 or 417 before any
+    middleware: before the forward listener's proxy authentication, and without a record).
+    ``unsupported_expectation`` refuses what opgate does not meet; ``read_body`` sends
+    ``100 Continue`` once the headers have passed (RFC 9110 10.1.1: a server that refuses on
+    the headers answers instead, and the body is never invited)."""
+
+
+def _invites_body(request: web.Request, target: Target) -> bool:
+    """An HTTP/1.1 ``Expect: 100-continue`` with a body still to come (RFC 9110 10.1.1: an
+    HTTP/1.0 request's expectation is ignored)."""
+    return (
+        request.version == HttpVersion11
+        and CONTINUE in expectations(target.headers)
+        and request.body_exists
+        and not request.content.is_eof()
+    )
