@@ -27,7 +27,7 @@ from typing import Any
 
 import structlog
 from aiohttp import web
-from multidict import CIMultiDictProxy
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.errors import (
     StoreUnavailable,
@@ -51,7 +51,7 @@ from proxy.gate.cutoff import CutOffClaim, claim_owner
 from proxy.gate.decision import ClaimKind, Deny, Forward, Replay
 from proxy.gate.dialects import in_dialect
 from proxy.gate.forwarded import FORWARDED
-from proxy.gate.headers import outbound_headers, response_headers
+from proxy.gate.headers import credential_forms, outbound_headers, response_headers
 from proxy.gate.intake import (
     Target,
     audited_target,
@@ -88,7 +88,7 @@ from proxy.observe.audit import (
     emit_undelivered,
     seal,
 )
-from proxy.policy.model import Mode, Provider
+from proxy.policy.model import DEFAULT_RESPONSE_HEADERS, Mode, Provider
 from proxy.policy.set import PolicySet
 from proxy.runtime import GATEWAY, Gateway
 from proxy.settings import Settings
@@ -122,6 +122,8 @@ class RequestOutcome:
     unsettled: LastOutcome | None = None  # forwarded, and not settled by the answer: why
     store_error: str | None = None  # the store failed before anything was sent
     close_connection: bool = False  # the rest of a late body is not waited for
+    # the provider's answer headers dropped for carrying the injected credential (headers.py)
+    credential_echoes: tuple[str, ...] = ()
 
     def updated(self, **changes: Any) -> RequestOutcome:
         """This outcome with ``changes``: ``dataclasses.replace`` without its per-field
@@ -176,6 +178,7 @@ class ReadyToSend:
 
     outbound: OutboundRequest
     claimed: Operation | None
+    credential: frozenset[str]  # its spellings: no answer header carrying one reaches the agent
 
 
 async def handle_agent_request(request: web.Request) -> web.StreamResponse:
@@ -383,8 +386,9 @@ async def _decide_and_claim(
     outbound = _prepare(gw, target, body, op, credential)
     if isinstance(outbound, Deny):
         return progress.known.updated(refusal=outbound)
+    spellings = credential_forms(*credential.values())
     if decision.claim is ClaimKind.NONE:
-        return ReadyToSend(outbound, None)
+        return ReadyToSend(outbound, None, spellings)
     assert op is not None
 
     # 4b. preconditions: ask the provider whether what the approval assumed still holds (a
@@ -414,7 +418,7 @@ async def _decide_and_claim(
                 decision=Decision.REPLAY, row=current, status_after=current.status
             )
         return progress.known.updated(refusal=claimed.outcome, row=current)
-    return ReadyToSend(outbound, claimed)
+    return ReadyToSend(outbound, claimed, spellings)
 
 
 def _escalation_due(decision: Deny, op: Operation) -> bool:
@@ -466,6 +470,9 @@ async def _send_and_record(
         answered: UpstreamResponse | UpstreamError = await upstream.send(client, ready.outbound)
     except UpstreamError as exc:
         answered = exc
+    if isinstance(answered, UpstreamResponse):  # only what the agent may see is kept
+        answered, echoes = _shown_headers(target.provider, answered, ready.credential)
+        sending = sending.updated(credential_echoes=echoes)
     op = ready.claimed
     if op is None:  # a read without an operation: nothing to record
         if isinstance(answered, UpstreamError):
@@ -528,6 +535,17 @@ async def _send_and_record(
         else:  # the statement failed, or found the row changed: the batch writer, as before
             emit(audited(progress.record, outcome, progress.respond(outcome).status))
     return outcome
+
+
+def _shown_headers(
+    provider: Provider, answered: UpstreamResponse, credential: frozenset[str]
+) -> tuple[UpstreamResponse, tuple[str, ...]]:
+    """The provider's answer with only the headers its policy lets the agent see, and the
+    names of those dropped for carrying the credential (headers.response_headers)."""
+    allowed = (*DEFAULT_RESPONSE_HEADERS, *provider.response_headers)
+    shown = response_headers(answered.headers, allowed, credential)
+    headers = CIMultiDictProxy(shown.headers)
+    return replace(answered, headers=headers), shown.credential_echoes
 
 
 def _seal(progress: Progress, outcome: RequestOutcome) -> tuple[Sealed, web.StreamResponse] | None:
@@ -776,6 +794,7 @@ def audited(
     record.forwarded_body_sha256 = outcome.sent_sha256
     record.provider_answer_sha256 = _answer_sha256(outcome)
     record.response_status = response_status
+    record.credential_echoes = list(outcome.credential_echoes) or None
     return record
 
 
@@ -868,7 +887,7 @@ def _pass_through(
             operation_status=op_status,
             extra={"provider_status": answered.status},
         )
-    headers = response_headers(answered.headers)
+    headers = CIMultiDict(answered.headers)  # filtered when it arrived (_shown_headers)
     if op_id is not None and op_status is not None:
         headers["X-Operation-Id"] = op_id
         headers["X-Operation-Status"] = op_status

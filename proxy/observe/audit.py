@@ -87,6 +87,9 @@ class AuditRecord:
     # what the row stores and replays), or, on a replay, of the stored answer returned: what
     # an offline bundle checks the stored answer against (auditlog/evidence.py).
     provider_answer_sha256: str | None = None
+    # The provider's answer headers dropped because they carried the credential opgate
+    # injected (their names; never their values): a provider echoing its secret. Null if none.
+    credential_echoes: list[str] | None = None
     # Shadow mode (`mode: report`): the code an enforcing rule would have refused with, though
     # the request was decided as `decision` (forwarded or replayed). Null otherwise.
     would_deny: str | None = None
