@@ -52,8 +52,9 @@ from proxy.forward.targets import (
 from proxy.gate.checks import Agent
 from proxy.gate.decision import Deny
 from proxy.gate.forwarded import FORWARDED, ForwardedRequest, Origin
+from proxy.gate.framing import CONNECT_EXPECTATIONS
 from proxy.gate.identity import credential_from
-from proxy.gate.intake import audited_target, defer_expectation
+from proxy.gate.intake import audited_target, defer_expectation, unmet_expectation
 from proxy.gate.pipeline import handle_agent_request
 from proxy.gate.problem import PROBLEM, problem_response
 from proxy.gate.reasons import Reason
@@ -212,6 +213,11 @@ async def _decide_and_tunnel(
     agent = _proxy_agent(listener, request, record)
     if isinstance(agent, Deny):
         return _refuse_connect(record, agent)
+    # A CONNECT has no body to invite: 100-continue is ignored, anything else refused
+    # (proxy/gate/framing.py took the header aside before aiohttp could answer it).
+    unmet = unmet_expectation(request.get(CONNECT_EXPECTATIONS, ()))
+    if unmet is not None:
+        return _refuse_connect(record, unmet)
     target = decide_connect(listener.gateway.policy, listener.overrides, host, port)
     if isinstance(target, Deny):
         return _refuse_connect(record, target)

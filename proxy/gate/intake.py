@@ -10,6 +10,7 @@ a request written in a file.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from aiohttp import HttpVersion11, web
@@ -151,22 +152,25 @@ def audited_target(raw_target: str) -> str:
     return f"{path}?{query}" if query else path
 
 
-def expectations(headers: CIMultiDictProxy[str]) -> list[str]:
-    """The expectations ``Expect`` lists (RFC 9110 10.1.1: a comma-separated list), lowered;
-    empty elements are no expectation."""
+def expectations(values: Iterable[str]) -> list[str]:
+    """The expectations ``Expect`` header ``values`` list (RFC 9110 10.1.1: a comma-separated
+    list), lowered; empty elements are no expectation."""
     return [
-        token.strip().lower()
-        for value in headers.getall("Expect", [])
-        for token in value.split(",")
-        if token.strip()
+        token.strip().lower() for value in values for token in value.split(",") if token.strip()
     ]
 
 
 def unsupported_expectation(headers: CIMultiDictProxy[str]) -> Deny | None:
     """``100-continue`` is the only expectation opgate meets (``read_body`` sends the 100);
     any other is refused here, in the pipeline, so that it has its record (aiohttp's own
-    handler answered 417 before any stage ran). The detail does not echo the value."""
-    if any(token != CONTINUE for token in expectations(headers)):
+    handler answered 417 before any stage ran)."""
+    return unmet_expectation(headers.getall("Expect", []))
+
+
+def unmet_expectation(values: Iterable[str]) -> Deny | None:
+    """A refusal if the ``Expect`` header ``values`` ask for anything but ``100-continue``.
+    The detail does not echo the value."""
+    if any(token != CONTINUE for token in expectations(values)):
         return Deny(Reason.EXPECTATION_UNSUPPORTED, "only Expect: 100-continue is supported")
     return None
 
@@ -338,7 +342,7 @@ def _invites_body(request: web.Request, target: Target) -> bool:
     HTTP/1.0 request's expectation is ignored)."""
     return (
         request.version == HttpVersion11
-        and CONTINUE in expectations(target.headers)
+        and CONTINUE in expectations(target.headers.getall("Expect", []))
         and request.body_exists
         and not request.content.is_eof()
     )

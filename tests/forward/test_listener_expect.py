@@ -137,3 +137,45 @@ async def test_an_unknown_expectation_on_the_forward_listener_is_a_problem_on_re
     [record] = audits(logs)
     assert (record["listener"], record["reason"]) == ("forward", "expectation_unsupported")
     assert fault_provider.requests == []
+
+
+async def connect_first_line(gate: Opgate, target: str, headers: dict[str, str]) -> str:
+    """The first status line the proxy answers ``CONNECT target`` with."""
+    assert gate.running.forward_url is not None
+    proxy = urlsplit(gate.running.forward_url)
+    reader, writer = await asyncio.open_connection(proxy.hostname, proxy.port)
+    try:
+        lines = [f"CONNECT {target} HTTP/1.1", f"Host: {target}"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
+        await writer.drain()
+        return (await asyncio.wait_for(reader.readline(), READ_SECONDS)).decode().strip()
+    finally:
+        writer.close()
+
+
+async def test_a_connect_gets_no_invitation_and_an_unknown_expectation_is_on_record(
+    forward_only: Opgate, fault_provider: FaultProvider
+) -> None:
+    """CONNECT with ``Expect: 100-continue``: no 100 (a CONNECT has no body to invite), the
+    407 or the host decision instead; with another expectation, once authenticated: 417
+    ``expectation_unsupported`` on record. Nothing reaches the provider."""
+    target = urlsplit(fault_provider.url).netloc
+    continuing = {"Expect": "100-continue"}
+    with capture_logs() as logs:
+        unauthenticated = await connect_first_line(forward_only, target, continuing)
+        authenticated = await connect_first_line(
+            forward_only, target, {**continuing, "Proxy-Authorization": PROXY_AUTH}
+        )
+        unknown = await connect_first_line(
+            forward_only, target, {"Expect": "x-other", "Proxy-Authorization": PROXY_AUTH}
+        )
+    assert unauthenticated == "HTTP/1.1 407 Proxy Authentication Required"
+    assert authenticated == "HTTP/1.1 403 Forbidden"  # a plain-HTTP provider is not tunnelled
+    assert unknown == "HTTP/1.1 417 Expectation Failed"
+    assert [(r["method"], r["reason"]) for r in audits(logs)] == [
+        ("CONNECT", "proxy_auth_required"),
+        ("CONNECT", "host_not_allowed"),
+        ("CONNECT", "expectation_unsupported"),
+    ]
+    assert fault_provider.requests == []
