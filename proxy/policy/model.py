@@ -472,8 +472,8 @@ class AgentSignature(Strict):
 
 # --- response headers ---
 # What of a provider's answer reaches the agent whatever its policy says (docs: policy format).
-# Representation and caching metadata, the provider's request id and rate-limit state: what
-# SDKs read (Stripe's Request-Id, Square's Retry-After and X-RateLimit-Reset).
+# Representation and caching metadata, the provider's request id, replay flag and rate-limit
+# state: what SDKs read (Stripe's Request-Id, Square's Retry-After and X-RateLimit-Reset).
 DEFAULT_RESPONSE_HEADERS = (
     "Cache-Control",
     "Content-Encoding",
@@ -482,6 +482,7 @@ DEFAULT_RESPONSE_HEADERS = (
     "Date",
     "ETag",
     "Expires",
+    "Idempotent-Replayed",  # the provider answered a repeated key with its first answer
     "Last-Modified",
     "Link",
     "Location",

@@ -21,8 +21,10 @@ from structlog.testing import capture_logs
 
 from proxy.gate.headers import credential_forms, response_headers
 from proxy.policy.load import parse_policy_text
+from proxy.policy.model import DEFAULT_RESPONSE_HEADERS
 from tests.support.audit_logs import audits
 from tests.support.opgate import PROVIDER_SECRET, StartOpgate, fault_policy
+from tests.support.paths import REPO
 
 GOOD_FORM = "amount=500&currency=usd&charge=ch_1"
 
@@ -179,3 +181,11 @@ def test_a_policy_cannot_list_framing_opgates_own_or_everything(listed: str) -> 
     provider, problems = parse_policy_text(policy, "fault.yaml")
     assert provider is None, listed
     assert any("response_headers" in p.message for p in problems)
+
+
+def test_the_policy_reference_lists_the_default_response_headers() -> None:
+    """docs/reference/policy-format.md names exactly the defaults the gate applies."""
+    text = (REPO / "docs" / "reference" / "policy-format.md").read_text()
+    section = text.split("## What of the provider's answer reaches the agent", 1)[1]
+    listed = section.split("\n\n")[2]  # the paragraph after the introduction
+    assert re.findall(r"`([^`]+)`", listed) == sorted(DEFAULT_RESPONSE_HEADERS, key=str.lower)
