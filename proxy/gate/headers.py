@@ -139,9 +139,9 @@ def response_headers(
     upstream: CIMultiDictProxy[str], allowed: Iterable[str], credential: frozenset[str]
 ) -> AgentHeaders:
     """The provider's headers an agent may see: those ``allowed`` lists (the defaults and the
-    policy's ``response_headers``), never framing (length and framing
-    are recomputed), hop-by-hop, opgate's own, nor any whose name or value holds one of the
-    ``credential`` spellings (``credential_forms``): those are dropped and named."""
+    policy's ``response_headers``); never framing (recomputed), hop-by-hop or opgate's own
+    headers, nor any whose name or value holds one of the ``credential`` spellings
+    (``credential_forms``): those are dropped and named, whatever ``allowed`` says."""
     connection_named = {
         token.strip().lower()
         for value in upstream.getall("Connection", [])

@@ -120,7 +120,11 @@ def identify_request(
             f"no {provider.provider} rule allows {method} {route.path}",
         )
     if query and takes_no_query(matched.rule):
-        return Deny(Reason.QUERY_NOT_ALLOWED, "parameters must travel in the validated body")
+        return Deny(
+            Reason.QUERY_NOT_ALLOWED,
+            f"rule {matched.rule.name} takes no query string: parameters travel in the path "
+            "and the validated body",
+        )
     return Target(
         provider=provider,
         rule=matched.rule,
@@ -203,17 +207,18 @@ async def read_body(
     refused = refuse_before_reading(target, request.content_length)
     if refused is not None:
         return refused
-    if _invites_body(request, target):
-        # Everything the headers alone decide has passed (in forward mode the proxy token and
-        # the host too, before the pipeline began): only now is the body invited.
-        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        request.writer.output_size = 0  # the 100 is not part of the response aiohttp counts
     limit = target.provider.limits.max_request_body_bytes
     try:
         if request.content.is_eof():  # all of it arrived with the headers: nothing to wait for
             raw = await _read_within_limit(request, limit)
         else:
             async with asyncio.timeout(deadline_seconds):
+                if _invites_body(request, target):
+                    # Everything the headers alone decide has passed (in forward mode the
+                    # proxy token and the host too, before the pipeline began): only now is
+                    # the body invited.
+                    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    request.writer.output_size = 0  # not part of the response aiohttp counts
                 raw = await _read_within_limit(request, limit)
     except TimeoutError:
         return Deny(Reason.BODY_TIMEOUT, f"the body did not arrive within {deadline_seconds} s")
@@ -338,11 +343,10 @@ async def defer_expectation(request: web.Request) -> None:
 
 
 def _invites_body(request: web.Request, target: Target) -> bool:
-    """An HTTP/1.1 ``Expect: 100-continue`` with a body still to come (RFC 9110 10.1.1: an
-    HTTP/1.0 request's expectation is ignored)."""
+    """An HTTP/1.1 ``Expect: 100-continue`` with a body (RFC 9110 10.1.1: an HTTP/1.0
+    request's expectation is ignored); asked only while the body is still to come."""
     return (
         request.version == HttpVersion11
         and CONTINUE in expectations(target.headers.getall("Expect", []))
         and request.body_exists
-        and not request.content.is_eof()
     )
