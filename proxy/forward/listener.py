@@ -54,12 +54,12 @@ from proxy.gate.decision import Deny
 from proxy.gate.forwarded import FORWARDED, ForwardedRequest, Origin
 from proxy.gate.framing import CONNECT_EXPECTATIONS
 from proxy.gate.identity import credential_from
-from proxy.gate.intake import audited_target, defer_expectation, unmet_expectation
+from proxy.gate.intake import defer_expectation, query_sha256, unmet_expectation
 from proxy.gate.pipeline import handle_agent_request
 from proxy.gate.problem import PROBLEM, problem_response
 from proxy.gate.reasons import Reason
 from proxy.gate.upstream import new_client_session
-from proxy.observe.audit import AuditRecord, Decision, emit
+from proxy.observe.audit import AuditRecord, Decision, emit, request_path
 from proxy.observe.observer import observe_agent_request
 from proxy.runtime import Gateway, serve_with
 from proxy.settings import Settings
@@ -483,7 +483,8 @@ def _refuse_request(
 ) -> web.Response:
     """A forward-mode request refused before the pipeline: audited here, once."""
     record = _record(request, listener)
-    record.path = audited_target(request.raw_path)  # as sent, never decoded
+    record.path = request_path(request.raw_path)  # as sent, never decoded
+    record.query_sha256 = query_sha256(request.raw_path)
     record.destination = origin.authority if origin else None
     if agent is not None:
         record.agent_id, record.tenant = agent.agent_id, agent.tenant

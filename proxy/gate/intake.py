@@ -10,6 +10,7 @@ a request written in a file.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -33,7 +34,6 @@ from proxy.gate.identity import (
     valid_operation_id,
 )
 from proxy.gate.reasons import Reason
-from proxy.observe.audit import request_path
 from proxy.policy.model import BodyKind, OperationRequirement, Provider, Rule
 from proxy.policy.paths import is_canonical_path
 from proxy.policy.set import PolicySet, match_rule
@@ -147,13 +147,13 @@ def takes_no_query(rule: Rule) -> bool:
     return rule.operation is not OperationRequirement.NONE or rule.body is not BodyKind.NONE
 
 
-def audited_target(raw_target: str) -> str:
-    """The request target as the audit record names it: the raw path (origin-form, as
-    ``request_path`` gives it) and the raw query, when there is one: what was asked, and for a
-    forwarded read exactly what was sent."""
+def query_sha256(raw_target: str) -> str | None:
+    """The SHA-256 of a request target's raw query (None without one): with the path, what the
+    audit record holds of the target. The query itself is not kept, as a body is not: its values
+    may be anything (an email, a card fingerprint), and the digest is what a reviewer checks a
+    claimed query against. Only reads without an operation forward one (``takes_no_query``)."""
     query = raw_target.partition("#")[0].partition("?")[2]
-    path = request_path(raw_target)
-    return f"{path}?{query}" if query else path
+    return hashlib.sha256(query.encode()).hexdigest() if query else None
 
 
 def expectations(values: Iterable[str]) -> list[str]:

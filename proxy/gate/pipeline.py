@@ -54,11 +54,11 @@ from proxy.gate.forwarded import FORWARDED
 from proxy.gate.headers import credential_forms, outbound_headers, response_headers
 from proxy.gate.intake import (
     Target,
-    audited_target,
     identify,
     identify_request,
     load_operation,
     parse_request_body,
+    query_sha256,
     read_body,
     refuse_before_reading,
     request_facts,
@@ -86,6 +86,7 @@ from proxy.observe.audit import (
     emit,
     emit_stored,
     emit_undelivered,
+    request_path,
     seal,
 )
 from proxy.policy.model import DEFAULT_RESPONSE_HEADERS, Mode, Provider
@@ -185,11 +186,13 @@ async def handle_agent_request(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
     policy = gateway.policy  # this request is decided by the set it started with
     forwarded = request.get(FORWARDED)  # forward-proxy mode: which listener, which origin
+    raw_target = forwarded.raw_path if forwarded is not None else request.raw_path
     record = AuditRecord(
         source=request.remote,
         method=request.method,
         # as sent: decoded, a path can hold what no log or database should (a NUL)
-        path=audited_target(forwarded.raw_path if forwarded is not None else request.raw_path),
+        path=request_path(raw_target),
+        query_sha256=query_sha256(raw_target),
         policy_version=policy.version,
     )
     if forwarded is not None:
@@ -289,7 +292,8 @@ async def handle_composed_request(
     record = AuditRecord(
         source=source,
         method=composed.method,
-        path=audited_target(composed.raw_target),
+        path=request_path(composed.raw_target),
+        query_sha256=query_sha256(composed.raw_target),
         policy_version=policy.version,
         listener=listener,
     )

@@ -64,11 +64,13 @@ class AuditRecord:
     # are counted by.
     source: str | None = None
     method: str | None = None
-    # Raw, as sent (percent-encoded; the pipeline's records keep the query: gate.intake's
-    # audited_target); cut at 512 bytes, and then
+    # Raw, as sent (percent-encoded, without the query); cut at 512 bytes, and then
     # path_sha256 is the SHA-256 of the whole path (see fields()).
     path: str | None = None
     path_sha256: str | None = None
+    # SHA-256 of the raw query string as sent (null without one): the query's values are not
+    # kept, as the body's are not (gate.intake.query_sha256).
+    query_sha256: str | None = None
     agent_id: str | None = None
     tenant: str | None = None
     provider: str | None = None

@@ -1,9 +1,11 @@
 """A query string on a call that takes an operation: refused before anything reaches the provider,
 whatever the rule's body kind, in reverse and in forward (HTTP_PROXY) mode; and the audit record
-names the whole target (path and query) the agent sent."""
+binds the whole target the agent sent (the path, and the query's SHA-256)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,11 @@ CANCEL = "/v1/refunds/re_1/cancel"
 SMUGGLED = "?amount=999999&final_capture=false"
 
 
+def sha256(query: str) -> str:
+    """The digest the record keeps of ``?query`` (the query without its ``?``)."""
+    return hashlib.sha256(query.removeprefix("?").encode()).hexdigest()
+
+
 def bodiless_cancel_policy() -> str:
     """The fault provider's policy with its cancel rule taking no body (as PayPal's
     order.capture and Square's payment.cancel do)."""
@@ -53,7 +60,7 @@ async def test_a_query_on_a_bodiless_operation_is_refused_in_reverse_mode(
     start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
 ) -> None:
     """POST .../cancel?amount=... on a `body: none` rule is refused 400 query_not_allowed,
-    nothing reaches the provider, the operation stays created, and the record holds the query;
+    nothing reaches the provider, the operation stays created, and the record binds the query;
     the same call without a query then goes out once."""
     (policy_dir / "fault.yaml").write_text(bodiless_cancel_policy())
     async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
@@ -67,9 +74,10 @@ async def test_a_query_on_a_bodiless_operation_is_refused_in_reverse_mode(
         assert fault_provider.requests == []
         assert (await gate.operation(op["operation_id"]))["status"] == "created"
         [record] = audits(logs)
-        assert (record["reason"], record["path"]) == (
+        assert (record["reason"], record["path"], record["query_sha256"]) == (
             "query_not_allowed",
-            f"/fault{CANCEL}{SMUGGLED}",
+            f"/fault{CANCEL}",
+            sha256(SMUGGLED),
         )
         status, _, _ = await gate.send(
             f"/fault{CANCEL}", data=None, headers=named, content_type=None
@@ -83,7 +91,7 @@ async def test_a_query_on_a_bodiless_operation_is_refused_in_forward_mode(
     start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider, tmp_path: Path
 ) -> None:
     """Through HTTP_PROXY (absolute-form), the same query is refused the same way and
-    audited with the whole target; nothing reaches the provider."""
+    audited with the path and the query's digest; nothing reaches the provider."""
     (policy_dir / "fault.yaml").write_text(bodiless_cancel_policy() + LOOPBACK_ALLOWED)
     async with start_opgate(
         forward_listen="127.0.0.1:0",
@@ -105,7 +113,11 @@ async def test_a_query_on_a_bodiless_operation_is_refused_in_forward_mode(
         )
         assert fault_provider.requests == []
         [record] = audits(logs)
-        assert (record["listener"], record["path"]) == ("forward", f"{CANCEL}{SMUGGLED}")
+        assert (record["listener"], record["path"], record["query_sha256"]) == (
+            "forward",
+            CANCEL,
+            sha256(SMUGGLED),
+        )
         assert (await gate.operation(op["operation_id"]))["status"] == "created"
 
 
@@ -113,7 +125,7 @@ async def test_a_query_on_a_form_operation_is_refused_and_a_read_keeps_its_query
     fault_gate: Opgate, fault_provider: FaultProvider
 ) -> None:
     """A body-carrying operation refuses a query as before; a read (no operation) forwards its
-    query, and its record names it."""
+    query, and its record keeps the query's digest, not its values."""
     op = await fault_gate.approve()
     status, _, body = await fault_gate.send(
         "/fault/v1/refunds?amount=999999",
@@ -129,7 +141,8 @@ async def test_a_query_on_a_form_operation_is_refused_and_a_read_keeps_its_query
     [read] = fault_provider.requests
     assert read.query_string == "limit=3"
     [record] = audits(logs)
-    assert record["path"] == "/fault/v1/refunds?limit=3"
+    assert (record["path"], record["query_sha256"]) == ("/fault/v1/refunds", sha256("?limit=3"))
+    assert "limit=3" not in json.dumps(record)  # the query's values stay out of the record
 
 
 async def test_the_shipped_square_cancel_refuses_a_query(
