@@ -15,7 +15,10 @@ what loads but cannot be meant:
   rule a form key; ``*`` where it means nothing (proxy.policy.fields); a parameter compared
   both whole and element by element; an idempotency key that a rule's requests cannot carry;
 - spend budgets on a provider none of whose rules reads an amount (a warning: they count
-  nothing).
+  nothing);
+- a rule without an operation that takes a body: only a read's query may go unapproved (the
+  gate refuses a query on every rule that takes an operation or a body), and a body there would
+  be forwarded unchecked.
 
 A file that fails the schema still has its rules checked one by one, where they parse: one
 typo does not hide the findings that would follow it.
@@ -113,6 +116,7 @@ def lint_policy_texts(
     for provider, path, node in parsed:
         findings.extend(_shadowed_rules(provider, str(path), node))
         findings.extend(_injection_collisions(provider, str(path), node))
+        findings.extend(_reads_with_a_body(provider, str(path), node))
         for j, rule in enumerate(provider.rules):
             findings.extend(_field_grammar(rule, str(path), node, j))
         findings.extend(_key_placement(provider, str(path), node))
@@ -191,6 +195,21 @@ def _shadowed_rules(provider: Provider, file: str, root: yaml.Node) -> Iterator[
                     f"{earlier.name!r}",
                 )
                 break
+
+
+def _reads_with_a_body(provider: Provider, file: str, root: yaml.Node) -> Iterator[Finding]:
+    """A rule without an operation is forwarded unchecked: its query is all a read carries
+    (gate.intake refuses a query on every other rule), so a body there would be a parameter
+    nothing approves. ``body`` defaults to ``form``: a read must say ``body: none``."""
+    for j, rule in enumerate(provider.rules):
+        if rule.operation is OperationRequirement.NONE and rule.body is not BodyKind.NONE:
+            yield _at(
+                file,
+                _node(root, ("rules", j, "body")) or _node(root, ("rules", j)),
+                f"rule {rule.name!r} takes no operation but a {rule.body.value} body: it would "
+                "be forwarded unchecked (a read's query is its only parameter)",
+                "set `body: none` on a read, or `operation: required` if the call needs a body",
+            )
 
 
 def _injection_collisions(provider: Provider, file: str, root: yaml.Node) -> Iterator[Finding]:

@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
@@ -518,6 +519,65 @@ class AgentSignature(Strict):
     expires_seconds: Annotated[int, Field(ge=1, le=480)] = 60
 
 
+# --- response headers ---
+# What of a provider's answer reaches the agent whatever its policy says (docs: policy format).
+# Representation and caching metadata, the provider's request id, replay flag and rate-limit
+# state: what SDKs read (Stripe's Request-Id, Square's Retry-After and X-RateLimit-Reset).
+DEFAULT_RESPONSE_HEADERS = (
+    "Cache-Control",
+    "Content-Encoding",
+    "Content-Language",
+    "Content-Type",
+    "Date",
+    "ETag",
+    "Expires",
+    "Idempotent-Replayed",  # the provider answered a repeated key with its first answer
+    "Last-Modified",
+    "Link",
+    "Location",
+    "RateLimit",
+    "RateLimit-*",
+    "Request-Id",
+    "Retry-After",
+    "Vary",
+    "X-RateLimit-*",
+    "X-Request-Id",
+)
+# Never passed on, whatever a policy lists: framing and hop-by-hop headers are the connection's,
+# X-Operation-Id and X-Operation-Status opgate's own (set on an operation's answer).
+UNLISTABLE_RESPONSE_HEADERS = frozenset(
+    {
+        "connection",
+        "content-length",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "x-operation-id",
+        "x-operation-status",
+    }
+)
+
+
+def _response_header_pattern(value: str) -> str:
+    """A header name (RFC 9110 token), or a prefix of one ending in ``*``; never ``*`` alone
+    (that would pass every header, cookies included) nor a name opgate never passes on."""
+    if value.lower() in UNLISTABLE_RESPONSE_HEADERS:
+        raise ValueError(f"response_headers may not list {value}: it is never passed on")
+    return value
+
+
+ResponseHeaderPattern = Annotated[
+    str,
+    Field(pattern=r"^[A-Za-z0-9!#$%&'+.^_`|~-]+\*?$"),
+    AfterValidator(_response_header_pattern),
+]
+# --- end response headers ---
+
+
 class Provider(Strict):
     version: Literal[1]
     provider: Annotated[str, Field(pattern=_NAME)]
@@ -540,6 +600,12 @@ class Provider(Strict):
             "tracestate",
         ]
     )
+    # --- response headers ---
+    # Headers of the provider's answers that reach the agent besides DEFAULT_RESPONSE_HEADERS
+    # (names, or a prefix ending in ``*``); Set-Cookie and WWW-Authenticate only if listed. A
+    # header carrying the injected credential never does (proxy/gate/headers.py).
+    response_headers: list[ResponseHeaderPattern] = Field(default_factory=list)
+    # --- end response headers ---
     classify: Classification = Field(default_factory=Classification)
     errors: ErrorDialect = ErrorDialect.PROBLEM  # the shape of opgate's refusals
     # How a currency code leaves (whatever case the agent wrote): Stripe's are lower case,
