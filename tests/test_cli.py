@@ -27,7 +27,7 @@ def test_policy_check_accepts_the_shipped_policies() -> None:
     """The shipped policy directory passes the offline check."""
     result = run_cli("policy", "check", str(SHIPPED_POLICIES))
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("ok: 4 providers")
+    assert result.stdout.splitlines()[-1].startswith("ok: 4 providers")
 
 
 def test_policy_check_reports_every_problem_with_its_location(tmp_path: Path) -> None:
@@ -39,7 +39,7 @@ def test_policy_check_reports_every_problem_with_its_location(tmp_path: Path) ->
     )
     result = run_cli("policy", "check", str(tmp_path))
     assert result.returncode == 1
-    lines = result.stderr.strip().splitlines()
+    lines = result.stdout.strip().splitlines()[:-1]  # the summary last
     assert len(lines) == 3, lines
     assert lines[0].startswith(f"{tmp_path / 'bad.yaml'}:6:5: rules.0:")
     assert "must require an operation" in lines[0]
@@ -507,3 +507,21 @@ def test_ca_init_on_half_a_ca_is_one_line(tmp_path: Path) -> None:
     assert result.stderr.strip().splitlines() == [
         f"opgate: {tmp_path / 'ca'} holds half a CA (certificate or key missing)"
     ]
+
+
+def test_policy_check_prints_its_summary_after_its_findings(tmp_path: Path) -> None:
+    """Findings and the summary are one report on one stream, the summary last: shown in
+    whatever order a terminal or a tool shows stdout and stderr, it still ends the report."""
+    (tmp_path / "bad.yaml").write_text(
+        "version: 1\nprovider: x\nroute_prefix: /x\nupstream: http://127.0.0.1:1\n"
+        "budgets: [{scope: provider, currency: usd, limit: 1, window: 1h}]\n"
+        'rules:\n  - {name: a, method: POST, path: "/v1/{rest...}"}\n'
+        "  - {name: b, method: POST, path: /v1/b}\n"
+    )
+    result = run_cli("policy", "check", str(tmp_path))
+    assert result.returncode == 1
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 3, result
+    assert "rule 'b'" in lines[0] or "rule 'b'" in lines[1], lines
+    assert any("warning: provider 'x' has budgets" in line for line in lines[:2]), lines
+    assert lines[-1] == "1 errors, 1 warnings"

@@ -49,7 +49,7 @@ def test_policy_check_exits_non_zero_with_every_finding(tmp_path: Path) -> None:
     )
     result = run_cli("policy", "check", str(tmp_path))
     assert result.returncode == 1
-    lines = result.stderr.strip().splitlines()
+    lines = result.stdout.strip().splitlines()
     assert any(f"{tmp_path / 'shadowed_rule.yaml'}:11:11: rule 'intent.cancel'" in x for x in lines)
     assert any(f"{tmp_path / 'injection_collision.yaml'}:10:22: rule" in x for x in lines)
     assert "2 errors" in result.stdout
@@ -60,7 +60,7 @@ def test_policy_check_secrets_dir_turns_a_missing_secret_into_an_error(tmp_path:
     shutil.copy(CORPUS / "unconfigured_secret.yaml", tmp_path / "pay.yaml")
     offline = run_cli("policy", "check", str(tmp_path))
     assert offline.returncode == 0, offline.stderr
-    assert "warning: secret 'pay_corpus_key'" in offline.stderr
+    assert "warning: secret 'pay_corpus_key'" in offline.stdout
     secrets = tmp_path.parent / "secrets"
     secrets.mkdir()
     strict = run_cli("policy", "check", str(tmp_path), "--secrets-dir", str(secrets))
