@@ -27,7 +27,7 @@ def test_policy_check_accepts_the_shipped_policies() -> None:
     """The shipped policy directory passes the offline check."""
     result = run_cli("policy", "check", str(SHIPPED_POLICIES))
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1].startswith("ok: 4 providers")
+    assert result.stdout.splitlines()[-1].startswith("ok: 6 providers")
 
 
 def test_policy_check_reports_every_problem_with_its_location(tmp_path: Path) -> None:

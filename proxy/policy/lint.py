@@ -274,7 +274,7 @@ def _key_placement(provider: Provider, file: str, root: yaml.Node) -> Iterator[F
                     f"idempotency.body_field: {why} (a {kind.value} rule carries the key)",
                     "give the key's field in the spelling of the rules' body",
                 )
-    if key.header is not None:
+    if key.header is not None or not key.takes_key:  # no key: operations are named by header
         return
     for j, rule in enumerate(provider.rules):
         required = rule.operation is OperationRequirement.REQUIRED and rule.send_key

@@ -96,6 +96,14 @@ def test_a_provider_without_an_idempotency_key_loads(idempotency: str) -> None:
     assert findings(text) == []
 
 
+def test_a_body_less_rule_needs_no_place_for_a_key_the_provider_does_not_take() -> None:
+    """With no key at all, a body-less rule's operation is named by X-Operation-Id: fine."""
+    text = (
+        HEAD + "idempotency: none\nrules:\n  - {name: a, method: DELETE, path: /v1/a, body: none}\n"
+    )
+    assert findings(text) == []
+
+
 @pytest.mark.parametrize(
     ("field", "expected"),
     [
