@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
@@ -123,6 +124,12 @@ def _flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--database-url", help="PostgreSQL primary (default: OPGATE_DATABASE_URL)")
     parser.add_argument("--secrets-dir", type=Path, help="where audit_key is (if not in env)")
     parser.add_argument("--data-dir", type=Path, help="the embedded database's (no URL given)")
+    parser.add_argument(
+        "--dev",
+        action="store_true",
+        help="the log of an `opgate serve --dev`: its database and its log's key, as recorded"
+        " in the data directory",
+    )
 
 
 def _time(text: str) -> datetime:
@@ -138,13 +145,17 @@ Command = Callable[[asyncpg.Connection, argparse.Namespace, Any], Coroutine[Any,
 
 def _run(command: Command) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
-        settings = load_settings(
-            {
-                "database_url": args.database_url,
-                "secrets_dir": args.secrets_dir,
-                "data_dir": args.data_dir,
-            }
-        )
+        given = {
+            "database_url": args.database_url,
+            "secrets_dir": args.secrets_dir,
+            "data_dir": args.data_dir,
+        }
+        if getattr(args, "dev", False):  # every command of _flags has it
+            refused = _dev_instance(given)
+            if refused is not None:
+                print(f"opgate audit: {refused}", file=sys.stderr)
+                return 2
+        settings = load_settings(given)
 
         async def run() -> int:
             # the embedded PostgreSQL when no URL is given, like `opgate serve`
@@ -172,6 +183,21 @@ def _run(command: Command) -> Callable[[argparse.Namespace], int]:
             return 2
 
     return handler
+
+
+def _dev_instance(given: dict[str, Any]) -> str | None:
+    """``--dev``: the database the dev instance recorded (unless one is given) and its log's
+    signing key (unless one is configured), into ``given`` and the environment; or why not."""
+    from proxy.devmode import NoDevInstance, operator_view, use_dev_log_key
+
+    settings = load_settings(given)
+    try:
+        creds, instance = operator_view(settings.data_dir)
+    except NoDevInstance as exc:
+        return str(exc)
+    given["database_url"] = given["database_url"] or instance.get("database_url")
+    use_dev_log_key(creds, settings.secrets_dir, os.environ)
+    return None
 
 
 def _key(settings: Any) -> bytes | None:
