@@ -116,7 +116,8 @@ def _parser() -> argparse.ArgumentParser:
     proposals = add_proposal_commands(commands)  # proposals list, approve, decline
     _operator_flags(proposals)
     proposals.set_defaults(handler=_operator(run_proposals, "opgate proposals"))
-    add_audit_commands(commands)  # audit verify, show, export: proxy/observe/auditlog/cli.py
+    # audit verify, show, export: proxy/observe/auditlog/cli.py
+    add_audit_commands(commands, _dev_audit_log)
 
     policy = commands.add_parser("policy", help="policy tools")
     policy_commands = policy.add_subparsers()
@@ -185,6 +186,23 @@ def _operator(
         return run(args)
 
     return handler
+
+
+def _dev_audit_log(given: dict[str, Any]) -> str | None:
+    """``opgate audit ... --dev``: the database the dev instance recorded (unless one is given)
+    and its log's signing key (unless one is configured) into ``given`` and the environment;
+    or why not."""
+    from proxy.devmode import NoDevInstance, operator_view, use_dev_log_key
+    from proxy.settings import load_settings
+
+    settings = load_settings(given)
+    try:
+        creds, instance = operator_view(settings.data_dir)
+    except NoDevInstance as exc:
+        return str(exc)
+    given["database_url"] = given["database_url"] or instance.get("database_url")
+    use_dev_log_key(creds, settings.secrets_dir, os.environ)
+    return None
 
 
 def _client_url(listen: str) -> str:

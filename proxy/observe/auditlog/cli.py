@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
@@ -60,7 +59,15 @@ _SHOWN_PROBLEMS = 50
 _EXPORT_PAGE = 1000
 
 
-def add_audit_commands(commands: Any) -> None:
+# ``--dev``: fills the settings flags (a dict) in from the dev instance, or says why not; given
+# by the process (proxy/cli.py), which may read dev mode's files.
+DevInstance = Callable[[dict[str, Any]], str | None]
+
+
+def add_audit_commands(commands: Any, dev_instance: DevInstance) -> None:
+    def _run(command: Command) -> Callable[[argparse.Namespace], int]:
+        return _runner(command, dev_instance)
+
     audit = commands.add_parser("audit", help="verify, show and export the audit log")
     audit_commands = audit.add_subparsers()
 
@@ -143,15 +150,15 @@ def _time(text: str) -> datetime:
 Command = Callable[[asyncpg.Connection, argparse.Namespace, Any], Coroutine[Any, Any, int]]
 
 
-def _run(command: Command) -> Callable[[argparse.Namespace], int]:
+def _runner(command: Command, dev_instance: DevInstance) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
         given = {
             "database_url": args.database_url,
             "secrets_dir": args.secrets_dir,
             "data_dir": args.data_dir,
         }
-        if getattr(args, "dev", False):  # every command of _flags has it
-            refused = _dev_instance(given)
+        if args.dev:  # every command run here has _flags
+            refused = dev_instance(given)
             if refused is not None:
                 print(f"opgate audit: {refused}", file=sys.stderr)
                 return 2
@@ -183,21 +190,6 @@ def _run(command: Command) -> Callable[[argparse.Namespace], int]:
             return 2
 
     return handler
-
-
-def _dev_instance(given: dict[str, Any]) -> str | None:
-    """``--dev``: the database the dev instance recorded (unless one is given) and its log's
-    signing key (unless one is configured), into ``given`` and the environment; or why not."""
-    from proxy.devmode import NoDevInstance, operator_view, use_dev_log_key
-
-    settings = load_settings(given)
-    try:
-        creds, instance = operator_view(settings.data_dir)
-    except NoDevInstance as exc:
-        return str(exc)
-    given["database_url"] = given["database_url"] or instance.get("database_url")
-    use_dev_log_key(creds, settings.secrets_dir, os.environ)
-    return None
 
 
 def _key(settings: Any) -> bytes | None:
