@@ -640,6 +640,15 @@ class Provider(Strict):
         body): if not, nothing at the provider tells a re-send from a second request."""
         return self.key_header(rule) is not None or self.key_field(rule) is not None
 
+    def dedup_window_for(self, rule: Rule | None) -> float | None:
+        """How long after creation the provider deduplicates a re-send of ``rule``'s call;
+        None: never relied on. A call that carries no key (``send_key: false``) is never
+        deduplicated, whatever the provider does with the key its other calls carry. No rule
+        (a policy reloaded without it): the provider's."""
+        if rule is not None and not self.sends_key(rule):
+            return None
+        return self.idempotency.dedup_window_seconds
+
     def currency_spelling(self, currency: str) -> str:
         """The approved currency as this provider takes it."""
         return currency.upper() if self.currency_case == "upper" else currency.lower()

@@ -862,3 +862,19 @@ def test_reconcile_refusal_on_a_call_without_a_key_says_no_key_was_sent(policy: 
     assert decision.reason is Reason.RECONCILE_REQUIRED
     assert "does not deduplicate" not in decision.detail, decision.detail
     assert "no idempotency key" in decision.detail, decision.detail
+
+
+def test_a_call_without_a_key_is_not_re_sent_on_a_deduplicating_providers_word() -> None:
+    """The provider deduplicates on its key, but this rule sends none (`send_key: false`): an
+    unknown outcome is not re-sent on the strength of a key that never left."""
+    provider = load_provider(
+        POLICY.format(dedup="true\n  retention_seconds: 86400").replace(
+            "    path: /v1/refunds\n", "    path: /v1/refunds\n    send_key: false\n", 1
+        )
+    )
+    op = dispatched(last_outcome=LastOutcome.UNKNOWN_TIMEOUT)
+    decision = decide_by_state(provider, op)
+    assert reason_of(decision) is Reason.RECONCILE_REQUIRED, decision
+    rule = provider.rule_named("refund.create")
+    assert rule is not None
+    assert provider.dedup_window_for(rule) is None
