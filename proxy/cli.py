@@ -178,7 +178,7 @@ def _operator(
             try:
                 creds, instance = operator_view(settings.data_dir)
             except NoDevInstance as exc:
-                print(f"{command}: {exc}", file=sys.stderr)
+                print(f"{command}: {exc} (or give --token)", file=sys.stderr)
                 return 2
             args.token = creds["admin_token"]
             listen = instance.get("ops_listen") or listen
@@ -199,7 +199,7 @@ def _dev_audit_log(given: dict[str, Any]) -> str | None:
     try:
         creds, instance = operator_view(settings.data_dir)
     except NoDevInstance as exc:
-        return str(exc)
+        return f"{exc} (or give --database-url and --log-key)"
     given["database_url"] = given["database_url"] or instance.get("database_url")
     use_dev_log_key(creds, settings.secrets_dir, os.environ)
     return None

@@ -101,7 +101,11 @@ def dev_instance(data_dir: Path) -> dict[str, str | None]:
 
 
 class NoDevInstance(Exception):
-    """No ``serve --dev`` ever ran on this data directory: a sentence saying so."""
+    """No ``serve --dev`` ever ran on this data directory (its credentials file is absent)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(f"no dev credentials in {path}: start `opgate serve --dev` first")
+        self.path = path
 
 
 def use_dev_log_key(
@@ -120,8 +124,5 @@ def operator_view(data_dir: Path) -> tuple[dict[str, str], dict[str, str | None]
     runs (what its last start recorded). NoDevInstance if none ever ran on ``data_dir``."""
     creds = stored_dev_credentials(data_dir)
     if creds is None:
-        raise NoDevInstance(
-            f"no dev credentials in {dev_credentials_file(data_dir)}: start "
-            "`opgate serve --dev` first (or give --token)"
-        )
+        raise NoDevInstance(dev_credentials_file(data_dir))
     return creds, dev_instance(data_dir)

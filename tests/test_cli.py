@@ -604,3 +604,23 @@ async def test_dev_evidence_is_one_command_away(database_url: str, open_data_dir
     proved = await asyncio.to_thread(run_clean, "audit", "checkpoint", *dev, env=elsewhere)
     assert proved.returncode == 0, proved.stderr
     assert vkey.split("+")[0] in proved.stdout
+
+
+@pytest.mark.parametrize(
+    ("command", "instead"),
+    [
+        (["audit", "verify", "--dev", "--data-dir", "{dir}"], "--database-url and --log-key"),
+        (["proposals", "--dev", "--data-dir", "{dir}", "list"], "--token"),
+    ],
+)
+def test_dev_commands_without_a_dev_instance_say_how_to_get_one(
+    command: list[str], instead: str, tmp_path: Path
+) -> None:
+    """`--dev` where no `serve --dev` ever ran is one line naming the file, exit 2."""
+    given = [word.format(dir=tmp_path) for word in command]
+    result = run_clean(*given, env=settings_env())
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"opgate {command[0]}: no dev credentials in {tmp_path / 'dev-credentials.json'}: "
+        f"start `opgate serve --dev` first (or give {instead})"
+    ]
