@@ -456,8 +456,10 @@ async def test_a_start_without_tokens_or_secrets_warns_once_for_each(database_ur
         ("no_admin_token", ""),
         ("no_agents", ""),
         ("provider_secret_missing", "adyen"),
+        ("provider_secret_missing", "github"),
         ("provider_secret_missing", "paypal"),
         ("provider_secret_missing", "square"),
+        ("provider_secret_missing", "twilio"),
     ]
     paypal = next(w for w in warnings if w.get("provider") == "paypal")
     assert paypal["secrets"] == ["paypal_client_id", "paypal_client_secret"]
