@@ -70,9 +70,10 @@ _PATH_SCHEMA = WithJsonSchema(
 
 class CredentialInjection(Strict):
     """How opgate authenticates to the provider with a static secret: a bearer token
-    (``Authorization: Bearer ...``) or a provider API-key header (``X-API-Key: ...`` with
-    ``scheme: null``). The secret's value never lives in a policy: ``secret`` names it, and it
-    is read from ``OPGATE_SECRET_<NAME>`` or the secrets directory."""
+    (``Authorization: Bearer ...``), HTTP Basic (``scheme: Basic``, the secret being the base64
+    of ``user:password``, as Twilio takes it) or a provider API-key header (``X-API-Key: ...``
+    with ``scheme: null``). The secret's value never lives in a policy: ``secret`` names it, and
+    it is read from ``OPGATE_SECRET_<NAME>`` or the secrets directory."""
 
     kind: Literal["static"] = "static"
     header: str = "Authorization"
