@@ -676,7 +676,7 @@ async def _claim(
             unchanged_since = asked.leased_at
     owner, lease = claim_owner(gw.settings.instance_id), _lease_seconds(gw, target)
     actor = gw.settings.instance_id
-    dedup_window = provider.idempotency.dedup_window_seconds
+    dedup_window = provider.dedup_window_for(target.rule)
     try:
         if budgets is None:  # the single unlocked statement
             claimed = await gw.store.claim(

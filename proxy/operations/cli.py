@@ -1,7 +1,7 @@
 """``opgate ops ...``: the operations API from a terminal. Readable tables by default,
 ``--json`` for scripts. Talks HTTP only (stdlib), so it runs wherever the API is reachable.
 
-    OPGATE_OPS_URL    the operations listener (default http://127.0.0.1:8081)
+    OPGATE_OPS_URL    the operations listener (default: where the ``ops_listen`` setting puts it)
     OPGATE_ADMIN_TOKEN  the admin token (never the digest)
 """
 
@@ -26,7 +26,10 @@ def add_ops_commands(commands: Any) -> argparse.ArgumentParser:
     ops: argparse.ArgumentParser = commands.add_parser(
         "ops", help="create, inspect, reconcile and resolve operations"
     )
-    ops.add_argument("--url", default=os.environ.get("OPGATE_OPS_URL", "http://127.0.0.1:8081"))
+    ops.add_argument(
+        "--url",
+        help="the operations API (default: $OPGATE_OPS_URL, else http://<ops_listen setting>)",
+    )
     ops.add_argument("--token", default=os.environ.get("OPGATE_ADMIN_TOKEN"))
     ops.add_argument("--json", action="store_true", help="print the API's JSON")
     # --json after the subcommand too (`opgate ops show ID --json`); SUPPRESS keeps a

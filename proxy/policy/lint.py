@@ -19,6 +19,9 @@ what loads but cannot be meant:
 - a rule without an operation that takes a body: only a read's query may go unapproved (the
   gate refuses a query on every rule that takes an operation or a body), and a body there would
   be forwarded unchecked.
+- a reconcile lookup on a rule that writes the operation id nowhere (``inject_metadata:
+  false``, or no ``metadata_injection``): it matches on the id, so it can never find the
+  effect (a warning: every unknown outcome of the rule goes to a human).
 
 A file that fails the schema still has its rules checked one by one, where they parse: one
 typo does not hide the findings that would follow it.
@@ -121,6 +124,7 @@ def lint_policy_texts(
             findings.extend(_field_grammar(rule, str(path), node, j))
         findings.extend(_key_placement(provider, str(path), node))
         findings.extend(_idle_budgets(provider, str(path), node))
+        findings.extend(_blind_lookups(provider, str(path), node))
         if secrets is not None:
             findings.extend(_unconfigured_secret(provider, str(path), node, secrets))
     findings.extend(_overlaps_across_files(parsed))
@@ -289,7 +293,7 @@ def _key_placement(provider: Provider, file: str, root: yaml.Node) -> Iterator[F
                     f"idempotency.body_field: {why} (a {kind.value} rule carries the key)",
                     "give the key's field in the spelling of the rules' body",
                 )
-    if key.header is not None:
+    if key.header is not None or not key.takes_key:  # no key: operations are named by header
         return
     for j, rule in enumerate(provider.rules):
         required = rule.operation is OperationRequirement.REQUIRED and rule.send_key
@@ -314,6 +318,30 @@ def _idle_budgets(provider: Provider, file: str, root: yaml.Node) -> Iterator[Fi
             "name the amount field of the rules that move money (`amount:`)",
             Severity.WARNING,
         )
+
+
+def _blind_lookups(provider: Provider, file: str, root: yaml.Node) -> Iterator[Finding]:
+    """A lookup finds the effect whose ``match`` field holds the operation id opgate wrote
+    into the request: a rule that writes it nowhere has lookups that can never match."""
+    for j, rule in enumerate(provider.rules):
+        if rule.reconcile is None or provider.metadata_field(rule) is not None:
+            continue
+        why = (
+            "inject_metadata: false"
+            if provider.metadata_injection is not None
+            else "the provider has no metadata_injection"
+        )
+        for k, lookup in enumerate(rule.reconcile.lookups):
+            yield _at(
+                file,
+                _node(root, ("rules", j, "reconcile", "lookups", k)),
+                f"rule {rule.name!r}: the lookup {lookup.path} matches {lookup.match} against "
+                f"the operation id, which opgate writes nowhere on this call ({why}): it can "
+                "never match, and every unknown outcome goes to a human",
+                "inject the operation id (metadata_injection, inject_metadata_at), or drop the "
+                "lookup (docs/how-to/apis-without-idempotency.md)",
+                Severity.WARNING,
+            )
 
 
 def _rules_of_unloadable_file(text: str, file: str) -> Iterator[Finding]:

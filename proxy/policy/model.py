@@ -17,11 +17,14 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    GetJsonSchemaHandler,
     Tag,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from proxy.policy import expressions
 from proxy.policy.amounts import AmountFormat
@@ -68,9 +71,10 @@ _PATH_SCHEMA = WithJsonSchema(
 
 class CredentialInjection(Strict):
     """How opgate authenticates to the provider with a static secret: a bearer token
-    (``Authorization: Bearer ...``) or a provider API-key header (``X-API-Key: ...`` with
-    ``scheme: null``). The secret's value never lives in a policy: ``secret`` names it, and it
-    is read from ``OPGATE_SECRET_<NAME>`` or the secrets directory."""
+    (``Authorization: Bearer ...``), HTTP Basic (``scheme: Basic``, the secret being the base64
+    of ``user:password``, as Twilio takes it) or a provider API-key header (``X-API-Key: ...``
+    with ``scheme: null``). The secret's value never lives in a policy: ``secret`` names it, and
+    it is read from ``OPGATE_SECRET_<NAME>`` or the secrets directory."""
 
     kind: Literal["static"] = "static"
     header: str = "Authorization"
@@ -135,7 +139,11 @@ class Idempotency(Strict):
     the operation (an agent may send the key alone), must equal the approved one
     (idempotency_key_mismatch), and is set by opgate where it goes: in ``header`` (any name;
     ``null``: opgate adds none), in the body at ``body_field`` (a form key or a JSON pointer,
-    Square's ``/idempotency_key``), or both."""
+    Square's ``/idempotency_key``), or both.
+
+    Neither (``idempotency: none``, or ``header: null`` alone): the provider takes no key (an
+    SMS API, an issue tracker). opgate sends none, agents name operations by
+    ``X-Operation-Id``, and an unknown outcome is never re-sent on the key's strength."""
 
     header: str | None = "Idempotency-Key"
     body_field: str | None = None
@@ -152,19 +160,50 @@ class Idempotency(Strict):
     # provider publishes no window, so deduplication is never relied on past the first send.
     retention_seconds: Annotated[float, Field(gt=0)] | None = None
 
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        """The object, or ``none`` (editors then accept what the model does)."""
+        described = handler.resolve_ref_schema(handler(core_schema))
+        return {
+            "anyOf": [
+                {k: v for k, v in described.items() if k not in ("description", "title")},
+                {"const": "none", "description": "the provider takes no idempotency key"},
+            ],
+            "title": described.get("title", cls.__name__),
+            "description": described.get("description", ""),
+        }
+
+    @model_validator(mode="before")
+    @classmethod
+    def _none(cls, value: object) -> object:
+        """``idempotency: none``: the provider takes no key (no header, no body field)."""
+        return {"header": None} if value == "none" else value
+
     @model_validator(mode="after")
     def _placed(self) -> Idempotency:
-        if self.header is None and self.body_field is None:
-            raise ValueError(
-                "the key needs a place: a header, a body_field, or both (header: null alone "
-                "would name the operation by nothing)"
-            )
+        if not self.takes_key:
+            # What a provider does with a key means nothing where it takes none: said, so
+            # that nobody believes a re-send is deduplicated.
+            described = ("provider_deduplicates", "retention_seconds", "max_length", "characters")
+            given = [name for name in described if getattr(self, name) not in (None, False)]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)}: the provider takes no key (idempotency: none, or "
+                    "header: null without a body_field), so there is nothing to describe"
+                )
         if self.characters is not None:
             try:
                 re.compile(f"[{self.characters}]+")
             except re.error as exc:
                 raise ValueError(f"characters {self.characters!r}: not a character class") from exc
         return self
+
+    @property
+    def takes_key(self) -> bool:
+        """Whether the provider reads a key at all (in a header, the body, or both)."""
+        return self.header is not None or self.body_field is not None
 
     def key_problem(self, key: str) -> str | None:
         """Why the provider would refuse ``key``; None if it fits its documented limits."""
@@ -585,6 +624,7 @@ class Provider(Strict):
     route_prefix: Annotated[str, Field(pattern=r"^/[A-Za-z0-9.-][A-Za-z0-9_.-]*$")]
     upstream: Annotated[str, Field(pattern=r"^https?://[^/?#]+(/[^?#]*)?$")]
     credential: Credential | None = None
+    # `none`: the provider takes no idempotency key (docs/how-to/apis-without-idempotency.md)
     idempotency: Idempotency = Field(default_factory=Idempotency)
     metadata_injection: MetadataInjection | None = None
     timeouts: Timeouts = Field(default_factory=Timeouts)
@@ -710,6 +750,20 @@ class Provider(Strict):
     def key_header(self, rule: Rule) -> str | None:
         """The header carrying the idempotency key on ``rule``, if the key travels there."""
         return self.idempotency.header if rule.send_key else None
+
+    def sends_key(self, rule: Rule) -> bool:
+        """Whether ``rule``'s requests leave with the idempotency key (in a header or the
+        body): if not, nothing at the provider tells a re-send from a second request."""
+        return self.key_header(rule) is not None or self.key_field(rule) is not None
+
+    def dedup_window_for(self, rule: Rule | None) -> float | None:
+        """How long after creation the provider deduplicates a re-send of ``rule``'s call;
+        None: never relied on. A call that carries no key (``send_key: false``) is never
+        deduplicated, whatever the provider does with the key its other calls carry. No rule
+        (a policy reloaded without it): the provider's."""
+        if rule is not None and not self.sends_key(rule):
+            return None
+        return self.idempotency.dedup_window_seconds
 
     def currency_spelling(self, currency: str) -> str:
         """The approved currency as this provider takes it."""

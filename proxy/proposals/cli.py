@@ -1,7 +1,7 @@
 """``opgate proposals ...``: list, approve and decline agents' proposals from a terminal, as
 ``opgate ops`` does for operations (its HTTP client and tables; ``--json`` for scripts).
 
-    OPGATE_OPS_URL         the operations listener (default http://127.0.0.1:8081)
+    OPGATE_OPS_URL         the operations listener (default: where ``ops_listen`` puts it)
     OPGATE_APPROVER_TOKEN  an approver's token (or OPGATE_ADMIN_TOKEN, the admin's)
 """
 
@@ -32,10 +32,15 @@ COLUMNS = (
 )
 
 
-def add_proposal_commands(commands: Any) -> None:
-    proposals = commands.add_parser("proposals", help="list, approve and decline proposals")
+def add_proposal_commands(commands: Any) -> argparse.ArgumentParser:
+    """The ``proposals`` command and its subcommands; returns its parser (the process adds
+    ``--dev`` and finds the operations API: proxy/cli.py)."""
+    proposals: argparse.ArgumentParser = commands.add_parser(
+        "proposals", help="list, approve and decline proposals"
+    )
     proposals.add_argument(
-        "--url", default=os.environ.get("OPGATE_OPS_URL", "http://127.0.0.1:8081")
+        "--url",
+        help="the operations API (default: $OPGATE_OPS_URL, else http://<ops_listen setting>)",
     )
     proposals.add_argument(
         "--token",
@@ -67,6 +72,7 @@ def add_proposal_commands(commands: Any) -> None:
         decide.set_defaults(proposals=_decide, verdict=verdict)
 
     proposals.set_defaults(handler=run_proposals)
+    return proposals
 
 
 def _list(args: argparse.Namespace) -> Any:

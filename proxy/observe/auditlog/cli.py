@@ -60,7 +60,15 @@ _SHOWN_PROBLEMS = 50
 _EXPORT_PAGE = 1000
 
 
-def add_audit_commands(commands: Any) -> None:
+# ``--dev``: fills the settings flags (a dict) in from the dev instance, or says why not; given
+# by the process (proxy/cli.py), which may read dev mode's files.
+DevInstance = Callable[[dict[str, Any]], str | None]
+
+
+def add_audit_commands(commands: Any, dev_instance: DevInstance) -> None:
+    def _run(command: Command) -> Callable[[argparse.Namespace], int]:
+        return _runner(command, dev_instance)
+
     audit = commands.add_parser("audit", help="verify, show and export the audit log")
     audit_commands = audit.add_subparsers()
 
@@ -124,6 +132,12 @@ def _flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--database-url", help="PostgreSQL primary (default: OPGATE_DATABASE_URL)")
     parser.add_argument("--secrets-dir", type=Path, help="where audit_key is (if not in env)")
     parser.add_argument("--data-dir", type=Path, help="the embedded database's (no URL given)")
+    parser.add_argument(
+        "--dev",
+        action="store_true",
+        help="the log of an `opgate serve --dev`: its database and its log's key, as recorded"
+        " in the data directory",
+    )
 
 
 def _time(text: str) -> datetime:
@@ -137,15 +151,19 @@ def _time(text: str) -> datetime:
 Command = Callable[[asyncpg.Connection, argparse.Namespace, Any], Coroutine[Any, Any, int]]
 
 
-def _run(command: Command) -> Callable[[argparse.Namespace], int]:
+def _runner(command: Command, dev_instance: DevInstance) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
-        settings = load_settings(
-            {
-                "database_url": args.database_url,
-                "secrets_dir": args.secrets_dir,
-                "data_dir": args.data_dir,
-            }
-        )
+        given = {
+            "database_url": args.database_url,
+            "secrets_dir": args.secrets_dir,
+            "data_dir": args.data_dir,
+        }
+        if args.dev:  # every command run here has _flags
+            refused = dev_instance(given)
+            if refused is not None:
+                print(f"opgate audit: {refused}", file=sys.stderr)
+                return 2
+        settings = load_settings(given)
 
         async def run() -> int:
             # the embedded PostgreSQL when no URL is given, like `opgate serve`
