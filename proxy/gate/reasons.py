@@ -21,6 +21,7 @@ class Reason(StrEnum):
     REQUEST_MALFORMED = "request_malformed"
     HEADER_INVALID = "header_invalid"
     OPERATION_ID_INVALID = "operation_id_invalid"
+    OPERATION_ID_RESERVED = "operation_id_reserved"
     # forward-proxy mode
     PROXY_AUTH_REQUIRED = "proxy_auth_required"
     PROXY_REQUEST_INVALID = "proxy_request_invalid"
@@ -155,6 +156,12 @@ REASONS: dict[Reason, ReasonInfo] = {
         400,
         "The operation id is not valid",
         "Use the operation id exactly as the approval returned it (printable ASCII).",
+    ),
+    Reason.OPERATION_ID_RESERVED: ReasonInfo(
+        400,
+        "The operation id starts with a prefix reserved for another kind of id",
+        "Choose an operation id that does not start with prop_ or ap2_, or leave it out and "
+        "let opgate choose one.",
     ),
     # forward-proxy mode
     Reason.PROXY_AUTH_REQUIRED: ReasonInfo(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx2
@@ -15,12 +16,15 @@ from mcp import Client
 from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken, ProtectedResourceMetadata
+from mcp.shared.exceptions import MCPError
 from structlog.testing import capture_logs
 
+from proxy.operations.approvals import OperationRequest, plan_operation
 from tests.mcp.conftest import approved_refund
 from tests.support.killable_opgate import free_port
-from tests.support.localstripe_server import list_refunds
+from tests.support.localstripe_server import create_charge, list_refunds
 from tests.support.mcp_client import http_client, structured
+from tests.support.mcp_tasks import cancel_task, get_task, tasks_client
 from tests.support.oauth_server import AuthorizationServer, authorization_server, issued_token
 from tests.support.opgate import AGENT_TOKEN, SHIPPED_POLICIES, Opgate, StartOpgate
 
@@ -268,3 +272,42 @@ async def test_the_official_clients_oauth_discovers_the_server_and_gets_a_bound_
     assert "execute_operation" in {tool.name for tool in tools.tools}
     [issued] = es256.issued
     assert (issued["sub"], issued["aud"]) == ("client-a", resource)
+
+
+async def stored_refund(gate: Opgate, localstripe_url: str, operation_id: str) -> None:
+    """A refund operation with ``operation_id`` written as the store writes any (as one created
+    before ids spelled as another kind's were refused at the operations API)."""
+    approval = OperationRequest(
+        operation_id=operation_id,
+        tenant="t1",
+        agent_id="agent-a",
+        provider="stripe",
+        action="refund.create",
+        amount=500,
+        params={"charge": await create_charge(localstripe_url, 2000)},
+        approval_ref="ticket-1",
+        approved_by="alice@example.com",
+        ttl_seconds=600,
+    )
+    gateway = gate.running.gateway
+    planned = plan_operation(approval, gateway.policy, datetime.now(UTC))
+    assert not isinstance(planned, list), planned
+    assert await gateway.store.create(planned, actor="admin") is not None
+
+
+async def test_a_task_that_is_an_operation_needs_the_operations_scope_whatever_its_spelling(
+    oauth: OAuthSetup, localstripe_url: str
+) -> None:
+    """An operation whose id starts like a proposal's (prop_refund_42) is neither read nor
+    cancelled with only proposals:write: the scope follows what the id names, looked up."""
+    await stored_refund(oauth.gate, localstripe_url, "prop_refund_42")
+    token = oauth.rs256.token("client-a", RESOURCE, "proposals:write")
+    async with tasks_client(oauth.gate.agent_url, token) as client:
+        with pytest.raises(MCPError) as read:
+            await get_task(client, "prop_refund_42")
+        with pytest.raises(MCPError) as cancelled:
+            await cancel_task(client, "prop_refund_42")
+    for refused in (read, cancelled):
+        assert refused.value.error.data["code"] == "mcp_scope_insufficient"
+    operation = await oauth.gate.operation("prop_refund_42")
+    assert (operation["status"], operation["approval"]["revoked_at"]) == ("created", None)
