@@ -235,6 +235,7 @@ class McpEndpoint:
                 directory = AgentDirectory({token_digest(internal): agent})
                 seen_as = dataclasses.replace(gw, agents=directory)
                 call = McpCall(seen_as, agent, internal, request.remote, record.path or MCP_PATH)
+                call.scopes = bearer.scopes  # a task's scope is known once its id is looked up
             owed = _owed_error(message) if message is not _NOT_JSON else None
             response = owed or await self._exchange(request, body, call)
             record.response_status = response.status

@@ -19,6 +19,7 @@ from mcp.shared.auth import OAuthClientInformationFull, OAuthToken, ProtectedRes
 from mcp.shared.exceptions import MCPError
 from structlog.testing import capture_logs
 
+from proxy.mcp.auth import required_scope, task_scope
 from proxy.operations.approvals import OperationRequest, plan_operation
 from tests.mcp.conftest import approved_refund
 from tests.support.killable_opgate import free_port
@@ -311,3 +312,35 @@ async def test_a_task_that_is_an_operation_needs_the_operations_scope_whatever_i
         assert refused.value.error.data["code"] == "mcp_scope_insufficient"
     operation = await oauth.gate.operation("prop_refund_42")
     assert (operation["status"], operation["approval"]["revoked_at"]) == ("created", None)
+
+
+@pytest.mark.parametrize(
+    ("method", "task_id", "before_lookup", "if_operation", "if_proposal"),
+    [
+        pytest.param("tasks/get", "op_1", "operations:read", "operations:read", None, id="get-op"),
+        pytest.param("tasks/get", "prop_1", None, "operations:read", "proposals:write", id="get"),
+        pytest.param(
+            "tasks/cancel", "prop_1", None, "operations:execute", "proposals:write", id="cancel"
+        ),
+        pytest.param(
+            "tasks/update", "prop_1", None, "operations:execute", "proposals:write", id="update"
+        ),
+        pytest.param(
+            "tasks/cancel", "op_1", "operations:execute", "operations:execute", None, id="op"
+        ),
+    ],
+)
+def test_a_tasks_scope_is_chosen_from_what_its_id_names(
+    method: str,
+    task_id: str,
+    before_lookup: str | None,
+    if_operation: str,
+    if_proposal: str | None,
+) -> None:
+    """Before the lookup, an id only a proposal's can have defers the choice (None); after it,
+    the scope is the operation's or the proposal's, whatever the spelling."""
+    message = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {"taskId": task_id}}
+    assert required_scope(message) == before_lookup
+    assert task_scope(method, proposal=False) == if_operation
+    if if_proposal is not None:
+        assert task_scope(method, proposal=True) == if_proposal
