@@ -87,7 +87,7 @@ async def explain_request(request: web.Request) -> web.Response:
         return admin_problem(
             400, "invalid_request", "the explain request is invalid", errors=errors
         )
-    if asked.operation_id is not None and not valid_id(IdKind.OPERATION, asked.operation_id):
+    if asked.operation_id is not None and not valid_id(asked.operation_id, IdKind.OPERATION):
         return admin_problem(400, Reason.OPERATION_ID_INVALID.value, id_rule(IdKind.OPERATION))
     sample = SampleRequest(
         asked.method.upper(), asked.path, tuple(asked.headers.items()), asked.body.encode()

@@ -12,6 +12,7 @@ be read two ways, and an id longer than any stored one can only miss.
     proposal                           ``prop_`` and then printable ASCII, 255 at most
     mandate (its digest)               43 base64url characters (a SHA-256)
     nonce                              1-256 base64url characters (opgate issues 43)
+    audit stream                       1-512 printable ASCII characters
 
 An operation id an operator chooses at creation is stricter (``NEW_OPERATION_ID``) and may not
 start with a prefix reserved for another kind (``RESERVED_PREFIXES``): a reader of the id,
@@ -21,7 +22,9 @@ human or program, must not take an operation for a proposal or a mandate's opera
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from enum import StrEnum
+from typing import TypeGuard
 from urllib.parse import unquote_to_bytes
 
 from aiohttp import web
@@ -43,6 +46,7 @@ class IdKind(StrEnum):
     PROPOSAL = "proposal id"
     MANDATE = "mandate digest"
     NONCE = "nonce"
+    AUDIT_STREAM = "audit stream"  # an operation id, requests/<instance> or policy
 
 
 _GRAMMAR: dict[IdKind, re.Pattern[str]] = {
@@ -54,6 +58,7 @@ _GRAMMAR: dict[IdKind, re.Pattern[str]] = {
     ),
     IdKind.MANDATE: re.compile(_BASE64URL + "{43}"),
     IdKind.NONCE: re.compile(_BASE64URL + "{1,256}"),
+    IdKind.AUDIT_STREAM: re.compile(_PRINTABLE + "{1,512}"),
 }
 # What each kind is, said without the value (it may be anything an agent typed).
 _SAID: dict[IdKind, str] = {
@@ -63,6 +68,7 @@ _SAID: dict[IdKind, str] = {
     IdKind.PROPOSAL: f"a proposal id is {PROPOSAL_ID_PREFIX} and printable ASCII, 255 at most",
     IdKind.MANDATE: "a mandate digest is 43 base64url characters",
     IdKind.NONCE: "a nonce is 1-256 base64url characters",
+    IdKind.AUDIT_STREAM: "an audit stream is 1-512 printable ASCII characters",
 }
 
 # The ids an operator may choose for a new operation (``POST /v1/operations``): a strict subset
@@ -78,14 +84,14 @@ RESERVED_PREFIXES: dict[str, str] = {
 }
 
 
-def valid_id(kind: IdKind, value: object) -> bool:
+def valid_id(value: object, kind: IdKind) -> TypeGuard[str]:
     """Whether ``value`` can be an id of ``kind`` (a str in its grammar)."""
     return isinstance(value, str) and _GRAMMAR[kind].fullmatch(value) is not None
 
 
-def valid_operation_id(value: object) -> bool:
+def valid_operation_id(value: object) -> TypeGuard[str]:
     """Whether ``value`` can be an operation id or an idempotency key: 1-255 printable ASCII."""
-    return valid_id(IdKind.OPERATION, value)
+    return valid_id(value, IdKind.OPERATION)
 
 
 def id_rule(kind: IdKind) -> str:
@@ -119,9 +125,22 @@ def path_id(request: web.Request, kind: IdKind, name: str) -> str | None:
         value = unquote_to_bytes(raw[template.index(placeholder)]).decode("utf-8")
     except UnicodeDecodeError:
         return None
-    return value if valid_id(kind, value) else None
+    return value if valid_id(value, kind) else None
 
 
 def path_operation_id(request: web.Request, name: str = "operation_id") -> str | None:
     """The operation id of the route's ``{name}`` segment (``path_id``), or None."""
     return path_id(request, IdKind.OPERATION, name)
+
+
+def id_argument(kind: IdKind) -> Callable[[str], str]:
+    """An argparse ``type`` for an id of ``kind`` on the command line: the value, or ValueError
+    (argparse's "invalid operation id value", exit 2) before anything is sent."""
+
+    def read(value: str) -> str:
+        if not valid_id(value, kind):
+            raise ValueError(id_rule(kind))
+        return value
+
+    read.__name__ = kind.value  # argparse names the type so
+    return read

@@ -132,10 +132,10 @@ def refuse_unreadable_headers(
     printable ASCII; the operation's names also follow the operation id grammar. The detail
     names the header, never its value (it may be a credential)."""
     operation_id = headers.get("X-Operation-Id")
-    if operation_id is not None and not valid_id(IdKind.OPERATION, operation_id):
+    if operation_id is not None and not valid_id(operation_id, IdKind.OPERATION):
         return Deny(Reason.OPERATION_ID_INVALID, f"X-Operation-Id: {id_rule(IdKind.OPERATION)}")
     key = headers.get(key_header) if key_header else None
-    if key is not None and not valid_id(IdKind.IDEMPOTENCY_KEY, key):
+    if key is not None and not valid_id(key, IdKind.IDEMPOTENCY_KEY):
         return Deny(Reason.HEADER_INVALID, f"{key_header}: {id_rule(IdKind.IDEMPOTENCY_KEY)}")
     unreadable = unreadable_header(headers)
     if unreadable is not None:
@@ -208,7 +208,7 @@ def with_body_key(target: Target, body: ParsedBody) -> Target | Deny:
     sent = body.value_at(field)
     if sent is ABSENT:
         return target
-    if not isinstance(sent, str) or not valid_id(IdKind.IDEMPOTENCY_KEY, sent):
+    if not isinstance(sent, str) or not valid_id(sent, IdKind.IDEMPOTENCY_KEY):
         return Deny(Reason.BODY_INVALID, f"{field}: {id_rule(IdKind.IDEMPOTENCY_KEY)}")
     if target.idempotency_key is not None and target.idempotency_key != sent:
         header = target.provider.idempotency.header

@@ -97,7 +97,7 @@ def required_scope(message: Any) -> str | None:
     if isinstance(method, str) and method.startswith("tasks/"):
         params = message.get("params")
         task_id = params.get("taskId") if isinstance(params, dict) else None
-        if valid_id(IdKind.PROPOSAL, task_id):
+        if valid_id(task_id, IdKind.PROPOSAL):
             # a proposal's task or an operation's: the store says which, and the call checks
             # the scope of what it names (task_scope) before it reads or changes anything
             return None

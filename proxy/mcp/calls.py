@@ -97,7 +97,7 @@ async def _guarded(
         record = _record(call, MCP_RULE)
         record.decision = Decision.ERROR
         operation_id = (arguments or {}).get("operation_id")
-        if valid_id(IdKind.OPERATION, operation_id):
+        if valid_id(operation_id, IdKind.OPERATION):
             record.operation_id = operation_id
         return _refuse(call, record, failed)
 
@@ -208,7 +208,7 @@ async def _get_proposal(call: McpCall, args: dict[str, Any], record: AuditRecord
     refused = _unexpected(args)
     if refused is not None:
         return _refuse(call, record, refused)
-    if not isinstance(proposal_id, str) or not valid_id(IdKind.PROPOSAL, proposal_id):
+    if not isinstance(proposal_id, str) or not valid_id(proposal_id, IdKind.PROPOSAL):
         return _refuse(call, record, Deny(Reason.PROPOSAL_UNKNOWN, id_rule(IdKind.PROPOSAL)))
     unknown = Deny(Reason.PROPOSAL_UNKNOWN, f"no proposal {proposal_id}")
     proposal = await call.gateway.store.load_proposal(proposal_id)
@@ -372,7 +372,7 @@ async def _proposal_of(call: McpCall, task_id: str) -> Proposal | None:
     """The proposal a task id names (any tenant's: the caller checks the scope), or None:
     a task id is a proposal's when it has the prefix and the proposal exists (an operation's
     id may start so too: then it is the operation's)."""
-    if not valid_id(IdKind.PROPOSAL, task_id):
+    if not valid_id(task_id, IdKind.PROPOSAL):
         return None
     return await call.gateway.store.load_proposal(task_id)
 
@@ -444,13 +444,13 @@ async def watchable(
     out as an unknown one is: the stream's acknowledgement names only these."""
 
     async def operation_in_scope(operation_id: str) -> bool:
-        if not valid_id(IdKind.OPERATION, operation_id):
+        if not valid_id(operation_id, IdKind.OPERATION):
             return False
         op = await call.gateway.store.load(operation_id)
         return op is not None and in_scope(op, call.agent)
 
     async def task_in_scope(task_id: str) -> bool:
-        if not valid_id(IdKind.TASK, task_id):
+        if not valid_id(task_id, IdKind.TASK):
             return False
         proposal = await _proposal_of(call, task_id)
         if _task_scope_refused(call, "tasks/get", proposal) is not None:
@@ -568,7 +568,7 @@ def _unexpected(args: dict[str, Any]) -> Deny | None:
 
 
 def _invalid_operation_id(value: Any, kind: IdKind = IdKind.OPERATION) -> Deny | None:
-    if valid_id(kind, value):
+    if valid_id(value, kind):
         return None
     return Deny(Reason.OPERATION_ID_INVALID, id_rule(kind))
 

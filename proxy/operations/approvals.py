@@ -80,7 +80,7 @@ class OperationRequest(BaseModel):
         if self.expires_at is not None and self.expires_at.tzinfo is None:
             raise ValueError("expires_at needs a time zone")
         key = self.idempotency_key
-        if key is not None and not valid_id(IdKind.IDEMPOTENCY_KEY, key):
+        if key is not None and not valid_id(key, IdKind.IDEMPOTENCY_KEY):
             raise ValueError(id_rule(IdKind.IDEMPOTENCY_KEY))
         return self
 
