@@ -184,6 +184,7 @@ async def test_an_agent_route_refuses_each_bad_id_on_record(
             [record] = request_records(logs)
             assert record["decision"] == "deny", where
             assert record["response_status"] == response.status, where
+            assert record["reason"] == response.problem()["code"], where
             tried += 1
     assert spy.reached == []
     assert tried >= 20
@@ -328,12 +329,12 @@ def id_arguments() -> list[tuple[str, str]]:
 
 
 async def mcp_tool_call(gate: Opgate, tool: str, arguments: dict[str, Any]) -> tuple[int, Any]:
-    message = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "tools/call",
-        "params": {"name": tool, "arguments": arguments},
-    }
+    return await mcp_request(gate, "tools/call", {"name": tool, "arguments": arguments})
+
+
+async def mcp_request(gate: Opgate, method: str, params: dict[str, Any]) -> tuple[int, Any]:
+    """One JSON-RPC request (2025-06-18 framing, the agent's static token)."""
+    message = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
     async with gate.http.post(
         f"{gate.agent_url}/_opgate/mcp",
         json=message,
@@ -389,6 +390,23 @@ async def test_an_mcp_task_method_refuses_each_bad_id_as_not_found(
                 with pytest.raises(MCPError) as refused:
                     await send[method](client, bad)
                 assert refused.value.error.code == -32602, (method, scenario, refused.value)
+    assert spy.reached == []
+
+
+async def test_an_mcp_resource_uri_with_a_bad_id_is_not_found_on_record(
+    gate: Opgate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """resources/read of opgate://operations/{id} with each bad id is a JSON-RPC error (not
+    found, or the SDK's own refusal of the URI) and one record; the id reaches no store call."""
+    spy = StoreSpy(gate, monkeypatch)
+    for scenario, bad in {**BAD_VALUES, "wrong prefix": "prop_refund_42"}.items():
+        with capture_logs() as logs:
+            status, answer = await mcp_request(
+                gate, "resources/read", {"uri": f"opgate://operations/{bad}"}
+            )
+        assert status == 200, (scenario, answer)
+        assert answer["error"]["code"] == -32602, (scenario, answer)
+        assert [r["decision"] for r in request_records(logs)] == ["deny"], scenario
     assert spy.reached == []
 
 
