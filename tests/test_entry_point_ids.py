@@ -28,6 +28,7 @@ from proxy.gate.ids import IdKind
 from proxy.mcp.tasks import OperationTasks
 from proxy.mcp.tools import TOOLS
 from proxy.server import agent_app, ops_app
+from proxy.transparency import note
 from tests.console.helpers import csrf_of, sign_in
 from tests.support.fault_provider import FaultProvider
 from tests.support.mandate_gate import mandate_settings
@@ -51,6 +52,7 @@ ID_PLACEHOLDERS = {
 }
 NOT_IDS = {"tail": "the pipeline's catch-all (X-Operation-Id, below)", "verdict": "approve|decline"}
 FILLED = {"verdict": "approve"}
+TRANSPARENCY = note.Signer.generate("opgate.test/audit")
 
 
 def bad_segments(kind: IdKind) -> dict[str, str]:
@@ -132,8 +134,15 @@ def _plausible(value: str) -> bool:
 
 @pytest_asyncio.fixture
 async def gate(
-    start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider, tmp_path: Path
+    start_opgate: StartOpgate,
+    policy_dir: Path,
+    fault_provider: FaultProvider,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> AsyncIterator[Opgate]:
+    """opgate with every entry point served: the mandates API (an issuer), the audit bundle
+    (a transparency key), the console."""
+    monkeypatch.setenv("OPGATE_SECRET_TRANSPARENCY_KEY", TRANSPARENCY.skey())
     (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False))
     async with start_opgate(
         upstream_overrides={"fault": fault_provider.url}, **mandate_settings(tmp_path)
@@ -281,16 +290,22 @@ async def test_an_id_in_an_ops_body_is_refused(
 async def test_an_id_in_an_audit_query_is_refused(
     gate: Opgate, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The audit API's ``operation`` and ``record`` never reach a query unread: 4xx."""
+    """The audit API's ``operation``, ``record`` and ``size`` never reach a query unread: 4xx
+    (a record named with a NUL, and a size past a bigint, answered 500)."""
     spy = StoreSpy(gate, monkeypatch)
     for query in ("operation=op%00x", "operation=" + "o" * 256, "operation=%E2%80%AE"):
         url = URL(f"{gate.ops_url}/v1/audit/bundle?{query}", encoded=True)
         async with gate.http.get(url, headers=admin_headers()) as response:
-            assert 400 <= response.status < 500, (query, await response.text())
+            body = await response.json(content_type=None)
+            assert (response.status, body["code"]) == (400, "operation_id_invalid"), body
     for record in ("a%00b:1", "requests%2F%E2%80%AE:1", "policy:99999999999999999999"):
         url = URL(f"{gate.ops_url}/v1/audit/proof?record={record}", encoded=True)
         async with gate.http.get(url, headers=admin_headers()) as response:
             assert response.status == 404, (record, await response.text())
+    for size in ("size=9999999999999999999", "size=%D9%A1"):  # past a bigint; an Arabic one
+        url = URL(f"{gate.ops_url}/v1/audit/proof?record=policy:1&{size}", encoded=True)
+        async with gate.http.get(url, headers=admin_headers()) as response:
+            assert response.status == 404, (size, await response.text())
     assert spy.reached == []
 
 

@@ -24,8 +24,8 @@ def _size(request: web.Request, name: str, default: int | None = None) -> int | 
     value = request.query.get(name)
     if value is None:
         return default
-    if not value.isdigit() or len(value) > 19:
-        raise proofs.NotProvable(f"{name} is a tree size")
+    if not (value.isascii() and value.isdigit()) or len(value) > 19 or int(value) >= 2**63:
+        raise proofs.NotProvable(f"{name} is a tree size")  # no tree is larger than a bigint
     return int(value)
 
 
