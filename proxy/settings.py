@@ -195,6 +195,15 @@ class Settings(BaseSettings):
         "an unknown subject is refused. `static_tokens: false`: only OAuth tokens open it "
         "(docs/mcp.md).",
     )
+    # The MCP transport's DNS-rebinding rule (docs/mcp.md): an origin as a browser sends it.
+    mcp_allowed_origins: list[
+        Annotated[str, Field(pattern=r"^https?://[^/?#\s]+$", max_length=300)]
+    ] = Field(
+        default_factory=list,
+        description="Browser origins (`https://app.example.com`, as a browser sends `Origin`) "
+        "that may call the MCP endpoint. A request without `Origin` is allowed; one with an "
+        "origin not listed is refused 403 `mcp_origin_refused`.",
+    )
     approvers: list[ApproverConfig] = Field(
         default_factory=list,
         description='`[{"name": "...", "token_sha256": "..."}]`: who may decide proposals '

@@ -22,7 +22,79 @@ def _interrupted(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+# What makes a test slow here: a real server or process started for it (PostgreSQL, opgate,
+# the providers' fakes, a standby cluster, a browser). `--quick` leaves out every test that
+# asks for one of these fixtures, every test marked `slow`, and the modules of SLOW_MODULES
+# (they start processes of their own: opgate's CLI, an embedded server, a cluster); what
+# remains is the pure and in-process part of the suite. The whole suite is still `./dev test`.
+SLOW_FIXTURES = frozenset(
+    {
+        "pg_server_dsn",
+        "pg_template",
+        "database_url",
+        "localstripe_url",
+        "fault_provider",
+        "start_opgate",
+        "cluster",
+        "relay",
+        "receiver",
+        "stripe_gate",
+        "fault_gate",
+        "paypal_gate",
+        "square_gate",
+        "adyen_gate",
+    }
+)
+
+
+SLOW_MODULES = (
+    "tests/test_cli.py",
+    "tests/test_conftest.py",
+    "tests/test_deploy.py",
+    "tests/authoring/test_commands.py",
+    "tests/faults/",
+    "tests/observe/test_auditlog_review.py",
+    "tests/observe/test_auditlog_tlog_cli.py",
+    "tests/store/test_embedded.py",
+    "tests/store/test_timelines.py",
+    "tests/support/test_cluster.py",
+    "tests/support/test_localstripe_server.py",
+)
+
+
+def _is_slow(item: pytest.Item) -> bool:
+    path = item.nodeid.split("::", 1)[0]
+    return (
+        item.get_closest_marker("slow") is not None
+        or path.startswith(SLOW_MODULES)
+        or bool(SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())))
+    )
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--quick",
+        action="store_true",
+        help="only the tests that start no server or process (about a minute; see SLOW_FIXTURES)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--quick"):
+        return
+    kept: list[pytest.Item] = []
+    left_out: list[pytest.Item] = []
+    for item in items:
+        (left_out if _is_slow(item) else kept).append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "slow: starts a server or process without a fixture; left out by --quick"
+    )
     # A run stopped by SIGTERM (a CI timeout, `timeout`) unwinds as Ctrl-C does: pytest's
     # teardown then stops what the session started (the embedded PostgreSQL, PgBouncer,
     # opgate processes), which the signal's default action would leave running.

@@ -247,6 +247,12 @@ MEANINGS: dict[Reason, str] = {
         "or declines anything. Responses to keys opgate never asked are ignored, as the tasks "
         "extension says."
     ),
+    Reason.MCP_ORIGIN_REFUSED: (
+        "A request to the MCP endpoint with an `Origin` header that is not in "
+        "`mcp_allowed_origins` (or with more than one): a browser page, which the MCP "
+        "transport's DNS-rebinding rule says a server must answer 403. Checked before the "
+        "token or the protocol; a request without `Origin` (an agent runtime) is not affected."
+    ),
 }
 
 # Where a code is not simply answered with its status: what the table shows instead.

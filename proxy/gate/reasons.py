@@ -88,6 +88,7 @@ class Reason(StrEnum):
     MCP_TASK_NOT_CANCELLABLE = "mcp_task_not_cancellable"
     MCP_SCOPE_INSUFFICIENT = "mcp_scope_insufficient"
     MCP_TASK_INPUT_REFUSED = "mcp_task_input_refused"
+    MCP_ORIGIN_REFUSED = "mcp_origin_refused"
 
 
 # Refusals the same request, sent again later, may get another answer to: a limit, an attempt in
@@ -468,5 +469,11 @@ REASONS: dict[Reason, ReasonInfo] = {
         "A task's client cannot decide for an approver",
         "Answer the approval request with its action only (accept, decline, cancel); an "
         "approver decides on opgate's console. Follow the task with tasks/get.",
+    ),
+    Reason.MCP_ORIGIN_REFUSED: ReasonInfo(
+        403,
+        "The request's Origin may not call the MCP endpoint",
+        "Call it from an agent runtime (no Origin header), or have the operator list the "
+        "page's origin in mcp_allowed_origins.",
     ),
 }

@@ -4,8 +4,10 @@ the Streamable HTTP endpoint on the agent listener (endpoint) and the stdio rela
 agent runtimes spawn (stdio); the tasks extension (tasks), OAuth access tokens (auth), URL
 elicitation for proposals (elicitation), operations as resources (resources), the listen
 streams that watch operations and tasks (subscriptions), the proposal card as an MCP App
-(apps) and the JSON-RPC messages checked
-before the SDK reads them (messages). Every mutating call goes through
+(apps), the JSON-RPC messages checked
+before the SDK reads them (messages), the browser origins allowed (origins), the sealed
+``requestState`` (request_state) and the capabilities kept the same on every era
+(capabilities). Every mutating call goes through
 ``proxy.gate.pipeline``.
 
 May import: proposals, operations, recovery, runtime, gate (its entry points), observe,

@@ -11,14 +11,20 @@ Pure.
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Any
 from urllib.parse import quote
 
 import mcp.types as types
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from proxy.policy.amounts import human_amount
+
 _CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 APPROVAL = "approval"  # the input request's key
+# controls, formats (bidi overrides and isolates, zero-width), line and paragraph separators,
+# surrogates and unassigned code points
+_HIDDEN = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"})
 
 
 def url_elicitation_supported(protocol_version: str, params: Any) -> bool:
@@ -36,12 +42,26 @@ def approval_url(console_url: str, proposal_id: str) -> str:
     return f"{console_url.rstrip('/')}/proposals/{quote(proposal_id, safe='')}"
 
 
+def _shown(text: str) -> str:
+    """Text from the proposal as the user reads it: a control or format character (a bidi
+    override would reorder what follows it) is shown as its escape, never in force."""
+    return "".join(
+        f"\\u{ord(char):04x}" if unicodedata.category(char) in _HIDDEN else char for char in text
+    )
+
+
 def approval_request(console_url: str, proposal: dict[str, Any]) -> types.ElicitRequest:
     """The URL-mode elicitation that sends the user to the proposal's approval page (the
-    retried call's ``inputRequests``, and a proposal task's while it waits)."""
-    message = (
-        f"The agent asks to {proposal['action']} at {proposal['provider']}. An approver "
-        "reviews the exact request and approves or declines it on opgate's console."
+    retried call's ``inputRequests``, and a proposal task's while it waits). Its message
+    names what would be approved: the amount as money (``human_amount``, the one spelling a
+    person reads), its currency, and the target (method and path)."""
+    amount = proposal.get("amount")
+    money = "no amount" if amount is None else human_amount(amount, proposal.get("currency"))
+    target = proposal.get("target") or {}
+    message = _shown(
+        f"The agent asks to {proposal['action']} at {proposal['provider']}: {money}, "
+        f"{target.get('method', '?')} {target.get('path', '?')}. An approver reviews the "
+        "exact request and approves or declines it on opgate's console."
     )
     url = approval_url(console_url, proposal["proposal_id"])
     return types.ElicitRequest(params=types.ElicitRequestURLParams(message=message, url=url))

@@ -25,7 +25,9 @@ import mcp.types as types
 from aiohttp import web
 from mcp.server.extension import compose_tool_call_handler
 from mcp.server.lowlevel import Server
+from mcp.server.request_state import RequestStateBoundary
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.exceptions import MCPError
 
 from proxy.gate.decision import Deny
 from proxy.gate.identity import (
@@ -48,11 +50,21 @@ from proxy.mcp.auth import (
     required_scope,
 )
 from proxy.mcp.calls import LISTENER, MCP_RULE, McpCall, call_tool
+from proxy.mcp.capabilities import OpgateServer
 from proxy.mcp.elicitation import ask_for_approval, url_elicitation_supported
 from proxy.mcp.messages import malformed_request
+from proxy.mcp.origins import origin_allowed
+from proxy.mcp.request_state import sealing_boundary, state_key
 from proxy.mcp.subscriptions import Listening
 from proxy.mcp.tasks import OperationTasks
-from proxy.mcp.tools import GET_PROPOSAL, PROPOSE_OPERATION, TOOLS, Answered, tool_result
+from proxy.mcp.tools import (
+    GET_PROPOSAL,
+    PROPOSE_OPERATION,
+    TOOL_NAMES,
+    TOOLS,
+    Answered,
+    tool_result,
+)
 from proxy.observe.audit import REQUEST_OBSERVER, AuditRecord, Decision, emit, request_path
 from proxy.observe.observer import OBSERVABILITY
 from proxy.runtime import GATEWAY, Gateway
@@ -72,11 +84,17 @@ def _call_of(ctx: Any) -> McpCall:
     return call
 
 
-def mcp_server(tasks: OperationTasks, stopping: asyncio.Event, name: str = "opgate") -> Server[Any]:
+def mcp_server(
+    tasks: OperationTasks,
+    stopping: asyncio.Event,
+    sealed: RequestStateBoundary,
+    name: str = "opgate",
+) -> Server[Any]:
     """The SDK server with opgate's tools, and the tasks extension applied as the SDK's
     ``MCPServer`` applies one (its methods, its advertisement, its ``tools/call``
     interceptor), on the low-level server opgate bridges. ``stopping``: ends the listen
-    streams (the listener stops)."""
+    streams (the listener stops); ``sealed``: the ``requestState`` boundary, which reads a
+    retry's state (and refuses any other) before the handlers see it."""
 
     async def list_tools(
         ctx: Any, params: types.PaginatedRequestParams | None
@@ -87,6 +105,8 @@ def mcp_server(tasks: OperationTasks, stopping: asyncio.Event, name: str = "opga
         ctx: Any, params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult:
         call = _call_of(ctx)
+        if params.name not in TOOL_NAMES:  # a protocol error, as the specification lists it
+            raise MCPError(types.INVALID_PARAMS, "Unknown tool (tools/list names opgate's)")
         if params.name != PROPOSE_OPERATION:
             return tool_result(await call_tool(call, params.name, params.arguments))
         if params.request_state is not None:  # the retry: the proposal it made, as it is now
@@ -121,7 +141,7 @@ def mcp_server(tasks: OperationTasks, stopping: asyncio.Event, name: str = "opga
             return apps.card()
         return await resources.read(_call_of(ctx), params.uri)
 
-    server: Server[Any] = Server(
+    server: Server[Any] = OpgateServer(
         name,
         version=version("opgate"),
         on_list_tools=list_tools,
@@ -140,17 +160,25 @@ def mcp_server(tasks: OperationTasks, stopping: asyncio.Event, name: str = "opga
         types.CallToolRequestParams,
         compose_tool_call_handler([tasks], on_call_tool),
     )
+    # inside the SDK's OpenTelemetry middleware, as MCPServer installs it: spans see the
+    # sealed form, handlers and interceptors only what opgate minted
+    server.middleware.append(sealed)
     return server
 
 
 class McpEndpoint:
-    def __init__(self) -> None:
+    def __init__(self, gw: Gateway) -> None:
         self.tasks = OperationTasks(_call_of)
         self.stopping = asyncio.Event()  # set: the listen streams end
         self.verifier: OAuthVerifier | None = None  # built on first use, from the settings
         self.http: aiohttp.ClientSession | None = None  # fetches the issuers' keys
+        sealed = sealing_boundary(
+            state_key(gw.credentials),
+            gw.settings.proposal_pending_seconds,
+            lambda ctx: _call_of(ctx).agent,
+        )
         self.manager = StreamableHTTPSessionManager(
-            mcp_server(self.tasks, self.stopping),
+            mcp_server(self.tasks, self.stopping, sealed),
             json_response=True,
             stateless=True,
             max_request_body_size=MAX_MESSAGE_BYTES,
@@ -199,6 +227,13 @@ class McpEndpoint:
         )
         call: McpCall | None = None
         try:
+            # DNS rebinding (the transport's MUST): a browser page's request is refused
+            # before anything else is read, a token checked or the protocol spoken
+            if not origin_allowed(
+                request.headers.getall("Origin", []), gw.settings.mcp_allowed_origins
+            ):
+                detail = "this Origin is not in mcp_allowed_origins"  # never echoed
+                return _refuse(record, Reason.MCP_ORIGIN_REFUSED, detail)
             try:
                 token = presented_agent_token(request.headers, "Authorization")
             except AmbiguousCredentials as exc:
@@ -450,7 +485,7 @@ async def protected_resource_metadata(request: web.Request) -> web.Response:
 
 
 def add_mcp_route(app: web.Application) -> None:
-    endpoint = McpEndpoint()
+    endpoint = McpEndpoint(app[GATEWAY])
     app.router.add_route("*", MCP_PATH, endpoint.handle)
     app.router.add_get(WELL_KNOWN + MCP_PATH, protected_resource_metadata)
     app.cleanup_ctx.append(endpoint.running)

@@ -24,13 +24,14 @@ import io
 import json
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from importlib.metadata import version
 from typing import Any, Literal, TypeVar, cast
 
 import anyio
 import httpx2
 import mcp.types as types
 from anyio.streams.memory import MemoryObjectSendStream
-from mcp import Client, ClientSession
+from mcp import Client
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
@@ -42,6 +43,7 @@ from mcp.shared.message import SessionMessage
 from pydantic import ConfigDict, Field
 
 from proxy.mcp import apps
+from proxy.mcp.capabilities import OpgateServer
 from proxy.mcp.elicitation import url_elicitation_supported
 from proxy.mcp.endpoint import MCP_PATH
 from proxy.mcp.messages import malformed_request
@@ -182,16 +184,14 @@ class RelayedTasks(Extension):
         return relay
 
 
-async def _relayed_resources(
-    endpoint: str, token: str, ask: Callable[[ClientSession], Awaitable[_R]]
-) -> _R:
-    """A ``resources/*`` request asked of opgate (the operations are its rows, in the agent's
-    scope), its JSON-RPC error handed on as it is: another tenant's operation is "Resource not
-    found" here as over HTTP."""
+async def _asked_of_opgate(endpoint: str, token: str, ask: Callable[[Client], Awaitable[_R]]) -> _R:
+    """A request asked of opgate (the tools and the operations are its own), its JSON-RPC
+    error handed on as it is: an unknown tool is -32602 here as over HTTP, another tenant's
+    operation "Resource not found"."""
     refused: MCPError | None = None
     async with _opgate(endpoint, token) as opgate:
         try:
-            return await ask(opgate.session)
+            return await ask(opgate)
         except MCPError as exc:  # raised out here: the client's task group wraps it
             refused = exc
     assert refused is not None  # the exchange either answered or was refused
@@ -208,19 +208,22 @@ def relay_server(url: str, token: str) -> Server[Any]:
         return types.ListToolsResult(tools=list(TOOLS))
 
     async def on_call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        async with _opgate(endpoint, token) as opgate:
-            return await opgate.call_tool(params.name, params.arguments)
+        return await _asked_of_opgate(
+            endpoint, token, lambda opgate: opgate.call_tool(params.name, params.arguments)
+        )
 
     async def list_templates(
         ctx: Any, params: types.PaginatedRequestParams | None
     ) -> types.ListResourceTemplatesResult:
-        return await _relayed_resources(endpoint, token, lambda s: s.list_resource_templates())
+        return await _asked_of_opgate(
+            endpoint, token, lambda opgate: opgate.session.list_resource_templates()
+        )
 
     async def list_resources(
         ctx: Any, params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
         # opgate lists the agent's unsettled operations, and the card beside them
-        return await _relayed_resources(endpoint, token, lambda s: s.list_resources())
+        return await _asked_of_opgate(endpoint, token, lambda c: c.session.list_resources())
 
     async def read_resource(
         ctx: Any, params: types.ReadResourceRequestParams
@@ -228,10 +231,13 @@ def relay_server(url: str, token: str) -> Server[Any]:
         # the proposal tools name the card: it is served here (pure), not relayed
         if params.uri == apps.CARD_URI:
             return apps.card()
-        return await _relayed_resources(endpoint, token, lambda s: s.read_resource(params.uri))
+        return await _asked_of_opgate(
+            endpoint, token, lambda opgate: opgate.session.read_resource(params.uri)
+        )
 
-    server: Server[Any] = Server(
+    server: Server[Any] = OpgateServer(
         "opgate",
+        version=version("opgate"),
         instructions=(
             "opgate's approved operations as tools. Never compose a mutating request: "
             "execute_operation sends exactly the approved one. Follow next_action."

@@ -211,6 +211,8 @@ TOOLS = (
     ),
 )
 
+TOOL_NAMES = frozenset(tool.name for tool in TOOLS)
+
 
 @dataclass(frozen=True)
 class ToolError:

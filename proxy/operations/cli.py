@@ -64,7 +64,12 @@ def add_ops_commands(commands: Any) -> argparse.ArgumentParser:
     listing.add_argument("--tenant")
     listing.set_defaults(ops=_list)
 
-    revoke = sub.add_parser("revoke", parents=[json_anywhere], help="withdraw an approval")
+    revoke = sub.add_parser(
+        "revoke",
+        parents=[json_anywhere],
+        help="withdraw an unsettled operation's approval: no further attempt; what was sent "
+        "stays sent and counted (a settled one: operation_settled)",
+    )
     revoke.add_argument("operation_id", type=id_argument(IdKind.OPERATION))
     revoke.add_argument("--reason", required=True)
     revoke.set_defaults(ops=_revoke)

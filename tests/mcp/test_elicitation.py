@@ -9,10 +9,12 @@ from typing import Any
 
 import httpx2
 import mcp.types as types
+import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from proxy.gate.identity import token_digest
+from proxy.mcp.elicitation import approval_request
 from tests.console.helpers import NEEDS_BROWSER
 from tests.support.browser import click, in_browser, sign_in
 from tests.support.killable_opgate import free_port
@@ -20,10 +22,47 @@ from tests.support.localstripe_server import create_charge
 from tests.support.mcp_client import http_client, structured
 from tests.support.opgate import AGENT_TOKEN, SHIPPED_POLICIES, StartOpgate
 
-pytestmark = NEEDS_BROWSER
 APPROVER_TOKEN = "opg_test_console_approver_0123456789"
 
 
+def _proposal(**changed: Any) -> dict[str, Any]:
+    return {
+        "proposal_id": "prop_0123",
+        "provider": "stripe",
+        "action": "refund.create",
+        "target": {"method": "POST", "path": "/v1/refunds", "path_params": {}},
+        "amount": 600,
+        "currency": "usd",
+        **changed,
+    }
+
+
+@pytest.mark.parametrize(
+    ("proposal", "named"),
+    [
+        (_proposal(), ["6.00 USD", "POST /v1/refunds", "refund.create", "stripe"]),
+        (_proposal(currency="jpy", amount=1099), ["1099 JPY"]),
+        (_proposal(currency=None, amount=500), ["500 (minor units, no currency)"]),
+        (_proposal(currency=None, amount=None), ["no amount"]),
+        (
+            _proposal(target={"method": "POST", "path": "/v1/refunds/re_\u202e1/cancel"}),
+            ["POST /v1/refunds/re_\\u202e1/cancel"],
+        ),
+    ],
+)
+def test_the_approval_prompt_names_the_amount_as_money_its_currency_and_the_target(
+    proposal: dict[str, Any], named: list[str]
+) -> None:
+    """The user who is asked to open the approval page reads what it approves: the amount as
+    money with its currency, the method and path, the action and the provider; text a
+    client's user would read backwards (bidi controls) is shown escaped."""
+    message = approval_request("https://console.example.test", proposal).params.message
+    for text in named:
+        assert text in message, message
+    assert "\u202e" not in message
+
+
+@NEEDS_BROWSER
 async def test_a_proposal_over_mcp_is_approved_on_the_page_the_client_was_sent_to(
     start_opgate: StartOpgate, localstripe_url: str, chrome: Any
 ) -> None:

@@ -132,6 +132,9 @@ async def test_export_after_a_cursor_resumes_without_loss_or_repeat(
     assert saved[second_op] == max(s for st, s in positions if st == second_op)
 
 
+HANG_GUARD_SECONDS = 180
+
+
 async def test_export_follow_writes_new_records_until_interrupted(
     start_opgate: StartOpgate,
     policy_dir: Path,
@@ -171,9 +174,12 @@ async def test_export_follow_writes_new_records_until_interrupted(
                     if json.loads(line)["audit_stream"] == operation_id:
                         return
 
-            await asyncio.wait_for(line_of_it(), 30)
+            # The deadlines guard against a hang, they synchronise nothing: the test waits for
+            # the line itself, then for the exit. On a loaded 2-core machine the exporter's
+            # start (importing opgate) alone took most of an earlier 30 s deadline.
+            await asyncio.wait_for(line_of_it(), HANG_GUARD_SECONDS)
             process.send_signal(signal.SIGINT)
-            code = await asyncio.wait_for(process.wait(), 30)
+            code = await asyncio.wait_for(process.wait(), HANG_GUARD_SECONDS)
         finally:
             if process.returncode is None:
                 process.kill()

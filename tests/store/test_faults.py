@@ -40,8 +40,11 @@ def _database(dsn: str) -> str:
 
 
 def _as_role(dsn: str, role: str) -> str:
+    """The same server as ``dsn`` as another user. The host part and the query are kept: the
+    embedded server's DSN names no host and reaches its unix socket through ``?host=``."""
     parts = urlsplit(dsn)
-    return urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port or 5432}"))
+    where = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{role}@{where}"))
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -159,7 +162,10 @@ async def test_errors_raised_while_connecting_are_unavailable(
     assert not is_unavailable(refusing)
 
     parts = urlsplit(database_url)
-    nobody = urlunsplit(parts._replace(netloc=f"{parts.username}@127.0.0.1:{free_port()}"))
+    # no query: a ``?host=`` (the embedded server's socket) would win over the closed port
+    nobody = urlunsplit(
+        parts._replace(netloc=f"{parts.username or 'postgres'}@127.0.0.1:{free_port()}", query="")
+    )
     unreachable = await _raised(lambda: asyncpg.connect(nobody, timeout=5))
     assert isinstance(unreachable, OSError)
     assert is_unavailable(unreachable)
