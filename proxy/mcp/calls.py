@@ -69,6 +69,9 @@ class McpCall:
     recorded: bool = False
     # what its OAuth token grants (None: a static token, everything the agent may do)
     scopes: frozenset[str] | None = None
+    # the scope a task id was found to need that the token lacks: the endpoint answers 403
+    # insufficient_scope naming it, as for a scope known before the lookup
+    lacking: str | None = None
 
 
 Answer = Answered | ToolError
@@ -379,10 +382,12 @@ async def _proposal_of(call: McpCall, task_id: str) -> Proposal | None:
 
 def _task_scope_refused(call: McpCall, method: str, proposal: Proposal | None) -> Deny | None:
     """Whether the token lacks the scope of what the task id was found to name (a proposal,
-    else an operation): the spelling of the id decides nothing."""
+    else an operation): the spelling of the id decides nothing. The lacking scope is kept on
+    the call for the endpoint's answer (``lacking``)."""
     scope = task_scope(method, proposal=proposal is not None)
     if call.scopes is None or scope in call.scopes:
         return None
+    call.lacking = scope
     return Deny(Reason.MCP_SCOPE_INSUFFICIENT, f"the token does not grant {scope}")
 
 
@@ -453,7 +458,8 @@ async def watchable(
         if not valid_id(task_id, IdKind.TASK):
             return False
         proposal = await _proposal_of(call, task_id)
-        if _task_scope_refused(call, "tasks/get", proposal) is not None:
+        scope = task_scope("tasks/get", proposal=proposal is not None)
+        if call.scopes is not None and scope not in call.scopes:
             return False  # left out, as one not in the agent's scope is
         if proposal is not None:
             return _own(call, proposal)

@@ -196,13 +196,11 @@ def _created(op: Operation) -> dict[str, Any]:
 
 def _jsonrpc_error(error: ToolError) -> MCPError:
     """A refused tasks/* request as JSON-RPC: an unknown task is -32602 (the extension's
-    rule), as is a task the request may not touch (not cancellable, an answer that decides, a
-    token without the scope of what the id names, found only once it was looked up); anything
-    else opgate refused is -32603; both with opgate's problem as ``data``."""
+    rule), anything else opgate refused is -32603 with opgate's problem as ``data``."""
     code = error.problem.get("code")
     if code in ("operation_unknown", "operation_id_invalid", "proposal_unknown"):
         return MCPError(types.INVALID_PARAMS, "Failed to retrieve task: Task not found")
-    if code in ("mcp_task_not_cancellable", "mcp_task_input_refused", "mcp_scope_insufficient"):
+    if code in ("mcp_task_not_cancellable", "mcp_task_input_refused"):
         return MCPError(types.INVALID_PARAMS, str(error.problem.get("detail")), error.problem)
     return MCPError(types.INTERNAL_ERROR, str(error.problem.get("detail")), error.problem)
 

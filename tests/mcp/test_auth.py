@@ -16,7 +16,6 @@ from mcp import Client
 from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken, ProtectedResourceMetadata
-from mcp.shared.exceptions import MCPError
 from structlog.testing import capture_logs
 
 from proxy.mcp.auth import required_scope, task_scope
@@ -25,13 +24,15 @@ from tests.mcp.conftest import approved_refund
 from tests.support.killable_opgate import free_port
 from tests.support.localstripe_server import create_charge, list_refunds
 from tests.support.mcp_client import http_client, structured
-from tests.support.mcp_tasks import cancel_task, get_task, tasks_client
+from tests.support.mcp_tasks import get_task, tasks_client
+from tests.support.mcp_wire import TASKS, modern_request, post
 from tests.support.oauth_server import AuthorizationServer, authorization_server, issued_token
 from tests.support.opgate import AGENT_TOKEN, SHIPPED_POLICIES, Opgate, StartOpgate
 
 RESOURCE = "https://opgate.example/_opgate/mcp"
 METADATA = "https://opgate.example/.well-known/oauth-protected-resource/_opgate/mcp"
 ALL_SCOPES = "operations:read operations:execute proposals:write"
+TASK_CAPABILITIES = {"extensions": {TASKS: {}}}
 
 
 @dataclass
@@ -300,18 +301,53 @@ async def test_a_task_that_is_an_operation_needs_the_operations_scope_whatever_i
     oauth: OAuthSetup, localstripe_url: str
 ) -> None:
     """An operation whose id starts like a proposal's (prop_refund_42) is neither read nor
-    cancelled with only proposals:write: the scope follows what the id names, looked up."""
+    cancelled with only proposals:write: the scope follows what the id names, looked up, and
+    the refusal is 403 insufficient_scope naming the scope it needs, with one record; a token
+    with operations:read reads it."""
     await stored_refund(oauth.gate, localstripe_url, "prop_refund_42")
     token = oauth.rs256.token("client-a", RESOURCE, "proposals:write")
-    async with tasks_client(oauth.gate.agent_url, token) as client:
-        with pytest.raises(MCPError) as read:
-            await get_task(client, "prop_refund_42")
-        with pytest.raises(MCPError) as cancelled:
-            await cancel_task(client, "prop_refund_42")
-    for refused in (read, cancelled):
-        assert refused.value.error.data["code"] == "mcp_scope_insufficient"
+    for method, scope in (("tasks/get", "operations:read"), ("tasks/cancel", "operations:execute")):
+        body, headers = modern_request(method, {"taskId": "prop_refund_42"}, TASK_CAPABILITIES)
+        with capture_logs() as logs:
+            status, _, answer = await post(
+                oauth.gate.http, oauth.gate.agent_url, token, body, headers
+            )
+        assert (status, answer["code"]) == (403, "mcp_scope_insufficient"), (method, answer)
+        records = [e for e in logs if e["event"] == "request"]
+        assert [(r["decision"], r["reason"]) for r in records] == [
+            ("deny", "mcp_scope_insufficient")
+        ], method
+        assert scope in answer["detail"]
     operation = await oauth.gate.operation("prop_refund_42")
     assert (operation["status"], operation["approval"]["revoked_at"]) == ("created", None)
+    reader = oauth.rs256.token("client-a", RESOURCE, "operations:read")
+    async with tasks_client(oauth.gate.agent_url, reader) as client:
+        task = await get_task(client, "prop_refund_42")
+    assert (task["taskId"], task["status"]) == ("prop_refund_42", "working")
+
+
+async def test_a_scope_found_lacking_after_the_lookup_is_told_as_a_step_up(
+    oauth: OAuthSetup, localstripe_url: str
+) -> None:
+    """The 403 of a task's scope carries the same WWW-Authenticate as one known up front, so
+    a client can ask for that scope."""
+    await stored_refund(oauth.gate, localstripe_url, "prop_refund_43")
+    token = oauth.rs256.token("client-a", RESOURCE, "proposals:write")
+    body, headers = modern_request("tasks/get", {"taskId": "prop_refund_43"}, TASK_CAPABILITIES)
+    async with oauth.gate.http.post(
+        f"{oauth.gate.agent_url}/_opgate/mcp",
+        json=body,
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Accept": "application/json, text/event-stream",
+            **headers,
+        },
+    ) as response:
+        assert response.status == 403
+        assert response.headers["WWW-Authenticate"] == (
+            f'Bearer resource_metadata="{METADATA}", error="insufficient_scope", '
+            'scope="operations:read"'
+        )
 
 
 @pytest.mark.parametrize(
