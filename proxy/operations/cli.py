@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from proxy.gate.ids import IdKind, id_argument
+from proxy.policy.amounts import human_amount
 
 
 def add_ops_commands(commands: Any) -> argparse.ArgumentParser:
@@ -239,8 +240,7 @@ COLUMNS = (
     "provider",
     "action",
     "target",
-    "amount",
-    "currency",
+    "amount",  # with its currency, as a person reads it (money)
     "approved_by",
     "age",
     "status",
@@ -269,12 +269,31 @@ def _row(item: dict[str, Any], now: datetime) -> dict[str, Any]:
     escalation = op.get("escalation") or {}
     return {
         **op,
+        "amount": money(op.get("amount"), op.get("currency")),
         "next_action": item.get("next_action", ""),
         "target": f"{target.get('method', '')} {target.get('path', '')}".strip(),
         "approved_by": (op.get("approval") or {}).get("approved_by"),
         "age": _age(op.get("created_at"), now),
         "escalated_since": escalation.get("since"),
         "escalation_reason": escalation.get("reason"),
+    }
+
+
+def money(minor_units: Any, currency: Any) -> str | None:
+    """An amount as every table shows it to a person: "6.00 USD (600 minor units)"
+    (``human_amount``); None where there is no amount."""
+    if not isinstance(minor_units, int) or isinstance(minor_units, bool):
+        return None
+    code = currency if isinstance(currency, str) else None
+    return human_amount(minor_units, code, with_minor_units=True)
+
+
+def _budget_row(budget: dict[str, Any]) -> dict[str, Any]:
+    amounts = {k: money(budget.get(k), budget.get("currency")) for k in ("limit", "spent")}
+    return {
+        **budget,
+        **amounts,
+        "remaining": money(budget.get("remaining"), budget.get("currency")),
     }
 
 
@@ -292,7 +311,8 @@ def render(result: Any) -> str:
     """A readable table for lists, a key/value block for one operation."""
     if isinstance(result, dict) and "budgets" in result:
         budgets: list[dict[str, Any]] = result["budgets"]
-        return _table(budgets, BUDGET_COLUMNS) if budgets else "(none)"
+        rows = [_budget_row(b) for b in budgets]
+        return _table(rows, BUDGET_COLUMNS) if rows else "(none)"
     if isinstance(result, dict) and ("operations" in result or "escalations" in result):
         items: list[dict[str, Any]] = result.get("operations") or result.get("escalations") or []
         now = datetime.now(UTC)

@@ -341,6 +341,36 @@ class Preconditions(Strict):
     recheck_after_seconds: Annotated[float, Field(ge=0, le=86400 * 30)] = 0.0
 
 
+class MandateParams(Strict):
+    """Which request parameters of this call carry what a person's payment mandate (AP2,
+    docs/mandates.md) approves besides the amount and currency: ``payee`` the mandate's
+    ``payee.id`` (``account``: no parameter does, the payee is the provider account opgate's
+    credential acts for, a direct payment), ``payment_instrument`` its
+    ``payment_instrument.id``, ``reference`` its ``transaction_id`` (the merchant's checkout
+    reference). ``absent``: parameters that would pay someone else (a connected account), left
+    absent. Each is one of the rule's ``params``; an operation a mandate creates approves these
+    values, so the agent cannot choose them. A rule without ``mandate`` cannot be approved by a
+    mandate: its payee could not be expressed."""
+
+    payee: Annotated[str, Field(min_length=1)]
+    payment_instrument: str | None = None
+    reference: str | None = None
+    absent: list[str] = Field(default_factory=list)
+
+    def carried(self) -> dict[str, str]:
+        """The parameter carrying each of payee, payment_instrument and reference named."""
+        named = {
+            "payee": None if self.payee == PAYEE_IS_ACCOUNT else self.payee,
+            "payment_instrument": self.payment_instrument,
+            "reference": self.reference,
+        }
+        return {what: param for what, param in named.items() if param is not None}
+
+
+# MandateParams.payee for a direct payment: the payee is the account the credential acts for
+PAYEE_IS_ACCOUNT = "account"
+
+
 class Rule(Strict):
     name: Annotated[str, Field(pattern=_NAME)]
     method: Literal["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
@@ -370,6 +400,9 @@ class Rule(Strict):
     # A proposal of this call may not be approved by the approver its agent belongs to (the
     # agent's `owner`, or an approver named as the agent). None: the provider's four_eyes.
     four_eyes: bool | None = None
+    # The parameters that carry a payment mandate's payee, instrument and reference (None: a
+    # mandate cannot approve this call).
+    mandate: MandateParams | None = None
 
     @field_validator("path", mode="before")
     @classmethod
@@ -403,6 +436,22 @@ class Rule(Strict):
             raise ValueError("a field is named twice among amount, currency and params")
         if self.preconditions is not None:
             self._check_preconditions(self.preconditions)
+        return self
+
+    @model_validator(mode="after")
+    def _mandate_params_approved(self) -> Rule:
+        """What carries a mandate's payee is approved like any param, and only a call that
+        moves an amount is a payment a mandate can approve."""
+        if self.mandate is None:
+            return self
+        if self.amount is None:
+            raise ValueError("mandate needs `amount`: a payment mandate approves an amount")
+        named = [*self.mandate.carried().values(), *self.mandate.absent]
+        missing = sorted(param for param in named if param not in self.params)
+        if missing:
+            raise ValueError(f"mandate names {missing}, which are not among the rule's params")
+        if len(set(named)) != len(named):
+            raise ValueError("mandate names one parameter twice")
         return self
 
     def _check_preconditions(self, preconditions: Preconditions) -> None:

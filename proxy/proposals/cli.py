@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from proxy.gate.ids import IdKind, id_argument
-from proxy.operations.cli import _age, _call, _cell, _table, run_api_call
+from proxy.operations.cli import _age, _call, _cell, _table, money, run_api_call
 
 COLUMNS = (
     "proposal_id",
@@ -25,8 +25,7 @@ COLUMNS = (
     "provider",
     "action",
     "target",
-    "amount",
-    "currency",
+    "amount",  # with its currency, as a person reads it (money)
     "age",
     "status",
     "next_action",
@@ -94,6 +93,7 @@ def _row(view: dict[str, Any], now: datetime) -> dict[str, Any]:
     target = proposal.get("target") or {}
     return {
         **proposal,
+        "amount": money(proposal.get("amount"), proposal.get("currency")),
         "status": view.get("status"),
         "next_action": view.get("next_action"),
         "target": f"{target.get('method', '')} {target.get('path', '')}".strip(),

@@ -792,7 +792,8 @@ SELECT format(statement, current_schema(), %(role)s::text) AS statement
         ' %1$I.audit_checkpoints,'
         ' %1$I.audit_instances, %1$I.audit_instance_runs, %1$I.transparency_leaves,'
         ' %1$I.transparency_nodes, %1$I.transparency_checkpoints,'
-        ' %1$I.transparency_cosignatures TO %2$I')
+        ' %1$I.transparency_cosignatures, %1$I.transparency_heads,'
+        ' %1$I.transparency_head_buckets TO %2$I')
   ) AS g (position, statement)
  ORDER BY position;
 -- =============================================================================== end audit
@@ -1054,8 +1055,9 @@ SELECT p.proposal_id, md5(p::text) || (p.expires_at <= now())::text
 SELECT pg_try_advisory_xact_lock(7308604897068083317) AS locked;
 
 -- name: transparency_state
--- The tree's size and the integrator's floor (the row locked: one writer per round).
-SELECT tree_size, floor_txid FROM transparency_state FOR UPDATE;
+-- The tree's size, the integrator's floor, and the size the stream heads describe (the row
+-- locked: one writer per round).
+SELECT tree_size, floor_txid, heads_size FROM transparency_state FOR UPDATE;
 
 -- name: transparency_pending
 -- Up to limit visible records at or above the floor floor_txid without a leaf, in index order, with the
@@ -1210,6 +1212,82 @@ SELECT a.stream, a.seq, a.at, a.kind, a.operation_id, a.record::text AS record, 
  WHERE a.operation_id = ANY(%(operation_ids)s::text[]) AND a.kind = 'request'
    AND jsonb_typeof(a.record -> 'mandate') = 'object'
  ORDER BY a.stream, a.seq;
+
+-- name: transparency_heads_rebuild
+-- Every stream's head from the leaves (its highest integrated seq), its bucket (the first 12
+-- bits of SHA-256 of the stream's name, as proxy/transparency/heads.py computes it), the
+-- buckets' hashes cleared for the integrator to recompute, and the heads marked as describing
+-- the tree of size size (migration 0025: the first round after it, or after any mismatch).
+WITH cleared AS (  -- streams the leaves do not hold (disjoint from those built below)
+    DELETE FROM transparency_heads h
+     WHERE NOT EXISTS (SELECT 1 FROM transparency_leaves l
+                        WHERE l.stream = h.stream AND l.leaf_index < %(size)s::bigint)
+), buckets_cleared AS (
+    DELETE FROM transparency_head_buckets
+), built AS (
+    INSERT INTO transparency_heads (stream, bucket, seq, record_hash)
+    SELECT DISTINCT ON (l.stream) l.stream,
+           (get_byte(sha256(convert_to(l.stream, 'UTF8')), 0) << 4)
+           | (get_byte(sha256(convert_to(l.stream, 'UTF8')), 1) >> 4),
+           l.seq, l.record_hash
+      FROM transparency_leaves l
+     WHERE l.leaf_index < %(size)s::bigint
+     ORDER BY l.stream, l.seq DESC
+    ON CONFLICT (stream) DO UPDATE SET bucket = EXCLUDED.bucket, seq = EXCLUDED.seq,
+                                       record_hash = EXCLUDED.record_hash
+)
+UPDATE transparency_state SET heads_size = %(size)s::bigint;
+
+-- name: transparency_heads_advance
+-- A round's new heads (streams streams, buckets buckets, seqs seqs, record_hashes record
+-- hashes: each stream's last record in the round; a head only moves forward) and the size
+-- size they now describe, in one statement.
+WITH moved AS (
+    INSERT INTO transparency_heads (stream, bucket, seq, record_hash)
+    SELECT * FROM unnest(%(streams)s::text[], %(buckets)s::integer[], %(seqs)s::bigint[],
+                         %(record_hashes)s::bytea[])
+    ON CONFLICT (stream) DO UPDATE SET seq = EXCLUDED.seq, record_hash = EXCLUDED.record_hash
+     WHERE EXCLUDED.seq > transparency_heads.seq
+)
+UPDATE transparency_state SET heads_size = %(size)s::bigint;
+
+-- name: transparency_heads_in_buckets
+-- Every head in the buckets buckets (for their hashes, and a bundle's proof of a stream's end).
+SELECT bucket, stream, seq, record_hash FROM transparency_heads
+ WHERE bucket = ANY(%(buckets)s::integer[]);
+
+-- name: transparency_head_buckets_set
+-- The hashes hashes of the buckets buckets, as recomputed from their heads.
+INSERT INTO transparency_head_buckets (bucket, hash)
+SELECT * FROM unnest(%(buckets)s::integer[], %(hashes)s::bytea[])
+ON CONFLICT (bucket) DO UPDATE SET hash = EXCLUDED.hash;
+
+-- name: transparency_head_buckets_all
+-- Every non-empty bucket's hash (the map's root is made of them).
+SELECT bucket, hash FROM transparency_head_buckets;
+
+-- name: transparency_heads_from_leaves
+-- Every stream's head in the tree of size size, from the leaves alone (its highest seq), with
+-- its bucket, by bucket: what `opgate audit verify` recomputes the signed heads' root from (a
+-- cursor, in its repeatable-read transaction).
+SELECT bucket, stream, seq, record_hash FROM (
+    SELECT DISTINCT ON (l.stream) l.stream, l.seq, l.record_hash,
+           (get_byte(sha256(convert_to(l.stream, 'UTF8')), 0) << 4)
+           | (get_byte(sha256(convert_to(l.stream, 'UTF8')), 1) >> 4) AS bucket
+      FROM transparency_leaves l
+     WHERE l.leaf_index < %(size)s::bigint
+     ORDER BY l.stream, l.seq DESC
+) h
+ ORDER BY bucket;
+
+-- name: transparency_stream_records
+-- The records of stream stream from seq first to seq last (a window's bundle fills the
+-- positions its window left out between two records of one stream), with their leaves.
+SELECT a.stream, a.seq, a.at, a.kind, a.operation_id, a.record::text AS record, a.prev_hash,
+       a.hash, l.leaf_index, l.record_hash
+  FROM audit_log a LEFT JOIN transparency_leaves l USING (stream, seq)
+ WHERE a.stream = %(stream)s AND a.seq BETWEEN %(first)s::bigint AND %(last)s::bigint
+ ORDER BY a.seq;
 -- ========================================================================= end transparency
 
 -- name: mandate_open_use
