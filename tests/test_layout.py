@@ -51,7 +51,8 @@ GATE_ENTRY_POINTS = {
     "problem",  # and their problem+json answers
     "decision",  # what a check decides
     "checks",  # the decision core, and the Agent a decision is about
-    "identity",  # who is calling, which operation they name
+    "identity",  # who is calling
+    "ids",  # the one grammar of the ids an operator or an agent names
     "bodies",  # the bodies it reads and composes, strictly
     "budgets",  # the budgets it claims against, and their standings
 }

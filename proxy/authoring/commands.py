@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from proxy.gate.ids import IdKind, id_argument
 from proxy.policy.model import Provider
 
 SCHEMA_ID = "https://opgate.dev/schema/policy-v1.json"
@@ -55,7 +56,11 @@ def add_policy_commands(commands: Any) -> None:
     explain.add_argument("--agent", help="ID:TENANT the request comes from")
     source = explain.add_mutually_exclusive_group()
     source.add_argument("--operation", type=Path, help="a YAML file with an operation row")
-    source.add_argument("--operation-id", help="read this operation from the database")
+    source.add_argument(
+        "--operation-id",
+        type=id_argument(IdKind.OPERATION),
+        help="read this operation from the database",
+    )
     explain.add_argument(
         "--lookup",
         action="append",

@@ -21,8 +21,10 @@ from proxy.authoring.cases import CaseLookup
 from proxy.authoring.explain import EXPLAIN_AGENT, Explanation, SampleRequest, admit, conclude
 from proxy.gate.bodies import BodyRejected, parse_json_object
 from proxy.gate.checks import Agent
+from proxy.gate.ids import IdKind, id_rule, valid_id
 from proxy.gate.intake import load_operation
 from proxy.gate.preconditions import LookupAnswer
+from proxy.gate.reasons import Reason
 from proxy.policy.set import PolicySet
 from proxy.runtime import GATEWAY
 from proxy.store.store import Store
@@ -85,6 +87,8 @@ async def explain_request(request: web.Request) -> web.Response:
         return admin_problem(
             400, "invalid_request", "the explain request is invalid", errors=errors
         )
+    if asked.operation_id is not None and not valid_id(asked.operation_id, IdKind.OPERATION):
+        return admin_problem(400, Reason.OPERATION_ID_INVALID.value, id_rule(IdKind.OPERATION))
     sample = SampleRequest(
         asked.method.upper(), asked.path, tuple(asked.headers.items()), asked.body.encode()
     )

@@ -43,8 +43,13 @@ MEANINGS: dict[Reason, str] = {
         "non-ASCII byte), or the idempotency key is not 1-255 printable ASCII characters."
     ),
     Reason.OPERATION_ID_INVALID: (
-        "An operation id (in a path or a header) that is not printable ASCII of at most 255 "
-        "characters."
+        "An operation id (in a path, a header, a body or a tool's arguments) that is not "
+        "printable ASCII of at most 255 characters (proxy/gate/ids.py)."
+    ),
+    Reason.OPERATION_ID_RESERVED: (
+        "Operations API: an approval names its new operation with a prefix opgate mints for "
+        "another kind of id (`prop_`: a proposal; `ap2_`: a mandate's operation), so a reader of "
+        "the id (an MCP task id, a console link) could take it for that kind. Nothing is created."
     ),
     Reason.PROXY_AUTH_REQUIRED: (
         "Forward mode: no valid agent token in `Proxy-Authorization` (answered with "

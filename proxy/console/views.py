@@ -35,7 +35,7 @@ from proxy.console.sessions import (
 )
 from proxy.errors import StoreUnavailable
 from proxy.gate.budgets import budget_standings
-from proxy.gate.identity import path_operation_id
+from proxy.gate.ids import IdKind, path_id, path_operation_id
 from proxy.gate.reasons import REASONS, Reason
 from proxy.operations.api import ResolveRequest
 from proxy.proposals.proposing import Refusal, approve_proposal, decline_proposal
@@ -337,7 +337,7 @@ async def decide(request: web.Request) -> web.Response:
     it created."""
     gw = request.app[GATEWAY]
     session = request[SESSION]
-    proposal_id = path_operation_id(request, "proposal_id")
+    proposal_id = path_id(request, IdKind.PROPOSAL, "proposal_id")
     if proposal_id is None:
         return _error(400, "Bad request", "not a proposal id", session)
     form = await read_form(request)
@@ -373,7 +373,7 @@ async def decide(request: web.Request) -> web.Response:
 
 
 async def proposal(request: web.Request) -> web.Response:
-    return await _proposal_page(request, path_operation_id(request, "proposal_id"))
+    return await _proposal_page(request, path_id(request, IdKind.PROPOSAL, "proposal_id"))
 
 
 async def _proposal_page(

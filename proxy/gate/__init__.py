@@ -3,7 +3,8 @@ ordered pure checks, claim, inject, send, classify, record, audit.
 
 pipeline.py       the request on one screen, its stages numbered; also composed requests (mcp)
 intake.py         stage 1: provider, rule, agent, operation reference, the parsed body
-identity.py       agent tokens, token digests, the grammar of operation ids and keys
+identity.py       agent tokens, token digests
+ids.py            the one grammar of every id an operator or agent names, checked at entry
 forwarded.py      what the forward listener hands over about a request it let through
 headers.py        which headers cross, each way, and which can be read at all
 bodies.py         strict body parsing (JSON, form) and bodies composed from fields
@@ -29,7 +30,7 @@ framing.py        problem+json for requests aiohttp's parser refuses before any 
 shutdown.py       connections caught by a drain are closed at once
 
 Entry points for the parts above (tests/test_layout.py ``GATE_ENTRY_POINTS``): pipeline,
-reasons, problem, decision, checks, identity, bodies, budgets. May import: runtime, observe,
+reasons, problem, decision, checks, identity, ids, bodies, budgets. May import: runtime, observe,
 policy, store, settings, errors. Never recovery, operations, proposals, authoring or the process
 modules. Imported by: runtime, admin, forward, recovery, operations, proposals, authoring,
 console, mcp, the process.

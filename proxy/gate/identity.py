@@ -1,15 +1,13 @@
-"""Who is calling and which operation they name: agent tokens (agent listener), token digests
-(also the operations listener's, proxy/admin/access.py), and the one grammar of operation ids
-and idempotency keys.
+"""Who is calling: agent tokens (agent listener) and token digests (also the operations
+listener's, proxy/admin/access.py).
 
 Tokens are configured by their SHA-256, never in clear, so a leaked config file leaks nothing
 usable. An agent presents its token in ``Proxy-Authorization`` (Basic with the token as the
 password, as ``http://agent:TOKEN@opgate`` proxy URLs produce, or Bearer), or, where a client can
 only set the provider's auth header (an SDK's api key), in that header.
 
-An operation id, wherever it enters (``X-Operation-Id``, an API path, an approval), and an
-idempotency key are 1-255 printable ASCII characters (``valid_operation_id``); anything else is
-refused before it reaches a query, so a NUL or an undecodable byte is a 400, never a 500.
+Which operation they name is read by the one grammar of ids (proxy/gate/ids.py), re-exported
+here for the importers that read an operation id beside the caller's token.
 """
 
 from __future__ import annotations
@@ -17,19 +15,14 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import re
 import secrets
 from dataclasses import dataclass
-from urllib.parse import unquote_to_bytes
 
-from aiohttp import web
 from multidict import CIMultiDictProxy
 
 from proxy.gate.checks import Agent
-
-# Printable ASCII without space: no NUL (PostgreSQL text refuses it), no byte aiohttp decoded
-# with surrogateescape, nothing a provider or a log could read two ways.
-_OPERATION_ID = re.compile(r"[\x21-\x7e]{1,255}")
+from proxy.gate.ids import path_operation_id as path_operation_id
+from proxy.gate.ids import valid_operation_id as valid_operation_id
 
 TOKEN_PREFIX = "opg_"  # noqa: S105  (a prefix that makes leaked tokens greppable, not a secret)
 
@@ -52,30 +45,6 @@ class AgentDirectory:
 
 class AmbiguousCredentials(ValueError):
     pass
-
-
-def valid_operation_id(value: str) -> bool:
-    """Whether ``value`` can be an operation id or an idempotency key: 1-255 printable ASCII."""
-    return _OPERATION_ID.fullmatch(value) is not None
-
-
-def path_operation_id(request: web.Request, name: str = "operation_id") -> str | None:
-    """The operation id a route's ``{name}`` segment carries, percent-decoded strictly, or None
-    if it is not a valid one. Not ``match_info``: it keeps an undecodable escape as text
-    (``%C3%28`` arrives as ``%C3(``) and decodes ``%00`` to a NUL."""
-    resource = request.match_info.route.resource
-    if resource is None:
-        return None
-    template = resource.canonical.split("/")
-    raw = request.raw_path.partition("?")[0].split("/")
-    placeholder = "{" + name + "}"
-    if placeholder not in template or len(raw) != len(template):
-        return None
-    try:
-        value = unquote_to_bytes(raw[template.index(placeholder)]).decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    return value if valid_operation_id(value) else None
 
 
 def credential_from(value: str) -> str | None:

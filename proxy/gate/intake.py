@@ -27,12 +27,8 @@ from proxy.gate.forwarded import (
     forwarded_route,
 )
 from proxy.gate.headers import duplicated_header, unreadable_header
-from proxy.gate.identity import (
-    AgentDirectory,
-    AmbiguousCredentials,
-    presented_agent_token,
-    valid_operation_id,
-)
+from proxy.gate.identity import AgentDirectory, AmbiguousCredentials, presented_agent_token
+from proxy.gate.ids import IdKind, id_rule, valid_id
 from proxy.gate.reasons import Reason
 from proxy.policy.model import BodyKind, OperationRequirement, Provider, Rule
 from proxy.policy.paths import is_canonical_path
@@ -186,13 +182,11 @@ def refuse_unreadable_headers(
     printable ASCII; the operation's names also follow the operation id grammar. The detail
     names the header, never its value (it may be a credential)."""
     operation_id = headers.get("X-Operation-Id")
-    if operation_id is not None and not valid_operation_id(operation_id):
-        return Deny(
-            Reason.OPERATION_ID_INVALID, "X-Operation-Id must be 1-255 printable ASCII characters"
-        )
+    if operation_id is not None and not valid_id(operation_id, IdKind.OPERATION):
+        return Deny(Reason.OPERATION_ID_INVALID, f"X-Operation-Id: {id_rule(IdKind.OPERATION)}")
     key = headers.get(key_header) if key_header else None
-    if key is not None and not valid_operation_id(key):
-        return Deny(Reason.HEADER_INVALID, f"{key_header} must be 1-255 printable ASCII characters")
+    if key is not None and not valid_id(key, IdKind.IDEMPOTENCY_KEY):
+        return Deny(Reason.HEADER_INVALID, f"{key_header}: {id_rule(IdKind.IDEMPOTENCY_KEY)}")
     unreadable = unreadable_header(headers)
     if unreadable is not None:
         return Deny(Reason.HEADER_INVALID, f"the value of {unreadable} is not printable ASCII")
@@ -270,8 +264,8 @@ def with_body_key(target: Target, body: ParsedBody) -> Target | Deny:
     sent = body.value_at(field)
     if sent is ABSENT:
         return target
-    if not isinstance(sent, str) or not valid_operation_id(sent):
-        return Deny(Reason.BODY_INVALID, f"{field} must be 1-255 printable ASCII characters")
+    if not isinstance(sent, str) or not valid_id(sent, IdKind.IDEMPOTENCY_KEY):
+        return Deny(Reason.BODY_INVALID, f"{field}: {id_rule(IdKind.IDEMPOTENCY_KEY)}")
     if target.idempotency_key is not None and target.idempotency_key != sent:
         header = target.provider.idempotency.header
         return Deny(Reason.AMBIGUOUS_REQUEST, f"{header} and {field} carry different keys")

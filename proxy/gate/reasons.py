@@ -22,6 +22,7 @@ class Reason(StrEnum):
     HEADER_INVALID = "header_invalid"
     OPERATION_ID_INVALID = "operation_id_invalid"
     EXPECTATION_UNSUPPORTED = "expectation_unsupported"
+    OPERATION_ID_RESERVED = "operation_id_reserved"
     # forward-proxy mode
     PROXY_AUTH_REQUIRED = "proxy_auth_required"
     PROXY_REQUEST_INVALID = "proxy_request_invalid"
@@ -162,6 +163,12 @@ REASONS: dict[Reason, ReasonInfo] = {
         417,
         "The Expect header asks for something opgate does not do",
         "Send no Expect header, or Expect: 100-continue.",
+    ),
+    Reason.OPERATION_ID_RESERVED: ReasonInfo(
+        400,
+        "The operation id starts with a prefix reserved for another kind of id",
+        "Choose an operation id that does not start with prop_ or ap2_, or leave it out and "
+        "let opgate choose one.",
     ),
     # forward-proxy mode
     Reason.PROXY_AUTH_REQUIRED: ReasonInfo(

@@ -14,7 +14,9 @@ who an access token says is calling, and what it may do.
 - Scopes: ``operations:read`` (get and list, ``tasks/get``, the operations as
   resources), ``operations:execute`` (``execute_operation``, ``tasks/cancel``),
   ``proposals:write`` (propose, and read one's proposals). Listing tools and the
-  handshakes need a valid token only.
+  handshakes need a valid token only. A task's scope follows what its id names, looked up
+  (``task_scope``, applied by proxy/mcp/calls.py), never how it is spelled: an operation whose
+  id starts like a proposal's is still an operation.
 
 Static agent tokens keep working beside OAuth unless ``static_tokens`` is false.
 """
@@ -36,6 +38,7 @@ import jwt
 
 from proxy.gate.bodies import BodyRejected, parse_json_object
 from proxy.gate.checks import Agent
+from proxy.gate.ids import IdKind, valid_id
 from proxy.mcp.tools import (
     EXECUTE_OPERATION,
     GET_OPERATION,
@@ -44,7 +47,6 @@ from proxy.mcp.tools import (
     PROPOSE_OPERATION,
 )
 from proxy.settings import McpOAuth, OAuthIssuer
-from proxy.store.proposal import PROPOSAL_ID_PREFIX
 
 READ, EXECUTE, PROPOSE = "operations:read", "operations:execute", "proposals:write"
 SCOPES = (READ, EXECUTE, PROPOSE)
@@ -100,9 +102,19 @@ def required_scope(message: Any) -> str | None:
     if isinstance(method, str) and method.startswith("tasks/"):
         params = message.get("params")
         task_id = params.get("taskId") if isinstance(params, dict) else None
-        if isinstance(task_id, str) and task_id.startswith(PROPOSAL_ID_PREFIX):
-            return PROPOSE  # a proposal's task: what get_proposal needs
+        if valid_id(task_id, IdKind.PROPOSAL):
+            # a proposal's task or an operation's: the store says which, and the call checks
+            # the scope of what it names (task_scope) before it reads or changes anything
+            return None
     return _METHOD_SCOPES.get(method) if isinstance(method, str) else None
+
+
+def task_scope(method: str, *, proposal: bool) -> str:
+    """The scope ``tasks/<method>`` needs on the task its id was found to name. Pure. A
+    proposal's task: what ``get_proposal`` needs; an operation's: what its tools need."""
+    if proposal:
+        return PROPOSE
+    return _METHOD_SCOPES.get(method, EXECUTE)
 
 
 def metadata_path(resource: str) -> str:

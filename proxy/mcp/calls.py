@@ -16,10 +16,11 @@ from aiohttp import web
 from proxy.errors import StoreUnavailable
 from proxy.gate.checks import Agent
 from proxy.gate.decision import Deny
-from proxy.gate.identity import valid_operation_id
+from proxy.gate.ids import IdKind, id_rule, valid_id
 from proxy.gate.pipeline import ComposedRequest, handle_composed_request
 from proxy.gate.problem import PROBLEM, problem_response
 from proxy.gate.reasons import Reason
+from proxy.mcp.auth import task_scope
 from proxy.mcp.compose import compose_request
 from proxy.mcp.tools import (
     EXECUTE_OPERATION,
@@ -47,7 +48,7 @@ from proxy.recovery.api import (
 )
 from proxy.runtime import Gateway
 from proxy.store.operation import Operation, Status
-from proxy.store.proposal import PROPOSAL_ID_PREFIX, Proposal, ProposalState
+from proxy.store.proposal import Proposal, ProposalState
 
 LISTENER = "mcp"
 _log = structlog.get_logger("opgate.mcp")
@@ -66,6 +67,11 @@ class McpCall:
     source: str | None
     path: str
     recorded: bool = False
+    # what its OAuth token grants (None: a static token, everything the agent may do)
+    scopes: frozenset[str] | None = None
+    # the scope a task id was found to need that the token lacks: the endpoint answers 403
+    # insufficient_scope naming it, as for a scope known before the lookup
+    lacking: str | None = None
 
 
 Answer = Answered | ToolError
@@ -94,7 +100,7 @@ async def _guarded(
         record = _record(call, MCP_RULE)
         record.decision = Decision.ERROR
         operation_id = (arguments or {}).get("operation_id")
-        if isinstance(operation_id, str) and valid_operation_id(operation_id):
+        if valid_id(operation_id, IdKind.OPERATION):
             record.operation_id = operation_id
         return _refuse(call, record, failed)
 
@@ -205,8 +211,8 @@ async def _get_proposal(call: McpCall, args: dict[str, Any], record: AuditRecord
     refused = _unexpected(args)
     if refused is not None:
         return _refuse(call, record, refused)
-    if not isinstance(proposal_id, str) or not valid_operation_id(proposal_id):
-        return _refuse(call, record, Deny(Reason.PROPOSAL_UNKNOWN, "not a proposal id"))
+    if not isinstance(proposal_id, str) or not valid_id(proposal_id, IdKind.PROPOSAL):
+        return _refuse(call, record, Deny(Reason.PROPOSAL_UNKNOWN, id_rule(IdKind.PROPOSAL)))
     unknown = Deny(Reason.PROPOSAL_UNKNOWN, f"no proposal {proposal_id}")
     proposal = await call.gateway.store.load_proposal(proposal_id)
     if proposal is None:
@@ -323,10 +329,13 @@ async def cancel_task(call: McpCall, task_id: str) -> Answer:
 
     async def cancel() -> Answer:
         record = _record(call, MCP_RULE)
-        refused = _invalid_operation_id(task_id)
+        refused = _invalid_operation_id(task_id, IdKind.TASK)
         if refused is not None:
             return _refuse(call, record, refused)
         proposal = await _proposal_of(call, task_id)
+        refused = _task_scope_refused(call, "tasks/cancel", proposal)
+        if refused is not None:
+            return _refuse(call, record, refused)
         if proposal is not None:
             return await _withdraw(call, record, proposal)
         op = await _operation_in_scope(call, record, task_id)
@@ -366,9 +375,20 @@ async def _proposal_of(call: McpCall, task_id: str) -> Proposal | None:
     """The proposal a task id names (any tenant's: the caller checks the scope), or None:
     a task id is a proposal's when it has the prefix and the proposal exists (an operation's
     id may start so too: then it is the operation's)."""
-    if not task_id.startswith(PROPOSAL_ID_PREFIX) or not valid_operation_id(task_id):
+    if not valid_id(task_id, IdKind.PROPOSAL):
         return None
     return await call.gateway.store.load_proposal(task_id)
+
+
+def _task_scope_refused(call: McpCall, method: str, proposal: Proposal | None) -> Deny | None:
+    """Whether the token lacks the scope of what the task id was found to name (a proposal,
+    else an operation): the spelling of the id decides nothing. The lacking scope is kept on
+    the call for the endpoint's answer (``lacking``)."""
+    scope = task_scope(method, proposal=proposal is not None)
+    if call.scopes is None or scope in call.scopes:
+        return None
+    call.lacking = scope
+    return Deny(Reason.MCP_SCOPE_INSUFFICIENT, f"the token does not grant {scope}")
 
 
 def _own(call: McpCall, proposal: Proposal) -> bool:
@@ -381,7 +401,12 @@ async def read_task(call: McpCall, task_id: str) -> TaskView | ToolError:
     kind: list[Literal["operation", "proposal"]] = ["operation"]
 
     async def read(record: AuditRecord) -> Answer:
-        if await _proposal_of(call, task_id) is not None:
+        proposal = await _proposal_of(call, task_id)
+        refused = _task_scope_refused(call, "tasks/get", proposal)
+        if refused is not None:
+            record.rule = MCP_RULE
+            return _refuse(call, record, refused)
+        if proposal is not None:
             kind[0] = "proposal"
             return await _get_proposal(call, {"proposal_id": task_id}, record)
         return await _get(call, {"operation_id": task_id}, record)
@@ -424,15 +449,18 @@ async def watchable(
     out as an unknown one is: the stream's acknowledgement names only these."""
 
     async def operation_in_scope(operation_id: str) -> bool:
-        if not valid_operation_id(operation_id):
+        if not valid_id(operation_id, IdKind.OPERATION):
             return False
         op = await call.gateway.store.load(operation_id)
         return op is not None and in_scope(op, call.agent)
 
     async def task_in_scope(task_id: str) -> bool:
-        if not valid_operation_id(task_id):
+        if not valid_id(task_id, IdKind.TASK):
             return False
         proposal = await _proposal_of(call, task_id)
+        scope = task_scope("tasks/get", proposal=proposal is not None)
+        if call.scopes is not None and scope not in call.scopes:
+            return False  # left out, as one not in the agent's scope is
         if proposal is not None:
             return _own(call, proposal)
         return await operation_in_scope(task_id)
@@ -462,10 +490,13 @@ async def update_task(call: McpCall, task_id: str, responses: Mapping[str, Any])
 
     async def update() -> Answer:
         record = _record(call, MCP_RULE)
-        refused = _invalid_operation_id(task_id)
+        refused = _invalid_operation_id(task_id, IdKind.TASK)
         if refused is not None:
             return _refuse(call, record, refused)
         proposal = await _proposal_of(call, task_id)
+        scope = _task_scope_refused(call, "tasks/update", proposal)
+        if scope is not None:
+            return _refuse(call, record, scope)
         if proposal is not None:
             record.rule = PROPOSAL_RULE
             unknown = Deny(Reason.PROPOSAL_UNKNOWN, f"no proposal {task_id}")
@@ -542,10 +573,10 @@ def _unexpected(args: dict[str, Any]) -> Deny | None:
     return None
 
 
-def _invalid_operation_id(value: Any) -> Deny | None:
-    if isinstance(value, str) and valid_operation_id(value):
+def _invalid_operation_id(value: Any, kind: IdKind = IdKind.OPERATION) -> Deny | None:
+    if valid_id(value, kind):
         return None
-    return Deny(Reason.OPERATION_ID_INVALID, "an operation id is 1-255 printable ASCII characters")
+    return Deny(Reason.OPERATION_ID_INVALID, id_rule(kind))
 
 
 async def _operation_in_scope(

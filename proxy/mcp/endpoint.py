@@ -270,8 +270,13 @@ class McpEndpoint:
                 directory = AgentDirectory({token_digest(internal): agent})
                 seen_as = dataclasses.replace(gw, agents=directory)
                 call = McpCall(seen_as, agent, internal, request.remote, record.path or MCP_PATH)
+                call.scopes = bearer.scopes  # a task's scope is known once its id is looked up
             owed = _owed_error(message) if message is not _NOT_JSON else None
             response = owed or await self._exchange(request, body, call)
+            if call.lacking is not None:  # a task's scope, known once its id was looked up
+                told = challenge(oauth, error="insufficient_scope", scope=call.lacking)
+                detail = f"the token does not grant {call.lacking}"
+                return _refuse(record, Reason.MCP_SCOPE_INSUFFICIENT, detail, challenge=told)
             record.response_status = response.status
             if response.status >= 400 or _is_error(response):  # a JSON-RPC error answer
                 record.decision = Decision.DENY

@@ -22,7 +22,8 @@ from proxy.errors import AlreadySuperseded, IdempotencyKeyInUse, StoreUnavailabl
 from proxy.gate.bodies import BodyRejected, parse_json_object
 from proxy.gate.budgets import budget_standings, remaining_budget
 from proxy.gate.decision import Deny
-from proxy.gate.identity import credential_from, path_operation_id
+from proxy.gate.identity import credential_from
+from proxy.gate.ids import IdKind, id_rule, path_operation_id, reserved_prefix
 from proxy.gate.reasons import Reason
 from proxy.operations.approvals import (
     OperationRequest,
@@ -139,9 +140,7 @@ def operation_id_of(request: web.Request) -> str:
     """The path's operation id, strictly decoded; BadInput if no operation can have it."""
     operation_id = path_operation_id(request)
     if operation_id is None:
-        raise BadInput(
-            "operation_id_invalid", "an operation id is 1-255 printable ASCII characters"
-        )
+        raise BadInput(Reason.OPERATION_ID_INVALID.value, id_rule(IdKind.OPERATION))
     return operation_id
 
 
@@ -164,6 +163,9 @@ async def create_operation(request: web.Request) -> web.Response:
         approval = OperationRequest.model_validate(await read_document(request))
     except ValidationError as exc:
         return admin_problem(400, "invalid_request", "the approval is invalid", errors=_errors(exc))
+    reserved = None if approval.operation_id is None else reserved_prefix(approval.operation_id)
+    if reserved is not None:
+        return admin_problem(400, Reason.OPERATION_ID_RESERVED.value, reserved)
     planned = plan_operation(approval, gateway.policy, datetime.now(UTC))
     if isinstance(planned, list):
         return admin_problem(422, "approval_not_sendable", "; ".join(planned), errors=planned)

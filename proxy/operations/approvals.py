@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from proxy.gate.bodies import BodyRejected, body_from_fields
-from proxy.gate.identity import valid_operation_id
+from proxy.gate.ids import NEW_OPERATION_ID, IdKind, id_rule, valid_id
 from proxy.policy import amounts
 from proxy.policy.amounts import AmountFormat
 from proxy.policy.approved import approved_fields
@@ -35,8 +35,7 @@ from proxy.policy.set import PolicySet
 from proxy.store.operation import Operation, Status
 from proxy.store.store import NewOperation
 
-# The ids opgate creates and accepts to create: a strict subset of what valid_operation_id reads
-_ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+_ID = NEW_OPERATION_ID  # the ids opgate creates and accepts to create (proxy/gate/ids.py)
 
 
 class OperationRequest(BaseModel):
@@ -80,8 +79,9 @@ class OperationRequest(BaseModel):
             raise ValueError("give exactly one of expires_at and ttl_seconds")
         if self.expires_at is not None and self.expires_at.tzinfo is None:
             raise ValueError("expires_at needs a time zone")
-        if self.idempotency_key is not None and not valid_operation_id(self.idempotency_key):
-            raise ValueError("idempotency_key must be 1-255 printable ASCII characters")
+        key = self.idempotency_key
+        if key is not None and not valid_id(key, IdKind.IDEMPOTENCY_KEY):
+            raise ValueError(id_rule(IdKind.IDEMPOTENCY_KEY))
         return self
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from proxy.admin.access import admin_problem
+from proxy.gate.ids import IdKind, id_rule, valid_id
+from proxy.gate.reasons import Reason
 from proxy.observe.auditlog import bundle, proofs
 from proxy.runtime import GATEWAY
 
@@ -22,8 +24,8 @@ def _size(request: web.Request, name: str, default: int | None = None) -> int | 
     value = request.query.get(name)
     if value is None:
         return default
-    if not value.isdigit() or len(value) > 19:
-        raise proofs.NotProvable(f"{name} is a tree size")
+    if not (value.isascii() and value.isdigit()) or len(value) > 19 or int(value) >= 2**63:
+        raise proofs.NotProvable(f"{name} is a tree size")  # no tree is larger than a bigint
     return int(value)
 
 
@@ -44,6 +46,8 @@ async def audit_proof(request: web.Request) -> web.Response:
     store = request.app[GATEWAY].store
     try:
         stream, seq = proofs.parse_record(request.query.get("record", ""))
+        if not valid_id(stream, IdKind.AUDIT_STREAM) or not seq < 2**63:  # no such record
+            raise proofs.NotProvable(id_rule(IdKind.AUDIT_STREAM) + "; a seq is a bigint")
         size = _size(request, "size")
         document = await store.run(lambda conn: proofs.inclusion_document(conn, stream, seq, size))
     except proofs.NotProvable as exc:
@@ -70,6 +74,8 @@ async def audit_bundle(request: web.Request) -> web.Response:
     operation_id = request.query.get("operation", "")
     if signer is None or not operation_id:
         return _not_provable(proofs.NotProvable("no transparency_key, or no operation named"))
+    if not valid_id(operation_id, IdKind.OPERATION):
+        return admin_problem(400, Reason.OPERATION_ID_INVALID.value, id_rule(IdKind.OPERATION))
     settings = gateway.settings
     witnesses = [w.vkey for w in settings.audit_witnesses]
     try:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from proxy.gate.ids import IdKind, id_argument
 from proxy.policy.amounts import human_amount
 
 
@@ -49,15 +50,15 @@ def add_ops_commands(commands: Any) -> argparse.ArgumentParser:
     create.add_argument("--path-param", action="append", default=[], metavar="NAME=VALUE")
     create.add_argument("--ttl", type=int, default=3600, help="seconds the approval stands")
     create.add_argument("--agent")
-    create.add_argument("--idempotency-key")
-    create.add_argument("--operation-id")
-    create.add_argument("--supersedes")
+    create.add_argument("--idempotency-key", type=id_argument(IdKind.IDEMPOTENCY_KEY))
+    create.add_argument("--operation-id", type=id_argument(IdKind.OPERATION))
+    create.add_argument("--supersedes", type=id_argument(IdKind.OPERATION))
     create.set_defaults(ops=_create)
 
     show = sub.add_parser(
         "show", parents=[json_anywhere], help="one operation, with its next action and events"
     )
-    show.add_argument("operation_id")
+    show.add_argument("operation_id", type=id_argument(IdKind.OPERATION))
     show.set_defaults(ops=_show)
 
     listing = sub.add_parser(
@@ -73,12 +74,12 @@ def add_ops_commands(commands: Any) -> argparse.ArgumentParser:
         help="withdraw an unsettled operation's approval: no further attempt; what was sent "
         "stays sent and counted (a settled one: operation_settled)",
     )
-    revoke.add_argument("operation_id")
+    revoke.add_argument("operation_id", type=id_argument(IdKind.OPERATION))
     revoke.add_argument("--reason", required=True)
     revoke.set_defaults(ops=_revoke)
 
     reconcile = sub.add_parser("reconcile", parents=[json_anywhere], help="ask the provider now")
-    reconcile.add_argument("operation_id")
+    reconcile.add_argument("operation_id", type=id_argument(IdKind.OPERATION))
     reconcile.set_defaults(ops=_reconcile)
 
     escalations = sub.add_parser(
@@ -89,7 +90,7 @@ def add_ops_commands(commands: Any) -> argparse.ArgumentParser:
     resolve = sub.add_parser(
         "resolve", parents=[json_anywhere], help="settle an escalated operation by human verdict"
     )
-    resolve.add_argument("operation_id")
+    resolve.add_argument("operation_id", type=id_argument(IdKind.OPERATION))
     resolve.add_argument("--verdict", choices=["confirmed", "failed"], required=True)
     resolve.add_argument("--object-id", help="the provider's object (for confirmed)")
     resolve.add_argument("--note", required=True)
@@ -136,6 +137,11 @@ def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) ->
         raise ApiError(exc.code, payload) from exc
 
 
+def _quoted(operation_id: str) -> str:
+    """An id as one path segment: a valid id may hold / ? # or %."""
+    return urllib.parse.quote(operation_id, safe="")
+
+
 def _pairs(values: list[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in values:
@@ -167,7 +173,7 @@ def _create(args: argparse.Namespace) -> Any:
 
 
 def _show(args: argparse.Namespace) -> Any:
-    return _call(args, "GET", f"/v1/operations/{args.operation_id}")
+    return _call(args, "GET", f"/v1/operations/{_quoted(args.operation_id)}")
 
 
 def _list(args: argparse.Namespace) -> Any:
@@ -177,12 +183,12 @@ def _list(args: argparse.Namespace) -> Any:
 
 def _revoke(args: argparse.Namespace) -> Any:
     return _call(
-        args, "POST", f"/v1/operations/{args.operation_id}/revoke", {"reason": args.reason}
+        args, "POST", f"/v1/operations/{_quoted(args.operation_id)}/revoke", {"reason": args.reason}
     )
 
 
 def _reconcile(args: argparse.Namespace) -> Any:
-    return _call(args, "POST", f"/v1/operations/{args.operation_id}/reconcile", {})
+    return _call(args, "POST", f"/v1/operations/{_quoted(args.operation_id)}/reconcile", {})
 
 
 def _escalations(args: argparse.Namespace) -> Any:
@@ -196,7 +202,7 @@ def _resolve(args: argparse.Namespace) -> Any:
         "note": args.note,
         "decided_by": args.by,
     }
-    return _call(args, "POST", f"/v1/operations/{args.operation_id}/resolve", body)
+    return _call(args, "POST", f"/v1/operations/{_quoted(args.operation_id)}/resolve", body)
 
 
 def _budgets(args: argparse.Namespace) -> Any:

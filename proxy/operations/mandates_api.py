@@ -36,7 +36,7 @@ from proxy.admin.access import admin_problem
 from proxy.errors import AlreadySuperseded, IdempotencyKeyInUse
 from proxy.gate.bodies import BodyRejected, parse_json_object
 from proxy.gate.checks import Agent
-from proxy.gate.identity import path_operation_id
+from proxy.gate.ids import IdKind, id_rule, path_id, path_operation_id, valid_id
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import REASONS, Reason
 from proxy.mandates.ap2 import (
@@ -352,6 +352,9 @@ async def _present(
         )
     record.provider, record.operation_id = planned.provider, planned.operation_id
     nonce = verified.nonce or (None if checkout is None else checkout.verified.nonce)
+    if nonce is not None and not valid_id(nonce, IdKind.NONCE):  # not one opgate issued
+        detail = id_rule(IdKind.NONCE)
+        return _refuse(record, trust, Reason.MANDATE_NONCE_UNKNOWN, detail, verified.reference)
     nonce_use = None if nonce is None else NonceUse(nonce, agent.tenant, agent.agent_id)
     created = await _create(gw, planned, terms, open_digest, nonce_use)
     if isinstance(created, Refused):
@@ -579,7 +582,7 @@ async def _where_it_stands(
 ) -> web.Response:
     """The operation a mandate approved, as it stands, with its current receipt (``reference``
     as given, else the mandate digest the operation's approval names)."""
-    op = None if operation_id is None else await gw.store.load(operation_id)
+    op = await gw.store.load(operation_id) if valid_id(operation_id, IdKind.OPERATION) else None
     if op is None or op.tenant != agent.tenant or not op.approval_ref.startswith("ap2:"):
         # the same answer for "absent", "not yours" and "not a mandate's"
         return _refuse(record, None, Reason.OPERATION_UNKNOWN, "no operation of a mandate")
@@ -620,13 +623,9 @@ async def revoke_mandate(request: web.Request) -> web.Response:
     """Revoke a mandate by its digest: it approves nothing more; each operation it approved of
     which nothing has left is revoked too (one that left is the recovery protocol's)."""
     gateway = request.app[GATEWAY]
-    digest = request.match_info["digest"]
-    if not (
-        digest.isascii()
-        and len(digest) == 43
-        and digest.replace("-", "").replace("_", "").isalnum()
-    ):
-        return admin_problem(400, "invalid_request", "not a mandate digest (43 base64url)")
+    digest = path_id(request, IdKind.MANDATE, "digest")
+    if digest is None:
+        return admin_problem(400, "invalid_request", id_rule(IdKind.MANDATE))
     try:
         revocation = MandateRevocation.model_validate(await read_document(request))
     except ValidationError as exc:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from proxy.admin.access import Approver, admin_problem
 from proxy.gate.bodies import BodyRejected, parse_json_object
 from proxy.gate.checks import Agent
-from proxy.gate.identity import path_operation_id
+from proxy.gate.ids import IdKind, id_rule, path_id
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.observe.audit import AuditRecord, Decision
@@ -90,9 +90,9 @@ async def _own_proposal(
 ) -> Proposal | web.Response:
     """The path's proposal if it is ``agent``'s own, else the refusal (unknown)."""
     record.rule = PROPOSAL_RULE
-    proposal_id = path_operation_id(request, "proposal_id")
+    proposal_id = path_id(request, IdKind.PROPOSAL, "proposal_id")
     if proposal_id is None:
-        return _refuse(record, Reason.PROPOSAL_UNKNOWN, "not a proposal id")
+        return _refuse(record, Reason.PROPOSAL_UNKNOWN, id_rule(IdKind.PROPOSAL))
     proposal = await gw.store.load_proposal(proposal_id)
     if proposal is None:
         return _refuse(record, Reason.PROPOSAL_UNKNOWN, f"no proposal {proposal_id}")
@@ -169,9 +169,9 @@ def _answer(refusal: Refusal) -> web.Response:
 
 
 def _proposal_id(request: web.Request) -> str:
-    proposal_id = path_operation_id(request, "proposal_id")
+    proposal_id = path_id(request, IdKind.PROPOSAL, "proposal_id")
     if proposal_id is None:
-        raise BadInput("proposal_id_invalid", "a proposal id is 1-255 printable ASCII characters")
+        raise BadInput("proposal_id_invalid", id_rule(IdKind.PROPOSAL))
     return proposal_id
 
 

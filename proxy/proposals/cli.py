@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from proxy.gate.ids import IdKind, id_argument
 from proxy.operations.cli import _age, _call, _cell, _table, money, run_api_call
 
 COLUMNS = (
@@ -64,7 +65,7 @@ def add_proposal_commands(commands: Any) -> argparse.ArgumentParser:
 
     for verdict in ("approve", "decline"):
         decide = sub.add_parser(verdict, parents=[json_anywhere], help=f"{verdict} a proposal")
-        decide.add_argument("proposal_id")
+        decide.add_argument("proposal_id", type=id_argument(IdKind.PROPOSAL))
         decide.add_argument("--note")
         decide.add_argument(
             "--by", help="who decides (with the admin token; an approver is its token)"

@@ -20,7 +20,8 @@ from proxy.errors import StoreUnavailable
 from proxy.gate.bodies import body_from_fields
 from proxy.gate.checks import Agent
 from proxy.gate.decision import Deny
-from proxy.gate.identity import AmbiguousCredentials, path_operation_id, presented_agent_token
+from proxy.gate.identity import AmbiguousCredentials, presented_agent_token
+from proxy.gate.ids import IdKind, id_rule, path_operation_id
 from proxy.gate.limits import Slot
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
@@ -255,11 +256,7 @@ async def _read_operation(
 ) -> web.Response:
     operation_id = path_operation_id(request)
     if operation_id is None:
-        return _refuse(
-            record,
-            Reason.OPERATION_ID_INVALID,
-            "an operation id is 1-255 printable ASCII characters",
-        )
+        return _refuse(record, Reason.OPERATION_ID_INVALID, id_rule(IdKind.OPERATION))
     view = await operation_view(gw, agent, operation_id, record)
     if isinstance(view, ReadRefusal):
         return _refuse(record, view.reason, view.detail, told=view.told)

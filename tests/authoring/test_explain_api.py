@@ -119,3 +119,20 @@ async def test_precondition_lookups_are_judged_on_the_answers_given_not_asked_fo
     assert (body["decision"], body["reason"]) == ("deny", "precondition_failed")
     assert body["preconditions"]["result"] == "failed"
     assert fault_provider.requests == []
+
+
+async def test_an_operation_id_no_operation_can_have_is_refused_before_the_store(
+    fault_gate: Opgate,
+) -> None:
+    """An operation id holding a NUL, too long, not ASCII or empty is 400 operation_id_invalid,
+    as at every other entry point (a NUL used to reach the query: 500)."""
+    for bad in ("op\x00x", "o" * 256, "op_\u202eé", ""):
+        status, body = await explain(
+            fault_gate,
+            {"method": "POST", "path": "/fault/v1/refunds", "operation_id": bad},
+        )
+        assert (status, body["code"]) == (400, "operation_id_invalid"), (bad, body)
+        named = {"method": "POST", "path": "/fault/v1/refunds", "headers": {"X-Operation-Id": bad}}
+        status, body = await explain(fault_gate, named)
+        assert status == 200, (bad, body)  # explained: the gate's own intake refuses it
+        assert (body["decision"], body["reason"]) == ("deny", "operation_id_invalid"), body

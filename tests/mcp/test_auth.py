@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx2
@@ -17,16 +18,21 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken, ProtectedResourceMetadata
 from structlog.testing import capture_logs
 
+from proxy.mcp.auth import required_scope, task_scope
+from proxy.operations.approvals import OperationRequest, plan_operation
 from tests.mcp.conftest import approved_refund
 from tests.support.killable_opgate import free_port
-from tests.support.localstripe_server import list_refunds
+from tests.support.localstripe_server import create_charge, list_refunds
 from tests.support.mcp_client import http_client, structured
+from tests.support.mcp_tasks import get_task, tasks_client
+from tests.support.mcp_wire import TASKS, modern_request, post
 from tests.support.oauth_server import AuthorizationServer, authorization_server, issued_token
 from tests.support.opgate import AGENT_TOKEN, SHIPPED_POLICIES, Opgate, StartOpgate
 
 RESOURCE = "https://opgate.example/_opgate/mcp"
 METADATA = "https://opgate.example/.well-known/oauth-protected-resource/_opgate/mcp"
 ALL_SCOPES = "operations:read operations:execute proposals:write"
+TASK_CAPABILITIES = {"extensions": {TASKS: {}}}
 
 
 @dataclass
@@ -268,3 +274,109 @@ async def test_the_official_clients_oauth_discovers_the_server_and_gets_a_bound_
     assert "execute_operation" in {tool.name for tool in tools.tools}
     [issued] = es256.issued
     assert (issued["sub"], issued["aud"]) == ("client-a", resource)
+
+
+async def stored_refund(gate: Opgate, localstripe_url: str, operation_id: str) -> None:
+    """A refund operation with ``operation_id`` written as the store writes any (as one created
+    before ids spelled as another kind's were refused at the operations API)."""
+    approval = OperationRequest(
+        operation_id=operation_id,
+        tenant="t1",
+        agent_id="agent-a",
+        provider="stripe",
+        action="refund.create",
+        amount=500,
+        params={"charge": await create_charge(localstripe_url, 2000)},
+        approval_ref="ticket-1",
+        approved_by="alice@example.com",
+        ttl_seconds=600,
+    )
+    gateway = gate.running.gateway
+    planned = plan_operation(approval, gateway.policy, datetime.now(UTC))
+    assert not isinstance(planned, list), planned
+    assert await gateway.store.create(planned, actor="admin") is not None
+
+
+async def test_a_task_that_is_an_operation_needs_the_operations_scope_whatever_its_spelling(
+    oauth: OAuthSetup, localstripe_url: str
+) -> None:
+    """An operation whose id starts like a proposal's (prop_refund_42) is neither read nor
+    cancelled with only proposals:write: the scope follows what the id names, looked up, and
+    the refusal is 403 insufficient_scope naming the scope it needs, with one record; a token
+    with operations:read reads it."""
+    await stored_refund(oauth.gate, localstripe_url, "prop_refund_42")
+    token = oauth.rs256.token("client-a", RESOURCE, "proposals:write")
+    for method, scope in (("tasks/get", "operations:read"), ("tasks/cancel", "operations:execute")):
+        body, headers = modern_request(method, {"taskId": "prop_refund_42"}, TASK_CAPABILITIES)
+        with capture_logs() as logs:
+            status, _, answer = await post(
+                oauth.gate.http, oauth.gate.agent_url, token, body, headers
+            )
+        assert (status, answer["code"]) == (403, "mcp_scope_insufficient"), (method, answer)
+        records = [e for e in logs if e["event"] == "request"]
+        assert [(r["decision"], r["reason"]) for r in records] == [
+            ("deny", "mcp_scope_insufficient")
+        ], method
+        assert scope in answer["detail"]
+    operation = await oauth.gate.operation("prop_refund_42")
+    assert (operation["status"], operation["approval"]["revoked_at"]) == ("created", None)
+    reader = oauth.rs256.token("client-a", RESOURCE, "operations:read")
+    async with tasks_client(oauth.gate.agent_url, reader) as client:
+        task = await get_task(client, "prop_refund_42")
+    assert (task["taskId"], task["status"]) == ("prop_refund_42", "working")
+
+
+async def test_a_scope_found_lacking_after_the_lookup_is_told_as_a_step_up(
+    oauth: OAuthSetup, localstripe_url: str
+) -> None:
+    """The 403 of a task's scope carries the same WWW-Authenticate as one known up front, so
+    a client can ask for that scope."""
+    await stored_refund(oauth.gate, localstripe_url, "prop_refund_43")
+    token = oauth.rs256.token("client-a", RESOURCE, "proposals:write")
+    body, headers = modern_request("tasks/get", {"taskId": "prop_refund_43"}, TASK_CAPABILITIES)
+    async with oauth.gate.http.post(
+        f"{oauth.gate.agent_url}/_opgate/mcp",
+        json=body,
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Accept": "application/json, text/event-stream",
+            **headers,
+        },
+    ) as response:
+        assert response.status == 403
+        assert response.headers["WWW-Authenticate"] == (
+            f'Bearer resource_metadata="{METADATA}", error="insufficient_scope", '
+            'scope="operations:read"'
+        )
+
+
+@pytest.mark.parametrize(
+    ("method", "task_id", "before_lookup", "if_operation", "if_proposal"),
+    [
+        pytest.param("tasks/get", "op_1", "operations:read", "operations:read", None, id="get-op"),
+        pytest.param("tasks/get", "prop_1", None, "operations:read", "proposals:write", id="get"),
+        pytest.param(
+            "tasks/cancel", "prop_1", None, "operations:execute", "proposals:write", id="cancel"
+        ),
+        pytest.param(
+            "tasks/update", "prop_1", None, "operations:execute", "proposals:write", id="update"
+        ),
+        pytest.param(
+            "tasks/cancel", "op_1", "operations:execute", "operations:execute", None, id="op"
+        ),
+    ],
+)
+def test_a_tasks_scope_is_chosen_from_what_its_id_names(
+    method: str,
+    task_id: str,
+    before_lookup: str | None,
+    if_operation: str,
+    if_proposal: str | None,
+) -> None:
+    """Before the lookup, an id only a proposal's can have defers the choice (None); after it,
+    the scope is the operation's or the proposal's, whatever the spelling."""
+    message = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {"taskId": task_id}}
+    assert required_scope(message) == before_lookup
+    assert task_scope(method, proposal=False) == if_operation
+    if if_proposal is not None:
+        assert task_scope(method, proposal=True) == if_proposal

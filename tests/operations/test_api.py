@@ -380,3 +380,24 @@ async def test_an_escalation_behind_a_thousand_unsettled_operations_is_listed(
         assert response.status == 200
         queue = (await response.json())["escalations"]
     assert [view["operation"]["operation_id"] for view in queue] == ["op_escalated_late"]
+
+
+@pytest.mark.parametrize(
+    "operation_id",
+    [
+        pytest.param("prop_refund_42", id="a proposal's prefix"),
+        pytest.param("ap2_refund_42", id="a mandate operation's prefix"),
+    ],
+)
+async def test_an_operation_id_spelled_as_another_kinds_is_refused_at_creation(
+    fault_gate: Opgate, operation_id: str
+) -> None:
+    """An approval naming its operation with a prefix opgate reserves for another kind of id is
+    400 operation_id_reserved, and nothing is created: a reader of the id could not tell
+    what it names."""
+    status, body = await post(fault_gate, {**APPROVAL, "operation_id": operation_id})
+    assert (status, body["code"]) == (400, "operation_id_reserved"), body
+    async with fault_gate.http.get(
+        f"{fault_gate.ops_url}/v1/operations/{operation_id}", headers=admin_headers()
+    ) as response:
+        assert response.status == 404

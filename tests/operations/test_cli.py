@@ -186,3 +186,18 @@ async def test_budgets_lists_what_is_left_of_each_budget(
         "0.00 USD (0 minor units)", "12.00 USD (1200 minor units)", "enforce",
     ]  # fmt: skip
     assert [(b["tenant"], b["remaining"]) for b in listed["budgets"]] == [("t2", 1200)]
+
+
+async def test_an_id_argument_is_read_by_the_id_grammar_and_sent_as_one_segment(
+    fault_gate: Opgate,
+) -> None:
+    """An operation id no operation can have exits 2 naming the kind, nothing sent; a valid one
+    holding / and .. is sent as one path segment and answered as that id (it was pasted into
+    the path as it was: the route table's bare 404, another path than the one meant)."""
+    await fault_gate.approve(operation_id="op-y")
+    code, _, err = await ops(fault_gate, "show", "x/../op-y")
+    assert code == 1
+    assert "operation_unknown" in err
+    code, _, err = await ops(fault_gate, "show", "op \u00e9")
+    assert code == 2
+    assert "invalid operation id value" in err

@@ -704,3 +704,23 @@ async def test_an_agent_pays_a_checkout_it_closed_under_the_persons_open_mandate
     assert (status, refused["code"]) == (403, "mandate_invalid"), refused
     status, answer = await presented([("sku_shoe", 1)], (nonce, nonce))
     assert status == 201, answer
+
+
+async def test_a_nonce_no_issued_one_can_be_is_refused_before_the_store(gate: Opgate) -> None:
+    """A key binding answering a nonce with a bidi control or a character outside base64url is
+    mandate_nonce_unknown (403) before the nonce's statement, and one with a NUL is refused
+    too (the payload's own NUL guard comes first; it reached the statement: 500); nothing is
+    created, and an issued nonce still opens it."""
+    open_token = open_mandate(PERSON, AGENT, [])
+    expected = {
+        "n\x00" + "a" * 41: "mandate_invalid",
+        "n\u202e" + "a" * 41: "mandate_nonce_unknown",
+        "n.b" + "a" * 40: "mandate_nonce_unknown",
+    }
+    for nonce, code in expected.items():
+        presented = present_under(open_token, AGENT, closed_payment(), aud=AUDIENCE, nonce=nonce)
+        status, refused = await present(gate, gate.http, presented)
+        assert (status, refused["code"]) == (403, code), (nonce, refused["detail"])
+    issued = await issued_nonce(gate, gate.http)
+    accepted = present_under(open_token, AGENT, closed_payment(), aud=AUDIENCE, nonce=issued)
+    assert (await present(gate, gate.http, accepted))[0] == 201
