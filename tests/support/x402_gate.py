@@ -16,12 +16,16 @@ WALLET = Account.from_key("0x" + "4f" * 32)  # opgate's wallet in the tests; age
 REPORT = "/paid/report"
 
 
-def paid_policy() -> str:
+def paid_policy(*, deduplicates: bool = False) -> str:
+    """The paid API's policy; ``deduplicates``: opgate may re-send an operation whose outcome
+    is unknown (the paid API keeps no keys: the re-send is where a second payment could come)."""
+    dedup = "true, retention_seconds: 86400" if deduplicates else "false"
     return textwrap.dedent(f"""\
         version: 1
         provider: paid
         route_prefix: /paid
         upstream: http://127.0.0.1:9
+        idempotency: {{header: Idempotency-Key, provider_deduplicates: {dedup}}}
         classify: {{confirmed: [2xx], failed: [404]}}
         rules:
           - name: report.buy

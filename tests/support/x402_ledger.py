@@ -24,7 +24,11 @@ TOKEN_NAME, TOKEN_VERSION = "USD Coin", "2"
 
 
 class Reverted(Exception):
-    """The token contract's revert, in the words the SDK maps to its error codes."""
+    """The token contract's revert, worded as an RPC node reports one ("execution reverted:
+    <reason>"), which the SDK maps to its error codes."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"execution reverted: {reason}")
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ class PaidApi:
     ledger: Ledger
     pay_to: str = PAYEE
     lose_answers: int = 0  # answers still to lose after settling
+    next_pay_to: str | None = None  # the payee after the next unpaid 402 (a swap)
     served: int = 0
     base: str = ""
     payment_headers_seen: list[str] = field(default_factory=list)
@@ -111,6 +112,8 @@ async def paid_api(ledger: Ledger) -> AsyncIterator[PaidApi]:
         result = await http_server.process_http_request(context)
         if result.type == "payment-error":
             assert result.response is not None
+            if header is None and state.next_pay_to is not None:
+                state.pay_to, state.next_pay_to = state.next_pay_to, None
             return _json(result.response.body, result.response.status, result.response.headers)
         assert result.type == "payment-verified"
         state.served += 1  # the handler ran

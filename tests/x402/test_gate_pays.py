@@ -11,10 +11,10 @@ import pytest
 import pytest_asyncio
 
 from proxy.x402.authorization import operation_nonce
-from tests.support.opgate import AGENT_TOKEN, Opgate, StartOpgate
+from tests.support.opgate import AGENT_TOKEN, SECOND_AGENT_TOKEN, Opgate, StartOpgate, problem
 from tests.support.x402_gate import REPORT, WALLET, approve_purchase, paid_policy
 from tests.support.x402_ledger import Ledger
-from tests.support.x402_server import PRICE, PaidApi, paid_api
+from tests.support.x402_server import PAYEE, PRICE, PaidApi, paid_api
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -40,12 +40,14 @@ async def gate(
         yield running
 
 
-async def buy(gate: Opgate, operation_id: str) -> tuple[int, dict[str, str], bytes]:
+async def buy(
+    gate: Opgate, operation_id: str, token: str = AGENT_TOKEN
+) -> tuple[int, dict[str, str], bytes]:
     return await gate.send(
         REPORT,
         method="GET",
         # a provider without a credential: the agent's token travels as a proxy's
-        headers={"X-Operation-Id": operation_id, "Proxy-Authorization": f"Bearer {AGENT_TOKEN}"},
+        headers={"X-Operation-Id": operation_id, "Proxy-Authorization": f"Bearer {token}"},
         token=None,
         content_type=None,
     )
@@ -64,3 +66,79 @@ async def test_an_approved_purchase_is_paid_once_and_its_settlement_kept(
     assert settled.value == PRICE
     assert "PAYMENT-RESPONSE" in headers
     assert api.served == 1
+
+
+async def test_issue_3438_through_opgate_settles_once_whoever_retries(
+    gate: Opgate, api: PaidApi, ledger: Ledger
+) -> None:
+    """The #3438 sequence (paid, answer lost, asked again, by the agent and by a replacement):
+    one settlement, and nothing is sent again while the outcome is unknown."""
+    op = await approve_purchase(gate, f"{api.base}/report")
+    api.lose_answers = 1
+    status, _, body = await buy(gate, op["operation_id"])
+    assert (status, problem(body)["code"]) == (502, "outcome_unknown")
+    for token in (AGENT_TOKEN, SECOND_AGENT_TOKEN):  # the agent, then its replacement
+        status, _, body = await buy(gate, op["operation_id"], token=token)
+        assert (status, problem(body)["code"]) == (409, "reconcile_required")
+    assert len(ledger.settlements) == 1
+    assert len(api.payment_headers_seen) == 1
+
+
+async def test_a_resend_carries_the_stored_payment_and_learns_it_was_paid(
+    start_opgate: StartOpgate,
+    policy_dir: Path,
+    api: PaidApi,
+    ledger: Ledger,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where opgate may re-send (a deduplicating provider), the re-send carries the stored
+    payment, byte for byte; the token refuses its used nonce, and opgate says it was paid."""
+    monkeypatch.setenv("OPGATE_SECRET_PAID_WALLET", WALLET.key.hex())
+    (policy_dir / "paid.yaml").write_text(paid_policy(deduplicates=True))
+    async with start_opgate(upstream_overrides={"paid": api.base}) as gate:
+        op = await approve_purchase(gate, f"{api.base}/report")
+        api.lose_answers = 1
+        status, _, body = await buy(gate, op["operation_id"])
+        assert (status, problem(body)["code"]) == (502, "outcome_unknown")
+        status, _, body = await buy(gate, op["operation_id"], token=SECOND_AGENT_TOKEN)
+        refused = problem(body)
+        assert (status, refused["code"]) == (502, "x402_payment_refused"), refused
+        assert refused["nonce_used"] is True
+        assert refused["nonce"] == operation_nonce(op["operation_id"])
+    first, again = api.payment_headers_seen
+    assert first == again  # the same authorization, never a second one
+    assert len(ledger.settlements) == 1
+    assert ledger.balance(WALLET.address) == 9 * PRICE
+
+
+async def test_a_payee_swapped_in_the_second_402_is_not_paid(
+    gate: Opgate, api: PaidApi, ledger: Ledger
+) -> None:
+    """The upstream names another payTo once opgate has signed: its paid request is refused,
+    nothing else is signed, nothing is settled."""
+    op = await approve_purchase(gate, f"{api.base}/report")
+    api.next_pay_to = "0x000000000000000000000000000000000000bAd1"
+    status, _, body = await buy(gate, op["operation_id"])
+    assert (status, problem(body)["code"]) == (502, "x402_payment_refused")
+    assert len(api.payment_headers_seen) == 1
+    assert ledger.settlements == []
+    api.pay_to = PAYEE
+
+
+async def test_a_402_beyond_the_approval_is_refused_and_nothing_is_signed(
+    gate: Opgate, api: PaidApi, ledger: Ledger
+) -> None:
+    """An approval for less than the price, or another payee: x402_not_approved naming why."""
+    for changes, why in (
+        ({"x402_max_amount": str(PRICE - 1)}, "amount over the approved maximum"),
+        ({"x402_pay_to": "0x000000000000000000000000000000000000bAd1"}, "payTo"),
+        ({"x402_network": "eip155:1"}, "network not approved"),
+        ({"x402_resource": f"{api.base}/other"}, "resource"),
+    ):
+        op = await approve_purchase(gate, f"{api.base}/report", **changes)
+        status, _, body = await buy(gate, op["operation_id"])
+        refused = problem(body)
+        assert (status, refused["code"]) == (403, "x402_not_approved"), refused
+        assert why in refused["detail"]
+    assert api.payment_headers_seen == []
+    assert ledger.settlements == []
