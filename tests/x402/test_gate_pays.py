@@ -7,14 +7,18 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import asyncpg
 import pytest
 import pytest_asyncio
+from aiohttp import web
 
 from proxy.x402.authorization import operation_nonce
 from tests.support.opgate import AGENT_TOKEN, SECOND_AGENT_TOKEN, Opgate, StartOpgate, problem
 from tests.support.x402_gate import REPORT, WALLET, approve_purchase, paid_policy
 from tests.support.x402_ledger import Ledger
+from tests.support.x402_minting import RESOURCE, challenge, encoded, requirement
 from tests.support.x402_server import PAYEE, PRICE, PaidApi, paid_api
+from tests.x402.test_challenge import nested
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -142,3 +146,74 @@ async def test_a_402_beyond_the_approval_is_refused_and_nothing_is_signed(
         assert why in refused["detail"]
     assert api.payment_headers_seen == []
     assert ledger.settlements == []
+
+
+BAD_402S = {
+    "no PAYMENT-REQUIRED": (None, 502, "x402_challenge_invalid"),
+    "not base64": ("%%%", 502, "x402_challenge_invalid"),
+    "deep JSON": (encoded(challenge(extensions=nested(40))), 502, "x402_challenge_invalid"),
+    # aiohttp's client refuses a header field over 8190 bytes before opgate reads it: the
+    # answer is unknown to opgate, and nothing is signed (the 16 KiB bound: test_challenge.py)
+    "oversized": ("A" * 20_000, 502, "outcome_unknown"),
+    "a huge amount": (
+        encoded(challenge(requirement(amount="9" * 90))),
+        502,
+        "x402_challenge_invalid",
+    ),
+    "an unknown scheme": (
+        encoded(challenge(requirement(scheme="stream"))),
+        403,
+        "x402_not_approved",
+    ),
+    "an unknown network": (
+        encoded(challenge(requirement(network="solana:mainnet"))),
+        403,
+        "x402_not_approved",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD_402S.keys())
+async def test_a_bad_402_is_a_problem_answer_and_nothing_is_signed(
+    start_opgate: StartOpgate, policy_dir: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """A malformed or unfitting challenge: the problem's code, no 500, nothing stored or sent."""
+    header, status, code = BAD_402S[case]
+    signatures: list[str] = []
+
+    async def crafted(request: web.Request) -> web.Response:
+        if "PAYMENT-SIGNATURE" in request.headers:
+            signatures.append(request.headers["PAYMENT-SIGNATURE"])
+        headers = {} if header is None else {"PAYMENT-REQUIRED": header}
+        return web.json_response({}, status=402, headers=headers)
+
+    app = web.Application()
+    app.router.add_get("/report", crafted)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        monkeypatch.setenv("OPGATE_SECRET_PAID_WALLET", WALLET.key.hex())
+        (policy_dir / "paid.yaml").write_text(paid_policy())
+        async with start_opgate(upstream_overrides={"paid": base}) as gate:
+            op = await approve_purchase(gate, RESOURCE)
+            got, _, body = await buy(gate, op["operation_id"])
+            assert (got, problem(body)["code"]) == (status, code)
+            assert header is None or header[:40] not in body.decode()  # never echoed
+            stored = await asyncpg_count(gate)
+    finally:
+        await runner.cleanup()
+    assert signatures == []
+    assert stored == 0
+
+
+async def asyncpg_count(gate: Opgate) -> int:
+    """How many payments opgate keeps (signed payments: none may exist after a refusal)."""
+    conn = await asyncpg.connect(gate.running.gateway.settings.database_url)
+    try:
+        count: int = await conn.fetchval("SELECT count(*) FROM x402_payments")
+        return count
+    finally:
+        await conn.close()
