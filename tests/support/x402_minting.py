@@ -34,5 +34,13 @@ def challenge(*accepts: dict[str, Any], **changes: Any) -> dict[str, Any]:
     }
 
 
+def nested(depth: int) -> Any:
+    """A JSON object ``depth`` levels deep."""
+    value: Any = "x"
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
 def encoded(document: Any) -> str:
     return base64.b64encode(json.dumps(document).encode()).decode()

@@ -13,15 +13,7 @@ from x402.schemas import PaymentRequired
 
 from proxy.x402.challenge import MAX_HEADER_BYTES, read_payment_required
 from proxy.x402.refusal import Refused, Why
-from tests.support.x402_minting import challenge, encoded, requirement
-
-
-def nested(depth: int) -> Any:
-    value: Any = "x"
-    for _ in range(depth):
-        value = {"a": value}
-    return value
-
+from tests.support.x402_minting import challenge, encoded, nested, requirement
 
 MALFORMED = {
     "not base64": "%%%not-base64%%%",

@@ -16,9 +16,8 @@ from proxy.x402.authorization import operation_nonce
 from tests.support.opgate import AGENT_TOKEN, SECOND_AGENT_TOKEN, Opgate, StartOpgate, problem
 from tests.support.x402_gate import REPORT, WALLET, approve_purchase, paid_policy
 from tests.support.x402_ledger import Ledger
-from tests.support.x402_minting import RESOURCE, challenge, encoded, requirement
+from tests.support.x402_minting import RESOURCE, challenge, encoded, nested, requirement
 from tests.support.x402_server import PAYEE, PRICE, PaidApi, paid_api
-from tests.x402.test_challenge import nested
 
 
 @pytest_asyncio.fixture(loop_scope="session")
