@@ -3,6 +3,7 @@ own resource server and exact facilitator over the in-memory token: once per ope
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -69,6 +70,16 @@ async def test_an_approved_purchase_is_paid_once_and_its_settlement_kept(
     assert settled.value == PRICE
     assert "PAYMENT-RESPONSE" in headers
     assert api.served == 1
+    conn = await asyncpg.connect(gate.running.gateway.settings.database_url)
+    try:
+        kept = await conn.fetchrow(
+            "SELECT nonce, settlement FROM x402_payments WHERE operation_id = $1",
+            op["operation_id"],
+        )
+    finally:
+        await conn.close()
+    assert kept["nonce"] == operation_nonce(op["operation_id"])
+    assert json.loads(kept["settlement"])["transaction"] == settled.tx_hash
 
 
 async def test_issue_3438_through_opgate_settles_once_whoever_retries(
