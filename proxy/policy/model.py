@@ -642,6 +642,10 @@ class Provider(Strict):
             "authorization",
             "cookie",
             "x-operation-id",
+            # an agent's own payment would pay what no approval covers (docs/x402.md): opgate
+            # pays an x402 upstream, and the legacy v1 header is not forwarded either
+            "payment-signature",
+            "x-payment",
         }
         if self.idempotency.header is not None:
             reserved.add(self.idempotency.header.lower())

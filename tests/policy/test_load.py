@@ -338,7 +338,17 @@ def test_invalid_classifications(confirmed: list[int | str], failed: list[int | 
         Classification(confirmed=confirmed, failed=failed)
 
 
-@pytest.mark.parametrize("header", ["Authorization", "host", "X-Operation-Id", "Idempotency-Key"])
+@pytest.mark.parametrize(
+    "header",
+    [
+        "Authorization",
+        "host",
+        "X-Operation-Id",
+        "Idempotency-Key",
+        "PAYMENT-SIGNATURE",
+        "X-PAYMENT",
+    ],
+)
 def test_forward_headers_cannot_pass_reserved_headers(header: str) -> None:
     """A policy cannot forward a header opgate sets or strips, e.g. the agent's own token."""
     text = HEAD + f"forward_headers: [Accept, {header}]\n" + RULES
