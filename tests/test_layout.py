@@ -26,11 +26,13 @@ MAY_IMPORT: dict[str, set[str]] = {
     "policy": {"errors", "proxy"},
     # the offline verifier runs from the wheel alone: nothing of opgate's
     "transparency": {"proxy"},
+    # x402's pure core: the protocol's parsing and signing (the SDK's), nothing of opgate's
+    "x402": {"proxy"},
     "mandates": {"policy", "proxy"},
     "observe": {"policy", "store", "transparency"} | BASE,
     # the process's shared resources: holds the gate's, read by every package that serves
     "runtime": {"gate", "observe", "policy", "store"} | BASE,
-    "gate": SERVES,
+    "gate": SERVES | {"x402"},
     # the operations listener's sign-in and answers, shared by what it serves
     "admin": {"gate"} | BASE,
     "forward": SERVES,

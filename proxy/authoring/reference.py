@@ -188,6 +188,21 @@ MEANINGS: dict[Reason, str] = {
         "already. Only a pending proposal is withdrawn, in one conditional statement, so a "
         "withdrawal never races an approval."
     ),
+    Reason.X402_CHALLENGE_INVALID: (
+        "The provider answered 402 with a PAYMENT-REQUIRED that is not a well-formed x402 v2 "
+        "challenge (base64 JSON, bounded size and depth, uint256 amounts): nothing was signed "
+        "(docs/x402.md)."
+    ),
+    Reason.X402_NOT_APPROVED: (
+        "No requirement of the provider's 402 fits the operation's approved payment terms and "
+        "the rule's networks, assets and schemes; the detail names the term each breaks. "
+        "Nothing was signed (docs/x402.md)."
+    ),
+    Reason.X402_PAYMENT_REFUSED: (
+        "The provider answered opgate's one payment for the operation with another 402. "
+        "`nonce_used: true`: the payment was settled before (paid, answer lost). opgate never "
+        "signs a second payment for the operation (docs/x402.md)."
+    ),
     Reason.PRECONDITION_FAILED: (
         "The rule's preconditions (a lookup at the provider before the send) no longer hold: "
         "the lookup's evidence is attached, nothing was sent, the row stays `created` and the "

@@ -36,7 +36,7 @@ from proxy.errors import (
     UpstreamTimeout,
     UpstreamTruncated,
 )
-from proxy.gate import upstream
+from proxy.gate import upstream, x402_pay
 from proxy.gate.bodies import BodyRejected, ParsedBody, inject, with_value
 from proxy.gate.budgets import budget_claim, budget_sum
 from proxy.gate.checks import (
@@ -478,6 +478,15 @@ async def _send_and_record(
         answered, echoes = _shown_headers(target.provider, answered, ready.credential)
         sending = sending.updated(credential_echoes=echoes)
     op = ready.claimed
+    # 6b. an upstream asking an x402 payment: paid once for the operation, the payment kept on
+    # it before it leaves (gate/x402_pay.py); a refusal is shown, the answer still classified
+    payment_refused = None
+    if op is not None and target.rule.x402 is not None and x402_pay.asks_payment(answered):
+        assert isinstance(answered, UpstreamResponse)
+        paid = await x402_pay.pay(
+            gw.store, gw.credentials, client, target.rule.x402, op, ready.outbound, answered
+        )
+        answered, payment_refused = paid.answered, paid.refusal
     if op is None:  # a read without an operation: nothing to record
         if isinstance(answered, UpstreamError):
             not_sent = LastOutcome.NOT_SENT if isinstance(answered, UpstreamNotSent) else None
@@ -500,6 +509,8 @@ async def _send_and_record(
     outcome = sending.updated(provider_answer=answered, provider_status=provider_status)
     if isinstance(classified, Unknown):
         outcome = outcome.updated(decision=Decision.ERROR, unsettled=classified.outcome)
+    if payment_refused is not None:
+        outcome = outcome.updated(refusal=payment_refused)
     recorded_as = classified.status if isinstance(classified, Settled) else op.status
     outcome = outcome.updated(status_after=recorded_as)
     sealed = _seal(progress, outcome)
@@ -762,7 +773,7 @@ def answer(outcome: RequestOutcome) -> web.Response:
     if outcome.decision == Decision.REPLAY:
         assert row is not None
         return _replay(row)
-    if outcome.provider_answer is not None:
+    if outcome.provider_answer is not None and outcome.refusal is None:
         unsettled = outcome.decision == Decision.ERROR
         return _pass_through(outcome.provider_answer, row, outcome.status_after, unsettled)
     assert outcome.refusal is not None

@@ -74,6 +74,10 @@ class Reason(StrEnum):
     # the provider's state, asked before the send (the rule's preconditions)
     PRECONDITION_FAILED = "precondition_failed"
     PRECONDITION_UNVERIFIABLE = "precondition_unverifiable"
+    # x402: the provider asked for a payment (policy rule's x402, docs/x402.md)
+    X402_CHALLENGE_INVALID = "x402_challenge_invalid"
+    X402_NOT_APPROVED = "x402_not_approved"
+    X402_PAYMENT_REFUSED = "x402_payment_refused"
     # limits
     AGENT_CONCURRENCY_EXCEEDED = "agent_concurrency_exceeded"
     RATE_LIMITED = "rate_limited"
@@ -408,6 +412,25 @@ REASONS: dict[Reason, ReasonInfo] = {
         503,
         "The rule's preconditions could not be checked with the provider",
         "Nothing was sent. Try again later with the same request.",
+    ),
+    Reason.X402_CHALLENGE_INVALID: ReasonInfo(
+        502,
+        "The provider asked for a payment in a form opgate does not read",
+        "Nothing was signed or paid. The provider's 402 was not a well-formed x402 version 2 "
+        "PAYMENT-REQUIRED; ask the operator to check the provider.",
+    ),
+    Reason.X402_NOT_APPROVED: ReasonInfo(
+        403,
+        "The provider asks for a payment the approval does not cover",
+        "Nothing was signed or paid. The detail names the term that does not fit (resource, "
+        "amount, asset, network, payee, scheme); paying otherwise needs a new approval.",
+    ),
+    Reason.X402_PAYMENT_REFUSED: ReasonInfo(
+        502,
+        "The provider refused the operation's payment",
+        "opgate sent the one payment it signed for this operation and will never sign another. "
+        "If nonce_used is true the payment was settled before: the operation was paid and its "
+        "answer lost. Ask opgate for the operation's status; do not pay it another way.",
     ),
     Reason.AGENT_CONCURRENCY_EXCEEDED: ReasonInfo(
         429,

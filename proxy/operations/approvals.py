@@ -30,7 +30,7 @@ from proxy.policy import amounts
 from proxy.policy.amounts import AmountFormat
 from proxy.policy.approved import approved_fields
 from proxy.policy.budgets import budget_problems
-from proxy.policy.model import BodyKind, OperationRequirement, Provider, Rule
+from proxy.policy.model import X402_TERMS, BodyKind, OperationRequirement, Provider, Rule
 from proxy.policy.set import PolicySet
 from proxy.store.operation import Operation, Status
 from proxy.store.store import NewOperation
@@ -143,7 +143,9 @@ def plan_operation(
     )
     if rule.currency is not None and req.amount is not None and req.currency is None:
         problems.append("an amount needs its currency")
-    unknown = sorted(set(req.params) - set(rule.params))
+    # an x402 rule's payment terms are approved params that no request carries (policy X402_TERMS)
+    terms = set(X402_TERMS) if rule.x402 is not None else set()
+    unknown = sorted(set(req.params) - set(rule.params) - terms)
     if unknown:
         problems.append(f"rule {rule.name} compares no parameters {unknown}")
     problems.extend(_param_shape_problems(rule, req.params))

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from proxy.policy import amounts
-from proxy.policy.model import BodyKind, Provider, Rule
+from proxy.policy.model import X402_TERMS, BodyKind, Provider, Rule
 
 
 def approved_fields(
@@ -23,7 +23,9 @@ def approved_fields(
     idempotency_key: str,
 ) -> dict[str, Any]:
     """Field name (form key or JSON pointer, ``*`` fields as lists) -> value, as sent."""
-    fields: dict[str, Any] = dict(params)
+    # an x402 rule's payment terms are approved, and carried by no request (model.X402_TERMS)
+    terms = X402_TERMS if rule.x402 is not None else ()
+    fields: dict[str, Any] = {name: value for name, value in params.items() if name not in terms}
     as_text = rule.body is BodyKind.FORM
     if rule.amount is not None and amount is not None:
         fmt = rule.amount_format

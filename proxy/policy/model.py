@@ -411,6 +411,31 @@ class MandateParams(Strict):
 PAYEE_IS_ACCOUNT = "account"
 
 
+class X402Payment(Strict):
+    """This call's upstream may answer 402 with x402 v2 (``PAYMENT-REQUIRED``), and opgate pays
+    it for the operation (docs/x402.md): with the wallet whose private key is the secret
+    ``wallet_secret`` (read like a provider credential's, never from a policy), by one of
+    ``schemes`` on one of ``networks`` (CAIP-2) in one of ``assets`` (token contracts). What
+    one operation may pay (resource, maximum amount, asset, network, payee) is approved per
+    operation, in its params named by ``X402_TERMS``."""
+
+    wallet_secret: Annotated[str, Field(pattern=_SECRET_NAME)]
+    schemes: Annotated[list[Literal["exact"]], Field(min_length=1)] = Field(
+        default_factory=lambda: list[Literal["exact"]](["exact"])
+    )
+    networks: Annotated[
+        list[Annotated[str, Field(pattern=r"^eip155:[1-9][0-9]{0,17}$")]], Field(min_length=1)
+    ]
+    assets: Annotated[
+        list[Annotated[str, Field(pattern=r"^0x[0-9a-fA-F]{40}$")]], Field(min_length=1)
+    ]
+
+
+# The approved params of an operation whose rule declares ``x402``: what it may pay. They are
+# terms of the payment, not fields of the request, so they are approved without being sent.
+X402_TERMS = ("x402_resource", "x402_max_amount", "x402_asset", "x402_network", "x402_pay_to")
+
+
 class Rule(Strict):
     name: Annotated[str, Field(pattern=_NAME)]
     method: Literal["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
@@ -443,6 +468,9 @@ class Rule(Strict):
     # The parameters that carry a payment mandate's payee, instrument and reference (None: a
     # mandate cannot approve this call).
     mandate: MandateParams | None = None
+    # The upstream may answer 402 with x402, which opgate pays for the operation (None: a 402
+    # is an answer like any other).
+    x402: X402Payment | None = None
 
     @field_validator("path", mode="before")
     @classmethod
@@ -476,6 +504,10 @@ class Rule(Strict):
             raise ValueError("a field is named twice among amount, currency and params")
         if self.preconditions is not None:
             self._check_preconditions(self.preconditions)
+        if self.x402 is not None and self.operation is not OperationRequirement.REQUIRED:
+            raise ValueError(
+                "x402 needs `operation: required`: a payment is approved per operation"
+            )
         return self
 
     @model_validator(mode="after")
@@ -716,6 +748,10 @@ class Provider(Strict):
             "authorization",
             "cookie",
             "x-operation-id",
+            # an agent's own payment would pay what no approval covers (docs/x402.md): opgate
+            # pays an x402 upstream, and the legacy v1 header is not forwarded either
+            "payment-signature",
+            "x-payment",
         }
         if self.idempotency.header is not None:
             reserved.add(self.idempotency.header.lower())

@@ -9,7 +9,8 @@ primary, ``replication``, whether a commit survives a failover, and the statemen
 above, one module per job: ``audit`` (the audit log's appends, checkpoints and reads),
 ``transparency`` (the Merkle tree's leaves, nodes, signed checkpoints and cosignatures),
 ``console`` (the console's sessions and pages), ``mandates`` (operations under signed mandates,
-revoked mandates) and ``metrics`` (the scrape's counts). No other package runs SQL.
+revoked mandates), ``x402`` (the one payment signed for an operation) and ``metrics`` (the
+scrape's counts). No other package runs SQL.
 
 May import: errors only. Imported by every other package.
 """

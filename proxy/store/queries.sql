@@ -1350,3 +1350,34 @@ RETURNING nonce;
 SELECT expires_at <= now() AS expired, used_for
   FROM mandate_nonces
  WHERE nonce = %(nonce)s AND tenant = %(tenant)s AND agent_id = %(agent_id)s;
+
+-- name: store_payment
+-- Keep the payment signed for a dispatched operation, before it leaves (proxy/gate/x402_pay.py).
+-- The first one kept wins: if a payment is stored already (another attempt, another replica),
+-- nothing is written and no row is returned; the caller then sends the stored one
+-- (stored_payment), never its own.
+INSERT INTO x402_payments (operation_id, header, payload_sha256, nonce, payer, pay_to, amount,
+                           asset, network, valid_before)
+SELECT operation_id, %(header)s, %(payload_sha256)s, %(nonce)s, %(payer)s, %(pay_to)s,
+       %(amount)s::numeric, %(asset)s, %(network)s, %(valid_before)s
+  FROM operations
+ WHERE operation_id = %(operation_id)s
+   AND status = 'dispatched'
+ON CONFLICT (operation_id) DO NOTHING
+RETURNING header;
+
+-- name: stored_payment
+-- The payment stored for an operation, if any: its header, and its settlement once read.
+SELECT header, payload_sha256, nonce, pay_to, amount::text AS amount, asset, network,
+       valid_before, settlement
+  FROM x402_payments
+ WHERE operation_id = %(operation_id)s;
+
+-- name: record_payment_settlement
+-- The upstream's PAYMENT-RESPONSE for the stored payment, kept once: a later answer (a replay
+-- of the same settlement) does not overwrite the first. Returns the operation id if written.
+UPDATE x402_payments
+   SET settlement = %(settlement)s::jsonb, settled_at = now()
+ WHERE operation_id = %(operation_id)s
+   AND settled_at IS NULL
+RETURNING operation_id;

@@ -338,7 +338,17 @@ def test_invalid_classifications(confirmed: list[int | str], failed: list[int | 
         Classification(confirmed=confirmed, failed=failed)
 
 
-@pytest.mark.parametrize("header", ["Authorization", "host", "X-Operation-Id", "Idempotency-Key"])
+@pytest.mark.parametrize(
+    "header",
+    [
+        "Authorization",
+        "host",
+        "X-Operation-Id",
+        "Idempotency-Key",
+        "PAYMENT-SIGNATURE",
+        "X-PAYMENT",
+    ],
+)
 def test_forward_headers_cannot_pass_reserved_headers(header: str) -> None:
     """A policy cannot forward a header opgate sets or strips, e.g. the agent's own token."""
     text = HEAD + f"forward_headers: [Accept, {header}]\n" + RULES
@@ -366,3 +376,44 @@ def test_the_shipped_stripe_policy_names_its_dashboard_search() -> None:
     stripe = load_policy_dir(POLICIES).provider_named("stripe")
     assert stripe is not None
     assert stripe.dashboard_search_url == "https://dashboard.stripe.com/search?query={operation_id}"
+
+
+X402_RULE = """\
+rules:
+  - name: report.buy
+    method: GET
+    path: /report
+    body: none
+    operation: {operation}
+    x402:
+      wallet_secret: paid_wallet
+      networks: [{network}]
+      assets: ["0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"]
+"""
+
+
+def test_an_x402_rule_loads_with_its_networks_and_assets() -> None:
+    """A rule's x402 declaration loads, with ``exact`` as its default scheme."""
+    text = HEAD + X402_RULE.format(operation="required", network='"eip155:8453"')
+    provider, problems = parse_policy_text(text, "pay.yaml")
+    assert problems == []
+    assert provider is not None
+    terms = provider.rules[0].x402
+    assert terms is not None
+    assert (terms.schemes, terms.networks) == (["exact"], ["eip155:8453"])
+
+
+@pytest.mark.parametrize(
+    ("operation", "network", "words"),
+    [
+        pytest.param("none", '"eip155:8453"', "x402 needs `operation: required`", id="no-op"),
+        pytest.param("required", '"solana:mainnet"', "eip155", id="not-caip2-evm"),
+        pytest.param("required", '"eip155:0"', "eip155", id="chain-zero"),
+    ],
+)
+def test_an_x402_rule_without_an_operation_or_with_a_foreign_network_is_refused(
+    operation: str, network: str, words: str
+) -> None:
+    """x402 is approved per operation, and only EVM networks (CAIP-2 eip155) are paid."""
+    problems = problems_of(HEAD + X402_RULE.format(operation=operation, network=network))
+    assert any(words in problem for problem in problems), problems

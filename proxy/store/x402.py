@@ -1,0 +1,91 @@
+"""The one payment opgate signed for an operation (queries.sql ``store_payment``,
+``stored_payment``, ``record_payment_settlement``; migration x402): kept before it leaves, read
+back by every later attempt, and its settlement kept once."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.store import queries
+from proxy.store.store import Store
+
+
+@dataclass(frozen=True, slots=True)
+class SignedPayment:
+    """A payment to keep for an operation: its header and what it pays, for evidence."""
+
+    header: str
+    payload_sha256: str
+    nonce: str
+    payer: str
+    pay_to: str
+    amount: int
+    asset: str
+    network: str
+    valid_before: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredPayment:
+    """The payment kept for an operation, and the settlement read for it (None: not yet)."""
+
+    header: str
+    payload_sha256: str
+    nonce: str
+    settlement: dict[str, Any] | None
+
+
+class X402Payments:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    async def stored(self, operation_id: str) -> StoredPayment | None:
+        record = await self._store._run(
+            lambda conn: queries.fetchrow(conn, "stored_payment", operation_id=operation_id)
+        )
+        if record is None:
+            return None
+        settlement = record["settlement"]
+        return StoredPayment(
+            record["header"],
+            record["payload_sha256"],
+            record["nonce"],
+            json.loads(settlement) if isinstance(settlement, str) else settlement,
+        )
+
+    async def keep(self, operation_id: str, payment: SignedPayment) -> StoredPayment | None:
+        """The payment to send: ``payment`` if it is now the operation's, else the one kept
+        before it; None if the operation is not dispatched and has none."""
+        header = await self._store._run(
+            lambda conn: queries.fetchval(
+                conn,
+                "store_payment",
+                operation_id=operation_id,
+                header=payment.header,
+                payload_sha256=payment.payload_sha256,
+                nonce=payment.nonce,
+                payer=payment.payer,
+                pay_to=payment.pay_to,
+                amount=str(payment.amount),
+                asset=payment.asset,
+                network=payment.network,
+                valid_before=payment.valid_before,
+            )
+        )
+        if header is not None:
+            return StoredPayment(header, payment.payload_sha256, payment.nonce, None)
+        return await self.stored(operation_id)
+
+    async def record_settlement(self, operation_id: str, settlement: dict[str, Any]) -> bool:
+        """Keep the settlement read for the operation's payment (False: one was kept already)."""
+        written = await self._store._run(
+            lambda conn: queries.fetchval(
+                conn,
+                "record_payment_settlement",
+                operation_id=operation_id,
+                settlement=json.dumps(settlement),
+            )
+        )
+        return written is not None

@@ -1,0 +1,61 @@
+"""opgate in front of the SDK's paid API (x402_server): the policy, the wallet's secret and an
+approval naming the payment's terms."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+from eth_account import Account
+
+from tests.support.opgate import Opgate
+from tests.support.x402_ledger import NETWORK, TOKEN
+from tests.support.x402_server import PAYEE, PRICE
+
+WALLET = Account.from_key("0x" + "4f" * 32)  # opgate's wallet in the tests; agents hold no key
+REPORT = "/paid/report"
+
+
+def paid_policy(*, deduplicates: bool = False) -> str:
+    """The paid API's policy; ``deduplicates``: opgate may re-send an operation whose outcome
+    is unknown (the paid API keeps no keys: the re-send is where a second payment could come)."""
+    dedup = "true, retention_seconds: 86400" if deduplicates else "false"
+    return textwrap.dedent(f"""\
+        version: 1
+        provider: paid
+        route_prefix: /paid
+        upstream: http://127.0.0.1:9
+        idempotency: {{header: Idempotency-Key, provider_deduplicates: {dedup}}}
+        classify: {{confirmed: [2xx], failed: [404]}}
+        rules:
+          - name: report.buy
+            method: GET
+            path: /report
+            body: none
+            x402:
+              wallet_secret: paid_wallet
+              networks: ["{NETWORK}"]
+              assets: ["{TOKEN}"]
+        """)
+
+
+def terms(resource: str, **changes: str) -> dict[str, str]:
+    """The payment terms an approval names (policy X402_TERMS)."""
+    return {
+        "x402_resource": resource,
+        "x402_max_amount": str(PRICE),
+        "x402_asset": TOKEN,
+        "x402_network": NETWORK,
+        "x402_pay_to": PAYEE,
+        **changes,
+    }
+
+
+async def approve_purchase(gate: Opgate, resource: str, **changes: str) -> dict[str, Any]:
+    return await gate.approve(
+        provider="paid",
+        action="report.buy",
+        amount=None,
+        currency=None,
+        params=terms(resource, **changes),
+    )

@@ -1,0 +1,147 @@
+"""A paid API made of the official x402 SDK's server side: its ``x402HTTPResourceServer`` core
+(the one its FastAPI and Flask middleware wrap), wrapped here in an aiohttp application on
+loopback, over the SDK's ``exact`` EVM facilitator and the in-memory token (x402_ledger). It
+verifies, runs the handler, settles, then answers, as the SDK's middleware does; and it can
+lose an answer after settlement (``lose_answers``), the failure of x402 issue #3438.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from x402 import x402Facilitator, x402ResourceServer
+from x402.http import x402HTTPResourceServer
+from x402.http.types import HTTPRequestContext, PaymentOption, RouteConfig
+from x402.mechanisms.evm.exact import register_exact_evm_facilitator, register_exact_evm_server
+from x402.schemas import AssetAmount
+
+from tests.support.x402_ledger import NETWORK, TOKEN, TOKEN_NAME, TOKEN_VERSION, Ledger
+
+PRICE = 10_000  # 0.01 USDC
+PAYEE = "0x209693Bc6afc0C5328bA36FaF03C514EF312287C"
+
+
+@dataclass
+class PaidApi:
+    """The running paid API: its base URL, its knobs, and what its handler served."""
+
+    ledger: Ledger
+    pay_to: str = PAYEE
+    lose_answers: int = 0  # answers still to lose after settling
+    next_pay_to: str | None = None  # the payee after the next unpaid 402 (a swap)
+    served: int = 0
+    base: str = ""
+    payment_headers_seen: list[str] = field(default_factory=list)
+
+
+class _Adapter:
+    """The SDK's HTTPAdapter over an aiohttp request."""
+
+    def __init__(self, request: web.Request) -> None:
+        self._request = request
+
+    def get_header(self, name: str) -> str | None:
+        return self._request.headers.get(name)
+
+    def get_method(self) -> str:
+        return self._request.method
+
+    def get_path(self) -> str:
+        return self._request.path
+
+    def get_url(self) -> str:
+        return str(self._request.url)
+
+    def get_accept_header(self) -> str:
+        return self._request.headers.get("Accept", "")
+
+    def get_user_agent(self) -> str:
+        return self._request.headers.get("User-Agent", "")
+
+    def get_query_params(self) -> dict[str, str | list[str]]:
+        return dict(self._request.query)
+
+    def get_query_param(self, name: str) -> str | None:
+        return self._request.query.get(name)
+
+    def get_body(self) -> Any:
+        return None
+
+
+def _json(body: Any, status: int, headers: dict[str, str]) -> web.Response:
+    """The SDK's response instructions as an aiohttp answer (its headers name a Content-Type)."""
+    kept = {k: v for k, v in headers.items() if k.lower() != "content-type"}
+    return web.json_response(body or {}, status=status, headers=kept)
+
+
+@asynccontextmanager
+async def paid_api(ledger: Ledger) -> AsyncIterator[PaidApi]:
+    """The paid API on a loopback port, stopped on exit."""
+    state = PaidApi(ledger)
+    facilitator = register_exact_evm_facilitator(x402Facilitator(), ledger, networks=NETWORK)
+    server = register_exact_evm_server(x402ResourceServer(facilitator), networks=NETWORK)
+    option = PaymentOption(
+        scheme="exact",
+        pay_to=lambda _context: state.pay_to,
+        price=AssetAmount(
+            amount=str(PRICE),
+            asset=TOKEN,
+            extra={"name": TOKEN_NAME, "version": TOKEN_VERSION},
+        ),
+        network=NETWORK,
+        max_timeout_seconds=300,
+    )
+    routes = {"GET /report": RouteConfig(accepts=option, description="a paid report")}
+    http_server = x402HTTPResourceServer(server, routes)
+    http_server.initialize()
+
+    async def report(request: web.Request) -> web.StreamResponse:
+        header = request.headers.get("PAYMENT-SIGNATURE")
+        if header is not None:
+            state.payment_headers_seen.append(header)
+        context = HTTPRequestContext(
+            adapter=_Adapter(request),
+            path=request.path,
+            method=request.method,
+            payment_header=header,
+        )
+        result = await http_server.process_http_request(context)
+        if result.type == "payment-error":
+            assert result.response is not None
+            if header is None and state.next_pay_to is not None:
+                state.pay_to, state.next_pay_to = state.next_pay_to, None
+            return _json(result.response.body, result.response.status, result.response.headers)
+        assert result.type == "payment-verified"
+        state.served += 1  # the handler ran
+        settled = await http_server.process_settlement(
+            result.payment_payload,
+            result.payment_requirements,
+            context=context,
+            declared_extensions=result.declared_extensions,
+        )
+        if not settled.success:
+            assert settled.response is not None
+            return _json(settled.response.body, settled.response.status, settled.response.headers)
+        if state.lose_answers > 0:  # paid, and the answer never reaches the client
+            state.lose_answers -= 1
+            assert request.transport is not None
+            request.transport.abort()
+            return web.Response()
+        return web.json_response({"report": "ok"}, headers=settled.headers)
+
+    app = web.Application()
+    app.router.add_get("/report", report)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    state.base = f"http://127.0.0.1:{port}"
+    try:
+        yield state
+    finally:
+        await runner.cleanup()
