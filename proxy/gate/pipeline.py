@@ -474,12 +474,10 @@ async def _send_and_record(
         answered: UpstreamResponse | UpstreamError = await upstream.send(client, ready.outbound)
     except UpstreamError as exc:
         answered = exc
-    if isinstance(answered, UpstreamResponse):  # only what the agent may see is kept
-        answered, echoes = _shown_headers(target.provider, answered, ready.credential)
-        sending = sending.updated(credential_echoes=echoes)
     op = ready.claimed
     # 6b. an upstream asking an x402 payment: paid once for the operation, the payment kept on
-    # it before it leaves (gate/x402_pay.py); a refusal is shown, the answer still classified
+    # it before it leaves (gate/x402_pay.py); a refusal is shown, the answer still classified.
+    # Before the headers are filtered: the payment is negotiated in headers the agent may not see.
     payment_refused = None
     if op is not None and target.rule.x402 is not None and x402_pay.asks_payment(answered):
         assert isinstance(answered, UpstreamResponse)
@@ -487,6 +485,9 @@ async def _send_and_record(
             gw.store, gw.credentials, client, target.rule.x402, op, ready.outbound, answered
         )
         answered, payment_refused = paid.answered, paid.refusal
+    if isinstance(answered, UpstreamResponse):  # only what the agent may see is kept
+        answered, echoes = _shown_headers(target.provider, answered, ready.credential)
+        sending = sending.updated(credential_echoes=echoes)
     if op is None:  # a read without an operation: nothing to record
         if isinstance(answered, UpstreamError):
             not_sent = LastOutcome.NOT_SENT if isinstance(answered, UpstreamNotSent) else None

@@ -606,6 +606,7 @@ DEFAULT_RESPONSE_HEADERS = (
     "Last-Modified",
     "Link",
     "Location",
+    "Payment-Response",  # x402: the settlement of the payment opgate made (docs/x402.md)
     "RateLimit",
     "RateLimit-*",
     "Request-Id",
