@@ -136,6 +136,26 @@ def _claim_arguments(
 
 
 @dataclass(frozen=True)
+class ApprovalKeyScope:
+    """An application's Idempotency-Key on ``POST /v1/operations`` and whose it is: the
+    tenant the approval is for and the caller (migration 0024)."""
+
+    tenant: str
+    caller: str
+    request_key: str
+
+
+@dataclass(frozen=True)
+class ApprovalKeyRecord:
+    operation_id: str
+    fingerprint: str
+
+
+def _key_values(key: ApprovalKeyScope) -> dict[str, str]:
+    return {"tenant": key.tenant, "caller": key.caller, "request_key": key.request_key}
+
+
+@dataclass(frozen=True)
 class TimelineSeen:
     """What a connection saw of the primary's timeline (queries.sql ``timeline_seen``)."""
 
@@ -265,6 +285,40 @@ class Store:
 
     async def _create(self, new: NewOperation, actor: str) -> Operation | None:
         return await self._one("create_operation", **operation_values(new), actor=actor)
+
+    async def create_keyed(
+        self, new: NewOperation, actor: str, key: ApprovalKeyScope, fingerprint: str
+    ) -> Operation | None:
+        """The created row, stored with the application's Idempotency-Key (queries.sql
+        ``create_operation_keyed``); None if the key or ``operation_id`` is taken already (a
+        twin that raced for the key included): :meth:`approval_key` tells which."""
+        if key.tenant != new.tenant:
+            raise ValueError("an approval's key is scoped to the approval's own tenant")
+        try:
+            return await self._one(
+                "create_operation_keyed",
+                **operation_values(new),  # its tenant is the key's too
+                actor=actor,
+                caller=key.caller,
+                request_key=key.request_key,
+                fingerprint=fingerprint,
+            )
+        except asyncpg.exceptions.UniqueViolationError as exc:
+            if exc.constraint_name == "approval_keys_pkey":
+                return None
+            if exc.constraint_name == "operations_provider_key_unique":
+                raise IdempotencyKeyInUse(new.idempotency_key) from exc
+            raise AlreadySuperseded(str(new.supersedes)) from exc
+
+    async def approval_key(self, key: ApprovalKeyScope) -> ApprovalKeyRecord | None:
+        """What the application's Idempotency-Key made: its operation and its approval's
+        fingerprint; None if the key is unused."""
+        record = await self._run(
+            lambda conn: queries.fetchrow(conn, "approval_key", **_key_values(key))
+        )
+        if record is None:
+            return None
+        return ApprovalKeyRecord(record["operation_id"], record["fingerprint"])
 
     async def claim(
         self,
