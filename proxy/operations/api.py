@@ -423,11 +423,12 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     try:
-        await gateway.store.ping()
-        # a commit, acknowledged as a claim's must be (a read said 200 while claims hung)
-        replication = await gateway.store.durability(
+        # a commit, acknowledged as a claim's must be (a read said 200 while claims hung), on
+        # readiness's own connection within its budget, whatever holds the pool
+        replication = await gateway.store.readiness(
             accept_async=gateway.settings.accept_async_replication,
             commit_timeout_seconds=gateway.settings.readiness_commit_timeout_seconds,
+            budget_seconds=gateway.settings.readiness_budget_seconds,
         )
     except StoreUnavailable as exc:
         return web.json_response({"status": "unavailable", "detail": str(exc)}, status=503)

@@ -22,6 +22,7 @@ from proxy.store.connections import Connections
 from proxy.store.faults import is_unavailable
 from proxy.store.operation import Operation, Status
 from proxy.store.proposal import PendingProposals, Proposal
+from proxy.store.readiness import ReadinessConnection
 from proxy.store.replication import ReplicationFacts, Verdict, facts_from_row, judge
 
 T = TypeVar("T")
@@ -199,8 +200,11 @@ async def _reset_connection(conn: asyncpg.Connection) -> None:
 
 
 class Store:
-    def __init__(self, pool: asyncpg.Pool, acquire_timeout: float) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, acquire_timeout: float, readiness: ReadinessConnection
+    ) -> None:
         self._connections = Connections(pool, acquire_timeout)  # every call's connection
+        self._readiness = readiness  # /readyz's own, outside the pool
 
     @classmethod
     async def open(
@@ -235,9 +239,20 @@ class Store:
             if is_unavailable(exc, connecting=True):
                 raise StoreUnavailable(f"cannot open the pool: {exc}") from exc
             raise
-        return cls(pool, acquire_timeout)
+
+        async def connect_for_readiness() -> asyncpg.Connection:
+            conn: asyncpg.Connection = await asyncpg.connect(
+                dsn,
+                command_timeout=statement_timeout_ms / 1000,
+                server_settings={**settings, "application_name": "opgate-readiness"},
+                statement_cache_size=statement_cache_size,
+            )
+            return conn
+
+        return cls(pool, acquire_timeout, ReadinessConnection(connect_for_readiness))
 
     async def close(self) -> None:
+        self._readiness.drop()
         await self._connections.close()
 
     async def run(self, call: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
@@ -839,19 +854,53 @@ class Store:
             lambda conn: queries.fetchval(conn, "commit_heartbeat", timeout=timeout_seconds)
         )
 
-    async def durability(self, *, accept_async: bool, commit_timeout_seconds: float) -> Verdict:
+    async def readiness(
+        self, *, accept_async: bool, commit_timeout_seconds: float, budget_seconds: float
+    ) -> Verdict:
         """Whether a claim's commit survives a failover here (proxy/store/replication.py), once
-        a heartbeat commit has been acknowledged; StoreUnavailable if it was not within the
-        timeout (no synchronous standby to acknowledge it: every claim would hang)."""
-        verdict = judge(await self.replication_facts(), accept_async=accept_async)
+        a heartbeat commit has been acknowledged, checked on readiness's own connection
+        (proxy/store/readiness.py) within ``budget_seconds`` in all. StoreUnavailable if the
+        database is a standby, the commit was not acknowledged within
+        ``commit_timeout_seconds`` (no synchronous standby to acknowledge it: every claim
+        would hang), or the whole check did not end within the budget."""
+
+        async def check(conn: asyncpg.Connection) -> Verdict:
+            if await queries.fetchval(conn, "ping"):
+                raise StoreUnavailable(
+                    "the database is a standby or read-only; opgate writes only to the primary"
+                )
+            row = await queries.fetchrow(conn, "replication_state")
+            assert row is not None  # one row always
+            verdict = judge(
+                facts_from_row(
+                    row["in_recovery"],
+                    row["standby_names"],
+                    row["synchronous_commit"],
+                    row["standbys"],
+                ),
+                accept_async=accept_async,
+            )
+            timeout = min(commit_timeout_seconds, budget_seconds)
+            try:
+                await queries.fetchval(conn, "commit_heartbeat", timeout=timeout)
+            except TimeoutError as exc:  # the statement's own timeout, not the budget's
+                raise StoreUnavailable(
+                    f"a commit was not acknowledged within {timeout:g} s ({verdict.note})"
+                ) from exc
+            return verdict
+
         try:
-            await self.commit_heartbeat(commit_timeout_seconds)
-        except StoreUnavailable as exc:
+            return await self._readiness.run(check, budget_seconds)
+        except StoreUnavailable:
+            raise
+        except TimeoutError as exc:
             raise StoreUnavailable(
-                f"a commit was not acknowledged within {commit_timeout_seconds:g} s "
-                f"({verdict.note})"
+                f"the database did not answer within readiness's {budget_seconds:g} s"
             ) from exc
-        return verdict
+        except Exception as exc:
+            if is_unavailable(exc, connecting=True):
+                raise StoreUnavailable(str(exc) or type(exc).__name__) from exc
+            raise
 
     async def ping(self) -> None:
         """Raises StoreUnavailable unless the database answers as a writable primary. A
