@@ -360,6 +360,12 @@ class Settings(BaseSettings):
         "measured risk).",
     )
     # A heartbeat not acknowledged in time: claims would hang as long.
+    replication_check_seconds: Annotated[float, Field(gt=0, le=3600)] = Field(
+        1.0,
+        description="How often each process judges the database's replication again while "
+        "running: made asynchronous (and `accept_async_replication` not set), claims are "
+        "refused (503, nothing sent) and `/readyz` is 503 until it is synchronous again.",
+    )
     readiness_budget_seconds: Annotated[float, Field(gt=0, le=60)] = Field(
         0.8,
         description="`/readyz` answers within this, whatever holds the pool: it checks on a "

@@ -205,6 +205,9 @@ class Store:
     ) -> None:
         self._connections = Connections(pool, acquire_timeout)  # every call's connection
         self._readiness = readiness  # /readyz's own, outside the pool
+        # Why claims are refused now (replication judged asynchronous at run time, not
+        # accepted: proxy/store/replication.py), or None; set by each judgement.
+        self._claims_refused: str | None = None
 
     @classmethod
     async def open(
@@ -352,6 +355,7 @@ class Store:
         (queries.sql ``claim_operation``). ``unchanged_since``: the row's ``updated_at`` as a
         precondition lookup saw it; the claim then needs it unchanged. ``actor``: the claim
         event's (default: the owner)."""
+        self._refuse_while_not_durable()
         return await self._one(
             "claim_operation",
             **_claim_arguments(
@@ -385,6 +389,7 @@ class Store:
         and claims only if ``admit`` (pure: the gate's decision) accepts those sums. Claims on
         the same budget, from any number of processes, are serialised: together they can never
         spend more than ``admit`` allows."""
+        self._refuse_while_not_durable()
 
         async def claim_under_locks(conn: asyncpg.Connection) -> BudgetedClaim:
             async with conn.transaction():
@@ -890,7 +895,7 @@ class Store:
             return verdict
 
         try:
-            return await self._readiness.run(check, budget_seconds)
+            return self._judged(await self._readiness.run(check, budget_seconds))
         except StoreUnavailable:
             raise
         except TimeoutError as exc:
@@ -901,6 +906,40 @@ class Store:
             if is_unavailable(exc, connecting=True):
                 raise StoreUnavailable(str(exc) or type(exc).__name__) from exc
             raise
+
+    async def judge_replication(self, *, accept_async: bool, budget_seconds: float) -> Verdict:
+        """The replication judged now (proxy/store/replication.py), on readiness's connection
+        within ``budget_seconds``: claims are refused while the verdict says so, taken again
+        once it no longer does. StoreUnavailable if the database did not answer (the verdict
+        before stands)."""
+
+        async def facts(conn: asyncpg.Connection) -> ReplicationFacts:
+            row = await queries.fetchrow(conn, "replication_state")
+            assert row is not None  # one row always
+            return facts_from_row(
+                row["in_recovery"], row["standby_names"], row["synchronous_commit"], row["standbys"]
+            )
+
+        try:
+            read = await self._readiness.run(facts, budget_seconds)
+        except TimeoutError as exc:
+            raise StoreUnavailable(f"no answer within {budget_seconds:g} s") from exc
+        except Exception as exc:
+            if is_unavailable(exc, connecting=True):
+                raise StoreUnavailable(str(exc) or type(exc).__name__) from exc
+            raise
+        return self._judged(judge(read, accept_async=accept_async))
+
+    def _judged(self, verdict: Verdict) -> Verdict:
+        self._claims_refused = verdict.note if verdict.refuses_claims else None
+        return verdict
+
+    def _refuse_while_not_durable(self) -> None:
+        """StoreUnavailable (nothing sent) while replication is judged not durable enough to
+        claim (proxy/store/replication.py): before the claim, so none is made."""
+        refused = self._claims_refused
+        if refused is not None:
+            raise StoreUnavailable(f"claims are refused: {refused}")
 
     async def ping(self) -> None:
         """Raises StoreUnavailable unless the database answers as a writable primary. A
