@@ -393,6 +393,10 @@ SELECT t.*, now() AS read_at FROM taken t;
 -- A created row in doubt after a timeline switch (lookup_before_send) is settled the same way
 -- when the lookup finds its effect (claim_reconcile_one in_doubt): it was sent on the lost
 -- timeline.
+-- unchanged_since, when given: the row's updated_at as the lease was taken (the version the
+-- lookup judged). A settle on absence ("no effect") needs it: a cut-off claim released as
+-- never sent meanwhile (release_unknown, proxy/gate/cutoff.py) moved it, and the stale
+-- absence would burn an approval that nothing used (measured: 14 of 42 cut-off claims).
 WITH settled AS (
     UPDATE operations
        SET status = %(status)s, last_outcome = %(status)s, settled_reason = %(reason)s,
@@ -406,6 +410,7 @@ WITH settled AS (
        AND (status = 'dispatched' OR (status = 'created' AND lookup_before_send IS NOT NULL))
        AND reconcile_lease_until > now() AND attempts = %(expected_attempts)s
        AND opgate_lease_free(lease_until)
+       AND (%(unchanged_since)s::timestamptz IS NULL OR updated_at = %(unchanged_since)s)
     RETURNING *
 ), notification AS (
     INSERT INTO escalation_notifications (operation_id, kind)

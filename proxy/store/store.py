@@ -571,7 +571,11 @@ class Store:
         evidence: dict[str, Any],
         *,
         expected_attempts: int,
+        unchanged_since: datetime | None = None,
     ) -> Operation | None:
+        """dispatched -> confirmed | failed by the reconciliation lease's holder (queries.sql
+        ``settle_reconciled``); ``unchanged_since``: the row's ``updated_at`` as the lease was
+        taken, which it must still have. None: stale (a conflict to explain)."""
         return await self._one(
             "settle_reconciled",
             operation_id=operation_id,
@@ -584,6 +588,7 @@ class Store:
             body=answer.body if answer else None,
             evidence=_jsonb(evidence),
             expected_attempts=expected_attempts,
+            unchanged_since=unchanged_since,
         )
 
     async def reconcile_inconclusive(
