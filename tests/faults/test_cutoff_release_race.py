@@ -1,19 +1,25 @@
-"""A cut-off claim's release and the reconciler's settle cannot race (proxy/gate/cutoff.py,
-proxy/recovery/reconcile.py): a reconciler that took its lease before the release, and whose
-lookup then found nothing, must not settle ``failed`` a row that was released meanwhile as
-never sent; the approval is not burned. Driven statement by statement against PostgreSQL in
-the order a synchronous standby's return produced it (measured: 14 of 42 cut-off claims
-burned, settled 14-30 ms after their release)."""
+"""Cut-off claims after a synchronous standby's outage (proxy/gate/cutoff.py): a release and
+the reconciler's settle cannot race (a reconciler that took its lease before the release, and
+whose lookup then found nothing, must not settle ``failed`` a row released meanwhile as never
+sent: measured, 14 of 42 cut-off claims burned, settled 14-30 ms after their release); the
+releases of many cut-off claims are under way together; and a retried release that finds
+nothing is not logged as "never committed". The race is driven statement by statement against
+PostgreSQL in the order the standby's return produced it."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest_asyncio
+import structlog
 
+from proxy.errors import StoreUnavailable
+from proxy.gate.cutoff import CutOffClaim, CutOffClaims, claim_owner
 from proxy.store.operation import Status
 from proxy.store.store import NewOperation, Store
+from tests.support.polling import until
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -75,3 +81,52 @@ async def test_a_settle_read_before_the_release_does_not_burn_the_approval(
     row = await store.load("op_race_1")
     assert row is not None
     assert (row.status, row.last_outcome) == (Status.DISPATCHED, "not_sent")
+
+
+async def test_cut_off_claims_are_released_together_not_one_timeout_each() -> None:
+    """Many claims cut off at once: their releases are all under way together (each would wait
+    a whole statement timeout on a store that hangs), not one after the other."""
+    count = 8
+    started: list[CutOffClaim] = []
+    all_started = asyncio.Event()
+
+    async def release(claim: CutOffClaim) -> bool:
+        started.append(claim)
+        if len(started) == count:
+            all_started.set()
+        async with asyncio.timeout(5):  # a statement timeout: one after the other never ends
+            await all_started.wait()
+        return True
+
+    claims = CutOffClaims()
+    try:
+        for index in range(count):
+            claims.remember(CutOffClaim(f"op_many_{index}", 1, claim_owner("gw")), release)
+        await until(lambda: claims.pending == 0, "every cut-off claim released", seconds=10)
+    finally:
+        await claims.close()
+    assert len(started) == count
+
+
+async def test_a_retried_release_that_finds_nothing_does_not_say_never_committed() -> None:
+    """A release tried again after an unanswered try (it may have committed) that finds
+    nothing is logged as such, never as 'never committed'."""
+    tries = 0
+
+    async def release(claim: CutOffClaim) -> bool:
+        nonlocal tries
+        tries += 1
+        if tries == 1:
+            raise StoreUnavailable("the answer to the release was lost")
+        return False
+
+    claims = CutOffClaims()
+    with structlog.testing.capture_logs() as logged:
+        try:
+            claims.remember(CutOffClaim("op_retried", 1, claim_owner("gw")), release)
+            await until(lambda: claims.pending == 0, "the retried release done")
+        finally:
+            await claims.close()
+    events = [line["event"] for line in logged]
+    assert "claim_cut_off_never_committed" not in events, events
+    assert "claim_cut_off_release_unconfirmed" in events, events
