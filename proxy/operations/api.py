@@ -268,6 +268,8 @@ async def create_operation(request: web.Request) -> web.Response:
     except IdempotencyKeyInUse:
         # A concurrent create of this same approval can trip the key's unique index before the
         # id's ON CONFLICT: that is a repeat, answered with the row like any other repeat.
+        if key is not None and (repeat := await _keyed_repeat(gateway, key, fingerprint)):
+            return repeat  # its twin under the same Idempotency-Key, committed first
         existing = await gateway.store.load(planned.operation_id)
         if existing is not None and same_approval(planned, existing.to_public()):
             return web.json_response(existing.to_public(), status=200)

@@ -91,6 +91,18 @@ async def test_concurrent_twins_under_one_key_make_one_operation(
     assert await count("key-twins") == 1
 
 
+async def test_twins_naming_their_provider_key_make_one_operation(
+    fault_gate: Opgate, count: Count
+) -> None:
+    """Simultaneous posts under one Idempotency-Key that also name the provider's key (whose
+    unique index can trip first): all answer the one operation."""
+    body = {**REFUND_APPROVAL, "approval_ref": "key-twins-pk", "idempotency_key": "pk-twins-1"}
+    answers = await asyncio.gather(*(_post(fault_gate, body, '"k-twins-pk"') for _ in range(8)))
+    assert sorted(status for status, _ in answers) == [200] * 7 + [201], answers
+    assert len({row["operation_id"] for _, row in answers}) == 1
+    assert await count("key-twins-pk") == 1
+
+
 @pytest.mark.parametrize(
     ("scenario", "values"),
     [
