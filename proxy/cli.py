@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -13,7 +14,7 @@ from proxy.authoring.commands import add_policy_commands
 from proxy.observe.auditlog.cli import add_audit_commands
 from proxy.observe.logs import configure_logging
 from proxy.operations.cli import add_ops_commands, run_ops
-from proxy.proposals.cli import add_proposal_commands
+from proxy.proposals.cli import add_proposal_commands, run_proposals
 from proxy.settings import InvalidSettings
 
 
@@ -110,15 +111,13 @@ def _parser() -> argparse.ArgumentParser:
     mcp.set_defaults(handler=_mcp)
 
     ops = add_ops_commands(commands)
-    ops.add_argument(
-        "--dev",
-        action="store_true",
-        help="use the admin token `opgate serve --dev` generated (<data_dir>/dev-credentials.json)",
-    )
-    ops.add_argument("--data-dir", type=Path, help="--dev's data directory (default: data_dir)")
-    ops.set_defaults(handler=_ops)
-    add_proposal_commands(commands)  # proposals list, approve, decline
-    add_audit_commands(commands)  # audit verify, show, export: proxy/observe/auditlog/cli.py
+    _operator_flags(ops)
+    ops.set_defaults(handler=_operator(run_ops, "opgate ops"))
+    proposals = add_proposal_commands(commands)  # proposals list, approve, decline
+    _operator_flags(proposals)
+    proposals.set_defaults(handler=_operator(run_proposals, "opgate proposals"))
+    # audit verify, show, export: proxy/observe/auditlog/cli.py
+    add_audit_commands(commands, _dev_audit_log)
 
     policy = commands.add_parser("policy", help="policy tools")
     policy_commands = policy.add_subparsers()
@@ -151,36 +150,88 @@ def _settings(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> 
     return load_settings(flags)
 
 
-def _ops(args: argparse.Namespace) -> int:
-    """``opgate ops``; with ``--dev``, as the admin of an ``opgate serve --dev``."""
-    if args.dev:
-        from proxy.devmode import dev_credentials_file, stored_dev_credentials
+def _operator_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dev",
+        action="store_true",
+        help="as the admin of an `opgate serve --dev`: its token and its operations API "
+        "(<data_dir>/dev-credentials.json, dev-instance.json)",
+    )
+    parser.add_argument("--data-dir", type=Path, help="--dev's data directory (default: data_dir)")
+
+
+def _operator(
+    run: Callable[[argparse.Namespace], int], command: str
+) -> Callable[[argparse.Namespace], int]:
+    """A client of the operations API (``opgate ops``, ``opgate proposals``), calling it where
+    the server listens: ``--url``, else ``OPGATE_OPS_URL``, else (``--dev``) where the dev
+    instance recorded it listens, else the ``ops_listen`` setting the server reads (its
+    variable, or the config file). With ``--dev``, as the dev instance's admin."""
+
+    def handler(args: argparse.Namespace) -> int:
+        from proxy.devmode import NoDevInstance, operator_view
         from proxy.settings import load_settings
 
-        data_dir = load_settings({"data_dir": args.data_dir}).data_dir
-        creds = stored_dev_credentials(data_dir)
-        if creds is None:
-            print(
-                f"opgate ops: no dev credentials in {dev_credentials_file(data_dir)}: "
-                "start `opgate serve --dev` first (or give --token)",
-                file=sys.stderr,
-            )
-            return 2
-        args.token = creds["admin_token"]
-    return run_ops(args)
+        settings = load_settings({"data_dir": args.data_dir})
+        listen = settings.ops_listen
+        if args.dev:
+            try:
+                creds, instance = operator_view(settings.data_dir)
+            except NoDevInstance as exc:
+                print(f"{command}: {exc} (or give --token)", file=sys.stderr)
+                return 2
+            args.token = creds["admin_token"]
+            listen = instance.get("ops_listen") or listen
+        args.url = args.url or os.environ.get("OPGATE_OPS_URL") or _client_url(listen)
+        return run(args)
+
+    return handler
+
+
+def _dev_audit_log(given: dict[str, Any]) -> str | None:
+    """``opgate audit ... --dev``: the database the dev instance recorded (unless one is given)
+    and its log's signing key (unless one is configured) into ``given`` and the environment;
+    or why not."""
+    from proxy.devmode import NoDevInstance, operator_view, use_dev_log_key
+    from proxy.settings import load_settings
+
+    settings = load_settings(given)
+    try:
+        creds, instance = operator_view(settings.data_dir)
+    except NoDevInstance as exc:
+        return f"{exc} (or give --database-url and --log-key)"
+    given["database_url"] = given["database_url"] or instance.get("database_url")
+    use_dev_log_key(creds, settings.secrets_dir, os.environ)
+    return None
+
+
+def _client_url(listen: str) -> str:
+    """The URL a client on this host calls a listener at: a wildcard address (``0.0.0.0``,
+    ``[::]``) is called on loopback."""
+    host, _, port = listen.rpartition(":")
+    loopback = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]", "": "127.0.0.1"}  # noqa: S104
+    return f"http://{loopback.get(host, host)}:{port}"
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from proxy.devmode import DEV_AGENT_ID, dev_credentials, dev_overrides
+    from proxy.devmode import (
+        DEV_AGENT_ID,
+        dev_credentials,
+        dev_overrides,
+        record_dev_instance,
+        use_dev_log_key,
+    )
     from proxy.errors import (
         ConfigurationError,
         ReplicationNotDurable,
         StoreUnavailable,
         store_unavailable_line,
     )
+    from proxy.observe.observer import transparency_signer
     from proxy.policy.load import PolicyLoadError
     from proxy.policy.reload import load_validated_policy
     from proxy.server import serve
+    from proxy.settings import Secrets
     from proxy.workers import effective_workers, run_supervisor
 
     settings = _settings(args, {"workers": args.workers, "forward_listen": args.forward_listen})
@@ -188,16 +239,31 @@ def _serve(args: argparse.Namespace) -> int:
     if args.dev:
         creds = dev_credentials(settings.data_dir)
         # the audit log's signing key, unless one is configured (read as a secret: Secrets)
-        if not (settings.secrets_dir and (settings.secrets_dir / "transparency_key").is_file()):
-            os.environ.setdefault("OPGATE_SECRET_TRANSPARENCY_KEY", creds["transparency_key"])
+        use_dev_log_key(creds, settings.secrets_dir, os.environ)
         explicit = settings.model_dump(exclude_unset=True)
         settings = type(settings)(**dev_overrides(creds, explicit))
+        # where it runs, for `opgate ops|proposals|audit --dev` in another shell
+        record_dev_instance(
+            settings.data_dir,
+            {
+                "agent_listen": settings.agent_listen,
+                "ops_listen": settings.ops_listen,
+                "database_url": settings.database_url,
+            },
+        )
+        signer = transparency_signer(Secrets(settings.secrets_dir))
         print(
             f"opgate dev mode: admin token {creds['admin_token']}, "
             f"agent token ({DEV_AGENT_ID}, tenant demo) {creds['agent_token']} "
             f"(kept in {settings.data_dir / 'dev-credentials.json'})",
             file=sys.stderr,
         )
+        if signer is not None:
+            print(
+                f"opgate dev mode: the audit log's verifier key {signer.verifier().vkey()} "
+                "(`opgate audit verify --dev` checks the log with it)",
+                file=sys.stderr,
+            )
     try:
         if settings.database_url:  # the embedded default is exempt: it has no standby
             _check_follows_primary(settings.database_url)

@@ -44,7 +44,7 @@ from proxy.gate.framing import (
     agent_malformed_answer,
 )
 from proxy.gate.identity import AgentDirectory
-from proxy.gate.intake import expect_continue
+from proxy.gate.intake import defer_expectation
 from proxy.gate.key_directory import DIRECTORY_PATH, serve_directory
 from proxy.gate.pipeline import handle_agent_request
 from proxy.gate.signatures import AgentKey
@@ -134,7 +134,7 @@ def agent_app(gateway: Gateway) -> web.Application:
     app.router.add_get(DIRECTORY_PATH, serve_directory)
     # Every other method and path reaches the pipeline; routing is the policy's job, deny by
     # default.
-    app.router.add_route("*", "/{tail:.*}", handle_agent_request, expect_handler=expect_continue)
+    app.router.add_route("*", "/{tail:.*}", handle_agent_request, expect_handler=defer_expectation)
     return app
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from proxy.transparency import note
 from tests.support.cli import free_port, run_cli, wait_ready
 from tests.support.opgate import SHIPPED_POLICIES
 from tests.support.opgate_process import opgate_process
@@ -27,7 +28,7 @@ def test_policy_check_accepts_the_shipped_policies() -> None:
     """The shipped policy directory passes the offline check."""
     result = run_cli("policy", "check", str(SHIPPED_POLICIES))
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("ok: 4 providers")
+    assert result.stdout.splitlines()[-1].startswith("ok: 6 providers")
 
 
 def test_policy_check_reports_every_problem_with_its_location(tmp_path: Path) -> None:
@@ -39,7 +40,7 @@ def test_policy_check_reports_every_problem_with_its_location(tmp_path: Path) ->
     )
     result = run_cli("policy", "check", str(tmp_path))
     assert result.returncode == 1
-    lines = result.stderr.strip().splitlines()
+    lines = result.stdout.strip().splitlines()[:-1]  # the summary last
     assert len(lines) == 3, lines
     assert lines[0].startswith(f"{tmp_path / 'bad.yaml'}:6:5: rules.0:")
     assert "must require an operation" in lines[0]
@@ -455,8 +456,10 @@ async def test_a_start_without_tokens_or_secrets_warns_once_for_each(database_ur
         ("no_admin_token", ""),
         ("no_agents", ""),
         ("provider_secret_missing", "adyen"),
+        ("provider_secret_missing", "github"),
         ("provider_secret_missing", "paypal"),
         ("provider_secret_missing", "square"),
+        ("provider_secret_missing", "twilio"),
     ]
     paypal = next(w for w in warnings if w.get("provider") == "paypal")
     assert paypal["secrets"] == ["paypal_client_id", "paypal_client_secret"]
@@ -506,4 +509,120 @@ def test_ca_init_on_half_a_ca_is_one_line(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"opgate: {tmp_path / 'ca'} holds half a CA (certificate or key missing)"
+    ]
+
+
+def test_policy_check_prints_its_summary_after_its_findings(tmp_path: Path) -> None:
+    """Findings and the summary are one report on one stream, the summary last: shown in
+    whatever order a terminal or a tool shows stdout and stderr, it still ends the report."""
+    (tmp_path / "bad.yaml").write_text(
+        "version: 1\nprovider: x\nroute_prefix: /x\nupstream: http://127.0.0.1:1\n"
+        "budgets: [{scope: provider, currency: usd, limit: 1, window: 1h}]\n"
+        'rules:\n  - {name: a, method: POST, path: "/v1/{rest...}"}\n'
+        "  - {name: b, method: POST, path: /v1/b}\n"
+    )
+    result = run_cli("policy", "check", str(tmp_path))
+    assert result.returncode == 1
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 3, result
+    assert "rule 'b'" in lines[0] or "rule 'b'" in lines[1], lines
+    assert any("warning: provider 'x' has budgets" in line for line in lines[:2]), lines
+    assert lines[-1] == "1 errors, 1 warnings"
+
+
+@pytest.mark.parametrize("command", [["ops", "list"], ["proposals", "list"]])
+@pytest.mark.parametrize("where", ["variable", "config file"])
+def test_client_commands_call_the_ops_listen_the_server_reads(
+    command: list[str], where: str, tmp_path: Path
+) -> None:
+    """`opgate ops` and `opgate proposals` call the operations API where the settings put it
+    (OPGATE_OPS_LISTEN, or the config file), not always at 8081."""
+    port = free_port()  # nothing listens there: the line says where the command called
+    if where == "variable":
+        env = settings_env(OPGATE_OPS_LISTEN=f"127.0.0.1:{port}")
+    else:
+        env = settings_env(OPGATE_CONFIG=config_file(tmp_path, f"ops_listen: 127.0.0.1:{port}\n"))
+    result = run_clean(*command[:1], "--token", "opg_x", *command[1:], env=env)
+    assert result.returncode == 1
+    assert f"cannot reach http://127.0.0.1:{port}" in result.stderr, result.stderr
+
+
+def test_a_wildcard_ops_listen_is_called_on_loopback() -> None:
+    """A server listening on every address (0.0.0.0, [::]) is called on loopback."""
+    port = free_port()
+    for listen, url in ((f"0.0.0.0:{port}", "127.0.0.1"), (f"[::]:{port}", "[::1]")):
+        env = settings_env(OPGATE_OPS_LISTEN=listen)
+        result = run_clean("ops", "--token", "opg_x", "list", env=env)
+        assert f"cannot reach http://{url}:{port}" in result.stderr, result.stderr
+
+
+async def test_dev_evidence_is_one_command_away(database_url: str, open_data_dir: Path) -> None:
+    """`opgate serve --dev` on ports of its own prints the audit log's verifier key; then
+    `ops --dev`, `proposals --dev` and `audit verify --dev` find its ports, its database and its
+    keys under the data directory, with nothing else given."""
+    ops_port = free_port()
+    env = settings_env(OPGATE_DATABASE_URL=database_url, OPGATE_POLICY_DIR=str(SHIPPED_POLICIES))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "proxy",
+        "serve",
+        "--dev",
+        "--data-dir",
+        str(open_data_dir),
+        "--agent-listen",
+        f"127.0.0.1:{free_port()}",
+        "--ops-listen",
+        f"127.0.0.1:{ops_port}",
+        "--workers",
+        "1",
+        cwd=REPO,
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert process.stderr is not None
+        banner = [(await asyncio.wait_for(process.stderr.readline(), 60)).decode()]
+        banner.append((await asyncio.wait_for(process.stderr.readline(), 60)).decode())
+        creds = json.loads((open_data_dir / "dev-credentials.json").read_text())
+        vkey = note.Signer.from_skey(creds["transparency_key"]).verifier().vkey()
+        assert any(vkey in line for line in banner), banner
+        async with aiohttp.ClientSession(trust_env=False) as http:
+            await wait_ready(http, f"http://127.0.0.1:{ops_port}/readyz")
+        dev = ["--dev", "--data-dir", str(open_data_dir)]
+        elsewhere = settings_env()  # another shell: an unreachable database, default ports
+        for command in (["ops", *dev, "list", "--json"], ["proposals", *dev, "list", "--json"]):
+            result = await asyncio.to_thread(run_clean, *command, env=elsewhere)
+            assert result.returncode == 0, (command, result.stderr)
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(process.wait(), 60)
+    assert code == 0
+    verified = await asyncio.to_thread(run_clean, "audit", "verify", *dev, env=elsewhere)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "tree: ok" in verified.stdout, verified.stdout
+    proved = await asyncio.to_thread(run_clean, "audit", "checkpoint", *dev, env=elsewhere)
+    assert proved.returncode == 0, proved.stderr
+    assert vkey.split("+")[0] in proved.stdout
+
+
+@pytest.mark.parametrize(
+    ("command", "instead"),
+    [
+        (["audit", "verify", "--dev", "--data-dir", "{dir}"], "--database-url and --log-key"),
+        (["proposals", "--dev", "--data-dir", "{dir}", "list"], "--token"),
+    ],
+)
+def test_dev_commands_without_a_dev_instance_say_how_to_get_one(
+    command: list[str], instead: str, tmp_path: Path
+) -> None:
+    """`--dev` where no `serve --dev` ever ran is one line naming the file, exit 2."""
+    given = [word.format(dir=tmp_path) for word in command]
+    result = run_clean(*given, env=settings_env())
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"opgate {command[0]}: no dev credentials in {tmp_path / 'dev-credentials.json'}: "
+        f"start `opgate serve --dev` first (or give {instead})"
     ]

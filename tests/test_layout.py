@@ -318,7 +318,8 @@ def test_the_circle_check_catches_a_circle() -> None:
 
 
 DOCUMENTS = ["README.md", "docs/**/*.md", "bench/README.md", "deploy/README.md"]
-WRITTEN_BY_RUNS = ("bench/results/",)  # output folders a run creates, not part of the tree
+# output folders a run or an install script creates, not part of the tree
+WRITTEN_BY_RUNS = ("bench/results/", "tests/mcp/conformance/node_modules")
 NAMED_PATH = re.compile(r"(?<![\w/.-])((?:proxy|tests|policies|deploy|bench|docs)/[\w./-]*[\w/])")
 
 

@@ -208,6 +208,7 @@ class World:
     violations: list[str] = field(default_factory=list)
     trace: list[str] = field(default_factory=list)
     revoked: set[str] = field(default_factory=set)
+    refused_revokes: set[str] = field(default_factory=set)  # settled when revoked
     advised: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     retention: float = 0.0
     loops: tuple[float, float] = (0.0, 0.0)
@@ -294,10 +295,17 @@ class World:
                 timeout=aiohttp.ClientTimeout(total=30),
             ) as response:
                 self.other_answers.append(("revoke", response.status))
-                if response.status != 200:
-                    self.violations.append(f"{op.operation_id}: revoke answered {response.status}")
+                answer = await response.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError) as exc:
             self.violations.append(f"{op.operation_id}: revoke got no answer: {exc!r}")
+            return
+        if response.status == 409 and answer.get("code") == "operation_settled":
+            # nothing left to stop: the final check holds that it did end settled
+            self.refused_revokes.add(op.operation_id)
+            self.note(f"admin revoke {op.operation_id}: refused, settled")
+            return
+        if response.status != 200:
+            self.violations.append(f"{op.operation_id}: revoke answered {response.status}")
         self.revoked.add(op.operation_id)
         self.note(f"admin revoke {op.operation_id}")
 
@@ -483,6 +491,8 @@ def check(world: World, final: Final) -> list[str]:
                 or request.headers.get("Authorization") != f"Bearer {PROVIDER_SECRET}"
             ):
                 violations.append(f"{oid}: the provider got something else: {request.fields}")
+        if oid in world.refused_revokes and row["status"] not in ("confirmed", "failed"):
+            violations.append(f"{oid}: a revoke was refused as settled; it ended {row['status']}")
         advised = world.advised.get(oid, set())
         if "proceed" in advised and row["status"] != "confirmed":
             violations.append(f"{oid}: an agent was told to proceed; it ended {row['status']}")
@@ -554,6 +564,7 @@ def figures(world: World, final: Final, seconds: float) -> dict[str, Any]:
         "provider_lookups": sum(1 for r in world.provider.requests if r.method == "GET"),
         "effects": len(world.provider.effects),
         "revoked": len(world.revoked),
+        "revokes_refused_settled": len(world.refused_revokes),
         "attempts": sum(r["attempts"] for r in rows),
         "statuses": dict(Counter("escalated" if r["escalated_at"] else r["status"] for r in rows)),
         "resent": sum(max(0, r["attempts"] - 1) for r in rows),

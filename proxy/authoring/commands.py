@@ -97,8 +97,10 @@ def policy_check(args: argparse.Namespace) -> int:
         texts,
         SecretsCheck(lambda name: secrets.secret(name) is not None, args.secrets_dir is not None),
     )
+    # The findings and their summary are one report on one stream, the summary last: split
+    # across stdout and stderr, a tool showing one stream before the other put it first.
     for finding in findings:
-        print(finding, file=sys.stderr)
+        print(finding)
     failed = [f for f in findings if f.severity is Severity.ERROR]
     if failed:
         print(f"{len(failed)} errors, {len(findings) - len(failed)} warnings")

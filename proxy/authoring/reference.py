@@ -69,7 +69,15 @@ MEANINGS: dict[Reason, str] = {
         "levels, a number its double would rewrite (`1e400`)."
     ),
     Reason.CONTENT_TYPE_MISMATCH: "The content type disagrees with the rule's body kind.",
-    Reason.QUERY_NOT_ALLOWED: "Mutating calls carry their parameters in the validated body only.",
+    Reason.EXPECTATION_UNSUPPORTED: (
+        "An `Expect` other than `100-continue` (RFC 9110 10.1.1). `100 Continue` itself is "
+        "sent only once the agent, the rule (in forward mode the proxy token and the host too) "
+        "and the declared length have passed."
+    ),
+    Reason.QUERY_NOT_ALLOWED: (
+        "A call that takes an operation or a body carries its parameters in the path and the "
+        "validated body only (`body: none` too): only reads without an operation forward a query."
+    ),
     Reason.BODY_TIMEOUT: "The whole body did not arrive within `body_read_timeout_seconds`.",
     Reason.OPERATION_REQUIRED: "The rule needs an approved operation and none is named.",
     Reason.OPERATION_UNKNOWN: (

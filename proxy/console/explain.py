@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 from urllib.parse import quote
 
 from proxy.gate.lookup import LookupSubject, render_lookup
@@ -52,46 +53,90 @@ def action_words(action: str) -> str:
     return f"{verb.replace('_', ' ').capitalize()} {noun_words}"
 
 
-def subject_words(path_params: Mapping[str, str], params: Mapping[str, Any]) -> str:
-    """The objects an operation names, as words: "of charge ch_1"."""
+@dataclass(frozen=True)
+class Sentence:
+    """What the console says, in parts: its own words, and between them what others wrote
+    (``quoted``: an agent's reason, a parameter's value, a name), which a page draws isolated
+    (``<bdi>``) so that nothing quoted can reorder the console's words around it."""
+
+    parts: tuple[tuple[str, bool], ...]
+
+    def __str__(self) -> str:
+        return "".join(text for text, _ in self.parts)
+
+
+class _Words:
+    """A sentence being built: ``say`` the console's words, ``quote`` the others'."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[str, bool]] = []
+
+    def say(self, text: str) -> _Words:
+        self.parts.append((text, False))
+        return self
+
+    def quote(self, text: object) -> _Words:
+        self.parts.append((str(text), True))
+        return self
+
+    def sentence(self) -> Sentence:
+        return Sentence(tuple(self.parts))
+
+
+def _subject(words: _Words, path_params: Mapping[str, str], params: Mapping[str, Any]) -> None:
+    """The objects an operation names: " of charge ch_1, customer cus_1"."""
     named = [
-        f"{name.replace('_', ' ')} {value}"
+        (name.replace("_", " "), value)
         for name, value in (*path_params.items(), *params.items())
         if isinstance(value, str | int) and not isinstance(value, bool)
     ]
-    return f"of {', '.join(named)}" if named else ""
+    for index, (name, value) in enumerate(named):
+        words.say((" of " if index == 0 else ", ") + name + " ").quote(value)
+
+
+def subject_words(path_params: Mapping[str, str], params: Mapping[str, Any]) -> str:
+    """The objects an operation names, as words: "of charge ch_1"."""
+    words = _Words()
+    _subject(words, path_params, params)
+    return str(words.sentence()).removeprefix(" ")
 
 
 def provider_words(provider: str) -> str:
     return provider[:1].upper() + provider[1:]
 
 
-def proposal_sentence(proposal: Mapping[str, Any]) -> str:
+def proposal_said(proposal: Mapping[str, Any]) -> Sentence:
     """ "Refund 25.00 USD of charge ch_1 at Stripe, asked by demo-agent (tenant demo): why"."""
-    parts = [action_words(proposal["action"])]
+    words = _Words().say(action_words(proposal["action"]))
     if proposal["amount"] is not None:
-        parts.append(human_amount(proposal["amount"], proposal["currency"]))
-    subject = subject_words(proposal["target"]["path_params"], proposal["params"])
-    if subject:
-        parts.append(subject)
-    parts.append(f"at {provider_words(proposal['provider'])},")
-    parts.append(f"asked by {proposal['agent_id']} (tenant {proposal['tenant']}):")
-    parts.append(proposal["reason"])
-    return " ".join(parts)
+        words.say(
+            " " + human_amount(proposal["amount"], proposal["currency"], with_minor_units=True)
+        )
+    _subject(words, proposal["target"]["path_params"], proposal["params"])
+    words.say(f" at {provider_words(proposal['provider'])}, asked by ").quote(proposal["agent_id"])
+    words.say(" (tenant ").quote(proposal["tenant"]).say("): ").quote(proposal["reason"])
+    return words.sentence()
+
+
+def proposal_sentence(proposal: Mapping[str, Any]) -> str:
+    """The proposal's sentence as plain text (``proposal_said``)."""
+    return str(proposal_said(proposal))
+
+
+def operation_said(op: Mapping[str, Any]) -> Sentence:
+    """ "Refund 5.00 USD of charge ch_1 at Stripe, approved by alice (INC-1)"."""
+    words = _Words().say(action_words(op["action"]))
+    if op["amount"] is not None:
+        words.say(" " + human_amount(op["amount"], op["currency"], with_minor_units=True))
+    _subject(words, op["target"]["path_params"], op["params"])
+    approval = op["approval"]
+    words.say(f" at {provider_words(op['provider'])}, approved by ").quote(approval["approved_by"])
+    return words.say(" (").quote(approval["ref"]).say(")").sentence()
 
 
 def operation_sentence(op: Mapping[str, Any]) -> str:
-    """ "Refund 5.00 USD of charge ch_1 at Stripe, approved by alice (INC-1)"."""
-    parts = [action_words(op["action"])]
-    if op["amount"] is not None:
-        parts.append(human_amount(op["amount"], op["currency"]))
-    subject = subject_words(op["target"]["path_params"], op["params"])
-    if subject:
-        parts.append(subject)
-    parts.append(f"at {provider_words(op['provider'])},")
-    approval = op["approval"]
-    parts.append(f"approved by {approval['approved_by']} ({approval['ref']})")
-    return " ".join(parts)
+    """The operation's sentence as plain text (``operation_said``)."""
+    return str(operation_said(op))
 
 
 def policy_checks(
@@ -103,7 +148,10 @@ def policy_checks(
         if amount is None:
             checks.append(f"{rule.amount} must be absent (no amount was asked for)")
         else:
-            checks.append(f"{rule.amount} must be exactly {human_amount(amount, currency)}")
+            checks.append(
+                f"{rule.amount} must be exactly "
+                + human_amount(amount, currency, with_minor_units=True)
+            )
     if rule.params:
         checks.append(
             f"these must equal the approved values or be absent: {', '.join(rule.params)}"
@@ -204,6 +252,70 @@ def searches(provider: Provider, rule: Rule | None, op: LookupSubject) -> list[d
         if where is not None:
             found.append({"search": f"an object whose {where} is {op.operation_id}", "request": ""})
     return found
+
+
+class SearchSubject(LookupSubject, Protocol):
+    """What a search by the approved values reads: an operation."""
+
+    @property
+    def amount(self) -> int | None: ...
+    @property
+    def currency(self) -> str | None: ...
+    @property
+    def idempotency_key(self) -> str: ...
+
+
+def value_searches(provider: Provider, rule: Rule, op: SearchSubject) -> list[dict[str, str]]:
+    """What a human searches for where the provider was never sent the operation id (no
+    lookup, no metadata field): the object the rule makes with the approved values, around the
+    attempts' times, and the request by the idempotency key, where it was sent."""
+    values = [f"{name} = {value}" for name, value in {**op.path_params, **op.params}.items()]
+    if op.amount is not None:
+        values.insert(0, human_amount(op.amount, op.currency, with_minor_units=True))
+    shown = ", ".join(values) or "the approved values"
+    made = "made around the attempts' times (opgate did not send it its operation id)"
+    what = f"the effect of {rule.method} {rule.path.text}"
+    found = [{"search": f"{what} with {shown}, {made}", "request": ""}]
+    header = provider.key_header(rule)
+    if header is not None:
+        found.append(
+            {"search": f"a request sent with {header} = {op.idempotency_key}", "request": ""}
+        )
+    return found
+
+
+def looks_up(rule: Rule | None) -> bool:
+    """Whether opgate still looks the provider up for an operation of ``rule`` on its own."""
+    return rule is not None and rule.reconcile is not None and bool(rule.reconcile.lookups)
+
+
+def verdict(op: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """How a settled operation was settled, for the top of its page: a human's verdict (who,
+    when, the note, the object named) or what opgate learned; None while it is unsettled."""
+    if op["status"] not in ("confirmed", "failed"):
+        return None
+    words = "It happened" if op["status"] == "confirmed" else "It did not happen"
+    for event in reversed(events):
+        detail = event["detail"] if isinstance(event["detail"], dict) else {}
+        if event["event"] == "resolved":
+            return {
+                "words": words,
+                "status": op["status"],
+                "by": event["actor"],
+                "at": event["at"],
+                "note": detail.get("note") or None,
+                "object_id": detail.get("object_id"),
+            }
+        if event.get("to_status") == op["status"]:
+            return {
+                "words": words,
+                "status": op["status"],
+                "by": event["actor"],
+                "at": event["at"],
+                "note": None,
+                "object_id": (op.get("provider_response") or {}).get("object_id"),
+            }
+    return None
 
 
 def _collection(path: str) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 from proxy.console import explain
 from proxy.gate.budgets import Standing, budget_standings, standings
-from proxy.gate.lookup import Inconclusive, fetch, render_lookup
+from proxy.gate.lookup import Inconclusive, LookupSubject, fetch, render_lookup
 from proxy.gate.preconditions import Failed, Held, judge_answer
 from proxy.observe.auditlog.verify import unaccounted_runs, verify
 from proxy.observe.observer import audit_key
@@ -25,7 +25,7 @@ from proxy.recovery.api import recovery_views
 from proxy.runtime import Gateway
 from proxy.store.console import ConsoleStore
 from proxy.store.operation import STATUS_FILTERS as STATUS_FILTERS  # views.py reads it here
-from proxy.store.operation import Operation, Status
+from proxy.store.operation import UNSETTLED, Operation, Status
 from proxy.store.proposal import Proposal
 
 # "older than": the age filter's choices, in seconds
@@ -59,7 +59,7 @@ async def summaries(gw: Gateway, ops: list[Operation]) -> list[dict[str, Any]]:
     views = await recovery_views(gw, ops)
     for op, view in zip(ops, views, strict=True):
         view["age_seconds"] = (op.read_at - op.created_at).total_seconds()
-        view["sentence"] = explain.operation_sentence(view["operation"])
+        view["sentence"] = explain.operation_said(view["operation"])
         if op.escalated_at is not None:
             view["escalated_seconds"] = (op.read_at - op.escalated_at).total_seconds()
     return views
@@ -103,15 +103,31 @@ async def timeline(gw: Gateway, operation_id: str) -> dict[str, Any] | None:
     ]
     provider = gw.policy.provider_named(op.provider)
     rule = provider.rule_named(op.action) if provider is not None else None
+    view = (await summaries(gw, [op]))[0]
+    public = op.to_public()
+    currency = None
+    if op.amount is not None and op.currency is None and op.status in UNSETTLED:
+        # a refund names no currency: the charge's, as the provider says now, is shown (as on
+        # the proposal's page the approver read it)
+        currency = await currency_now(gw, provider, rule, op)
+    if currency is not None:
+        public = {**public, "currency": currency}
+        view = {**view, "operation": {**view["operation"], "currency": currency}}
     return {
-        "view": (await summaries(gw, [op]))[0],
+        "view": view,
+        "currency_from_provider": currency is not None,
         "events": events,
         "attempt_lines": explain.attempts(events),
         "tries": explain.lookup_tries(events, LOOKUP_EVENTS),
-        "sentence": explain.operation_sentence(op.to_public()),
+        "sentence": explain.operation_said(public),
         "provider_name": explain.provider_words(op.provider),
+        # what a human decides while it is unsettled; once settled, how it was, and by whom
         "decision": decision(provider, rule, op)
-        if op.escalated_at is not None or op.status is Status.DISPATCHED
+        if op.status in UNSETTLED
+        and (op.escalated_at is not None or op.status is Status.DISPATCHED)
+        else None,
+        "verdict": explain.verdict(op.to_public(), events)
+        if op.escalated_at is not None or op.settled_reason == "human_verdict"
         else None,
         "requests": [r for r in records if r["kind"] == "request"],
         "transitions": [r for r in records if r["kind"] == "transition"],
@@ -125,9 +141,13 @@ async def timeline(gw: Gateway, operation_id: str) -> dict[str, Any] | None:
 def decision(provider: Provider | None, rule: Rule | None, op: Operation) -> dict[str, Any]:
     """What a human needs to decide an escalated operation: where to look at the provider and
     what each verdict does."""
+    searches = [] if provider is None else explain.searches(provider, rule, op)
+    if not searches and provider is not None and rule is not None:
+        searches = explain.value_searches(provider, rule, op)
     return {
-        "searches": [] if provider is None else explain.searches(provider, rule, op),
+        "searches": searches,
         "dashboard_url": None if provider is None else explain.dashboard_url(provider, op),
+        "looks_up": explain.looks_up(rule),
         "consequences": explain.CONSEQUENCES,
     }
 
@@ -139,7 +159,7 @@ async def pending_proposals(gw: Gateway) -> list[dict[str, Any]]:
     return [
         {
             "view": (view := proposal_view(gw.policy, p, None)),
-            "sentence": explain.proposal_sentence(view["proposal"]),
+            "sentence": explain.proposal_said(view["proposal"]),
             "expires_in": (p.expires_at - p.read_at).total_seconds(),
         }
         for p in proposals
@@ -152,7 +172,7 @@ async def withdrawn_proposals(gw: Gateway) -> list[dict[str, Any]]:
     return [
         {
             "view": (view := proposal_view(gw.policy, p, None)),
-            "sentence": explain.proposal_sentence(view["proposal"]),
+            "sentence": explain.proposal_said(view["proposal"]),
         }
         for p in await gw.store.withdrawn_proposals(LIST_LIMIT)
     ]
@@ -183,7 +203,7 @@ async def proposal(gw: Gateway, proposal_id: str) -> dict[str, Any] | None:
         "currency_from_provider": found.currency is None and currency is not None,
         "provider_name": explain.provider_words(found.provider),
         "pending": pending,
-        "sentence": explain.proposal_sentence(shown),
+        "sentence": explain.proposal_said(shown),
         "request_text": None
         if view.get("request") is None
         else json.dumps(view["request"], indent=2, ensure_ascii=False),
@@ -217,7 +237,7 @@ def _budget_line(standing: Standing, amount: int) -> dict[str, Any]:
     after = standing.remaining - amount
 
     def shown(minor_units: int) -> str:
-        return human_amount(minor_units, budget.currency)
+        return human_amount(minor_units, budget.currency, with_minor_units=True)
 
     whose = standing.key.agent_id or standing.key.tenant or standing.key.provider
     return {
@@ -285,6 +305,29 @@ async def preconditions_now(
     return shown, currency
 
 
+async def currency_now(
+    gw: Gateway, provider: Provider | None, rule: Rule | None, subject: LookupSubject
+) -> str | None:
+    """The currency the rule's precondition lookups find at the provider now (a refund's
+    charge's), for an amount that names none; None if none says, or none answers in time."""
+    if provider is None or rule is None or rule.preconditions is None:
+        return None
+    for lookup in rule.preconditions.lookups:
+        target = render_lookup(lookup, subject)
+        if target is None:
+            continue
+        try:
+            async with asyncio.timeout(PRECONDITION_READ_SECONDS):
+                answer = await fetch(gw, provider, target)
+        except TimeoutError:
+            continue
+        if not isinstance(answer, Inconclusive):
+            currency = _currency_of(answer.status, answer.body)
+            if currency is not None:
+                return currency
+    return None
+
+
 def _currency_of(status: int, body: bytes) -> str | None:
     """The ``currency`` an answer's top level names, if it is a currency code."""
     if not 200 <= status < 300:
@@ -302,7 +345,9 @@ def _shown_values(values: dict[str, Any], currency: str | None) -> str:
     parts = []
     for name, value in values.items():
         is_amount = "amount" in name and isinstance(value, int) and not isinstance(value, bool)
-        text = human_amount(value, currency) if is_amount else json.dumps(value)
+        text = (
+            human_amount(value, currency, with_minor_units=True) if is_amount else json.dumps(value)
+        )
         parts.append(f"{name} = {text}")
     return ", ".join(parts)
 
@@ -320,15 +365,19 @@ async def dashboard(gw: Gateway, state: ChainState) -> dict[str, Any]:
         "escalations": waiting.escalations,
         "oldest_escalation_seconds": waiting.oldest_escalation_seconds,
         "pending_proposals": waiting.pending_proposals,
-        "budgets_near_limit": [
-            f"{s.key.provider} {s.key.budget.scope.value} {s.key.tenant or ''} "
-            f"{human_amount(s.spent, s.key.budget.currency)} of "
-            f"{human_amount(s.key.budget.limit, s.key.budget.currency)}".replace("  ", " ")
-            for s in near
-        ],
+        "budgets_near_limit": [_near_limit(s) for s in near],
         "last_checkpoint_at": waiting.last_checkpoint_at,
         "verification": state,
     }
+
+
+def _near_limit(standing: Standing) -> str:
+    """ "fault tenant t1 6.00 USD (600 minor units) of 7.00 USD (700 minor units)"."""
+    budget = standing.key.budget
+    spent = human_amount(standing.spent, budget.currency, with_minor_units=True)
+    limit = human_amount(budget.limit, budget.currency, with_minor_units=True)
+    whose = " ".join(filter(None, (standing.key.provider, budget.scope.value, standing.key.tenant)))
+    return f"{whose} {spent} of {limit}"
 
 
 @dataclass
@@ -360,7 +409,7 @@ async def run_verification(gw: Gateway, state: ChainState) -> None:
         if report.checkpoints_authenticated
         else "signatures NOT verified (no audit key)"
     )
-    state.summary = f"{report.records} records, {report.checkpoints} checkpoints ({signed})"
+    state.summary = f"{report.records} records, {report.checkpoints} seals ({signed})"
     state.problems = [p.describe() for p in report.breaks[:50]]
 
 

@@ -1,16 +1,19 @@
-"""Pages rendered from the templates, every value escaped by Jinja2's autoescape, and the
-headers every console answer carries (a strict Content-Security-Policy: nothing but the
-console's own stylesheet and forms that post to itself)."""
+"""Pages rendered from the templates, every value escaped by Jinja2's autoescape and made
+visible (``visible``: no value can reorder or hide the text around it), and the headers every
+console answer carries (a strict Content-Security-Policy: nothing but the console's own
+stylesheet and forms that post to itself)."""
 
 from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
 from jinja2 import Environment, PackageLoader, StrictUndefined
+from markupsafe import Markup
 
 from proxy.policy.amounts import human_amount
 
@@ -27,10 +30,58 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 _TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
+# Characters that change how the text around them is drawn without being drawn themselves:
+# the bidirectional controls (Unicode UAX #9: embeddings, overrides, isolates, marks; U+202E
+# makes "DSU 00.0001" read "1000.00 USD"), and every other format or control character but
+# the joiners (U+200C, U+200D: scripts and emoji need them) and line breaks and tabs; and a
+# lone surrogate, which no page can encode.
+_KEPT_INVISIBLE = frozenset("\u200c\u200d\n\r\t")
+# More combining marks in a row than any script stacks on one letter: the rest are counted,
+# not drawn (a run of them is one unbreakable cluster that widens the page or paints over the
+# lines around it).
+MAX_COMBINING_RUN = 4
+
+
+def visible(text: str) -> str:
+    """``text`` as a person may safely read it: each invisible control shown as an escape
+    (``<U+202E>``), and a run of combining marks longer than ``MAX_COMBINING_RUN`` cut, with
+    how many were left out. Pure; text without such characters is returned unchanged."""
+    shown: list[str] = []
+    run = 0
+    hidden = 0
+    for char in text:
+        category = unicodedata.category(char)
+        if category in ("Mn", "Me"):
+            run += 1
+            if run > MAX_COMBINING_RUN:
+                hidden += 1
+                continue
+            shown.append(char)
+            continue
+        if hidden:
+            shown.append(f"<+{hidden} combining marks>")
+        run = hidden = 0
+        if category in ("Cf", "Cc", "Cs", "Zl", "Zp") and char not in _KEPT_INVISIBLE:
+            shown.append(f"<U+{ord(char):04X}>")
+        else:
+            shown.append(char)
+    if hidden:
+        shown.append(f"<+{hidden} combining marks>")
+    return "".join(shown)
+
+
+def _finalize(value: Any) -> Any:
+    """Every ``{{ value }}`` of every template, before it is escaped: text made ``visible``.
+    Markup is what a macro rendered, its own values already finalized."""
+    if value is None or isinstance(value, Markup | bool | int | float):
+        return value
+    return visible(value if isinstance(value, str) else str(value))
+
 
 _templates = Environment(
     loader=PackageLoader("proxy.console", "templates"),
     autoescape=True,  # every value, in every template; nothing is marked safe by hand
+    finalize=_finalize,  # and every value visible: nothing reorders or hides what is around it
     undefined=StrictUndefined,  # a misspelt name is an error in the tests, not a blank
     trim_blocks=True,
     lstrip_blocks=True,
@@ -71,7 +122,9 @@ def money(minor_units: Any, currency: Any) -> str:
     that is no amount."""
     if not isinstance(minor_units, int) or isinstance(minor_units, bool):
         return ""
-    return human_amount(minor_units, currency if isinstance(currency, str) else None)
+    return human_amount(
+        minor_units, currency if isinstance(currency, str) else None, with_minor_units=True
+    )
 
 
 def pretty(value: Any) -> str:

@@ -52,7 +52,9 @@ from proxy.forward.targets import (
 from proxy.gate.checks import Agent
 from proxy.gate.decision import Deny
 from proxy.gate.forwarded import FORWARDED, ForwardedRequest, Origin
+from proxy.gate.framing import CONNECT_EXPECTATIONS
 from proxy.gate.identity import credential_from
+from proxy.gate.intake import defer_expectation, query_sha256, unmet_expectation
 from proxy.gate.pipeline import handle_agent_request
 from proxy.gate.problem import PROBLEM, problem_response
 from proxy.gate.reasons import Reason
@@ -133,7 +135,9 @@ def forward_app(listener: ForwardListener) -> web.Application:
     serve_with(app, listener.gateway)
     app[FORWARD_LISTENER] = listener
     app.on_shutdown.append(_close_tunnels)
-    app.router.add_route("*", "/{tail:.*}", handle_agent_request)
+    # Expect is the pipeline's to decide, after forward_front has authenticated the agent and
+    # decided the host (aiohttp's default handler would answer before any middleware).
+    app.router.add_route("*", "/{tail:.*}", handle_agent_request, expect_handler=defer_expectation)
     return app
 
 
@@ -209,6 +213,11 @@ async def _decide_and_tunnel(
     agent = _proxy_agent(listener, request, record)
     if isinstance(agent, Deny):
         return _refuse_connect(record, agent)
+    # A CONNECT has no body to invite: 100-continue is ignored, anything else refused
+    # (proxy/gate/framing.py took the header aside before aiohttp could answer it).
+    unmet = unmet_expectation(request.get(CONNECT_EXPECTATIONS, ()))
+    if unmet is not None:
+        return _refuse_connect(record, unmet)
     target = decide_connect(listener.gateway.policy, listener.overrides, host, port)
     if isinstance(target, Deny):
         return _refuse_connect(record, target)
@@ -475,6 +484,7 @@ def _refuse_request(
     """A forward-mode request refused before the pipeline: audited here, once."""
     record = _record(request, listener)
     record.path = request_path(request.raw_path)  # as sent, never decoded
+    record.query_sha256 = query_sha256(request.raw_path)
     record.destination = origin.authority if origin else None
     if agent is not None:
         record.agent_id, record.tenant = agent.agent_id, agent.tenant

@@ -4,7 +4,10 @@ leave room for it (pure), and the claim made under the budgets' locks.
 The claim is the authority: ``Store.claim_within_budgets`` takes each budget's advisory lock in
 the claim's transaction, sums what the budget has spent (the operation itself left out, so a
 re-send never counts twice), and claims only if ``BudgetClaim.admits`` those sums, so claims on
-several opgate processes can never spend more than a budget together. Everything else that
+several opgate processes can never spend more than a budget together. What a sum counts is one
+SQL condition shared with open mandates (``opgate_spends``, migration 0024): every claimed
+operation that may have left, a revoked one included; only a failed one, or one revoked before
+anything of it was sent, is left out. Everything else that
 shows a remaining budget (an approval refused early, ``GET /v1/budgets``, ``/metrics``) reads
 the same sums without the lock: advice, never a decision.
 """

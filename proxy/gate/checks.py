@@ -298,7 +298,7 @@ def decide_by_state(provider: Provider, op: Operation) -> Decision:
         return Forward(ClaimKind.RESEND)
     if rule is not None and rule.reconcile is not None:
         return Forward(ClaimKind.RESEND_AFTER_LOOKUP)
-    if op.key_deduplicated(provider.idempotency.dedup_window_seconds):
+    if op.key_deduplicated(provider.dedup_window_for(rule)):
         return Forward(ClaimKind.RESEND)
     return reconcile_required(provider, op)
 
@@ -318,12 +318,14 @@ def unverifiable_after_switch(op: Operation) -> Deny:
 
 def reconcile_required(provider: Provider, op: Operation, retry_after: int | None = None) -> Deny:
     """A re-send could duplicate the effect: the outcome must be settled by the provider."""
-    window = provider.idempotency.dedup_window_seconds
-    why = (
-        f"{provider.provider} does not deduplicate on its idempotency key"
-        if window is None
-        else f"{provider.provider} no longer deduplicates this key ({window:g} s after creation)"
-    )
+    rule = provider.rule_named(op.action)
+    window = provider.dedup_window_for(rule)
+    if rule is not None and not provider.sends_key(rule):
+        why = f"this {provider.provider} call carries no idempotency key: a re-send could act twice"
+    elif window is None:
+        why = f"{provider.provider} does not deduplicate on its idempotency key"
+    else:
+        why = f"{provider.provider} no longer deduplicates this key ({window:g} s after creation)"
     return Deny(
         Reason.RECONCILE_REQUIRED,
         f"the last attempt ended {op.last_outcome or 'without an answer'}; {why}",

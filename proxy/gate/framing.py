@@ -10,14 +10,20 @@ is public and may be overridden, but the ``web.Server`` that makes the handlers 
 aiohttp gave it, as a ``web.Server`` that makes ``_ProblemRequestHandler``s. That reads the
 server's ``_loop`` and ``_kwargs``: an aiohttp upgrade that renames them fails
 tests/gate/test_framing.py rather than silently answering text/plain again.
+
+The same server takes ``Expect`` off a ``CONNECT`` before the application sees it (kept in the
+request as ``CONNECT_EXPECTATIONS``): aiohttp answers ``Expect`` through the matched route's
+expect handler, before any middleware, and a CONNECT matches no route, so its handler is
+aiohttp's default, which sends ``100 Continue`` (before the forward listener's proxy
+authentication) or a text/plain 417 (with no record). The forward listener decides it instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.http_exceptions import (
     BadStatusLine,
     HttpProcessingError,
@@ -26,6 +32,7 @@ from aiohttp.http_exceptions import (
     LineTooLong,
 )
 from aiohttp.web_request import BaseRequest
+from multidict import CIMultiDict
 
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
@@ -35,6 +42,9 @@ from proxy.runtime import Gateway
 
 # The answer to a request the parser refused, given the parser's one-line reason.
 MalformedAnswer = Callable[[str], web.Response]
+RequestHandlerFunction = Callable[[BaseRequest], Awaitable[web.StreamResponse]]
+# A CONNECT's Expect header values, taken off the request before the application saw it.
+CONNECT_EXPECTATIONS = web.RequestKey("opgate_connect_expectations", tuple[str, ...])
 
 
 # The parser's errors whose message is, or quotes, the request's own bytes (a line over the
@@ -130,10 +140,25 @@ class ProblemAppRunner(web.AppRunner):
     async def _make_server(self) -> web.Server:
         made = await super()._make_server()
         return _ProblemServer(
-            made.request_handler,
+            _connect_expectations_kept_aside(made.request_handler),
             request_factory=made.request_factory,
             handler_cancellation=made.handler_cancellation,
             loop=made._loop,
             answer=self._answer_malformed,
             **made._kwargs,
         )
+
+
+def _connect_expectations_kept_aside(handler: RequestHandlerFunction) -> RequestHandlerFunction:
+    """``handler``, called for a CONNECT with ``Expect`` on a copy of the request without it,
+    its values kept as ``request[CONNECT_EXPECTATIONS]`` (the copy shares the connection)."""
+
+    async def handle(request: BaseRequest) -> web.StreamResponse:
+        if request.method == hdrs.METH_CONNECT and hdrs.EXPECT in request.headers:
+            request[CONNECT_EXPECTATIONS] = tuple(request.headers.getall(hdrs.EXPECT))
+            headers = CIMultiDict(request.headers)
+            headers.popall(hdrs.EXPECT)
+            request = request.clone(headers=headers)
+        return await handler(request)
+
+    return handle

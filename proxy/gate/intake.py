@@ -10,6 +10,8 @@ a request written in a file.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from aiohttp import HttpVersion11, web
@@ -35,9 +37,10 @@ from proxy.gate.reasons import Reason
 from proxy.policy.model import BodyKind, OperationRequirement, Provider, Rule
 from proxy.policy.paths import is_canonical_path
 from proxy.policy.set import PolicySet, match_rule
-from proxy.runtime import GATEWAY
 from proxy.store.operation import Operation
 from proxy.store.store import Store
+
+CONTINUE = "100-continue"
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,9 @@ def identify_request(
         agent = agents.lookup(token) if token else None
     if agent is None:
         return Deny(Reason.AGENT_UNAUTHENTICATED, "no valid agent token was presented")
+    unmet = unsupported_expectation(headers)
+    if unmet is not None:
+        return unmet
     if not is_canonical_path(route.path):
         return Deny(Reason.PATH_NOT_CANONICAL, f"{route.path} is not canonical")
     matched = match_rule(provider, method, route.path)
@@ -113,8 +119,12 @@ def identify_request(
             Reason.NO_MATCHING_RULE,
             f"no {provider.provider} rule allows {method} {route.path}",
         )
-    if query and matched.rule.body is not BodyKind.NONE:
-        return Deny(Reason.QUERY_NOT_ALLOWED, "parameters must travel in the validated body")
+    if query and takes_no_query(matched.rule):
+        return Deny(
+            Reason.QUERY_NOT_ALLOWED,
+            f"rule {matched.rule.name} takes no query string: parameters travel in the path "
+            "and the validated body",
+        )
     return Target(
         provider=provider,
         rule=matched.rule,
@@ -127,6 +137,46 @@ def identify_request(
         headers=headers,
         forwarded=forwarded is not None,
     )
+
+
+def takes_no_query(rule: Rule) -> bool:
+    """Whether a query string on ``rule`` is refused: on every rule that takes an operation
+    (what an approval binds is the path and the validated body; a query would reach the
+    provider unchecked, with the real credential, even where the rule takes no body) and on
+    every rule that reads a body. Only reads without an operation forward a query."""
+    return rule.operation is not OperationRequirement.NONE or rule.body is not BodyKind.NONE
+
+
+def query_sha256(raw_target: str) -> str | None:
+    """The SHA-256 of a request target's raw query (None without one): with the path, what the
+    audit record holds of the target. The query itself is not kept, as a body is not: its values
+    may be anything (an email, a card fingerprint), and the digest is what a reviewer checks a
+    claimed query against. Only reads without an operation forward one (``takes_no_query``)."""
+    query = raw_target.partition("#")[0].partition("?")[2]
+    return hashlib.sha256(query.encode()).hexdigest() if query else None
+
+
+def expectations(values: Iterable[str]) -> list[str]:
+    """The expectations ``Expect`` header ``values`` list (RFC 9110 10.1.1: a comma-separated
+    list), lowered; empty elements are no expectation."""
+    return [
+        token.strip().lower() for value in values for token in value.split(",") if token.strip()
+    ]
+
+
+def unsupported_expectation(headers: CIMultiDictProxy[str]) -> Deny | None:
+    """``100-continue`` is the only expectation opgate meets (``read_body`` sends the 100);
+    any other is refused here, in the pipeline, so that it has its record (aiohttp's own
+    handler answered 417 before any stage ran)."""
+    return unmet_expectation(headers.getall("Expect", []))
+
+
+def unmet_expectation(values: Iterable[str]) -> Deny | None:
+    """A refusal if the ``Expect`` header ``values`` ask for anything but ``100-continue``.
+    The detail does not echo the value."""
+    if any(token != CONTINUE for token in expectations(values)):
+        return Deny(Reason.EXPECTATION_UNSUPPORTED, "only Expect: 100-continue is supported")
+    return None
 
 
 def refuse_unreadable_headers(
@@ -163,6 +213,12 @@ async def read_body(
             raw = await _read_within_limit(request, limit)
         else:
             async with asyncio.timeout(deadline_seconds):
+                if _invites_body(request, target):
+                    # Everything the headers alone decide has passed (in forward mode the
+                    # proxy token and the host too, before the pipeline began): only now is
+                    # the body invited.
+                    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    request.writer.output_size = 0  # not part of the response aiohttp counts
                 raw = await _read_within_limit(request, limit)
     except TimeoutError:
         return Deny(Reason.BODY_TIMEOUT, f"the body did not arrive within {deadline_seconds} s")
@@ -277,18 +333,20 @@ async def load_operation(store: Store, target: Target) -> Operation | None:
     return await store.load_by_key(reference.provider, reference.idempotency_key)
 
 
-async def expect_continue(request: web.Request) -> None:
-    """``Expect: 100-continue``: invite the body only if the headers alone pass (route, agent,
-    rule, declared length, encoding). Otherwise send no 100: the handler then answers with the
-    rejection (and its audit record) before any body has been sent (RFC 9110 10.1.1)."""
-    if request.version != HttpVersion11:
-        return
-    expect = request.headers.get("Expect", "").strip().lower()
-    if expect != "100-continue":
-        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
-    gateway = request.app[GATEWAY]
-    target = identify(gateway.policy, gateway.agents, request)
-    if isinstance(target, Deny) or refuse_before_reading(target, request.content_length):
-        return
-    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-    request.writer.output_size = 0  # the 100 is not part of the response aiohttp counts
+async def defer_expectation(request: web.Request) -> None:
+    """The ``expect_handler`` of the pipeline's routes: it answers nothing, so that ``Expect``
+    is decided inside the pipeline (aiohttp's default answers 100 or 417 before any
+    middleware: before the forward listener's proxy authentication, and without a record).
+    ``unsupported_expectation`` refuses what opgate does not meet; ``read_body`` sends
+    ``100 Continue`` once the headers have passed (RFC 9110 10.1.1: a server that refuses on
+    the headers answers instead, and the body is never invited)."""
+
+
+def _invites_body(request: web.Request, target: Target) -> bool:
+    """An HTTP/1.1 ``Expect: 100-continue`` with a body (RFC 9110 10.1.1: an HTTP/1.0
+    request's expectation is ignored); asked only while the body is still to come."""
+    return (
+        request.version == HttpVersion11
+        and CONTINUE in expectations(target.headers.getall("Expect", []))
+        and request.body_exists
+    )

@@ -11,11 +11,18 @@ verifier asked) and ``content-digest``, with ``created``, ``expires``, ``keyid``
 ``http-message-signatures-directory``. They prove possession of each key and bind the set to
 the authority it was fetched from. The draft requires HTTPS for the directory: opgate's agent
 listener is behind the operator's TLS, as for every agent call.
+
+The authority signed over is the request's ``Host``, and only one that names an authority
+(RFC 9110 7.2: ``uri-host [":" port]``; a reg-name of letters, digits, ``-._~``, an IPv4
+address or a bracketed IPv6 address, and a port 1-65535): any other is refused 400
+``request_malformed`` on record, before anything is signed.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -25,7 +32,10 @@ from http_message_signatures import HTTPMessageSigner, algorithms
 from http_message_signatures.resolvers import MappingKeyResolver
 from multidict import CIMultiDict
 
+from proxy.gate.problem import problem_response
+from proxy.gate.reasons import Reason
 from proxy.gate.signatures import AgentKey
+from proxy.observe.audit import AuditRecord, emit
 from proxy.runtime import GATEWAY
 
 DIRECTORY_PATH = "/.well-known/http-message-signatures-directory"
@@ -100,11 +110,65 @@ def signed_directory(
     return body, response.headers
 
 
+_REG_NAME = re.compile(r"[A-Za-z0-9._~-]{1,253}")
+_PORT = re.compile(r"[0-9]{1,5}")
+
+
+def public_authority(host_values: list[str]) -> str | None:
+    """The authority one ``Host`` value names, lowered; None for no value, several, or one
+    that names none (empty, a space, a userinfo, a path, a stray colon or bracket, a port out
+    of range). Pure."""
+    if len(host_values) != 1:
+        return None
+    value = host_values[0]
+    if value.startswith("["):
+        literal, bracket, rest = value[1:].partition("]")
+        try:
+            if not bracket or ipaddress.ip_address(literal).version != 6:
+                return None
+        except ValueError:
+            return None
+        host, port = f"[{literal}]", rest.removeprefix(":") if rest else None
+        if rest and not rest.startswith(":"):
+            return None
+    else:
+        name, colon, port_text = value.partition(":")
+        if _REG_NAME.fullmatch(name) is None:
+            return None
+        host, port = name, port_text if colon else None
+    if port is not None and (_PORT.fullmatch(port) is None or not 0 < int(port) < 65536):
+        return None
+    return (host if port is None else f"{host}:{port}").lower()
+
+
 async def serve_directory(request: web.Request) -> web.Response:
     """``GET /.well-known/http-message-signatures-directory``: public, as a JWKS is; an opgate
     holding no agent key answers an empty directory."""
+    authority = public_authority(request.headers.getall("Host", []))
+    if authority is None:
+        return _refused(request)
     keys = list(request.app[GATEWAY].signing_keys.values())
     now = datetime.now(UTC)
-    url = f"{request.scheme}://{request.host}{request.path}"
+    url = f"{request.scheme}://{authority}{DIRECTORY_PATH}"
     body, headers = signed_directory(keys, url, now)
     return web.Response(body=body, headers=headers)
+
+
+def _refused(request: web.Request) -> web.Response:
+    """400 ``request_malformed``, its record emitted before it is answered. The detail does not
+    echo the Host sent."""
+    response = problem_response(
+        Reason.REQUEST_MALFORMED, "the Host header must name one authority (host[:port])"
+    )
+    emit(
+        AuditRecord(
+            source=request.remote,
+            method=request.method,
+            path=DIRECTORY_PATH,
+            policy_version=request.app[GATEWAY].policy.version,
+            rule="key_directory",
+            reason=Reason.REQUEST_MALFORMED.value,
+            response_status=response.status,
+        )
+    )
+    return response

@@ -27,7 +27,7 @@ from typing import Any
 
 import structlog
 from aiohttp import web
-from multidict import CIMultiDictProxy
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.errors import (
     StoreUnavailable,
@@ -51,13 +51,14 @@ from proxy.gate.cutoff import CutOffClaim, claim_owner
 from proxy.gate.decision import ClaimKind, Deny, Forward, Replay
 from proxy.gate.dialects import in_dialect
 from proxy.gate.forwarded import FORWARDED
-from proxy.gate.headers import outbound_headers, response_headers
+from proxy.gate.headers import credential_forms, outbound_headers, response_headers
 from proxy.gate.intake import (
     Target,
     identify,
     identify_request,
     load_operation,
     parse_request_body,
+    query_sha256,
     read_body,
     refuse_before_reading,
     request_facts,
@@ -88,7 +89,7 @@ from proxy.observe.audit import (
     request_path,
     seal,
 )
-from proxy.policy.model import Mode, Provider
+from proxy.policy.model import DEFAULT_RESPONSE_HEADERS, Mode, Provider
 from proxy.policy.set import PolicySet
 from proxy.runtime import GATEWAY, Gateway
 from proxy.settings import Settings
@@ -122,6 +123,8 @@ class RequestOutcome:
     unsettled: LastOutcome | None = None  # forwarded, and not settled by the answer: why
     store_error: str | None = None  # the store failed before anything was sent
     close_connection: bool = False  # the rest of a late body is not waited for
+    # the provider's answer headers dropped for carrying the injected credential (headers.py)
+    credential_echoes: tuple[str, ...] = ()
 
     def updated(self, **changes: Any) -> RequestOutcome:
         """This outcome with ``changes``: ``dataclasses.replace`` without its per-field
@@ -176,17 +179,20 @@ class ReadyToSend:
 
     outbound: OutboundRequest
     claimed: Operation | None
+    credential: frozenset[str]  # its spellings: no answer header carrying one reaches the agent
 
 
 async def handle_agent_request(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
     policy = gateway.policy  # this request is decided by the set it started with
     forwarded = request.get(FORWARDED)  # forward-proxy mode: which listener, which origin
+    raw_target = forwarded.raw_path if forwarded is not None else request.raw_path
     record = AuditRecord(
         source=request.remote,
         method=request.method,
         # as sent: decoded, a path can hold what no log or database should (a NUL)
-        path=request_path(forwarded.raw_path if forwarded is not None else request.raw_path),
+        path=request_path(raw_target),
+        query_sha256=query_sha256(raw_target),
         policy_version=policy.version,
     )
     if forwarded is not None:
@@ -287,6 +293,7 @@ async def handle_composed_request(
         source=source,
         method=composed.method,
         path=request_path(composed.raw_target),
+        query_sha256=query_sha256(composed.raw_target),
         policy_version=policy.version,
         listener=listener,
     )
@@ -383,8 +390,9 @@ async def _decide_and_claim(
     outbound = _prepare(gw, target, body, op, credential)
     if isinstance(outbound, Deny):
         return progress.known.updated(refusal=outbound)
+    spellings = credential_forms(*credential.values())
     if decision.claim is ClaimKind.NONE:
-        return ReadyToSend(outbound, None)
+        return ReadyToSend(outbound, None, spellings)
     assert op is not None
 
     # 4b. preconditions: ask the provider whether what the approval assumed still holds (a
@@ -414,7 +422,7 @@ async def _decide_and_claim(
                 decision=Decision.REPLAY, row=current, status_after=current.status
             )
         return progress.known.updated(refusal=claimed.outcome, row=current)
-    return ReadyToSend(outbound, claimed)
+    return ReadyToSend(outbound, claimed, spellings)
 
 
 def _escalation_due(decision: Deny, op: Operation) -> bool:
@@ -466,6 +474,9 @@ async def _send_and_record(
         answered: UpstreamResponse | UpstreamError = await upstream.send(client, ready.outbound)
     except UpstreamError as exc:
         answered = exc
+    if isinstance(answered, UpstreamResponse):  # only what the agent may see is kept
+        answered, echoes = _shown_headers(target.provider, answered, ready.credential)
+        sending = sending.updated(credential_echoes=echoes)
     op = ready.claimed
     if op is None:  # a read without an operation: nothing to record
         if isinstance(answered, UpstreamError):
@@ -529,6 +540,17 @@ async def _send_and_record(
         else:  # the statement failed, or found the row changed: the batch writer, as before
             emit(audited(progress.record, outcome, progress.respond(outcome).status))
     return outcome
+
+
+def _shown_headers(
+    provider: Provider, answered: UpstreamResponse, credential: frozenset[str]
+) -> tuple[UpstreamResponse, tuple[str, ...]]:
+    """The provider's answer with only the headers its policy lets the agent see, and the
+    names of those dropped for carrying the credential (headers.response_headers)."""
+    allowed = (*DEFAULT_RESPONSE_HEADERS, *provider.response_headers)
+    shown = response_headers(answered.headers, allowed, credential)
+    headers = CIMultiDictProxy(shown.headers)
+    return replace(answered, headers=headers), shown.credential_echoes
 
 
 def _seal(progress: Progress, outcome: RequestOutcome) -> tuple[Sealed, web.StreamResponse] | None:
@@ -655,7 +677,7 @@ async def _claim(
             unchanged_since = asked.leased_at
     owner, lease = claim_owner(gw.settings.instance_id), _lease_seconds(gw, target)
     actor = gw.settings.instance_id
-    dedup_window = provider.idempotency.dedup_window_seconds
+    dedup_window = provider.dedup_window_for(target.rule)
     try:
         if budgets is None:  # the single unlocked statement
             claimed = await gw.store.claim(
@@ -777,6 +799,7 @@ def audited(
     record.forwarded_body_sha256 = outcome.sent_sha256
     record.provider_answer_sha256 = _answer_sha256(outcome)
     record.response_status = response_status
+    record.credential_echoes = list(outcome.credential_echoes) or None
     return record
 
 
@@ -869,7 +892,7 @@ def _pass_through(
             operation_status=op_status,
             extra={"provider_status": answered.status},
         )
-    headers = response_headers(answered.headers)
+    headers = CIMultiDict(answered.headers)  # filtered when it arrived (_shown_headers)
     if op_id is not None and op_status is not None:
         headers["X-Operation-Id"] = op_id
         headers["X-Operation-Status"] = op_status

@@ -21,6 +21,7 @@ class Reason(StrEnum):
     REQUEST_MALFORMED = "request_malformed"
     HEADER_INVALID = "header_invalid"
     OPERATION_ID_INVALID = "operation_id_invalid"
+    EXPECTATION_UNSUPPORTED = "expectation_unsupported"
     # forward-proxy mode
     PROXY_AUTH_REQUIRED = "proxy_auth_required"
     PROXY_REQUEST_INVALID = "proxy_request_invalid"
@@ -158,6 +159,11 @@ REASONS: dict[Reason, ReasonInfo] = {
         400,
         "The operation id is not valid",
         "Use the operation id exactly as the approval returned it (printable ASCII).",
+    ),
+    Reason.EXPECTATION_UNSUPPORTED: ReasonInfo(
+        417,
+        "The Expect header asks for something opgate does not do",
+        "Send no Expect header, or Expect: 100-continue.",
     ),
     # forward-proxy mode
     Reason.PROXY_AUTH_REQUIRED: ReasonInfo(

@@ -73,7 +73,7 @@ async def ask_before_resend(
     """Cleared to claim; or the operation as the lookup settled it; or a refusal.
     ``unchanged_since``: the row's ``updated_at`` as a precondition lookup saw it; the lease
     is taken only on the row unchanged since."""
-    window = provider.idempotency.dedup_window_seconds
+    window = provider.dedup_window_for(provider.rule_named(op.action))
     owner = f"{gw.settings.instance_id}:resend:{secrets.token_hex(4)}"
     lease = lookup_lease_seconds(provider, reconcile, gw.settings.lease_margin_seconds)
     taken = await gw.store.claim_reconcile_one(

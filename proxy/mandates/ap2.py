@@ -27,6 +27,7 @@ Mandate it was made under (no checkout presented: the constraint fails).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from enum import StrEnum
@@ -95,6 +96,7 @@ class MandateTerms:
     transaction_id: str
     expires_at: int | None
     open_use: OpenMandateUse | None
+    instrument_id: str | None = None  # payment_instrument.id, when the mandate names one
 
 
 def terms_of(
@@ -167,6 +169,7 @@ def _closed_terms(
     subject = mandate.root.get("sub")
     if not isinstance(subject, str) or not subject:
         return MandateRefusal(MandateCode.INVALID, "the person's mandate names no subject (sub)")
+    instrument_id = content["payment_instrument"].get("id")
     exps = [e for e in (mandate.root.get("exp"), content.get("exp")) if isinstance(e, int)]
     return MandateTerms(
         reference=mandate.reference,
@@ -179,7 +182,48 @@ def _closed_terms(
         transaction_id=transaction_id,
         expires_at=min(exps) if exps else None,
         open_use=use,
+        instrument_id=instrument_id if isinstance(instrument_id, str) and instrument_id else None,
     )
+
+
+def approved_params(
+    terms: MandateTerms,
+    carried: Mapping[str, str],
+    params: Mapping[str, Any],
+    absent: Sequence[str] = (),
+) -> dict[str, Any] | MandateRefusal:
+    """The params of the operation a mandate approves: the agent's ``params`` with the
+    mandate's payee, instrument and reference in the parameters that carry them on the call
+    (``carried``: the policy rule's ``mandate``, what -> parameter), and none of ``absent``
+    (parameters that would pay another payee). The agent may repeat a value, never choose
+    another one."""
+    for param in absent:
+        if param in params:
+            return MandateRefusal(
+                MandateCode.MISMATCH,
+                f"the call's {param} would pay another payee than the mandate's",
+                field="payee",
+            )
+    values = {
+        "payee": terms.payee_id,
+        "payment_instrument": terms.instrument_id,
+        "reference": terms.transaction_id,
+    }
+    approved = dict(params)
+    for what, param in carried.items():
+        value = values[what]
+        if value is None:
+            return MandateRefusal(
+                MandateCode.INVALID, f"{what}.id is missing: the call carries it in {param}"
+            )
+        if param in approved and approved[param] != value:
+            return MandateRefusal(
+                MandateCode.MISMATCH,
+                f"the call's {param} is not the mandate's {what}",
+                field=what,
+            )
+        approved[param] = value
+    return approved
 
 
 def unchanged(open_content: dict[str, Any], closed: dict[str, Any]) -> MandateRefusal | None:
@@ -283,8 +327,13 @@ def _within_dates(execution: object, constraint: dict[str, Any], today: date) ->
 
 
 def _day(value: object) -> date:
-    if not isinstance(value, str):
+    """The UTC day of an ISO 8601 date or date-time; its year is checked (2..9998) before the
+    conversion to UTC, which a date at either end of datetime's range overflows."""
+    if not isinstance(value, str) or len(value) > 64:
         raise ValueError("not a date")
-    if "T" in value:
-        return datetime.fromisoformat(value).astimezone(UTC).date()
-    return date.fromisoformat(value)
+    if "T" not in value:
+        return date.fromisoformat(value)
+    moment = datetime.fromisoformat(value)
+    if not 1 < moment.year < 9999:
+        raise ValueError("a date outside the years opgate converts")
+    return moment.astimezone(UTC).date()

@@ -31,6 +31,38 @@ KB_JWT_TYP = "kb+jwt"
 HOP_TYPES = ("kb+sd-jwt", "kb-sd-jwt")
 MAX_PRESENTATION = 64 * 1024
 MAX_NONCE = 256  # opgate's own are 43 characters; anything far longer is not one of them
+# The claims of mandate content a decision reads by name (ap2.py, checkout.py), by vct. Only
+# for naming a withheld one in a refusal: sdjwt.reveal refuses ANY undisclosed digest, named
+# or not (docs/mandates.md, "Not shown is never not there").
+# (the ones a well-formed mandate always has first, so that the first one not shown is the
+# likeliest withheld)
+_ABOUT = ("vct", "sub", "cnf", "exp")
+_PAYMENT = ("payee", "payment_amount", "payment_instrument", "transaction_id")
+_CHECKOUT = ("checkout_jwt", "checkout_hash")
+READ_BY_NAME: dict[str, tuple[str, ...]] = {
+    "mandate.payment.1": (*_PAYMENT, *_ABOUT, "execution_date", "nbf"),
+    # an open mandate may fix any claim of the closed one (AP2: "MAY optionally include any
+    # property from the closed Payment Mandate"), which unchanged then compares
+    "mandate.payment.open.1": ("constraints", *_ABOUT, *_PAYMENT, "execution_date", "nbf"),
+    "mandate.checkout.1": (*_CHECKOUT, *_ABOUT, "nbf"),
+    "mandate.checkout.open.1": ("constraints", *_ABOUT, *_CHECKOUT, "nbf"),
+}
+# where mandate content sits: at the top, or in AP2 SDK tokens in delegate_payload[0]
+_CONTENT_PATHS = ("", "delegate_payload[0]")
+
+
+def _read_by_name(path: str, claims: dict[str, Any]) -> tuple[str, ...]:
+    if path not in _CONTENT_PATHS:
+        return ()
+    vct = claims.get("vct")
+    return READ_BY_NAME.get(vct, _ABOUT) if isinstance(vct, str) else _ABOUT
+
+
+# Names a withheld claim's path may show besides those (AP2's nested ones): never the
+# presentation's own text
+_WORDS = frozenset(
+    {"delegate_payload", "allowed", "items", "acceptable_items", "id", "amount", "currency"}
+).union(*READ_BY_NAME.values())
 
 
 class IssuerUnknown(SdJwtInvalid):
@@ -163,9 +195,10 @@ def _verify_root(
     if key is None:
         raise IssuerUnknown("no trusted issuer of this tenant holds the key the mandate names")
     _header, payload = verify_jws(token.issuer_jwt, key.jwk)
-    claims = reveal(payload, token.disclosures)
+    claims = reveal(payload, token.disclosures, _read_by_name, _WORDS)
     check_times(claims, expect.now, expect.skew_seconds, "the mandate")
     content = _effective(claims)
+    check_times(content, expect.now, expect.skew_seconds, "the mandate content")
     holder_key = confirmation_key(content)
     nonce = None
     if last and holder_key is not None:
@@ -197,7 +230,7 @@ def _verify_hop(
     header, payload = verify_jws(hop.issuer_jwt, agent_key)
     if header.get("typ") not in HOP_TYPES:
         raise SdJwtInvalid(f"the closed mandate's typ is not one of {', '.join(HOP_TYPES)}")
-    claims = reveal(payload, hop.disclosures)
+    claims = reveal(payload, hop.disclosures, _read_by_name, _WORDS)
     nonce = _check_binding_claims(claims, expect, "the closed mandate")
     bindings = [name for name in ("sd_hash", "issuer_jwt_hash") if name in claims]
     if len(bindings) != 1:
@@ -208,6 +241,7 @@ def _verify_hop(
     if claims[bindings[0]] != expected:
         raise SdJwtInvalid(f"the closed mandate's {bindings[0]} does not match the open one")
     closed = _effective(claims)
+    check_times(closed, expect.now, expect.skew_seconds, "the closed mandate content")
     if "cnf" in closed:
         raise SdJwtInvalid("a closed mandate delegates further (cnf)")
     return closed, nonce

@@ -21,9 +21,6 @@ merchant keys): its payload is read only as far as the person's (or agent's) sig
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 from collections import deque
 from typing import Any
 
@@ -35,7 +32,7 @@ from proxy.mandates.ap2 import (
     unchanged,
 )
 from proxy.mandates.chain import VerifiedMandate
-from proxy.mandates.sdjwt import b64url_digest
+from proxy.mandates.sdjwt import SdJwtInvalid, b64url_digest, b64url_json
 
 CHECKOUT = "mandate.checkout.1"
 CHECKOUT_OPEN = "mandate.checkout.open.1"
@@ -88,11 +85,9 @@ def _closed(
 
 
 def _checkout_payload(jwt: str) -> dict[str, Any] | None:
-    segment = jwt.split(".")[1]
     try:
-        raw = base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
-        payload = json.loads(raw.decode("utf-8"))
-    except (binascii.Error, UnicodeDecodeError, ValueError):
+        payload = b64url_json(jwt.split(".")[1], "checkout_jwt's payload")
+    except SdJwtInvalid:
         return None
     return payload if isinstance(payload, dict) else None
 

@@ -24,6 +24,8 @@ from joserfc import jws
 from joserfc.errors import JoseError
 from joserfc.jwk import ECKey
 
+from proxy.mandates.sdjwt import SdJwtInvalid, b64url_json
+
 # opgate's refusal codes as AP2's four errors
 AP2_ERRORS = {
     "mandate_invalid": "invalid_credential",
@@ -109,9 +111,15 @@ class ReceiptInvalid(ValueError):
 def read_receipt(key: ECKey, issuer: str, receipt: str) -> dict[str, Any]:
     """The claims of a receipt opgate signed with ``key`` as ``issuer``; else ReceiptInvalid.
     Only ES256 and opgate's own ``kid``: a receipt is trusted for what opgate itself said."""
+    parts = receipt.split(".")
     try:
+        if len(parts) != 3:
+            raise SdJwtInvalid("not a compact JWS")
+        # bounded and well-formed before joserfc parses anything of it
+        header, claims = (b64url_json(part, "the receipt") for part in parts[:2])
+        if not isinstance(header, dict):
+            raise SdJwtInvalid("the receipt's header is not an object")
         verified = jws.deserialize_compact(receipt, key, algorithms=["ES256"])
-        claims = json.loads(verified.payload)
     except (JoseError, ValueError, TypeError) as exc:
         raise ReceiptInvalid("not a receipt signed with opgate's key") from exc
     if verified.protected.get("kid") != key_id(key) or not isinstance(claims, dict):

@@ -14,6 +14,7 @@ import base64
 import binascii
 import hashlib
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,11 +29,27 @@ ACCEPTED_ALGORITHMS = ("ES256",)
 SD_ALG = "sha-256"
 # A mandate is a few objects deep; deeper nesting is refused rather than walked.
 MAX_DEPTH = 16
+# Nesting of any JSON text opgate parses out of base64url (headers, payloads, disclosures,
+# checkout JWTs), counted on the bytes BEFORE the parser runs: Python's parser recurses, and a
+# header of a few thousand brackets would exhaust the stack before any signature is checked.
+MAX_JSON_DEPTH = 32
 MAX_DISCLOSURES = 256
+# The last second of 9999-12-31 UTC: any NumericDate past it (or before 0) is refused before it
+# is compared or converted (datetime cannot hold it).
+MAX_TIME = 253_402_300_799
 
 
 class SdJwtInvalid(ValueError):
     """The SD-JWT fails a verification step; the message names the step."""
+
+
+class ClaimWithheld(SdJwtInvalid):
+    """A digest of the SD-JWT is left undisclosed: a claim (or an array element) withheld, or a
+    decoy, which RFC 9901 makes impossible to tell apart. ``claim`` names where it sits."""
+
+    def __init__(self, claim: str, message: str) -> None:
+        super().__init__(message)
+        self.claim = claim
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,19 +85,73 @@ def b64url_digest(text: str) -> str:
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 
-def _b64url_json(segment: str, what: str) -> Any:
-    if not segment.isascii() or "=" in segment:
+def b64url_json(segment: str, what: str) -> Any:
+    """The JSON value a base64url segment holds, parsed only once its bytes are known to nest
+    no deeper than MAX_JSON_DEPTH and to hold no text PostgreSQL or UTF-8 cannot (a lone
+    surrogate, NUL); else SdJwtInvalid naming ``what``."""
+    if not segment.isascii() or "=" in segment or len(segment) % 4 == 1:
         raise SdJwtInvalid(f"{what} is not unpadded base64url")
     try:
         raw = base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
-        return json.loads(raw.decode("utf-8"))
-    except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
+    except (binascii.Error, ValueError) as exc:
         raise SdJwtInvalid(f"{what} is not base64url JSON") from exc
+    return parse_json(raw, what)
+
+
+def parse_json(raw: bytes, what: str) -> Any:
+    """``raw`` parsed as strict JSON (no NaN or Infinity), depth bounded before parsing."""
+    if not json_depth_within(raw, MAX_JSON_DEPTH):
+        raise SdJwtInvalid(f"{what} nests JSON deeper than {MAX_JSON_DEPTH}")
+    try:
+        text = raw.decode("utf-8")
+        value = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
+        # a lone surrogate (\ud800) or NUL parses, then breaks every encoder after it
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except (UnicodeError, ValueError) as exc:
+        raise SdJwtInvalid(f"{what} is not base64url JSON") from exc
+    if "\\u0000" in text:
+        raise SdJwtInvalid(f"{what} holds a NUL character")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # a member named twice reads differently to different parsers (first or last wins)
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        raise ValueError("a member is named twice")
+    return value
+
+
+def json_depth_within(raw: bytes, limit: int) -> bool:
+    """Whether the JSON text ``raw`` nests arrays and objects at most ``limit`` deep, counted
+    on its bytes (brackets inside strings do not count) without parsing it."""
+    depth, in_string, escaped = 0, False, False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > limit:
+                return False
+        elif byte in (0x5D, 0x7D):  # ] }
+            depth -= 1
+    return True
 
 
 def unverified_header(jwt: str) -> dict[str, Any]:
     """The protected header of a compact JWS, read without verifying (to pick the key)."""
-    header = _b64url_json(jwt.split(".", 1)[0], "the JWS header")
+    header = b64url_json(jwt.split(".", 1)[0], "the JWS header")
     if not isinstance(header, dict):
         raise SdJwtInvalid("the JWS header is not an object")
     return header
@@ -91,6 +162,7 @@ def verify_jws(jwt: str, public_jwk: dict[str, Any]) -> tuple[dict[str, Any], di
     if jwt.count(".") != 2:
         raise SdJwtInvalid("not a compact JWS")
     header = unverified_header(jwt)
+    b64url_json(jwt.split(".")[1], "the JWS payload")  # bounded before joserfc reads it
     if header.get("alg") not in ACCEPTED_ALGORITHMS:
         raise SdJwtInvalid("the signature algorithm is not accepted (ES256 only)")
     if "crit" in header:
@@ -105,10 +177,7 @@ def verify_jws(jwt: str, public_jwk: dict[str, Any]) -> tuple[dict[str, Any], di
 
 
 def _json_object(raw: bytes, what: str) -> dict[str, Any]:
-    try:
-        value = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise SdJwtInvalid(f"{what} is not JSON") from exc
+    value = parse_json(raw, what)
     if not isinstance(value, dict):
         raise SdJwtInvalid(f"{what} is not a JSON object")
     return value
@@ -123,7 +192,7 @@ class _Disclosure:
 def _decode_disclosures(disclosures: tuple[str, ...]) -> dict[str, _Disclosure]:
     by_digest: dict[str, _Disclosure] = {}
     for text in disclosures:
-        decoded = _b64url_json(text, "a disclosure")
+        decoded = b64url_json(text, "a disclosure")
         if not isinstance(decoded, list) or len(decoded) not in (2, 3):
             raise SdJwtInvalid("a disclosure is not a JSON array of 2 or 3 elements")
         if not isinstance(decoded[0], str):
@@ -142,11 +211,31 @@ def _decode_disclosures(disclosures: tuple[str, ...]) -> dict[str, _Disclosure]:
     return by_digest
 
 
-class _Revealer:
-    """Replaces digests by the claims their disclosures hold (RFC 9901 section 7.1, step 3)."""
+# (path of an object, its revealed claims) -> the claims a decision reads there by name
+Named = Callable[[str, dict[str, Any]], Sequence[str]]
 
-    def __init__(self, disclosures: dict[str, _Disclosure]) -> None:
+
+def _nothing_named(_path: str, _claims: dict[str, Any]) -> Sequence[str]:
+    return ()
+
+
+class _Revealer:
+    """Replaces digests by the claims their disclosures hold (RFC 9901 section 7.1, step 3).
+
+    A digest no disclosure answers is refused (``ClaimWithheld``), not skipped: it is a claim
+    or array element the holder withheld, or a decoy, and RFC 9901 makes the two
+    indistinguishable by design. opgate reads a mandate whole (docs/mandates.md, "Not shown is
+    never not there"), so it never decides on a part of one."""
+
+    def __init__(
+        self,
+        disclosures: dict[str, _Disclosure],
+        named: Named,
+        words: frozenset[str],
+    ) -> None:
         self._disclosures = disclosures
+        self._named = named
+        self._words = words
         self._seen: set[str] = set()
 
     def unused(self) -> int:
@@ -160,58 +249,95 @@ class _Revealer:
         self._seen.add(digest)
         return self._disclosures.get(digest)
 
-    def reveal(self, value: Any, depth: int = 0) -> Any:
+    def reveal(self, value: Any, path: str, depth: int = 0) -> Any:
         if depth > MAX_DEPTH:
             raise SdJwtInvalid(f"claims nested deeper than {MAX_DEPTH}")
         if isinstance(value, dict):
-            return self._object(value, depth)
+            return self._object(value, path, depth)
         if isinstance(value, list):
-            return self._array(value, depth)
+            return self._array(value, path, depth)
         return value
 
-    def _object(self, value: dict[str, Any], depth: int) -> dict[str, Any]:
+    def _object(self, value: dict[str, Any], path: str, depth: int) -> dict[str, Any]:
         digests = value.get("_sd", [])
         if not isinstance(digests, list):
             raise SdJwtInvalid("_sd is not an array")
-        revealed = {k: self.reveal(v, depth + 1) for k, v in value.items() if k != "_sd"}
+        revealed = {
+            k: self.reveal(v, _member(path, k, self._words), depth + 1)
+            for k, v in value.items()
+            if k != "_sd"
+        }
+        withheld = 0
         for digest in digests:
             disclosure = self._take(digest)
             if disclosure is None:
-                continue  # a decoy digest, or a claim the holder did not disclose
+                withheld += 1
+                continue
             if disclosure.name is None:
                 raise SdJwtInvalid("an array-element disclosure is referenced from _sd")
             if disclosure.name in revealed:
                 raise SdJwtInvalid("a claim is disclosed over an existing one")
-            revealed[disclosure.name] = self.reveal(disclosure.value, depth + 1)
+            revealed[disclosure.name] = self.reveal(
+                disclosure.value, _member(path, disclosure.name, self._words), depth + 1
+            )
+        if withheld:
+            # name the claim a decision reads that is not shown, where the caller named them
+            absent = [name for name in self._named(path, revealed) if name not in revealed]
+            claim = _member(path, absent[0], self._words) if absent else path or "$"
+            candidates = ", ".join(_member(path, name, self._words) for name in absent)
+            raise ClaimWithheld(
+                claim,
+                f"{withheld} digest(s) of {path or 'the claims'} undisclosed (a withheld claim or "
+                "a decoy; opgate reads a mandate whole)"
+                + (f": not shown, of those read by name: {candidates}" if absent else ""),
+            )
         return revealed
 
-    def _array(self, value: list[Any], depth: int) -> list[Any]:
+    def _array(self, value: list[Any], path: str, depth: int) -> list[Any]:
         revealed: list[Any] = []
-        for element in value:
+        for index, element in enumerate(value):
             if isinstance(element, dict) and "..." in element:
                 if len(element) != 1:
                     raise SdJwtInvalid("an array-element digest object has other keys")
                 disclosure = self._take(element["..."])
                 if disclosure is None:
-                    continue
+                    raise ClaimWithheld(
+                        f"{path}[{index}]",
+                        f"{path}[{index}] is withheld: an array element's digest undisclosed "
+                        "(a withheld element or a decoy; opgate reads a mandate whole)",
+                    )
                 if disclosure.name is not None:
                     raise SdJwtInvalid("a claim disclosure is referenced as an array element")
-                revealed.append(self.reveal(disclosure.value, depth + 1))
-            else:
-                revealed.append(self.reveal(element, depth + 1))
+                element = disclosure.value
+            revealed.append(self.reveal(element, f"{path}[{index}]", depth + 1))
         return revealed
 
 
-def reveal(payload: dict[str, Any], disclosures: tuple[str, ...]) -> dict[str, Any]:
+def _member(path: str, name: str, words: frozenset[str]) -> str:
+    # a path is answered to the presenter: only names the caller knows are shown, never text
+    # of the presentation's own
+    shown = name if name in words else "*"
+    return f"{path}.{shown}" if path else shown
+
+
+def reveal(
+    payload: dict[str, Any],
+    disclosures: tuple[str, ...],
+    named: Named | None = None,
+    words: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
     """The payload with every disclosed claim in place and the SD-JWT machinery removed.
 
-    Refused: an ``_sd_alg`` other than sha-256, a disclosure given twice or not referenced by
-    any digest, a digest referenced twice, a claim disclosed over an existing one."""
+    Refused: an ``_sd_alg`` other than sha-256, a digest no disclosure answers
+    (``ClaimWithheld``: ``named`` gives the claims a decision reads by name in an object at a
+    path, so that a withheld one is named; a path shows only ``words``), a disclosure
+    given twice or not referenced by any digest, a digest referenced twice, a claim disclosed
+    over an existing one."""
     sd_alg = payload.get("_sd_alg", SD_ALG)
     if sd_alg != SD_ALG:
         raise SdJwtInvalid("_sd_alg is not sha-256")
-    revealer = _Revealer(_decode_disclosures(disclosures))
-    claims = revealer.reveal({k: v for k, v in payload.items() if k != "_sd_alg"})
+    revealer = _Revealer(_decode_disclosures(disclosures), named or _nothing_named, words)
+    claims = revealer.reveal({k: v for k, v in payload.items() if k != "_sd_alg"}, "")
     if revealer.unused():
         raise SdJwtInvalid("a disclosure is not referenced by any digest of the SD-JWT")
     assert isinstance(claims, dict)
@@ -222,8 +348,8 @@ def check_times(claims: dict[str, Any], now: int, skew: int, what: str) -> None:
     """``exp`` not passed, ``nbf`` and ``iat`` not in the future (each within ``skew``)."""
     for name in ("exp", "nbf", "iat"):
         value = claims.get(name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise SdJwtInvalid(f"{what}: {name} is not an integer")
+        if value is not None and not is_time(value):
+            raise SdJwtInvalid(f"{what}: {name} is not an integer time from 0 to {MAX_TIME}")
     exp, nbf, iat = claims.get("exp"), claims.get("nbf"), claims.get("iat")
     if exp is not None and now > exp + skew:
         raise SdJwtExpired(f"{what} expired at {exp}")
@@ -231,6 +357,11 @@ def check_times(claims: dict[str, Any], now: int, skew: int, what: str) -> None:
         raise SdJwtInvalid(f"{what} is not valid before {nbf}")
     if iat is not None and now + skew < iat:
         raise SdJwtInvalid(f"{what} is issued in the future")
+
+
+def is_time(value: object) -> bool:
+    """A NumericDate opgate can compare and convert: an integer of seconds, 0..MAX_TIME."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TIME
 
 
 class SdJwtExpired(SdJwtInvalid):

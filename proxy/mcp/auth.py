@@ -22,7 +22,10 @@ Static agent tokens keep working beside OAuth unless ``static_tokens`` is false.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import math
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +34,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import jwt
 
+from proxy.gate.bodies import BodyRejected, parse_json_object
 from proxy.gate.checks import Agent
 from proxy.mcp.tools import (
     EXECUTE_OPERATION,
@@ -63,6 +67,7 @@ WELL_KNOWN = "/.well-known/oauth-protected-resource"
 _REFETCH_SECONDS = 10.0  # an unknown key id refetches the JWKS at most this often
 _FETCH_TIMEOUT_SECONDS = 5.0
 _LEEWAY_SECONDS = 30  # clock skew allowed on exp/nbf/iat
+_BASE64URL = re.compile(r"[A-Za-z0-9_-]+")
 
 
 @dataclass(frozen=True)
@@ -173,6 +178,87 @@ class _Keys:
         self.fetched_at = time.monotonic()
 
 
+# What a token must show for the endpoint to decide on it: the issuer whose keys verify it,
+# the audience that binds it to this endpoint (RFC 8707), when it ends, and the scopes it
+# grants; and the issuer's subject claim (``OAuthIssuer.subject_claim``), who it is. A token
+# without any of these is refused, never read as "no limit" or "no scope".
+REQUIRED_CLAIMS = ("iss", "aud", "exp", "scope")
+# The most a token may weigh: a header and a few claims, signed (an RSA-4096 signature is 683
+# characters); anything larger is not one of the tokens this endpoint reads.
+MAX_TOKEN_CHARS = 16 * 1024
+
+
+@dataclass(frozen=True)
+class Presented:
+    """A token read once, strictly, before anything is verified: its header and claims as
+    JSON objects in which no name is given twice (RFC 7519 section 4 lets a verifier refuse
+    such a token; two readers could otherwise see two different claims)."""
+
+    token: str
+    header: dict[str, Any]
+    claims: dict[str, Any]
+
+
+def read_token(token: str) -> Presented | TokenRefused:
+    """``token`` as a compact JWS (three base64url parts), header and claims parsed as a
+    request body is (bounded depth, no repeated name, no NaN, no lone surrogate). Pure."""
+    parts = token.split(".")
+    if len(token) > MAX_TOKEN_CHARS or len(parts) != 3 or not all(parts):
+        return TokenRefused("not a JWT access token")
+    read: list[dict[str, Any]] = []
+    for part in parts[:2]:
+        if not _BASE64URL.fullmatch(part):
+            return TokenRefused("not a JWT access token")
+        try:
+            read.append(parse_json_object(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))))
+        except (BodyRejected, ValueError):
+            return TokenRefused("not a JWT access token: its header or claims do not parse")
+    header, claims = read
+    if "crit" in header or "b64" in header:  # RFC 7515 4.1.11: no extension is understood here
+        return TokenRefused("the token's header asks for an extension this endpoint lacks")
+    return Presented(token, header, claims)
+
+
+def check_claims(
+    claims: dict[str, Any], issuer: OAuthIssuer, resource: str, now: float
+) -> tuple[str, frozenset[str]] | TokenRefused:
+    """The subject and scopes of verified ``claims``, or why they do not admit the token:
+    every required claim present and of its type, issued by ``issuer``, bound to
+    ``resource``, and current at ``now``. Pure: the trust (issuer, resource) is the
+    endpoint's configuration, never the token's."""
+    for name in (*REQUIRED_CLAIMS, issuer.subject_claim):
+        if name not in claims:
+            return TokenRefused(f"the token does not show the claim {name!r}")
+    if claims["iss"] != issuer.issuer:
+        return TokenRefused("the token's issuer is not one this endpoint trusts")
+    audience = claims["aud"]
+    audiences = [audience] if isinstance(audience, str) else audience
+    if not isinstance(audiences, list) or not all(isinstance(a, str) for a in audiences):
+        return TokenRefused("the token's audience is not a string or an array of strings")
+    if resource not in audiences:
+        return TokenRefused("the token is not bound to this resource (audience)")
+    times = {n: claims[n] for n in ("exp", "nbf", "iat") if n in claims}
+    if not all(_is_time(t) for t in times.values()):
+        return TokenRefused("the token's times are not numbers of seconds")
+    if times["exp"] + _LEEWAY_SECONDS <= now:
+        return TokenRefused("the token has expired")
+    if times.get("nbf", now) - _LEEWAY_SECONDS > now:
+        return TokenRefused("the token is not valid yet")
+    if times.get("iat", now) - _LEEWAY_SECONDS > now:
+        return TokenRefused("the token was issued in the future")
+    scope, subject = claims["scope"], claims[issuer.subject_claim]
+    if not isinstance(scope, str) or not isinstance(subject, str):
+        return TokenRefused("the token's scope or subject is not a string")
+    return subject, frozenset(scope.split())
+
+
+def _is_time(value: object) -> bool:
+    """A NumericDate (RFC 7519 section 2): a finite JSON number, never a boolean or a string."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return math.isfinite(value)
+
+
 class OAuthVerifier:
     def __init__(self, oauth: McpOAuth, agents: dict[str, Agent]) -> None:
         self.oauth = oauth
@@ -182,42 +268,40 @@ class OAuthVerifier:
         }
 
     async def verify(self, http: aiohttp.ClientSession, token: str) -> Bearer | TokenRefused:
-        try:
-            header = jwt.get_unverified_header(token)
-            claimed = jwt.decode(token, options={"verify_signature": False})
-        except jwt.PyJWTError:
-            return TokenRefused("not a JWT access token")
-        issuer_name = claimed.get("iss")
+        presented = read_token(token)
+        if isinstance(presented, TokenRefused):
+            return presented
+        issuer_name = presented.claims.get("iss")
         keys = self.keys.get(issuer_name) if isinstance(issuer_name, str) else None
         if keys is None:
             return TokenRefused("the token's issuer is not one this endpoint trusts")
+        kid = presented.header.get("kid")
+        if kid is not None and not isinstance(kid, str):
+            return TokenRefused("the token's key id is not a string")
         try:
-            key = await keys.key(http, header.get("kid"))
+            key = await keys.key(http, kid)
         except (aiohttp.ClientError, TimeoutError, ValueError, jwt.PyJWTError) as exc:
             return TokenRefused(f"the issuer's keys could not be read: {type(exc).__name__}")
         if key is None:
             return TokenRefused("the token is signed with a key the issuer does not publish")
-        issuer = keys.issuer
+        return self.decide(presented, keys.issuer, key, time.time())
+
+    def decide(
+        self, presented: Presented, issuer: OAuthIssuer, key: jwt.PyJWK, now: float
+    ) -> Bearer | TokenRefused:
+        """Who a token read by ``read_token`` says is calling, with which scopes: its
+        signature by ``key`` under one of the issuer's algorithms, then its claims. Pure."""
         try:
-            claims = jwt.decode(
-                token,
-                key=key,
-                algorithms=list(issuer.algorithms),
-                audience=self.oauth.resource,
-                issuer=issuer.issuer,
-                leeway=_LEEWAY_SECONDS,
-                options={"require": ["exp", "iss", "aud"]},
+            jwt.PyJWS().decode_complete(
+                presented.token, key=key, algorithms=list(issuer.algorithms)
             )
-        except jwt.ExpiredSignatureError:
-            return TokenRefused("the token has expired")
-        except jwt.InvalidAudienceError:
-            return TokenRefused("the token is not bound to this resource (audience)")
         except jwt.PyJWTError as exc:
             return TokenRefused(f"the token does not verify: {type(exc).__name__}")
-        subject = claims.get(issuer.subject_claim)
-        agent = self.subjects.get((issuer.issuer, subject)) if isinstance(subject, str) else None
+        checked = check_claims(presented.claims, issuer, self.oauth.resource, now)
+        if isinstance(checked, TokenRefused):
+            return checked
+        subject, scopes = checked
+        agent = self.subjects.get((issuer.issuer, subject))
         if agent is None:
             return TokenRefused("the token's subject is not an agent of this opgate")
-        scope = claims.get("scope")
-        scopes = frozenset(scope.split()) if isinstance(scope, str) else frozenset()
         return Bearer(agent, scopes)

@@ -68,6 +68,9 @@ class AuditRecord:
     # path_sha256 is the SHA-256 of the whole path (see fields()).
     path: str | None = None
     path_sha256: str | None = None
+    # SHA-256 of the raw query string as sent (null without one): the query's values are not
+    # kept, as the body's are not (gate.intake.query_sha256).
+    query_sha256: str | None = None
     agent_id: str | None = None
     tenant: str | None = None
     provider: str | None = None
@@ -86,6 +89,9 @@ class AuditRecord:
     # what the row stores and replays), or, on a replay, of the stored answer returned: what
     # an offline bundle checks the stored answer against (auditlog/evidence.py).
     provider_answer_sha256: str | None = None
+    # The provider's answer headers dropped because they carried the credential opgate
+    # injected (their names; never their values): a provider echoing its secret. Null if none.
+    credential_echoes: list[str] | None = None
     # Shadow mode (`mode: report`): the code an enforcing rule would have refused with, though
     # the request was decided as `decision` (forwarded or replayed). Null otherwise.
     would_deny: str | None = None

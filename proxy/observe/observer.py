@@ -116,6 +116,11 @@ class Observability:
             "Agent requests by decision and reason, and the provider and rule they matched.",
             ("decision", "reason", "provider", "rule"),
         )
+        self.credential_echoes = Counter(
+            "opgate_credential_echoes_total",
+            "Provider answer headers dropped for carrying the credential opgate injected.",
+            ("provider",),
+        )
         self.reload_failures = Counter(
             "opgate_policy_reload_failures_total",
             "Policy reloads refused (the set that was serving keeps serving).",
@@ -131,7 +136,12 @@ class Observability:
             SharedCounts(
                 settings.metrics_dir,
                 settings.instance_id,
-                (self.requests, self.upstream_seconds, self.reload_failures),
+                (
+                    self.requests,
+                    self.upstream_seconds,
+                    self.reload_failures,
+                    self.credential_echoes,
+                ),
             )
             if settings.metrics_dir is not None
             else None
@@ -283,6 +293,9 @@ class Observability:
                 str(fields.get("provider") or ""),
                 str(fields.get("rule") or ""),
             )
+            echoes = fields.get("credential_echoes")
+            if echoes:
+                self.credential_echoes.inc(str(fields.get("provider") or ""), amount=len(echoes))
         except Exception as exc:  # a sink's failure is counted, never the request's
             SINKS.failed(SPAN, exc)
         else:
@@ -295,7 +308,12 @@ class Observability:
             self.writer.submit(fields, redacted=True)
 
     async def metrics_text(self) -> str:
-        own: list[Series] = [self.requests, self.upstream_seconds, self.reload_failures]
+        own: list[Series] = [
+            self.requests,
+            self.upstream_seconds,
+            self.reload_failures,
+            self.credential_echoes,
+        ]
         counted = self.shared.merged() if self.shared is not None else own
         blocks = [series.render() for series in counted]
         blocks.append(

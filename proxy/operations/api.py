@@ -320,8 +320,15 @@ async def revoke_operation(request: web.Request) -> web.Response:
         existing = await gateway.store.load(operation_id)
         if existing is None:
             return admin_problem(404, "operation_unknown", "no such operation")
+        if existing.revoked_at is None:  # settled: nothing is left to stop, nothing un-sends
+            return admin_problem(
+                409,
+                "operation_settled",
+                f"{operation_id} is {existing.status.value}: nothing is left to stop, and "
+                "revoking un-sends nothing",
+            )
         return web.json_response(existing.to_public())  # revoking twice changes nothing
-    _log.info("operation_revoked", operation_id=operation_id)
+    _log.info("operation_revoked", operation_id=operation_id, nothing_sent=revoked.nothing_sent())
     return web.json_response(revoked.to_public())
 
 

@@ -1,7 +1,7 @@
 """``opgate ops ...``: the operations API from a terminal. Readable tables by default,
 ``--json`` for scripts. Talks HTTP only (stdlib), so it runs wherever the API is reachable.
 
-    OPGATE_OPS_URL    the operations listener (default http://127.0.0.1:8081)
+    OPGATE_OPS_URL    the operations listener (default: where the ``ops_listen`` setting puts it)
     OPGATE_ADMIN_TOKEN  the admin token (never the digest)
 """
 
@@ -18,13 +18,18 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from proxy.policy.amounts import human_amount
+
 
 def add_ops_commands(commands: Any) -> argparse.ArgumentParser:
     """The ``ops`` command and its subcommands; returns its parser (the process adds ``--dev``)."""
     ops: argparse.ArgumentParser = commands.add_parser(
         "ops", help="create, inspect, reconcile and resolve operations"
     )
-    ops.add_argument("--url", default=os.environ.get("OPGATE_OPS_URL", "http://127.0.0.1:8081"))
+    ops.add_argument(
+        "--url",
+        help="the operations API (default: $OPGATE_OPS_URL, else http://<ops_listen setting>)",
+    )
     ops.add_argument("--token", default=os.environ.get("OPGATE_ADMIN_TOKEN"))
     ops.add_argument("--json", action="store_true", help="print the API's JSON")
     # --json after the subcommand too (`opgate ops show ID --json`); SUPPRESS keeps a
@@ -62,7 +67,12 @@ def add_ops_commands(commands: Any) -> argparse.ArgumentParser:
     listing.add_argument("--tenant")
     listing.set_defaults(ops=_list)
 
-    revoke = sub.add_parser("revoke", parents=[json_anywhere], help="withdraw an approval")
+    revoke = sub.add_parser(
+        "revoke",
+        parents=[json_anywhere],
+        help="withdraw an unsettled operation's approval: no further attempt; what was sent "
+        "stays sent and counted (a settled one: operation_settled)",
+    )
     revoke.add_argument("operation_id")
     revoke.add_argument("--reason", required=True)
     revoke.set_defaults(ops=_revoke)
@@ -227,8 +237,7 @@ COLUMNS = (
     "provider",
     "action",
     "target",
-    "amount",
-    "currency",
+    "amount",  # with its currency, as a person reads it (money)
     "approved_by",
     "age",
     "status",
@@ -257,12 +266,31 @@ def _row(item: dict[str, Any], now: datetime) -> dict[str, Any]:
     escalation = op.get("escalation") or {}
     return {
         **op,
+        "amount": money(op.get("amount"), op.get("currency")),
         "next_action": item.get("next_action", ""),
         "target": f"{target.get('method', '')} {target.get('path', '')}".strip(),
         "approved_by": (op.get("approval") or {}).get("approved_by"),
         "age": _age(op.get("created_at"), now),
         "escalated_since": escalation.get("since"),
         "escalation_reason": escalation.get("reason"),
+    }
+
+
+def money(minor_units: Any, currency: Any) -> str | None:
+    """An amount as every table shows it to a person: "6.00 USD (600 minor units)"
+    (``human_amount``); None where there is no amount."""
+    if not isinstance(minor_units, int) or isinstance(minor_units, bool):
+        return None
+    code = currency if isinstance(currency, str) else None
+    return human_amount(minor_units, code, with_minor_units=True)
+
+
+def _budget_row(budget: dict[str, Any]) -> dict[str, Any]:
+    amounts = {k: money(budget.get(k), budget.get("currency")) for k in ("limit", "spent")}
+    return {
+        **budget,
+        **amounts,
+        "remaining": money(budget.get("remaining"), budget.get("currency")),
     }
 
 
@@ -280,7 +308,8 @@ def render(result: Any) -> str:
     """A readable table for lists, a key/value block for one operation."""
     if isinstance(result, dict) and "budgets" in result:
         budgets: list[dict[str, Any]] = result["budgets"]
-        return _table(budgets, BUDGET_COLUMNS) if budgets else "(none)"
+        rows = [_budget_row(b) for b in budgets]
+        return _table(rows, BUDGET_COLUMNS) if rows else "(none)"
     if isinstance(result, dict) and ("operations" in result or "escalations" in result):
         items: list[dict[str, Any]] = result.get("operations") or result.get("escalations") or []
         now = datetime.now(UTC)

@@ -44,6 +44,7 @@ from proxy.mandates.ap2 import (
     MandateCode,
     MandateRefusal,
     MandateTerms,
+    approved_params,
     terms_of,
 )
 from proxy.mandates.chain import (
@@ -62,7 +63,7 @@ from proxy.mandates.receipts import (
     receipt_claims,
     sign_receipt,
 )
-from proxy.mandates.sdjwt import SdJwtExpired, SdJwtInvalid, b64url_digest
+from proxy.mandates.sdjwt import ClaimWithheld, SdJwtExpired, SdJwtInvalid, b64url_digest
 from proxy.observe.audit import AuditRecord, Decision
 from proxy.operations.agent_body import read_agent_body
 from proxy.operations.api import read_document
@@ -237,6 +238,9 @@ def _verified(
         return Refused(Reason.MANDATE_ISSUER_UNKNOWN, str(exc))
     except SdJwtExpired as exc:
         return Refused(Reason.MANDATE_EXPIRED, str(exc))
+    except ClaimWithheld as exc:
+        # the claim's path is the mandate's own text: kept short, never the disclosed value
+        return Refused(Reason.MANDATE_INVALID, str(exc), {"claim": exc.claim[:200]})
     except SdJwtInvalid as exc:
         return Refused(Reason.MANDATE_INVALID, str(exc))
 
@@ -259,7 +263,7 @@ def _checkout(
         return None
     verified = _verified(text, keys, expect)
     if isinstance(verified, Refused):
-        return Refused(verified.reason, f"the checkout mandate: {verified.detail}")
+        return Refused(verified.reason, f"the checkout mandate: {verified.detail}", verified.named)
     if None not in (payment.nonce, verified.nonce) and payment.nonce != verified.nonce:
         # one presentation answers one challenge: both key bindings name the same nonce
         return Refused(
@@ -299,7 +303,7 @@ async def _present(
     expect = Expectation(trust.audience, now)
     verified = _verified(presentation.mandate, keys, expect)
     if isinstance(verified, Refused):
-        return _refuse(record, trust, verified.reason, verified.detail, reference)
+        return _refuse(record, trust, verified.reason, verified.detail, reference, **verified.named)
     issuer = issuers[verified.issuer]
     digest = mandate_digest(verified.closed_jwt)
     open_digest = None if verified.closed is None else mandate_digest(verified.root_jwt)
@@ -325,10 +329,15 @@ async def _present(
             verified.reference,
             field="payee",
         )
+    params = _approved_params(gw, presentation, terms)
+    if isinstance(params, Refused):
+        return _refuse(
+            record, trust, params.reason, params.detail, verified.reference, **params.named
+        )
     revoked = await MandateStore(gw.store).revoked([d for d in (digest, open_digest) if d])
     if revoked:
         return _refuse(record, trust, Reason.MANDATE_REVOKED, "revoked", verified.reference)
-    planned = _plan(gw, agent, presentation, terms, verified, digest, open_digest)
+    planned = _plan(gw, agent, presentation, terms, params, digest, open_digest)
     if isinstance(planned, list):
         record.provider = (
             presentation.provider if gw.policy.provider_named(presentation.provider) else None
@@ -360,12 +369,35 @@ async def _present(
     return web.json_response(body, status=status)
 
 
+def _approved_params(
+    gw: Gateway, presentation: Presentation, terms: MandateTerms
+) -> dict[str, Any] | Refused:
+    """The operation's params: the mandate's payee, instrument and reference where the policy
+    rule says the call carries them (``mandate``). A call whose rule names none cannot carry
+    the payee the person approved, and is refused rather than approved loosely. An unknown
+    provider or action is left to the plan, which names it."""
+    provider = gw.policy.provider_named(presentation.provider)
+    rule = None if provider is None else provider.rule_named(presentation.action)
+    if rule is None:
+        return dict(presentation.params)
+    if rule.mandate is None:
+        return Refused(
+            Reason.APPROVAL_NOT_SENDABLE,
+            f"rule {rule.name} names no parameter that carries a mandate's payee (its policy's "
+            "`mandate`): a payment mandate cannot approve it",
+        )
+    params = approved_params(
+        terms, rule.mandate.carried(), presentation.params, rule.mandate.absent
+    )
+    return Refused.of(params) if isinstance(params, MandateRefusal) else params
+
+
 def _plan(
     gw: Gateway,
     agent: Agent,
     presentation: Presentation,
     terms: MandateTerms,
-    verified: VerifiedMandate,
+    params: dict[str, Any],
     digest: str,
     open_digest: str | None,
 ) -> NewOperation | list[str]:
@@ -390,7 +422,7 @@ def _plan(
             path_params=presentation.path_params,
             amount=terms.amount,
             currency=terms.currency,
-            params=presentation.params,
+            params=params,
             idempotency_key="ap2k_" + hashlib.sha256(digest.encode()).hexdigest()[:40],
             approval_ref=f"ap2:{digest}" + (f";open:{open_digest}" if open_digest else ""),
             approved_by=f"{terms.issuer}:{terms.subject}"[:256],

@@ -37,16 +37,20 @@ def decimal_spelling(minor_units: int, currency: str | None) -> str | None:
     return f"{whole}.{fraction:0{places}d}"
 
 
-def human_amount(minor_units: int, currency: str | None) -> str:
+def human_amount(minor_units: int, currency: str | None, *, with_minor_units: bool = False) -> str:
     """An amount as a person reads it, the one spelling every page, message and table shows a
     human: in its currency's ISO 4217 exponent with the code upper case ("25.00 USD",
     "1099 JPY"), so that nobody misreads it by a factor of a hundred. Only where no exponent is
-    known are the minor units shown, and said to be so."""
+    known are the minor units shown, and said to be so. ``with_minor_units`` adds them in
+    every case ("6.00 USD (600 minor units)"): where a person compares the amount with a
+    request body or a provider's API, which speak minor units (the console, the CLI)."""
     spelt = decimal_spelling(minor_units, currency)
     if currency is None:
         return f"{minor_units} (minor units, no currency)"
     if spelt is None:
         return f"{minor_units} (minor units of {currency.upper()})"
+    if with_minor_units and spelt != str(minor_units):
+        return f"{spelt} {currency.upper()} ({minor_units} minor units)"
     return f"{spelt} {currency.upper()}"
 
 

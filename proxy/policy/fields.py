@@ -10,7 +10,9 @@ in ``policy check``:
   removed, reordered or changed is a mismatch;
 - in ``free`` it stands for any run of characters: on a JSON rule within one token
   (``/metadata/*`` is any key of ``metadata``, ``/items/*/note`` any element's note), on a form
-  rule anywhere (``metadata[*]``, as before).
+  rule anywhere (``metadata[*]``, as before). A free JSON field also covers the items of an
+  array it holds (``/assignees`` lets ``["a", "b"]`` through): a list of values is one value
+  to set, but an object's keys are not (``/metadata/*`` does not cover ``/metadata/a/b``).
 
 ``never_matches`` says why a field could never match any request, for ``policy check``.
 """
@@ -40,10 +42,8 @@ def free_matcher(field: str, *, json: bool) -> re.Pattern[str]:
     if not json:
         return re.compile(".*".join(re.escape(part) for part in field.split("*")), re.DOTALL)
     tokens = field.split("/")[1:]
-    return re.compile(
-        "".join("/" + "[^/]*".join(re.escape(part) for part in t.split("*")) for t in tokens),
-        re.DOTALL,
-    )
+    named = "".join("/" + "[^/]*".join(re.escape(part) for part in t.split("*")) for t in tokens)
+    return re.compile(named + f"(/{_INDEX})*", re.DOTALL)  # and an array's items, if it is one
 
 
 @lru_cache(maxsize=1024)

@@ -15,7 +15,13 @@ what loads but cannot be meant:
   rule a form key; ``*`` where it means nothing (proxy.policy.fields); a parameter compared
   both whole and element by element; an idempotency key that a rule's requests cannot carry;
 - spend budgets on a provider none of whose rules reads an amount (a warning: they count
-  nothing).
+  nothing);
+- a rule without an operation that takes a body: only a read's query may go unapproved (the
+  gate refuses a query on every rule that takes an operation or a body), and a body there would
+  be forwarded unchecked.
+- a reconcile lookup on a rule that writes the operation id nowhere (``inject_metadata:
+  false``, or no ``metadata_injection``): it matches on the id, so it can never find the
+  effect (a warning: every unknown outcome of the rule goes to a human).
 
 A file that fails the schema still has its rules checked one by one, where they parse: one
 typo does not hide the findings that would follow it.
@@ -113,10 +119,12 @@ def lint_policy_texts(
     for provider, path, node in parsed:
         findings.extend(_shadowed_rules(provider, str(path), node))
         findings.extend(_injection_collisions(provider, str(path), node))
+        findings.extend(_reads_with_a_body(provider, str(path), node))
         for j, rule in enumerate(provider.rules):
             findings.extend(_field_grammar(rule, str(path), node, j))
         findings.extend(_key_placement(provider, str(path), node))
         findings.extend(_idle_budgets(provider, str(path), node))
+        findings.extend(_blind_lookups(provider, str(path), node))
         if secrets is not None:
             findings.extend(_unconfigured_secret(provider, str(path), node, secrets))
     findings.extend(_overlaps_across_files(parsed))
@@ -191,6 +199,21 @@ def _shadowed_rules(provider: Provider, file: str, root: yaml.Node) -> Iterator[
                     f"{earlier.name!r}",
                 )
                 break
+
+
+def _reads_with_a_body(provider: Provider, file: str, root: yaml.Node) -> Iterator[Finding]:
+    """A rule without an operation is forwarded unchecked: its query is all a read carries
+    (gate.intake refuses a query on every other rule), so a body there would be a parameter
+    nothing approves. ``body`` defaults to ``form``: a read must say ``body: none``."""
+    for j, rule in enumerate(provider.rules):
+        if rule.operation is OperationRequirement.NONE and rule.body is not BodyKind.NONE:
+            yield _at(
+                file,
+                _node(root, ("rules", j, "body")) or _node(root, ("rules", j)),
+                f"rule {rule.name!r} takes no operation but a {rule.body.value} body: it would "
+                "be forwarded unchecked (a read's query is its only parameter)",
+                "set `body: none` on a read, or `operation: required` if the call needs a body",
+            )
 
 
 def _injection_collisions(provider: Provider, file: str, root: yaml.Node) -> Iterator[Finding]:
@@ -270,7 +293,7 @@ def _key_placement(provider: Provider, file: str, root: yaml.Node) -> Iterator[F
                     f"idempotency.body_field: {why} (a {kind.value} rule carries the key)",
                     "give the key's field in the spelling of the rules' body",
                 )
-    if key.header is not None:
+    if key.header is not None or not key.takes_key:  # no key: operations are named by header
         return
     for j, rule in enumerate(provider.rules):
         required = rule.operation is OperationRequirement.REQUIRED and rule.send_key
@@ -295,6 +318,30 @@ def _idle_budgets(provider: Provider, file: str, root: yaml.Node) -> Iterator[Fi
             "name the amount field of the rules that move money (`amount:`)",
             Severity.WARNING,
         )
+
+
+def _blind_lookups(provider: Provider, file: str, root: yaml.Node) -> Iterator[Finding]:
+    """A lookup finds the effect whose ``match`` field holds the operation id opgate wrote
+    into the request: a rule that writes it nowhere has lookups that can never match."""
+    for j, rule in enumerate(provider.rules):
+        if rule.reconcile is None or provider.metadata_field(rule) is not None:
+            continue
+        why = (
+            "inject_metadata: false"
+            if provider.metadata_injection is not None
+            else "the provider has no metadata_injection"
+        )
+        for k, lookup in enumerate(rule.reconcile.lookups):
+            yield _at(
+                file,
+                _node(root, ("rules", j, "reconcile", "lookups", k)),
+                f"rule {rule.name!r}: the lookup {lookup.path} matches {lookup.match} against "
+                f"the operation id, which opgate writes nowhere on this call ({why}): it can "
+                "never match, and every unknown outcome goes to a human",
+                "inject the operation id (metadata_injection, inject_metadata_at), or drop the "
+                "lookup (docs/how-to/apis-without-idempotency.md)",
+                Severity.WARNING,
+            )
 
 
 def _rules_of_unloadable_file(text: str, file: str) -> Iterator[Finding]:

@@ -12,15 +12,19 @@ from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
     Field,
+    GetJsonSchemaHandler,
     Tag,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from proxy.policy import expressions
 from proxy.policy.amounts import AmountFormat
@@ -67,9 +71,10 @@ _PATH_SCHEMA = WithJsonSchema(
 
 class CredentialInjection(Strict):
     """How opgate authenticates to the provider with a static secret: a bearer token
-    (``Authorization: Bearer ...``) or a provider API-key header (``X-API-Key: ...`` with
-    ``scheme: null``). The secret's value never lives in a policy: ``secret`` names it, and it
-    is read from ``OPGATE_SECRET_<NAME>`` or the secrets directory."""
+    (``Authorization: Bearer ...``), HTTP Basic (``scheme: Basic``, the secret being the base64
+    of ``user:password``, as Twilio takes it) or a provider API-key header (``X-API-Key: ...``
+    with ``scheme: null``). The secret's value never lives in a policy: ``secret`` names it, and
+    it is read from ``OPGATE_SECRET_<NAME>`` or the secrets directory."""
 
     kind: Literal["static"] = "static"
     header: str = "Authorization"
@@ -134,7 +139,11 @@ class Idempotency(Strict):
     the operation (an agent may send the key alone), must equal the approved one
     (idempotency_key_mismatch), and is set by opgate where it goes: in ``header`` (any name;
     ``null``: opgate adds none), in the body at ``body_field`` (a form key or a JSON pointer,
-    Square's ``/idempotency_key``), or both."""
+    Square's ``/idempotency_key``), or both.
+
+    Neither (``idempotency: none``, or ``header: null`` alone): the provider takes no key (an
+    SMS API, an issue tracker). opgate sends none, agents name operations by
+    ``X-Operation-Id``, and an unknown outcome is never re-sent on the key's strength."""
 
     header: str | None = "Idempotency-Key"
     body_field: str | None = None
@@ -151,19 +160,50 @@ class Idempotency(Strict):
     # provider publishes no window, so deduplication is never relied on past the first send.
     retention_seconds: Annotated[float, Field(gt=0)] | None = None
 
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        """The object, or ``none`` (editors then accept what the model does)."""
+        described = handler.resolve_ref_schema(handler(core_schema))
+        return {
+            "anyOf": [
+                {k: v for k, v in described.items() if k not in ("description", "title")},
+                {"const": "none", "description": "the provider takes no idempotency key"},
+            ],
+            "title": described.get("title", cls.__name__),
+            "description": described.get("description", ""),
+        }
+
+    @model_validator(mode="before")
+    @classmethod
+    def _none(cls, value: object) -> object:
+        """``idempotency: none``: the provider takes no key (no header, no body field)."""
+        return {"header": None} if value == "none" else value
+
     @model_validator(mode="after")
     def _placed(self) -> Idempotency:
-        if self.header is None and self.body_field is None:
-            raise ValueError(
-                "the key needs a place: a header, a body_field, or both (header: null alone "
-                "would name the operation by nothing)"
-            )
+        if not self.takes_key:
+            # What a provider does with a key means nothing where it takes none: said, so
+            # that nobody believes a re-send is deduplicated.
+            described = ("provider_deduplicates", "retention_seconds", "max_length", "characters")
+            given = [name for name in described if getattr(self, name) not in (None, False)]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)}: the provider takes no key (idempotency: none, or "
+                    "header: null without a body_field), so there is nothing to describe"
+                )
         if self.characters is not None:
             try:
                 re.compile(f"[{self.characters}]+")
             except re.error as exc:
                 raise ValueError(f"characters {self.characters!r}: not a character class") from exc
         return self
+
+    @property
+    def takes_key(self) -> bool:
+        """Whether the provider reads a key at all (in a header, the body, or both)."""
+        return self.header is not None or self.body_field is not None
 
     def key_problem(self, key: str) -> str | None:
         """Why the provider would refuse ``key``; None if it fits its documented limits."""
@@ -341,6 +381,36 @@ class Preconditions(Strict):
     recheck_after_seconds: Annotated[float, Field(ge=0, le=86400 * 30)] = 0.0
 
 
+class MandateParams(Strict):
+    """Which request parameters of this call carry what a person's payment mandate (AP2,
+    docs/mandates.md) approves besides the amount and currency: ``payee`` the mandate's
+    ``payee.id`` (``account``: no parameter does, the payee is the provider account opgate's
+    credential acts for, a direct payment), ``payment_instrument`` its
+    ``payment_instrument.id``, ``reference`` its ``transaction_id`` (the merchant's checkout
+    reference). ``absent``: parameters that would pay someone else (a connected account), left
+    absent. Each is one of the rule's ``params``; an operation a mandate creates approves these
+    values, so the agent cannot choose them. A rule without ``mandate`` cannot be approved by a
+    mandate: its payee could not be expressed."""
+
+    payee: Annotated[str, Field(min_length=1)]
+    payment_instrument: str | None = None
+    reference: str | None = None
+    absent: list[str] = Field(default_factory=list)
+
+    def carried(self) -> dict[str, str]:
+        """The parameter carrying each of payee, payment_instrument and reference named."""
+        named = {
+            "payee": None if self.payee == PAYEE_IS_ACCOUNT else self.payee,
+            "payment_instrument": self.payment_instrument,
+            "reference": self.reference,
+        }
+        return {what: param for what, param in named.items() if param is not None}
+
+
+# MandateParams.payee for a direct payment: the payee is the account the credential acts for
+PAYEE_IS_ACCOUNT = "account"
+
+
 class Rule(Strict):
     name: Annotated[str, Field(pattern=_NAME)]
     method: Literal["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
@@ -370,6 +440,9 @@ class Rule(Strict):
     # A proposal of this call may not be approved by the approver its agent belongs to (the
     # agent's `owner`, or an approver named as the agent). None: the provider's four_eyes.
     four_eyes: bool | None = None
+    # The parameters that carry a payment mandate's payee, instrument and reference (None: a
+    # mandate cannot approve this call).
+    mandate: MandateParams | None = None
 
     @field_validator("path", mode="before")
     @classmethod
@@ -403,6 +476,22 @@ class Rule(Strict):
             raise ValueError("a field is named twice among amount, currency and params")
         if self.preconditions is not None:
             self._check_preconditions(self.preconditions)
+        return self
+
+    @model_validator(mode="after")
+    def _mandate_params_approved(self) -> Rule:
+        """What carries a mandate's payee is approved like any param, and only a call that
+        moves an amount is a payment a mandate can approve."""
+        if self.mandate is None:
+            return self
+        if self.amount is None:
+            raise ValueError("mandate needs `amount`: a payment mandate approves an amount")
+        named = [*self.mandate.carried().values(), *self.mandate.absent]
+        missing = sorted(param for param in named if param not in self.params)
+        if missing:
+            raise ValueError(f"mandate names {missing}, which are not among the rule's params")
+        if len(set(named)) != len(named):
+            raise ValueError("mandate names one parameter twice")
         return self
 
     def _check_preconditions(self, preconditions: Preconditions) -> None:
@@ -469,6 +558,65 @@ class AgentSignature(Strict):
     expires_seconds: Annotated[int, Field(ge=1, le=480)] = 60
 
 
+# --- response headers ---
+# What of a provider's answer reaches the agent whatever its policy says (docs: policy format).
+# Representation and caching metadata, the provider's request id, replay flag and rate-limit
+# state: what SDKs read (Stripe's Request-Id, Square's Retry-After and X-RateLimit-Reset).
+DEFAULT_RESPONSE_HEADERS = (
+    "Cache-Control",
+    "Content-Encoding",
+    "Content-Language",
+    "Content-Type",
+    "Date",
+    "ETag",
+    "Expires",
+    "Idempotent-Replayed",  # the provider answered a repeated key with its first answer
+    "Last-Modified",
+    "Link",
+    "Location",
+    "RateLimit",
+    "RateLimit-*",
+    "Request-Id",
+    "Retry-After",
+    "Vary",
+    "X-RateLimit-*",
+    "X-Request-Id",
+)
+# Never passed on, whatever a policy lists: framing and hop-by-hop headers are the connection's,
+# X-Operation-Id and X-Operation-Status opgate's own (set on an operation's answer).
+UNLISTABLE_RESPONSE_HEADERS = frozenset(
+    {
+        "connection",
+        "content-length",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "x-operation-id",
+        "x-operation-status",
+    }
+)
+
+
+def _response_header_pattern(value: str) -> str:
+    """A header name (RFC 9110 token), or a prefix of one ending in ``*``; never ``*`` alone
+    (that would pass every header, cookies included) nor a name opgate never passes on."""
+    if value.lower() in UNLISTABLE_RESPONSE_HEADERS:
+        raise ValueError(f"response_headers may not list {value}: it is never passed on")
+    return value
+
+
+ResponseHeaderPattern = Annotated[
+    str,
+    Field(pattern=r"^[A-Za-z0-9!#$%&'+.^_`|~-]+\*?$"),
+    AfterValidator(_response_header_pattern),
+]
+# --- end response headers ---
+
+
 class Provider(Strict):
     version: Literal[1]
     provider: Annotated[str, Field(pattern=_NAME)]
@@ -476,6 +624,7 @@ class Provider(Strict):
     route_prefix: Annotated[str, Field(pattern=r"^/[A-Za-z0-9.-][A-Za-z0-9_.-]*$")]
     upstream: Annotated[str, Field(pattern=r"^https?://[^/?#]+(/[^?#]*)?$")]
     credential: Credential | None = None
+    # `none`: the provider takes no idempotency key (docs/how-to/apis-without-idempotency.md)
     idempotency: Idempotency = Field(default_factory=Idempotency)
     metadata_injection: MetadataInjection | None = None
     timeouts: Timeouts = Field(default_factory=Timeouts)
@@ -491,6 +640,12 @@ class Provider(Strict):
             "tracestate",
         ]
     )
+    # --- response headers ---
+    # Headers of the provider's answers that reach the agent besides DEFAULT_RESPONSE_HEADERS
+    # (names, or a prefix ending in ``*``); Set-Cookie and WWW-Authenticate only if listed. A
+    # header carrying the injected credential never does (proxy/gate/headers.py).
+    response_headers: list[ResponseHeaderPattern] = Field(default_factory=list)
+    # --- end response headers ---
     classify: Classification = Field(default_factory=Classification)
     errors: ErrorDialect = ErrorDialect.PROBLEM  # the shape of opgate's refusals
     # How a currency code leaves (whatever case the agent wrote): Stripe's are lower case,
@@ -595,6 +750,20 @@ class Provider(Strict):
     def key_header(self, rule: Rule) -> str | None:
         """The header carrying the idempotency key on ``rule``, if the key travels there."""
         return self.idempotency.header if rule.send_key else None
+
+    def sends_key(self, rule: Rule) -> bool:
+        """Whether ``rule``'s requests leave with the idempotency key (in a header or the
+        body): if not, nothing at the provider tells a re-send from a second request."""
+        return self.key_header(rule) is not None or self.key_field(rule) is not None
+
+    def dedup_window_for(self, rule: Rule | None) -> float | None:
+        """How long after creation the provider deduplicates a re-send of ``rule``'s call;
+        None: never relied on. A call that carries no key (``send_key: false``) is never
+        deduplicated, whatever the provider does with the key its other calls carry. No rule
+        (a policy reloaded without it): the provider's."""
+        if rule is not None and not self.sends_key(rule):
+            return None
+        return self.idempotency.dedup_window_seconds
 
     def currency_spelling(self, currency: str) -> str:
         """The approved currency as this provider takes it."""

@@ -1,7 +1,7 @@
 """``opgate proposals ...``: list, approve and decline agents' proposals from a terminal, as
 ``opgate ops`` does for operations (its HTTP client and tables; ``--json`` for scripts).
 
-    OPGATE_OPS_URL         the operations listener (default http://127.0.0.1:8081)
+    OPGATE_OPS_URL         the operations listener (default: where ``ops_listen`` puts it)
     OPGATE_APPROVER_TOKEN  an approver's token (or OPGATE_ADMIN_TOKEN, the admin's)
 """
 
@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from proxy.operations.cli import _age, _call, _cell, _table, run_api_call
+from proxy.operations.cli import _age, _call, _cell, _table, money, run_api_call
 
 COLUMNS = (
     "proposal_id",
@@ -24,8 +24,7 @@ COLUMNS = (
     "provider",
     "action",
     "target",
-    "amount",
-    "currency",
+    "amount",  # with its currency, as a person reads it (money)
     "age",
     "status",
     "next_action",
@@ -33,10 +32,15 @@ COLUMNS = (
 )
 
 
-def add_proposal_commands(commands: Any) -> None:
-    proposals = commands.add_parser("proposals", help="list, approve and decline proposals")
+def add_proposal_commands(commands: Any) -> argparse.ArgumentParser:
+    """The ``proposals`` command and its subcommands; returns its parser (the process adds
+    ``--dev`` and finds the operations API: proxy/cli.py)."""
+    proposals: argparse.ArgumentParser = commands.add_parser(
+        "proposals", help="list, approve and decline proposals"
+    )
     proposals.add_argument(
-        "--url", default=os.environ.get("OPGATE_OPS_URL", "http://127.0.0.1:8081")
+        "--url",
+        help="the operations API (default: $OPGATE_OPS_URL, else http://<ops_listen setting>)",
     )
     proposals.add_argument(
         "--token",
@@ -68,6 +72,7 @@ def add_proposal_commands(commands: Any) -> None:
         decide.set_defaults(proposals=_decide, verdict=verdict)
 
     proposals.set_defaults(handler=run_proposals)
+    return proposals
 
 
 def _list(args: argparse.Namespace) -> Any:
@@ -93,6 +98,7 @@ def _row(view: dict[str, Any], now: datetime) -> dict[str, Any]:
     target = proposal.get("target") or {}
     return {
         **proposal,
+        "amount": money(proposal.get("amount"), proposal.get("currency")),
         "status": view.get("status"),
         "next_action": view.get("next_action"),
         "target": f"{target.get('method', '')} {target.get('path', '')}".strip(),

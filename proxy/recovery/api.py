@@ -59,7 +59,7 @@ def recovery_view(
     """The row and its next action; the exact request where the agent is to send it (send,
     retry), or always (``with_request``: for a client that executes it through opgate)."""
     provider = gw.policy.provider_named(op.provider)
-    window = provider.idempotency.dedup_window_seconds if provider else None
+    window = provider.dedup_window_for(provider.rule_named(op.action)) if provider else None
     advice = next_action(op, dedup_window_seconds=window, precondition_failure=precondition_failure)
     view: dict[str, Any] = {
         "operation": op.to_public(),

@@ -104,14 +104,11 @@ async def reconcile_claimed(gw: Gateway, op: Operation, owner: str) -> Operation
             op.operation_id, owner, until_expiry, evidence, expected_attempts=attempts
         )
     if provider is None or reconcile is None:
-        retained = provider is not None and op.key_deduplicated(
-            provider.idempotency.dedup_window_seconds
-        )
-        if retained and op.approval_stands():
+        dedup_window = provider.dedup_window_for(rule) if provider is not None else None
+        if op.key_deduplicated(dedup_window) and op.approval_stands():
             # Nothing to ask, but the agent is told to retry and the provider deduplicates the
             # re-send: leave it to the agent while that holds, then a human decides.
-            assert provider is not None
-            window = provider.idempotency.dedup_window_seconds or 0.0
+            window = dedup_window or 0.0
             until = min(op.expires_at, op.created_at + timedelta(seconds=window))
             return await store.reconcile_inconclusive(
                 op.operation_id,

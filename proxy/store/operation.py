@@ -123,6 +123,18 @@ class Operation:
         died before releasing it), is counted in ``attempts`` only: it may have."""
         return self.attempts == self.unsent_attempts
 
+    def nothing_sent(self) -> bool:
+        """Nothing of it can have reached the provider, on this database's timeline or on one
+        a failover lost (SQL: opgate_nothing_sent, migration 0024)."""
+        return self.nothing_left_yet() and self.lookup_before_send is None
+
+    def spends(self) -> bool:
+        """Whether it counts against every budget it is under (SQL: opgate_spends, migration
+        0024): all but an operation that failed (no effect), or whose approval was revoked
+        while nothing of it was sent. A revocation after a send un-sends nothing."""
+        revoked_unsent = self.revoked_at is not None and self.nothing_sent()
+        return not (self.status is Status.FAILED or revoked_unsent)
+
     def last_attempt_over_since(self) -> datetime | None:
         """When the last attempt can no longer land a new effect (None: it may still). For a
         row in doubt after a timeline switch, not before the switch was seen: an attempt of
@@ -182,6 +194,9 @@ class Operation:
             },
             "resolution_note": self.resolution_note,
             "reconcile_attempts": self.reconcile_attempts,
+            # whether it counts against its budgets: a revoked one still does if anything of it
+            # may have been sent (revoking un-sends nothing)
+            "counts_against_budgets": self.spends(),
             "created_at": self.created_at.isoformat(),
             "updated_at": self.updated_at.isoformat(),
         }

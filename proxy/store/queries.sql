@@ -6,8 +6,13 @@
 -- explained, never blindly retried.
 -- Parameters are named, %(name)s, and bound by keyword (proxy/store/queries.py translates each
 -- query once into PostgreSQL's numbered ones). A condition several statements share is one SQL
--- function of migration 0016 (opgate_lease_free, opgate_unsettled, opgate_nothing_left_yet),
--- which PostgreSQL inlines where it is called.
+-- function of migration 0016 or 0024 (opgate_lease_free_v2, opgate_unsettled,
+-- opgate_nothing_left_yet, opgate_nothing_sent, opgate_spends), which PostgreSQL inlines where it
+-- is called.
+-- Time: a statement that moves an operation (claims, settles, releases, revokes, reconciles)
+-- compares with and records clock_timestamp(), the time as the row is decided; a budget's sum
+-- bounds its window by statement_timestamp(). now() is the transaction's start, which a claim
+-- under a budget's lock took before it waited.
 
 -- name: load_operation
 -- The authoritative row, with the database's clock (all decisions compare against it).
@@ -38,8 +43,9 @@ WITH created AS (
 SELECT c.*, now() AS read_at FROM created c;
 
 -- name: create_operation_keyed
--- create_operation under the application's Idempotency-Key (migration 0024): the operation and
--- its key row are inserted by one statement, so a key exists exactly when its operation does.
+-- create_operation under the application's Idempotency-Key (migration 0026_failover): the
+-- operation and its key row are inserted by one statement, so a key exists exactly when its
+-- operation does.
 -- Nothing is inserted while the key is taken; a twin racing for the same key waits for the
 -- first's commit and then fails on the key's primary key (approval_keys_pkey), its operation
 -- rolled back with it. No row back: the key or the operation_id is taken; the caller reads
@@ -144,6 +150,10 @@ SELECT c.timeline_id AS current_timeline, l.timeline_id AS previous_timeline,
 -- A row marked lookup_before_send (a timeline switch put it in doubt: timeline_seen) is claimed
 -- only by the holder (after_lookup_by) of a live reconciliation lease, under which the provider
 -- showed no effect (proxy/gate/resend.py), whatever its status. The claim clears it.
+-- Every time it compares with or records is clock_timestamp(): the time as the row is decided,
+-- after any wait (for a budget's lock earlier in this transaction: claim_within_budgets; for the
+-- row), never now(), the transaction's start: an approval that expired during the wait is not
+-- claimed, and the lease and dispatched_at run from the claim itself.
 WITH named AS (
     SELECT %(operation_id)s::text AS id
      WHERE set_config('synchronous_commit',
@@ -151,11 +161,12 @@ WITH named AS (
                            WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) <> ''
 ), claimed AS (
     UPDATE operations
-       SET status = 'dispatched', attempts = attempts + 1, dispatched_at = now(),
-           lease_owner = %(owner)s, lease_until = now() + make_interval(secs => %(lease_seconds)s),
+       SET status = 'dispatched', attempts = attempts + 1, dispatched_at = clock_timestamp(),
+           lease_owner = %(owner)s,
+           lease_until = clock_timestamp() + make_interval(secs => %(lease_seconds)s),
            last_outcome = NULL, attempt_ended_at = NULL, reconcile_owner = NULL,
            reconcile_lease_until = NULL, next_reconcile_at = NULL, lookup_before_send = NULL,
-           updated_at = now(),
+           updated_at = clock_timestamp(),
            -- the row as it was: attempts + 1 is this attempt
            audit_event = jsonb_build_object(
                'event', 'claimed', 'actor', coalesce(%(actor)s::text, %(owner)s),
@@ -164,23 +175,24 @@ WITH named AS (
                                  ELSE jsonb_build_object('after_lookup',
                                                          %(after_lookup_by)s::text) END)
      WHERE operation_id = (SELECT id FROM named)
-       AND revoked_at IS NULL AND expires_at > now()
+       AND revoked_at IS NULL AND expires_at > clock_timestamp()
        AND (lookup_before_send IS NULL
-            OR (reconcile_owner = %(after_lookup_by)s AND reconcile_lease_until > now()
+            OR (reconcile_owner = %(after_lookup_by)s AND reconcile_lease_until > clock_timestamp()
                 AND escalated_at IS NULL))
        AND (status = 'created'
             OR (status = 'dispatched' AND attempts = %(expected_attempts)s AND escalated_at IS NULL
-                AND opgate_lease_free(lease_until)
-                AND ((opgate_lease_free(reconcile_lease_until)
+                AND opgate_lease_free_v2(lease_until)
+                AND ((opgate_lease_free_v2(reconcile_lease_until)
                       AND (last_outcome = 'not_sent'
                            OR (%(dedup_window_seconds)s::float8 IS NOT NULL
-                               AND now() < created_at
+                               AND clock_timestamp() < created_at
                                            + make_interval(secs => %(dedup_window_seconds)s))))
-                     OR (reconcile_owner = %(after_lookup_by)s AND reconcile_lease_until > now()))))
+                     OR (reconcile_owner = %(after_lookup_by)s
+                         AND reconcile_lease_until > clock_timestamp()))))
        AND (%(unchanged_since)s::timestamptz IS NULL OR updated_at = %(unchanged_since)s)
     RETURNING *
 )
-SELECT c.*, now() AS read_at FROM claimed c;
+SELECT c.*, clock_timestamp() AS read_at FROM claimed c;
 
 -- name: budget_lock
 -- Claims on one budget take turns (lock_name: its lock name, proxy/policy/budgets.py), in the
@@ -190,13 +202,18 @@ SELECT pg_advisory_xact_lock(hashtextextended(%(lock_name)s, 0));
 
 -- name: budget_spent
 -- What counts against one budget: the amounts of the provider's operations in the currency
--- (tenant and agent_id, NULL: any) that are dispatched (in flight or unknown: the money
--- may have moved) or confirmed, whose last attempt was claimed in the last window_seconds seconds.
+-- (tenant and agent_id, NULL: any) that were claimed (dispatched: in flight or unknown, the money
+-- may have moved; or confirmed), whose last attempt was claimed in the last window_seconds
+-- seconds, and that spend (opgate_spends, migration 0024: a revocation after something may have
+-- been sent leaves nothing out). The window ends at this statement's start, which is after the
+-- budget's lock was taken (statement_timestamp(), not now(): the claim's transaction began
+-- before it waited; a stable bound, so the index's range still applies).
 -- excluding is left out (the operation being claimed: a re-send must not count its own amount
 -- twice).
 SELECT coalesce(sum(amount), 0)::bigint AS spent FROM operations
  WHERE provider = %(provider)s AND currency = %(currency)s AND status IN ('dispatched', 'confirmed')
-   AND dispatched_at > now() - make_interval(secs => %(window_seconds)s)
+   AND opgate_spends(status, attempts, unsent_attempts, revoked_at, lookup_before_send)
+   AND dispatched_at > statement_timestamp() - make_interval(secs => %(window_seconds)s)
    AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
    AND (%(agent_id)s::text IS NULL OR agent_id = %(agent_id)s)
    AND (%(excluding)s::text IS NULL OR operation_id <> %(excluding)s)
@@ -210,7 +227,9 @@ SELECT CASE WHEN %(by_tenant)s::bool THEN tenant END AS tenant,
        sum(amount)::bigint AS spent
   FROM operations
  WHERE provider = %(provider)s AND currency = %(currency)s AND status IN ('dispatched', 'confirmed')
-   AND dispatched_at > now() - make_interval(secs => %(window_seconds)s) AND amount IS NOT NULL
+   AND opgate_spends(status, attempts, unsent_attempts, revoked_at, lookup_before_send)
+   AND dispatched_at > statement_timestamp() - make_interval(secs => %(window_seconds)s)
+   AND amount IS NOT NULL
    AND (NOT %(by_agent)s::bool OR agent_id IS NOT NULL)
  GROUP BY 1, 2
  ORDER BY 1, 2;
@@ -227,7 +246,7 @@ UPDATE operations
                                         'detail', %(evidence)s::jsonb)
  WHERE operation_id = %(operation_id)s
    AND opgate_nothing_left_yet(status, attempts, unsent_attempts)
-   AND opgate_lease_free(lease_until)
+   AND opgate_lease_free_v2(lease_until)
 RETURNING audit_seq;
 
 -- name: precondition_failures
@@ -252,9 +271,9 @@ WITH settled AS (
     UPDATE operations
        SET status = %(status)s, last_outcome = %(status)s, provider_status = %(provider_status)s,
            provider_object_id = %(object_id)s, response_content_type = %(content_type)s,
-           response_body = %(body)s, settled_at = now(),
-           settled_reason = 'provider_answer', attempt_ended_at = now(),
-           lease_owner = NULL, lease_until = NULL, updated_at = now(),
+           response_body = %(body)s, settled_at = clock_timestamp(),
+           settled_reason = 'provider_answer', attempt_ended_at = clock_timestamp(),
+           lease_owner = NULL, lease_until = NULL, updated_at = clock_timestamp(),
            audit_event = jsonb_build_object(
                'event', %(status)s::text, 'actor', %(actor)s::text,
                'detail', jsonb_build_object('attempt', attempts,
@@ -278,7 +297,7 @@ WITH released AS (
     UPDATE operations
        SET lease_owner = NULL, lease_until = NULL, last_outcome = %(outcome)s,
            provider_status = %(provider_status)s,
-           attempt_ended_at = now(), updated_at = now(),
+           attempt_ended_at = clock_timestamp(), updated_at = clock_timestamp(),
            unsent_attempts = unsent_attempts
                              + (CASE WHEN %(outcome)s = 'not_sent' THEN 1 ELSE 0 END),
            audit_event = jsonb_build_object(
@@ -293,31 +312,43 @@ WITH released AS (
 SELECT r.status FROM released r;
 
 -- name: revoke_operation
--- Withdraw the approval. Never changes status: what was sent stays sent.
+-- Withdraw the approval of an unsettled operation (created or dispatched): no attempt of it is
+-- claimed any more. It never changes status and un-sends nothing: the event says whether
+-- nothing of it was sent (nothing_sent, opgate_nothing_sent); if anything may have been, it
+-- still counts against its budgets (opgate_spends). A settled operation (confirmed or failed)
+-- is not revoked: nothing is left to stop, and a revocation would read as an un-send. Zero rows:
+-- unknown, settled, or revoked already (the caller reads which).
 WITH revoked AS (
     UPDATE operations
-       SET revoked_at = now(), revoked_reason = %(reason)s, updated_at = now(),
+       SET revoked_at = clock_timestamp(), revoked_reason = %(reason)s,
+           updated_at = clock_timestamp(),
            audit_event = jsonb_build_object(
                'event', 'revoked', 'actor', %(actor)s::text,
-               'detail', jsonb_build_object('reason', %(reason)s::text))
-     WHERE operation_id = %(operation_id)s AND revoked_at IS NULL
+               'detail', jsonb_build_object(
+                   'reason', %(reason)s::text,
+                   'nothing_sent',
+                   opgate_nothing_sent(status, attempts, unsent_attempts, lookup_before_send)))
+     WHERE operation_id = %(operation_id)s AND revoked_at IS NULL AND opgate_unsettled(status)
     RETURNING *
 )
-SELECT r.*, now() AS read_at FROM revoked r;
+SELECT r.*, clock_timestamp() AS read_at FROM revoked r;
 
 -- name: revoke_unsent_operation
--- Withdraw the approval of an operation nothing was sent of (still created: never claimed),
--- for an agent's tasks/cancel; zero rows: it was claimed (or revoked) first.
+-- Withdraw the approval of an operation nothing was sent of (still created: never claimed here,
+-- and not in doubt after a failover: opgate_nothing_sent), for an agent's tasks/cancel; zero
+-- rows: it was claimed (or revoked) first, or may have been sent on a lost timeline.
 WITH revoked AS (
     UPDATE operations
-       SET revoked_at = now(), revoked_reason = %(reason)s, updated_at = now(),
+       SET revoked_at = clock_timestamp(), revoked_reason = %(reason)s,
+           updated_at = clock_timestamp(),
            audit_event = jsonb_build_object(
                'event', 'revoked', 'actor', %(actor)s::text,
-               'detail', jsonb_build_object('reason', %(reason)s::text))
+               'detail', jsonb_build_object('reason', %(reason)s::text, 'nothing_sent', true))
      WHERE operation_id = %(operation_id)s AND revoked_at IS NULL AND status = 'created'
+       AND opgate_nothing_sent(status, attempts, unsent_attempts, lookup_before_send)
     RETURNING *
 )
-SELECT r.*, now() AS read_at FROM revoked r;
+SELECT r.*, clock_timestamp() AS read_at FROM revoked r;
 
 -- name: escalated_operations
 -- The escalation queue (the operations API's and the console's): operations of a tenant (NULL:
@@ -350,17 +381,17 @@ SELECT o.*, now() AS read_at FROM operations o
 WITH taken AS (
     UPDATE operations
        SET reconcile_owner = %(owner)s,
-           reconcile_lease_until = now() + make_interval(secs => %(lease_seconds)s),
-           updated_at = now()
+           reconcile_lease_until = clock_timestamp() + make_interval(secs => %(lease_seconds)s),
+           updated_at = clock_timestamp()
      WHERE operation_id = %(operation_id)s AND escalated_at IS NULL
        AND (status = 'dispatched'
             OR (%(in_doubt)s::bool AND status = 'created' AND lookup_before_send IS NOT NULL))
        AND (%(unchanged_since)s::timestamptz IS NULL OR updated_at = %(unchanged_since)s)
-       AND opgate_lease_free(lease_until) AND opgate_lease_free(reconcile_lease_until)
-       AND (next_reconcile_at IS NULL OR next_reconcile_at <= now())
+       AND opgate_lease_free_v2(lease_until) AND opgate_lease_free_v2(reconcile_lease_until)
+       AND (next_reconcile_at IS NULL OR next_reconcile_at <= clock_timestamp())
     RETURNING *
 )
-SELECT t.*, now() AS read_at FROM taken t;
+SELECT t.*, clock_timestamp() AS read_at FROM taken t;
 
 -- name: claim_reconcile_batch
 -- The background loop's pick: due, unleased, dispatched operations, escalated ones included
@@ -369,20 +400,20 @@ SELECT t.*, now() AS read_at FROM taken t;
 WITH due AS (
     SELECT operation_id FROM operations
      WHERE status = 'dispatched'
-       AND opgate_lease_free(lease_until) AND opgate_lease_free(reconcile_lease_until)
-       AND (next_reconcile_at IS NULL OR next_reconcile_at <= now())
+       AND opgate_lease_free_v2(lease_until) AND opgate_lease_free_v2(reconcile_lease_until)
+       AND (next_reconcile_at IS NULL OR next_reconcile_at <= clock_timestamp())
      ORDER BY dispatched_at
      LIMIT %(limit)s
      FOR UPDATE SKIP LOCKED
 ), taken AS (
     UPDATE operations o
        SET reconcile_owner = %(owner)s,
-           reconcile_lease_until = now() + make_interval(secs => %(lease_seconds)s),
-           updated_at = now()
+           reconcile_lease_until = clock_timestamp() + make_interval(secs => %(lease_seconds)s),
+           updated_at = clock_timestamp()
       FROM due WHERE o.operation_id = due.operation_id
     RETURNING o.*
 )
-SELECT t.*, now() AS read_at FROM taken t;
+SELECT t.*, clock_timestamp() AS read_at FROM taken t;
 
 -- name: settle_reconciled
 -- dispatched -> confirmed | failed from the provider's own record, by the holder (owner) of a
@@ -402,21 +433,21 @@ WITH settled AS (
        SET status = %(status)s, last_outcome = %(status)s, settled_reason = %(reason)s,
            provider_object_id = %(object_id)s, provider_status = %(provider_status)s,
            response_content_type = %(content_type)s, response_body = %(body)s,
-           settled_at = now(), reconcile_owner = NULL, reconcile_lease_until = NULL,
-           lookup_before_send = NULL, updated_at = now(),
+           settled_at = clock_timestamp(), reconcile_owner = NULL, reconcile_lease_until = NULL,
+           lookup_before_send = NULL, updated_at = clock_timestamp(),
            audit_event = jsonb_build_object('event', 'reconciled', 'actor', %(owner)s::text,
                                             'detail', %(evidence)s::jsonb)
      WHERE operation_id = %(operation_id)s AND reconcile_owner = %(owner)s
        AND (status = 'dispatched' OR (status = 'created' AND lookup_before_send IS NOT NULL))
-       AND reconcile_lease_until > now() AND attempts = %(expected_attempts)s
-       AND opgate_lease_free(lease_until)
+       AND reconcile_lease_until > clock_timestamp() AND attempts = %(expected_attempts)s
+       AND opgate_lease_free_v2(lease_until)
        AND (%(unchanged_since)s::timestamptz IS NULL OR updated_at = %(unchanged_since)s)
     RETURNING *
 ), notification AS (
     INSERT INTO escalation_notifications (operation_id, kind)
     SELECT operation_id, 'settled_by_provider' FROM settled WHERE escalated_at IS NOT NULL
 )
-SELECT s.*, now() AS read_at FROM settled s;
+SELECT s.*, clock_timestamp() AS read_at FROM settled s;
 
 -- name: reconcile_inconclusive
 -- The lookup settled nothing: count the try, release the lease, say when to look again. Only
@@ -426,8 +457,8 @@ WITH noted AS (
     UPDATE operations
        SET reconcile_attempts = reconcile_attempts + 1, reconcile_owner = NULL,
            reconcile_lease_until = NULL,
-           next_reconcile_at = now() + make_interval(secs => %(retry_in_seconds)s),
-           updated_at = now(),
+           next_reconcile_at = clock_timestamp() + make_interval(secs => %(retry_in_seconds)s),
+           updated_at = clock_timestamp(),
            audit_event = jsonb_build_object('event', 'reconcile_inconclusive',
                                             'actor', %(owner)s::text,
                                             'detail', %(evidence)s::jsonb)
@@ -436,7 +467,7 @@ WITH noted AS (
        AND attempts = %(expected_attempts)s
     RETURNING *
 )
-SELECT n.*, now() AS read_at FROM noted n;
+SELECT n.*, clock_timestamp() AS read_at FROM noted n;
 
 -- name: escalate_operation
 -- A human must decide. Stays dispatched; the notification is queued in the same statement.
@@ -449,23 +480,23 @@ SELECT n.*, now() AS read_at FROM noted n;
 -- more.
 WITH escalated AS (
     UPDATE operations
-       SET escalated_at = now(), escalation_reason = %(reason)s, reconcile_owner = NULL,
+       SET escalated_at = clock_timestamp(), escalation_reason = %(reason)s, reconcile_owner = NULL,
            reconcile_lease_until = NULL,
-           next_reconcile_at = now() + make_interval(secs => %(look_again_seconds)s),
-           updated_at = now(),
+           next_reconcile_at = clock_timestamp() + make_interval(secs => %(look_again_seconds)s),
+           updated_at = clock_timestamp(),
            audit_event = jsonb_build_object(
                'event', 'escalated', 'actor', coalesce(%(owner)s::text, %(actor)s::text, 'admin'),
                'detail', %(evidence)s::jsonb || jsonb_build_object('reason', %(reason)s::text))
      WHERE operation_id = %(operation_id)s AND escalated_at IS NULL
        AND (status = 'dispatched' OR (status = 'created' AND lookup_before_send IS NOT NULL))
        AND (%(owner)s::text IS NULL
-            OR (reconcile_owner = %(owner)s AND reconcile_lease_until > now()
+            OR (reconcile_owner = %(owner)s AND reconcile_lease_until > clock_timestamp()
                 AND attempts = %(expected_attempts)s))
     RETURNING *
 ), notification AS (
     INSERT INTO escalation_notifications (operation_id) SELECT operation_id FROM escalated
 )
-SELECT e.*, now() AS read_at FROM escalated e;
+SELECT e.*, clock_timestamp() AS read_at FROM escalated e;
 
 -- name: resolve_operation
 -- A human verdict settles a dispatched operation: confirmed (with the provider's object id)
@@ -476,8 +507,8 @@ WITH resolved AS (
        SET status = %(status)s, last_outcome = %(status)s, settled_reason = 'human_verdict',
            provider_object_id = coalesce(%(object_id)s, provider_object_id),
            resolution_note = %(note)s,
-           settled_at = now(), reconcile_owner = NULL, reconcile_lease_until = NULL,
-           lookup_before_send = NULL, updated_at = now(),
+           settled_at = clock_timestamp(), reconcile_owner = NULL, reconcile_lease_until = NULL,
+           lookup_before_send = NULL, updated_at = clock_timestamp(),
            audit_event = jsonb_build_object(
                'event', 'resolved', 'actor', %(actor)s::text,
                'detail', jsonb_build_object('verdict', %(status)s::text,
@@ -485,15 +516,16 @@ WITH resolved AS (
                                             'note', %(note)s::text))
      WHERE operation_id = %(operation_id)s
        AND (status = 'dispatched' OR (status = 'created' AND escalated_at IS NOT NULL))
-       AND opgate_lease_free(lease_until)
+       AND opgate_lease_free_v2(lease_until)
     RETURNING *
 )
-SELECT r.*, now() AS read_at FROM resolved r;
+SELECT r.*, clock_timestamp() AS read_at FROM resolved r;
 
 -- name: release_reconcile
 -- Give back a reconciliation lease that was taken but not used (a re-send that, after its
 -- lookup, could not claim): the next caller need not wait for it to lapse.
-UPDATE operations SET reconcile_owner = NULL, reconcile_lease_until = NULL, updated_at = now()
+UPDATE operations
+   SET reconcile_owner = NULL, reconcile_lease_until = NULL, updated_at = clock_timestamp()
  WHERE operation_id = %(operation_id)s AND reconcile_owner = %(owner)s;
 
 -- name: claim_notifications
@@ -501,7 +533,7 @@ UPDATE operations SET reconcile_owner = NULL, reconcile_lease_until = NULL, upda
 -- one replica sends each at a time.
 WITH due AS (
     SELECT notification_id FROM escalation_notifications
-     WHERE delivered_at IS NULL AND next_attempt_at <= now() AND opgate_lease_free(lease_until)
+     WHERE delivered_at IS NULL AND next_attempt_at <= now() AND opgate_lease_free_v2(lease_until)
      ORDER BY notification_id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 )
 UPDATE escalation_notifications n
@@ -798,7 +830,8 @@ SELECT format(statement, current_schema(), %(role)s::text) AS statement
         ' %1$I.audit_checkpoints,'
         ' %1$I.audit_instances, %1$I.audit_instance_runs, %1$I.transparency_leaves,'
         ' %1$I.transparency_nodes, %1$I.transparency_checkpoints,'
-        ' %1$I.transparency_cosignatures TO %2$I')
+        ' %1$I.transparency_cosignatures, %1$I.transparency_heads,'
+        ' %1$I.transparency_head_buckets TO %2$I')
   ) AS g (position, statement)
  ORDER BY position;
 -- =============================================================================== end audit
@@ -1060,8 +1093,9 @@ SELECT p.proposal_id, md5(p::text) || (p.expires_at <= now())::text
 SELECT pg_try_advisory_xact_lock(7308604897068083317) AS locked;
 
 -- name: transparency_state
--- The tree's size and the integrator's floor (the row locked: one writer per round).
-SELECT tree_size, floor_txid FROM transparency_state FOR UPDATE;
+-- The tree's size, the integrator's floor, and the size the stream heads describe (the row
+-- locked: one writer per round).
+SELECT tree_size, floor_txid, heads_size FROM transparency_state FOR UPDATE;
 
 -- name: transparency_pending
 -- Up to limit visible records at or above the floor floor_txid without a leaf, in index order, with the
@@ -1216,16 +1250,94 @@ SELECT a.stream, a.seq, a.at, a.kind, a.operation_id, a.record::text AS record, 
  WHERE a.operation_id = ANY(%(operation_ids)s::text[]) AND a.kind = 'request'
    AND jsonb_typeof(a.record -> 'mandate') = 'object'
  ORDER BY a.stream, a.seq;
+
+-- name: transparency_heads_rebuild
+-- Every stream's head from the leaves (its highest integrated seq), its bucket (the first 12
+-- bits of SHA-256 of the stream's name, as proxy/transparency/heads.py computes it), the
+-- buckets' hashes cleared for the integrator to recompute, and the heads marked as describing
+-- the tree of size size (migration 0025: the first round after it, or after any mismatch).
+WITH cleared AS (  -- streams the leaves do not hold (disjoint from those built below)
+    DELETE FROM transparency_heads h
+     WHERE NOT EXISTS (SELECT 1 FROM transparency_leaves l
+                        WHERE l.stream = h.stream AND l.leaf_index < %(size)s::bigint)
+), buckets_cleared AS (
+    DELETE FROM transparency_head_buckets
+), built AS (
+    INSERT INTO transparency_heads (stream, bucket, seq, record_hash)
+    SELECT DISTINCT ON (l.stream) l.stream,
+           (get_byte(sha256(convert_to(l.stream, 'UTF8')), 0) << 4)
+           | (get_byte(sha256(convert_to(l.stream, 'UTF8')), 1) >> 4),
+           l.seq, l.record_hash
+      FROM transparency_leaves l
+     WHERE l.leaf_index < %(size)s::bigint
+     ORDER BY l.stream, l.seq DESC
+    ON CONFLICT (stream) DO UPDATE SET bucket = EXCLUDED.bucket, seq = EXCLUDED.seq,
+                                       record_hash = EXCLUDED.record_hash
+)
+UPDATE transparency_state SET heads_size = %(size)s::bigint;
+
+-- name: transparency_heads_advance
+-- A round's new heads (streams streams, buckets buckets, seqs seqs, record_hashes record
+-- hashes: each stream's last record in the round; a head only moves forward) and the size
+-- size they now describe, in one statement.
+WITH moved AS (
+    INSERT INTO transparency_heads (stream, bucket, seq, record_hash)
+    SELECT * FROM unnest(%(streams)s::text[], %(buckets)s::integer[], %(seqs)s::bigint[],
+                         %(record_hashes)s::bytea[])
+    ON CONFLICT (stream) DO UPDATE SET seq = EXCLUDED.seq, record_hash = EXCLUDED.record_hash
+     WHERE EXCLUDED.seq > transparency_heads.seq
+)
+UPDATE transparency_state SET heads_size = %(size)s::bigint;
+
+-- name: transparency_heads_in_buckets
+-- Every head in the buckets buckets (for their hashes, and a bundle's proof of a stream's end).
+SELECT bucket, stream, seq, record_hash FROM transparency_heads
+ WHERE bucket = ANY(%(buckets)s::integer[]);
+
+-- name: transparency_head_buckets_set
+-- The hashes hashes of the buckets buckets, as recomputed from their heads.
+INSERT INTO transparency_head_buckets (bucket, hash)
+SELECT * FROM unnest(%(buckets)s::integer[], %(hashes)s::bytea[])
+ON CONFLICT (bucket) DO UPDATE SET hash = EXCLUDED.hash;
+
+-- name: transparency_head_buckets_all
+-- Every non-empty bucket's hash (the map's root is made of them).
+SELECT bucket, hash FROM transparency_head_buckets;
+
+-- name: transparency_heads_from_leaves
+-- Every stream's head in the tree of size size, from the leaves alone (its highest seq), with
+-- its bucket, by bucket: what `opgate audit verify` recomputes the signed heads' root from (a
+-- cursor, in its repeatable-read transaction).
+SELECT bucket, stream, seq, record_hash FROM (
+    SELECT DISTINCT ON (l.stream) l.stream, l.seq, l.record_hash,
+           (get_byte(sha256(convert_to(l.stream, 'UTF8')), 0) << 4)
+           | (get_byte(sha256(convert_to(l.stream, 'UTF8')), 1) >> 4) AS bucket
+      FROM transparency_leaves l
+     WHERE l.leaf_index < %(size)s::bigint
+     ORDER BY l.stream, l.seq DESC
+) h
+ ORDER BY bucket;
+
+-- name: transparency_stream_records
+-- The records of stream stream from seq first to seq last (a window's bundle fills the
+-- positions its window left out between two records of one stream), with their leaves.
+SELECT a.stream, a.seq, a.at, a.kind, a.operation_id, a.record::text AS record, a.prev_hash,
+       a.hash, l.leaf_index, l.record_hash
+  FROM audit_log a LEFT JOIN transparency_leaves l USING (stream, seq)
+ WHERE a.stream = %(stream)s AND a.seq BETWEEN %(first)s::bigint AND %(last)s::bigint
+ ORDER BY a.seq;
 -- ========================================================================= end transparency
 
 -- name: mandate_open_use
--- How many operations one open mandate (open_digest) approved, and their amounts' sum, not
--- counting those that failed or were revoked before anything left: AP2's occurrences and
--- budget. Run after mandate_lock in the same transaction.
+-- How many operations one open mandate (open_digest) approved, and their amounts' sum, counting
+-- every one that spends (opgate_spends, migration 0024): all but those that failed, or were
+-- revoked before anything of them was sent; one revoked after it may have been sent still
+-- counts. AP2's occurrences and budget. Run after budget_lock on the open mandate, in the same
+-- transaction.
 SELECT count(*) AS occurrences, coalesce(sum(amount), 0)::bigint AS spent
 FROM operations
 WHERE approval_ref LIKE 'ap2:%;open:%' AND split_part(approval_ref, ';open:', 2) = %(open_digest)s
-  AND status <> 'failed' AND revoked_at IS NULL;
+  AND opgate_spends(status, attempts, unsent_attempts, revoked_at, lookup_before_send);
 
 -- name: mandates_revoked
 -- Which of the mandate digests are revoked.

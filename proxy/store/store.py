@@ -139,7 +139,7 @@ def _claim_arguments(
 @dataclass(frozen=True)
 class ApprovalKeyScope:
     """An application's Idempotency-Key on ``POST /v1/operations`` and whose it is: the
-    tenant the approval is for and the caller (migration 0024)."""
+    tenant the approval is for and the caller (migration 0026_failover)."""
 
     tenant: str
     caller: str

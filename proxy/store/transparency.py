@@ -21,10 +21,12 @@ from proxy.store import queries
 
 @dataclass(frozen=True)
 class State:
-    """The tree's size, and the transaction id below which every record is a leaf."""
+    """The tree's size, the transaction id below which every record is a leaf, and the tree
+    size the stream heads describe (None: not built yet; migration 0025)."""
 
     tree_size: int
     floor_txid: int
+    heads_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ async def try_lock(conn: asyncpg.Connection) -> bool:
 async def state(conn: asyncpg.Connection) -> State:
     row = await queries.fetchrow(conn, "transparency_state")
     assert row is not None, "migration 0018 inserts the state row"
-    return State(row["tree_size"], row["floor_txid"])
+    return State(row["tree_size"], row["floor_txid"], row["heads_size"])
 
 
 async def pending(conn: asyncpg.Connection, floor_txid: int, limit: int) -> Pending:
@@ -201,3 +203,68 @@ async def leafless_integrated(conn: asyncpg.Connection, limit: int) -> list[asyn
         conn, "transparency_leafless_integrated", limit=limit
     )
     return rows
+
+
+async def rebuild_heads(conn: asyncpg.Connection, size: int) -> None:
+    """Every stream's head from the leaves below ``size``; the buckets' hashes cleared."""
+    await queries.execute(conn, "transparency_heads_rebuild", size=size)
+
+
+async def advance_heads(
+    conn: asyncpg.Connection, heads: Sequence[tuple[str, int, int, bytes]], size: int
+) -> None:
+    """A round's heads (stream, bucket, seq, record hash), and the size they describe."""
+    await queries.execute(
+        conn,
+        "transparency_heads_advance",
+        streams=[h[0] for h in heads],
+        buckets=[h[1] for h in heads],
+        seqs=[h[2] for h in heads],
+        record_hashes=[h[3] for h in heads],
+        size=size,
+    )
+
+
+async def heads_in_buckets(
+    conn: asyncpg.Connection, buckets: Collection[int]
+) -> list[asyncpg.Record]:
+    """The heads (bucket, stream, seq, record_hash) in these buckets."""
+    rows: list[asyncpg.Record] = await queries.fetch(
+        conn, "transparency_heads_in_buckets", buckets=sorted(buckets)
+    )
+    return rows
+
+
+async def set_head_buckets(conn: asyncpg.Connection, hashes: dict[int, bytes]) -> None:
+    if hashes:
+        await queries.execute(
+            conn,
+            "transparency_head_buckets_set",
+            buckets=list(hashes),
+            hashes=list(hashes.values()),
+        )
+
+
+async def head_buckets(conn: asyncpg.Connection) -> dict[int, bytes]:
+    """Every non-empty bucket's hash."""
+    rows = await queries.fetch(conn, "transparency_head_buckets_all")
+    return {r["bucket"]: bytes(r["hash"]) for r in rows}
+
+
+async def stream_records(
+    conn: asyncpg.Connection, stream: str, first: int, last: int
+) -> list[asyncpg.Record]:
+    """The records of ``stream`` from ``first`` to ``last`` with their leaves."""
+    rows: list[asyncpg.Record] = await queries.fetch(
+        conn, "transparency_stream_records", stream=stream, first=first, last=last
+    )
+    return rows
+
+
+def heads_from_leaves(conn: asyncpg.Connection, size: int) -> AsyncIterator[asyncpg.Record]:
+    """Every stream's head (bucket, stream, seq, record_hash) in the tree of ``size``, from the
+    leaves, by bucket (a cursor: in the caller's transaction)."""
+    cursor: AsyncIterator[asyncpg.Record] = queries.cursor(
+        conn, "transparency_heads_from_leaves", size=size
+    )
+    return cursor

@@ -34,6 +34,7 @@ from cryptography.hazmat.primitives.serialization import (
 ED25519 = 0x01
 COSIGNATURE_V1 = 0x04  # timestamped Ed25519 checkpoint cosignatures (tlog-cosignature)
 EM_DASH = "\u2014"
+MAX_TIMESTAMP = 2**63 - 1  # a cosignature's time, at most (tlog-cosignature)
 MAX_SIGNATURES = 100  # the specification requires at least 16; the reference stops at 100
 _HEX_ID = re.compile(r"[0-9a-f]{8}")
 _CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f]")  # below U+0020, but newline
@@ -134,7 +135,8 @@ class Verifier:
         message = text.encode("utf-8")
         data = signature.data
         if self.sig_type == COSIGNATURE_V1:
-            if len(data) != 72:
+            # c2sp.org/tlog-cosignature: the timestamp MUST NOT exceed 2^63 - 1
+            if len(data) != 72 or signature.timestamp > MAX_TIMESTAMP:
                 return False
             message, data = cosigned_message(text, signature.timestamp), data[8:]
         if len(data) != 64:

@@ -10,9 +10,10 @@ and the witness's decision on it.
 A witness answers 200 with its cosignature lines; 404 for a log it does not know; 403 when the
 log's signature is missing or does not verify; 400 for a malformed request or an old size above
 the checkpoint's; 409 (``text/x.tlog.size``: its size) when the old size is not the size it last
-cosigned; 422 when the proof does not show the new checkpoint consistent with the last one it
-cosigned (a fork, or a rewritten history). ``decide`` makes that decision; keeping the state
-and signing are the process's (``opgate audit witness``).
+cosigned (or, as plain text, when it is that size with another root); 422 when the proof does not
+show the new checkpoint consistent with the last one it cosigned (a fork, or a rewritten history).
+``decide`` makes that decision; keeping the state and signing are the process's (``opgate audit
+witness``).
 """
 
 from __future__ import annotations
@@ -115,9 +116,12 @@ def decide(
             raise Refusal(422, "a proof from size 0 must be empty")
         return checkpoint
     assert latest is not None
+    if request.old_size == checkpoint.size and checkpoint.root != latest.root:
+        # the specification's own answer to the same size with another root: a conflict
+        raise Refusal(409, "the checkpoint's root is not the one cosigned at its size")
     consistent = merkle.verify_consistency(
         latest.size, checkpoint.size, latest.root, checkpoint.root, request.proof
     )
-    if not consistent:  # also: the same size with another root
+    if not consistent:
         raise Refusal(422, "the checkpoint is not consistent with the last one cosigned")
     return checkpoint

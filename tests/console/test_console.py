@@ -309,3 +309,27 @@ async def test_the_audit_page_verifies_on_demand(console_gate: Opgate) -> None:
         async with session.get(f"{console_gate.ops_url}/console/audit?verify=1") as page:
             html = await page.text()
         assert re.search(r'id="verification">\s*intact at', html), html
+
+
+async def test_a_revocation_after_a_send_reads_as_one_that_un_sent_nothing(
+    console_gate: Opgate,
+) -> None:
+    """An operation revoked after its attempt ended unknown reads, on its page, as revoked
+    after it may have been sent, still counted against its budgets; one revoked before any
+    send reads as plainly revoked."""
+    sent, unsent = await console_gate.approve(), await console_gate.approve()
+    store = console_gate.running.gateway.store
+    assert await store.claim(sent["operation_id"], owner="t", lease_seconds=60, expected_attempts=0)
+    assert await store.end_attempt(sent["operation_id"], 1, "unknown:timeout", None, "t")
+    pages = {}
+    async with browser() as session:
+        await sign_in(console_gate, session, ADMIN_TOKEN)
+        for op in (sent, unsent):
+            assert await store.revoke(op["operation_id"], "customer asked", "admin")
+            url = f"{console_gate.ops_url}/console/operations/{op['operation_id']}"
+            async with session.get(url) as page:
+                pages[op["operation_id"]] = await page.text()
+    assert "un-sends nothing" in pages[sent["operation_id"]]
+    assert "still counts against its budgets" in pages[sent["operation_id"]]
+    assert "customer asked" in pages[unsent["operation_id"]]
+    assert "un-sends nothing" not in pages[unsent["operation_id"]]

@@ -43,9 +43,19 @@ async def test_a_reviewer_sees_what_is_left_of_each_budget(
         re.sub(r"<[^>]+>", " ", row).split()
         for row in re.findall(r"<tr>(.*?)</tr>", html, re.DOTALL)
     ]
-    usd = ["USD"]  # amounts as a human reads them, in the currency's exponent
-    provider_row = ["fault", "provider", "usd", "7d", "90.00", *usd, "5.00", *usd, "85.00", *usd]
-    tenant_row = ["fault", "tenant", "t1", "usd", "24h", "12.00", *usd, "5.00", *usd, "7.00", *usd]
+
+    def usd(minor_units: int) -> list[str]:
+        """An amount as a human reads it: the currency's exponent, then the minor units."""
+        return [
+            f"{minor_units // 100}.{minor_units % 100:02d}",
+            "USD",
+            f"({minor_units}",
+            "minor",
+            "units)",
+        ]
+
+    provider_row = ["fault", "provider", "usd", "7d", *usd(9000), *usd(500), *usd(8500)]
+    tenant_row = ["fault", "tenant", "t1", "usd", "24h", *usd(1200), *usd(500), *usd(700)]
     assert [*provider_row, "enforce"] in rows
     assert [*tenant_row, "enforce"] in rows
     assert 'href="/console/budgets"' in html

@@ -137,19 +137,21 @@ async def test_a_proposal_reads_as_a_sentence_with_the_providers_answer_now(
 
     seen = await in_browser(read_and_approve)
     sentence = (
-        f"Refund 6.00 USD of charge {charge} at Stripe, asked by agent-a (tenant t1): "
+        f"Refund 6.00 USD (600 minor units) of charge {charge} at Stripe, asked by agent-a "
+        "(tenant t1): "
         "order 1042 was charged twice"
     )
     assert seen["dashboard"] == "2 proposals pending"
     # the list asks the provider nothing: a refund names no currency until its page is opened
     assert (
-        f"Refund 600 (minor units, no currency) {sentence.removeprefix('Refund 6.00 USD ')}"
+        "Refund 600 (minor units, no currency) "
+        + sentence.removeprefix("Refund 6.00 USD (600 minor units) ")
         in (seen["list_sentences"])
     )
     assert seen["axe_list"] == []
     assert seen["sentence"] == sentence
     assert seen["request"] == first["request"]
-    assert "amount must be exactly 6.00 USD" in seen["checks"]
+    assert "amount must be exactly 6.00 USD (600 minor units)" in seen["checks"]
     assert "only POST /v1/refunds at https://api.stripe.com matches this rule" in seen["checks"]
     assert seen["budgets"] == "No budget applies."
     assert seen["approvers"] == (
@@ -159,8 +161,9 @@ async def test_a_proposal_reads_as_a_sentence_with_the_providers_answer_now(
     assert f"GET /v1/charges/{charge}, read 20" in seen["now"]  # and its time
     assert 'holds: /status == "succeeded"' in seen["now"]
     assert (
-        "/amount_refunded = 0.00 USD, approved.amount = 6.00 USD, /amount = 20.00 USD"
-        in (seen["now"])
+        "/amount_refunded = 0.00 USD (0 minor units), "
+        "approved.amount = 6.00 USD (600 minor units), "
+        "/amount = 20.00 USD (2000 minor units)" in (seen["now"])
     )
     assert "GET /v1/charges/ch_nowhere, read 20" in seen["unknown_now"]
     assert (
@@ -225,10 +228,13 @@ async def test_a_refused_approval_stays_on_the_proposals_page_in_words(
         return seen
 
     seen = await in_browser(approve_over_budget)
-    assert seen["budget_near"] == "budgets near their limit: fault tenant t1 6.00 USD of 7.00 USD"
+    assert seen["budget_near"] == (
+        "budgets near their limit: fault tenant t1 6.00 USD (600 minor units) of 7.00 USD "
+        "(700 minor units)"
+    )
     assert seen["budgets"] == (
-        "tenant budget of t1: 7.00 USD per 24h, 6.00 USD spent; this uses 5.00 USD, "
-        "over by 4.00 USD"
+        "tenant budget of t1: 7.00 USD (700 minor units) per 24h, 6.00 USD (600 minor units) "
+        "spent; this uses 5.00 USD (500 minor units), over by 4.00 USD (400 minor units)"
     )
     assert seen["url"] == f"{gate.ops_url}/console/proposals/{second_id}"
     assert seen["error"] == (
@@ -238,7 +244,7 @@ async def test_a_refused_approval_stays_on_the_proposals_page_in_words(
     )
     assert seen["note_kept"] == "the second one too"
     assert seen["sentence"] == (
-        "Refund 5.00 USD of charge ch_2 at Fault, asked by agent-a (tenant t1): "
+        "Refund 5.00 USD (500 minor units) of charge ch_2 at Fault, asked by agent-a (tenant t1): "
         "order 1043 was charged twice"
     )
     assert seen["axe_refused"] == []
@@ -341,6 +347,9 @@ async def test_an_escalation_reads_as_a_decision_resolved_with_the_keyboard(
         tab_to(chrome, "it-did-not")
         navigate(chrome, lambda: type_keys(chrome, Keys.ENTER))
         seen["status_after"] = chrome.find_element(By.ID, "status").text
+        seen["verdict"] = chrome.find_element(By.ID, "verdict").text
+        seen["decision_after"] = len(chrome.find_elements(By.ID, "decision"))
+        seen["axe_resolved"] = serious_violations(chrome)
         seen["dashboard_after"] = chrome.find_element(By.ID, "dash-escalations").text
         chrome.get(f"{base}/console/audit")
         seen["audit_line"] = chrome.find_element(By.ID, "dash-audit").text
@@ -358,7 +367,7 @@ async def test_an_escalation_reads_as_a_decision_resolved_with_the_keyboard(
         assert seen[f"axe_{page}"] == [], page
     assert seen["axe_error"] == []
     assert seen["dashboard"].startswith("1 escalation waiting, the oldest for ")
-    assert {"25.00 USD", "1099 JPY"} <= set(seen["amounts"])
+    assert {"25.00 USD (2500 minor units)", "1099 JPY"} <= set(seen["amounts"])
     assert seen["buttons_bottom"] <= seen["viewport"]  # the decision is on the first screen
     assert seen["height"] <= 1400, seen["height"]
     assert len(seen["attempts"]) == 1
@@ -384,6 +393,13 @@ async def test_an_escalation_reads_as_a_decision_resolved_with_the_keyboard(
     )
     assert seen["note_kept"] == "no refund for ch_1 in the dashboard"
     assert seen["status_after"] == "failed (human_verdict)"
+    # once resolved, the page opens with the verdict and who gave it, and asks nothing
+    assert seen["verdict"].startswith(
+        "It did not happen: failed by human:alice@example.com (admin) at 20"
+    )
+    assert "Note: no refund for ch_1 in the dashboard" in seen["verdict"]
+    assert seen["decision_after"] == 0
+    assert seen["axe_resolved"] == []
     assert seen["dashboard_after"] == "0 escalations waiting"
     assert seen["audit_line"].startswith("audit chain: not verified by this process; ")
     assert seen["error_page"] == "no such operation"

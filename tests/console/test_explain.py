@@ -49,7 +49,8 @@ def test_a_proposal_reads_as_one_sentence() -> None:
         "reason": "charged twice",
     }
     assert explain.proposal_sentence(proposal) == (
-        "Refund 25.00 USD of charge ch_1 at Stripe, asked by demo-agent (tenant demo): "
+        "Refund 25.00 USD (2500 minor units) of charge ch_1 at Stripe, asked by demo-agent "
+        "(tenant demo): "
         "charged twice"
     )
 
@@ -80,6 +81,37 @@ def test_a_rule_without_lookups_is_searched_where_opgate_wrote_the_id() -> None:
     assert explain.searches(stripe, capture, Subject("op_1")) == [
         {"search": "an object whose metadata[operation_id] is op_1", "request": ""}
     ]
+
+
+@dataclass(frozen=True)
+class Sent(Subject):
+    amount: int | None = None
+    currency: str | None = None
+    idempotency_key: str = "opk_1"
+
+
+def test_where_the_id_was_never_sent_the_approved_values_are_searched() -> None:
+    """A rule that writes no operation id at the provider (Stripe's confirm) and declares no
+    lookup is searched for by its approved values around the attempts and by the idempotency
+    key the request carried; opgate does not look it up on its own."""
+    stripe = POLICY.provider_named("stripe")
+    assert stripe is not None
+    confirm = stripe.rule_named("payment_intent.confirm")
+    assert confirm is not None
+    subject = Sent("op_1", {"payment_method": "pm_1"}, {"intent": "pi_1"})
+    assert explain.value_searches(stripe, confirm, subject) == [
+        {
+            "search": "the effect of POST /v1/payment_intents/{intent}/confirm with intent = "
+            "pi_1, payment_method = pm_1, made around the attempts' times (opgate did not send "
+            "it its operation id)",
+            "request": "",
+        },
+        {"search": "a request sent with Idempotency-Key = opk_1", "request": ""},
+    ]
+    assert not explain.looks_up(confirm)
+    refund = stripe.rule_named("refund.create")
+    assert refund is not None
+    assert explain.looks_up(refund)
 
 
 def test_the_dashboard_link_quotes_each_value() -> None:

@@ -93,7 +93,8 @@ async def test_a_proposal_approved_in_the_console_is_sent_once_by_the_stripe_sdk
     assert seen["request"] == proposed["request"]  # the page shows what the agent was shown
     assert seen["request"]["form"] == {"amount": "500", "charge": charge}
     assert seen["sentence"] == (
-        f"Refund 5.00 USD of charge {charge} at Stripe, asked by agent-a (tenant t1): "
+        f"Refund 5.00 USD (500 minor units) of charge {charge} at Stripe, asked by agent-a "
+        "(tenant t1): "
         "order 1042 was charged twice"
     )
     assert seen["operation"] == operation_id

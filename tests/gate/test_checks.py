@@ -837,3 +837,44 @@ def test_a_row_not_in_doubt_is_decided_as_before() -> None:
         status=Status.DISPATCHED, attempts=1, last_outcome=LastOutcome.NOT_SENT
     )
     assert decide_by_state(PAY_LOOKS_UP, never_left) == Forward(ClaimKind.RESEND)
+
+
+# A provider that takes no idempotency key (an SMS API): `idempotency: none`, and the recipe
+# older policies used, a header kept but `send_key: false` on the rule.
+NO_KEY_POLICIES = {
+    "idempotency none": POLICY.format(dedup="false").replace(
+        "idempotency:\n  provider_deduplicates: false\n", "idempotency: none\n"
+    ),
+    "send_key false": POLICY.format(dedup="false").replace(
+        "    path: /v1/refunds\n", "    path: /v1/refunds\n    send_key: false\n", 1
+    ),
+}
+
+
+@pytest.mark.parametrize("policy", NO_KEY_POLICIES.values(), ids=NO_KEY_POLICIES.keys())
+def test_reconcile_refusal_on_a_call_without_a_key_says_no_key_was_sent(policy: str) -> None:
+    """An unknown outcome of a call that carried no key is refused for what is true: no key
+    was sent, so a re-send could act twice; not that the provider ignores its key."""
+    provider = load_provider(policy)
+    op = dispatched(last_outcome=LastOutcome.UNKNOWN_TIMEOUT)
+    decision = decide_by_state(provider, op)
+    assert isinstance(decision, Deny)
+    assert decision.reason is Reason.RECONCILE_REQUIRED
+    assert "does not deduplicate" not in decision.detail, decision.detail
+    assert "no idempotency key" in decision.detail, decision.detail
+
+
+def test_a_call_without_a_key_is_not_re_sent_on_a_deduplicating_providers_word() -> None:
+    """The provider deduplicates on its key, but this rule sends none (`send_key: false`): an
+    unknown outcome is not re-sent on the strength of a key that never left."""
+    provider = load_provider(
+        POLICY.format(dedup="true\n  retention_seconds: 86400").replace(
+            "    path: /v1/refunds\n", "    path: /v1/refunds\n    send_key: false\n", 1
+        )
+    )
+    op = dispatched(last_outcome=LastOutcome.UNKNOWN_TIMEOUT)
+    decision = decide_by_state(provider, op)
+    assert reason_of(decision) is Reason.RECONCILE_REQUIRED, decision
+    rule = provider.rule_named("refund.create")
+    assert rule is not None
+    assert provider.dedup_window_for(rule) is None

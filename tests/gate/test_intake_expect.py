@@ -7,8 +7,12 @@ from __future__ import annotations
 import asyncio
 from urllib.parse import urlsplit
 
+from structlog.testing import capture_logs
+
+from tests.support.audit_logs import audits
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import AGENT_TOKEN, Opgate
+from tests.support.raw_http import exchange, request_bytes
 
 BODY = b"amount=500&currency=usd&charge=ch_1"
 
@@ -73,4 +77,30 @@ async def test_a_request_refused_on_its_headers_gets_no_invitation(
         status, _, writer = await head_then_first_line(fault_gate, headers, length)
         writer.close()
         assert status == expected
+    assert fault_provider.requests == []
+
+
+async def test_an_unknown_expectation_is_refused_as_a_problem_and_audited(
+    fault_gate: Opgate, fault_provider: FaultProvider
+) -> None:
+    """``Expect`` other than 100-continue: 417 problem+json ``expectation_unsupported`` from
+    the pipeline, with its audit record, and nothing reaches the provider."""
+    op = await fault_gate.approve()
+    headers = [
+        ("Authorization", f"Bearer {AGENT_TOKEN}"),
+        ("X-Operation-Id", op["operation_id"]),
+        ("Content-Type", "application/x-www-form-urlencoded"),
+        ("Expect", "something-else"),
+    ]
+    with capture_logs() as logs:
+        answer = await exchange(
+            fault_gate.agent_url, request_bytes("POST", "/fault/v1/refunds", headers, BODY)
+        )
+    assert (answer.status, answer.headers.get("Content-Type")) == (
+        417,
+        "application/problem+json",
+    )
+    assert answer.problem()["code"] == "expectation_unsupported"
+    [record] = audits(logs)
+    assert (record["reason"], record["response_status"]) == ("expectation_unsupported", 417)
     assert fault_provider.requests == []

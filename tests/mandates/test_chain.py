@@ -14,7 +14,7 @@ from proxy.mandates.chain import (
     presented_parts,
     verify_presentation,
 )
-from proxy.mandates.sdjwt import SdJwtExpired, SdJwtInvalid, b64url_digest
+from proxy.mandates.sdjwt import ClaimWithheld, SdJwtExpired, SdJwtInvalid, b64url_digest
 from tests.support.mandates import (
     Signer,
     closed_mandate,
@@ -71,18 +71,20 @@ def test_an_untrusted_signer_is_unknown(person: Signer) -> None:
         verify_presentation(closed_mandate(Signer("elsewhere")), trusted(person), expect())
 
 
-def test_a_dropped_disclosure_leaves_the_claim_out(person: Signer) -> None:
-    """Without the payee's disclosure the mandate verifies but has no payee (terms refuse it)."""
+def test_a_dropped_disclosure_is_refused_naming_the_claim(person: Signer) -> None:
+    """Without the payee's disclosure the mandate is refused, the payee named as withheld:
+    not shown is never read as not there."""
     jwt = closed_mandate(person).split("~", 1)[0]
-    verified = verify_presentation(f"{jwt}~", trusted(person), expect())
-    assert "payee" not in verified.final
+    with pytest.raises(ClaimWithheld) as refused:
+        verify_presentation(f"{jwt}~", trusted(person), expect())
+    assert refused.value.claim == "payee"
 
 
 def test_a_swapped_disclosure_is_refused(person: Signer) -> None:
     """A disclosure from another mandate (another payee) matches no digest: refused."""
     mine = closed_mandate(person).split("~")
     theirs = closed_mandate(person, payee_id="acct_attacker").split("~")
-    with pytest.raises(SdJwtInvalid, match="not referenced"):
+    with pytest.raises(SdJwtInvalid):
         verify_presentation(f"{mine[0]}~{theirs[1]}~", trusted(person), expect())
 
 
@@ -212,3 +214,54 @@ def test_the_parts_of_a_presentation_are_those_it_verifies_to(
 def test_what_does_not_split_has_no_parts(text: str) -> None:
     """A text that is not one presentation (no ``~``, two delegations, not ASCII) has none."""
     assert presented_parts(text) is None
+
+
+def test_a_withheld_holder_key_does_not_lift_the_key_binding(person: Signer) -> None:
+    """A closed mandate whose cnf (the holder's key) is selectively disclosable, presented
+    without that disclosure and without a KB-JWT, is refused naming cnf: whether a key binding
+    is required is decided by the signed mandate, never by what the presenter shows (RFC 9901:
+    "Verifiers MUST NOT take into account whether the Holder has provided an SD-JWT+KB")."""
+    holder = Signer("holder")
+    claims = person_claims(closed_payment(cnf={"jwk": holder.public_jwk}))
+    jwt, disclosures = person.sd_jwt(claims, disclose=("cnf",))
+    with pytest.raises(ClaimWithheld) as refused:
+        verify_presentation(f"{jwt}~", trusted(person), expect())
+    assert refused.value.claim == "cnf"
+    # shown whole, the key binding is required
+    with pytest.raises(SdJwtInvalid, match="no key binding"):
+        verify_presentation(compact(jwt, disclosures), trusted(person), expect())
+
+
+def test_the_mandate_contents_own_expiry_is_checked(person: Signer, agent: Signer) -> None:
+    """An agent's closed mandate whose content (delegate_payload) expired is refused as
+    expired, as the token's own exp is."""
+    past = int(time.time()) - 3600
+    chain = present_under(open_mandate(person, agent, []), agent, closed_payment(exp=past), aud=AUD)
+    with pytest.raises(SdJwtExpired):
+        verify_presentation(chain, trusted(person), expect())
+
+
+def test_a_fixed_claim_withheld_from_the_open_mandate_is_refused(
+    person: Signer, agent: Signer
+) -> None:
+    """An open mandate fixing the payee (selectively disclosable), presented without it, is
+    refused naming payee: unchanged could not compare what it cannot see, and the agent's
+    closed mandate would pay anyone."""
+    open_token = open_mandate(
+        person,
+        agent,
+        [],
+        disclose=("constraints", "payee"),
+        payee={"id": "acct_merchant", "name": "Merchant Choice", "website": "https://m.example"},
+    )
+    jwt, constraints, _payee, _ = open_token.split("~")
+    chain = present_under(
+        f"{jwt}~{constraints}~",
+        agent,
+        closed_payment(payee_id="acct_attacker"),
+        aud=AUD,
+        binding="issuer_jwt_hash",
+    )
+    with pytest.raises(ClaimWithheld) as refused:
+        verify_presentation(chain, trusted(person), expect())
+    assert refused.value.claim == "payee"

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
 from proxy.mandates.sdjwt import (
+    ClaimWithheld,
     SdJwtExpired,
     SdJwtInvalid,
     b64url_digest,
@@ -33,7 +35,7 @@ def test_digests_match_the_rfc_examples() -> None:
 def test_rfc_disclosures_reveal_a_claim_and_an_array_element() -> None:
     """The RFC's object-property and array-element Disclosures land where their digests are."""
     payload = {
-        "_sd": [RFC_CLAIM_DIGEST, b64url_digest("decoy")],
+        "_sd": [RFC_CLAIM_DIGEST],
         "nationalities": [{"...": RFC_ELEMENT_DIGEST}, "DE"],
         "_sd_alg": "sha-256",
     }
@@ -43,10 +45,50 @@ def test_rfc_disclosures_reveal_a_claim_and_an_array_element() -> None:
     }
 
 
-def test_an_undisclosed_claim_and_element_are_absent() -> None:
-    """Digests without a Disclosure are dropped: the claim is absent, the element removed."""
-    payload = {"_sd": [RFC_CLAIM_DIGEST], "nationalities": [{"...": RFC_ELEMENT_DIGEST}]}
-    assert reveal(payload, ()) == {"nationalities": []}
+@pytest.mark.parametrize(
+    ("scenario", "payload", "disclosures", "claim"),
+    [
+        ("claim withheld", {"_sd": [RFC_CLAIM_DIGEST]}, (), "$"),
+        (
+            "element withheld",
+            {"nationalities": [{"...": RFC_ELEMENT_DIGEST}]},
+            (),
+            "nationalities[0]",
+        ),
+        (
+            "decoy claim digest",
+            {"_sd": [RFC_CLAIM_DIGEST, b64url_digest("decoy")]},
+            (RFC_CLAIM,),
+            "$",
+        ),
+        (
+            "decoy element digest",
+            {"nationalities": [{"...": RFC_ELEMENT_DIGEST}, {"...": b64url_digest("decoy")}]},
+            (RFC_ELEMENT,),
+            "nationalities[1]",
+        ),
+    ],
+)
+def test_an_undisclosed_digest_is_refused_not_read_as_absent(
+    scenario: str, payload: dict[str, Any], disclosures: tuple[str, ...], claim: str
+) -> None:
+    """A digest without a Disclosure (a withheld claim or element, or a decoy: RFC 9901 makes
+    them indistinguishable) is refused naming where it sits, never read as absent."""
+    with pytest.raises(ClaimWithheld) as refused:
+        reveal(payload, disclosures, words=frozenset({"nationalities"}))
+    assert refused.value.claim == claim, scenario
+
+
+def test_a_withheld_claim_is_named_where_the_caller_reads_it_by_name() -> None:
+    """Where the caller names the claims it reads, the first of them not shown is named."""
+    with pytest.raises(ClaimWithheld) as refused:
+        reveal(
+            {"_sd": [RFC_CLAIM_DIGEST], "vct": "x"},
+            (),
+            lambda path, claims: ("vct", "constraints"),
+            frozenset({"constraints"}),
+        )
+    assert refused.value.claim == "constraints"
 
 
 @pytest.mark.parametrize(

@@ -64,7 +64,7 @@ async def test_the_tree_is_verified_across_a_key_rotation(
     )
     lines = done.stdout.splitlines()
     assert done.returncode == 0, done.stdout + done.stderr
-    assert lines[0].startswith("ok: 7 records, 0 checkpoints"), lines
+    assert lines[0].startswith("ok: 7 records, 0 seals"), lines
     signers = sorted(f"{k.name}+{k.key_id:08x}" for k in (current, earlier))
     assert lines[1] == (
         f"tree: ok: 7 leaves, 11 nodes, 2 checkpoints signed by {', '.join(signers)}; the"
@@ -96,7 +96,7 @@ async def test_a_tampered_node_or_leaf_and_an_unknown_key_are_reported(
     code, lines = await verify(database_url, LOG_SIGNER.verifier().vkey())
     assert code == 1
     assert lines[0] == "BROKEN: the tree: node (1, 0): not the hash its leaves make (rewritten)"
-    assert lines[1].startswith("chains ok: 7 records, 0 checkpoints")
+    assert lines[1].startswith("chains ok: 7 records, 0 seals")
     assert lines[2].startswith("tree: BROKEN:")
     problems = [line.strip() for line in lines[3:]]
     assert "node (1, 0): not the hash its leaves make (rewritten)" in problems

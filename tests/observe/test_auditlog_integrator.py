@@ -19,8 +19,8 @@ from proxy.observe.auditlog.verify import verify
 from proxy.store import audit
 from proxy.store import transparency as tstore
 from proxy.store.migrate import load_migrations, migrate
-from proxy.transparency import merkle, note
-from proxy.transparency.checkpoint import open_checkpoint
+from proxy.transparency import heads, merkle, note
+from proxy.transparency.checkpoint import open_checkpoint, parse_checkpoint
 from tests.support.postgres import dsn_for_database
 
 SIGNER = note.Signer.generate("opgate.test/audit")
@@ -185,3 +185,62 @@ async def test_a_database_holding_old_chains_is_migrated_and_integrated(
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
+
+
+async def test_a_backlog_over_the_round_limit_skips_no_late_commit(
+    conn: asyncpg.Connection, database_url: str
+) -> None:
+    """A transaction that took its id before a backlog larger than a round, and commits its
+    record after a round was cut by the limit: a later round integrates it (the floor never
+    passes a transaction open in the round's snapshot), and the tree verifies."""
+    late = await asyncpg.connect(database_url)
+    try:
+        transaction = late.transaction()
+        await transaction.start()
+        await late.fetchval("SELECT txid_current()")  # its id, below every backlog record's
+        await append(late, "requests/late", 1)
+        for _ in range(8):
+            await append(conn, "requests/backlog", 1)
+        first = await integrator.integrate(conn, SIGNER, limit=5)
+        assert first is not None
+        assert first.added == 5
+        await transaction.commit()
+    finally:
+        await late.close()
+    while (done := await integrator.integrate(conn, SIGNER, limit=5)) and done.added:
+        pass
+    assert await tstore.leaf(conn, "requests/late", 1) is not None
+    assert await tstore.leafless_integrated(conn, 10) == []
+
+
+async def test_the_heads_rebuilt_from_the_leaves_are_the_heads_the_rounds_kept(
+    conn: asyncpg.Connection,
+) -> None:
+    """Stream heads kept round by round (buckets computed in Python) and rebuilt from the
+    leaves (buckets computed by PostgreSQL, migration 0025) are the same rows and sign the same
+    root; the checkpoint carries it, and each stream's head is its last record."""
+    for stream in ("requests/a", "policy", "op_é✓", "requests/host:1:2"):
+        await append(conn, stream, 3)
+        assert await integrator.integrate(conn, SIGNER) is not None
+    await append(conn, "requests/a", 2)
+    kept = await integrator.integrate(conn, SIGNER)
+    assert kept is not None
+    read = "SELECT stream, bucket, seq, record_hash FROM transparency_heads ORDER BY stream"
+    rounds = [tuple(r) for r in await conn.fetch(read)]
+    assert ("requests/a", heads.bucket_of("requests/a")) == rounds[-2][:2]
+    assert [(r[0], r[2]) for r in rounds] == [
+        ("op_é✓", 3),
+        ("policy", 3),
+        ("requests/a", 5),
+        ("requests/host:1:2", 3),
+    ]
+    signed = parse_checkpoint(note.parse_note(kept.checkpoint).text).extensions
+    await conn.execute("UPDATE transparency_state SET heads_size = NULL")
+    await append(conn, "policy", 1)
+    rebuilt = await integrator.integrate(conn, SIGNER)
+    assert rebuilt is not None
+    after = [tuple(r) for r in await conn.fetch(read)]
+    assert [r for r in after if r[0] != "policy"] == [r for r in rounds if r[0] != "policy"]
+    assert heads.signed_root(signed) is not None
+    for stream, bucket, _, _ in after:
+        assert bucket == heads.bucket_of(stream)

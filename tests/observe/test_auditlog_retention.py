@@ -17,6 +17,7 @@ from proxy.observe.auditlog.chain import record_hash
 from tests.support.auditlog import AUDIT_KEY, FLUSH_DEADLINE, get, run_cli
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import AGENT_TOKEN, Opgate, StartOpgate, fault_policy
+from tests.support.transparency import LOG_SIGNER
 
 READ = "/fault/v1/charges/ch_1"
 REFUND = "/fault/v1/refunds"
@@ -111,7 +112,7 @@ async def test_a_pruned_log_still_verifies(
         assert recomputed.hex() == line["hash"]
     code, out = await run_cli("audit", "verify", "--database-url", database_url, env=_env())
     assert code == 0, out
-    assert f"pruned through checkpoint {cut}" in out
+    assert f"pruned through seal {cut}" in out
     conn = await asyncpg.connect(database_url)
     try:
         left = await conn.fetchval(
@@ -207,3 +208,39 @@ async def test_prune_refuses_a_broken_log_and_needs_the_key(
     finally:
         await conn.close()
     assert not archive.exists()
+
+
+async def test_verify_reports_pruned_leaves_as_pruned_and_others_as_deleted(
+    start_opgate: StartOpgate,
+    policy_dir: Path,
+    fault_provider: FaultProvider,
+    database_url: str,
+    audit_key: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the transparency log on, a legitimate prune leaves its leaves: verify counts the
+    records gone at or before the cuts as pruned (one line, exit 0); a record deleted after
+    a cut is still reported deleted (exit 1)."""
+    monkeypatch.setenv("OPGATE_SECRET_TRANSPARENCY_KEY", LOG_SIGNER.skey())
+    env = {**_env(), "OPGATE_SECRET_TRANSPARENCY_KEY": LOG_SIGNER.skey()}
+    _, new_operation, cut = await _two_runs(start_opgate, policy_dir, fault_provider)
+    archive = tmp_path / "audit-archive.jsonl"
+    command = ["audit", "prune", "--database-url", database_url, "--archive", str(archive)]
+    code, out = await run_cli(*command, "--through-checkpoint", str(cut), env=env)
+    assert code == 0, out
+    pruned = len(archive.read_text().splitlines())
+    code, out = await run_cli("audit", "verify", "--database-url", database_url, env=env)
+    assert code == 0, out
+    assert f"{pruned} records pruned (at or before the cuts of seal {cut}" in out
+    assert "gone (deleted)" not in out
+    conn = await asyncpg.connect(database_url)
+    try:
+        async with conn.transaction():  # around the trigger, as an attacker would
+            await conn.execute("SET LOCAL session_replication_role = replica")
+            await conn.execute("DELETE FROM audit_log WHERE stream = $1 AND seq = 1", new_operation)
+    finally:
+        await conn.close()
+    code, out = await run_cli("audit", "verify", "--database-url", database_url, env=env)
+    assert code == 1
+    assert f"(stream {new_operation} seq 1): the record is gone (deleted)" in out

@@ -14,7 +14,8 @@ import pytest_asyncio
 from proxy.observe.auditlog import integrator
 from proxy.observe.auditlog.treecheck import check_tree
 from proxy.store import audit
-from proxy.transparency import note
+from proxy.transparency import heads, note
+from proxy.transparency.checkpoint import Checkpoint, parse_checkpoint
 from tests.support.polling import until
 from tests.support.tamper import rechain
 
@@ -114,14 +115,37 @@ async def test_leaves_rewritten_to_match_do_not_make_the_signed_tree(
         " WHERE a.stream = l.stream AND a.seq = l.seq"
     )
     report = await check_tree(conn, SIGNER.verifier())
-    # the stored nodes are not what the rewritten leaves make, and neither is the signed root
-    *nodes, signed = report.breaks
+    # the stored nodes are not what the rewritten leaves make, and neither is the signed root,
+    # nor the stream heads it signs (the last record's leaf changed with the chain)
+    *nodes, signed, ends = report.breaks
+    assert ends.startswith("checkpoint 5: the stream heads it signs are not the ones")
     assert nodes[0] == "node (0, 1): not the hash its leaves make (rewritten)"
     assert all(n.startswith("node (") and n.endswith("(rewritten)") for n in nodes)
     assert signed == (
         "checkpoint 5: does not sign the tree the leaves make (leaves rewritten, or the"
         " checkpoint replaced)"
     )
+
+
+async def test_stream_heads_signed_wrongly_are_a_break(conn: asyncpg.Connection) -> None:
+    """Whoever holds the log's key re-signs the latest checkpoint with another heads root (a
+    stream's end moved back, as a trimmed bundle would need): the tree still matches, the heads
+    the leaves make do not."""
+    row = await conn.fetchrow(
+        "SELECT tree_size, note FROM transparency_checkpoints ORDER BY tree_size DESC LIMIT 1"
+    )
+    opened = parse_checkpoint(note.parse_note(row["note"]).text)
+    forged = Checkpoint(opened.origin, opened.size, opened.root, (heads.extension_line(bytes(32)),))
+    await conn.execute(
+        "UPDATE transparency_checkpoints SET note = $2 WHERE tree_size = $1",
+        row["tree_size"],
+        note.sign_note(forged.text(), [SIGNER]),
+    )
+    report = await check_tree(conn, SIGNER.verifier())
+    assert report.breaks == [
+        "checkpoint 5: the stream heads it signs are not the ones its leaves make (where a"
+        " stream ends, as a bundle proves it, would be wrong)"
+    ]
 
 
 async def test_a_checkpoint_signed_by_another_key_is_a_break(conn: asyncpg.Connection) -> None:

@@ -165,7 +165,7 @@ async def test_witnesses_cosign_and_a_bundle_counts_the_quorum(
     assert report.breaks == []
     assert report.cosigners == ["w1.test", "w2.test"]
     assert verify(made, SIGNER.verifier().vkey(), keys, 3).breaks == [
-        "checkpoint: cosigned by 2 known witnesses, 3 needed"
+        "checkpoint: cosigned by 2 of the 2 witnesses given, 3 needed"
     ]
 
 

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from yarl import URL
 
+from tests.support.budgets import REFUND
+from tests.support.fault_provider import FaultMode, FaultProvider
 from tests.support.opgate import (
     AGENT_TOKEN,
     SHIPPED_POLICIES,
@@ -141,6 +143,47 @@ async def test_revoke_keeps_the_status_and_records_the_reason(fault_gate: Opgate
         headers=admin_headers(),
     ) as response:
         assert response.status == 404
+
+
+async def _revoke(gate: Opgate, operation_id: str) -> tuple[int, str, Any]:
+    async with gate.http.post(
+        f"{gate.ops_url}/v1/operations/{operation_id}/revoke",
+        json={"reason": "changed my mind"},
+        headers=admin_headers(),
+    ) as response:
+        return response.status, response.content_type, await response.json(content_type=None)
+
+
+async def test_revoking_a_sent_operation_says_it_still_counts_and_a_settled_one_is_refused(
+    fault_gate: Opgate, fault_provider: FaultProvider
+) -> None:
+    """Revoked after its outcome went unknown: the approval is withdrawn (no further attempt),
+    and the answer and the event say something may have been sent, so it still counts against
+    its budgets. Confirmed: 409 operation_settled, the row left unrevoked."""
+    body = "amount=500&currency=usd&charge=ch_1"
+    fault_provider.mode = FaultMode.ERROR_AFTER_COMMIT
+    unknown = await fault_gate.approve()
+    await fault_gate.send(REFUND, data=body, headers={"X-Operation-Id": unknown["operation_id"]})
+    status, _, revoked = await _revoke(fault_gate, unknown["operation_id"])
+    assert (status, revoked["status"]) == (200, "dispatched")
+    assert revoked["approval"]["revoked_reason"] == "changed my mind"
+    assert revoked["counts_against_budgets"] is True
+    events = (await fault_gate.operation(unknown["operation_id"]))["events"]
+    assert events[-1]["event"] == "revoked"
+    assert events[-1]["detail"]["nothing_sent"] is False
+
+    fault_provider.mode = FaultMode.OK
+    confirmed = await fault_gate.approve()
+    await fault_gate.send(REFUND, data=body, headers={"X-Operation-Id": confirmed["operation_id"]})
+    status, content_type, problem = await _revoke(fault_gate, confirmed["operation_id"])
+    assert (status, content_type, problem["code"]) == (
+        409,
+        "application/problem+json",
+        "operation_settled",
+    )
+    after = await fault_gate.operation(confirmed["operation_id"])
+    assert (after["status"], after["approval"]["revoked_at"]) == ("confirmed", None)
+    assert after["counts_against_budgets"] is True
 
 
 async def test_health_and_readiness_need_no_token(fault_gate: Opgate) -> None:

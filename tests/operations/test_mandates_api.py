@@ -23,6 +23,7 @@ from tests.support.mandate_gate import (
     AUDIENCE,
     PERSON,
     issued_nonce,
+    mandate_policy,
     mandate_settings,
     present,
     send_exactly,
@@ -46,7 +47,6 @@ from tests.support.opgate import (
     Opgate,
     StartOpgate,
     admin_headers,
-    fault_policy,
     process_env,
 )
 from tests.support.opgate_process import opgate_process
@@ -56,11 +56,19 @@ from tests.support.opgate_process import opgate_process
 async def gate(
     start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider, tmp_path: Path
 ) -> AsyncIterator[Opgate]:
-    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False))
+    (policy_dir / "fault.yaml").write_text(mandate_policy())
     async with start_opgate(
         upstream_overrides={"fault": fault_provider.url}, **mandate_settings(tmp_path)
     ) as running:
         yield running
+
+
+def decoded_transaction_id(mandate: str) -> str:
+    """The transaction_id the person's closed mandate (tests/support/mandates.py) carries."""
+    payload = mandate.split("~", 1)[0].split(".")[1]
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    transaction_id: str = claims["transaction_id"]
+    return transaction_id
 
 
 async def receipt_claims(gate: Opgate, receipt: str) -> dict[str, Any]:
@@ -83,7 +91,13 @@ async def test_a_closed_mandate_becomes_one_operation_sent_once(
     status, answer = await present(gate, gate.http, mandate)
     assert status == 201, answer
     op = answer["operation"]["operation"]
-    assert (op["amount"], op["currency"], op["params"]) == (2500, "usd", {"charge": "ch_1"})
+    assert (op["amount"], op["currency"]) == (2500, "usd")
+    # the payee, instrument and reference are the mandate's, where the policy says they go
+    assert op["params"] == {
+        "destination": "acct_merchant",
+        "source": "pm_card",
+        "reference": decoded_transaction_id(mandate),
+    }
     assert op["approval"]["approved_by"] == "surface:alice"
     assert op["approval"]["ref"] == f"ap2:{answer['mandate_digest']}"
     claims = await receipt_claims(gate, answer["receipt"])
@@ -128,7 +142,7 @@ async def test_presentations_are_admitted_like_every_agent_request(
     """With one request per second per agent, ten mandates presented at once make one
     operation: the others are 429 rate_limited with Retry-After, nothing created for them
     (a presentation writes an operation and its audit record: an agent may not flood them)."""
-    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False))
+    (policy_dir / "fault.yaml").write_text(mandate_policy())
     async with start_opgate(
         upstream_overrides={"fault": fault_provider.url},
         requests_per_second_per_agent=1,
@@ -396,7 +410,7 @@ async def test_twenty_presentations_over_two_processes_make_one_effect_and_hold_
     mandate_nonce_used."""
     policies = tmp_path / "policies"
     policies.mkdir()
-    (policies / "fault.yaml").write_text(fault_policy(deduplicates=False))
+    (policies / "fault.yaml").write_text(mandate_policy())
     settings = mandate_settings(tmp_path)
     environments = [
         process_env(
@@ -611,7 +625,7 @@ async def test_a_refused_presentation_is_kept_as_the_redaction_settings_say(
 ) -> None:
     """With ``presentation`` among ``audit_redact_fields``, a refused mandate's record keeps
     its digest and issuer's JWKS and redacts the presentation, as every record is redacted."""
-    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False))
+    (policy_dir / "fault.yaml").write_text(mandate_policy())
     expired = closed_mandate(PERSON, exp=1)
     async with start_opgate(
         upstream_overrides={"fault": fault_provider.url},

@@ -56,6 +56,12 @@ CASES = [
         "fix: move 'intent.cancel' above 'intent.any', or narrow the path of 'intent.any'",
     ),
     (
+        "read_with_body",
+        "read_with_body.yaml:6:5: rule 'read' takes no operation but a form body: it would be "
+        "forwarded unchecked (a read's query is its only parameter); "
+        "fix: set `body: none` on a read, or `operation: required` if the call needs a body",
+    ),
+    (
         "injection_collision",
         "injection_collision.yaml:10:22: rule 'refund.create' compares 'metadata[operation_id]' "
         "(params), but opgate sets 'metadata[operation_id]' to the operation id; "

@@ -86,10 +86,49 @@ def test_a_key_without_header_needs_a_body_on_every_rule_with_an_operation() -> 
     assert any("its requests could not carry the key" in m for m in found), found
 
 
-def test_a_key_needs_a_place() -> None:
-    """header: null without a body_field is a schema error."""
-    text = HEAD + "idempotency: {header: null}\n" + rule("json", "free: [/x]")[len(HEAD) :]
-    assert any("the key needs a place" in m for m in findings(text))
+@pytest.mark.parametrize(
+    "idempotency", ["none", "{header: null}", "{header: null, body_field: null}"]
+)
+def test_a_provider_without_an_idempotency_key_loads(idempotency: str) -> None:
+    """`idempotency: none` (and the documented `header: null` with no body_field): the
+    provider takes no key, opgate sends none, and agents name operations by X-Operation-Id."""
+    text = HEAD + f"idempotency: {idempotency}\n" + rule("json", "free: [/x]")[len(HEAD) :]
+    assert findings(text) == []
+
+
+def test_a_body_less_rule_needs_no_place_for_a_key_the_provider_does_not_take() -> None:
+    """With no key at all, a body-less rule's operation is named by X-Operation-Id: fine."""
+    text = (
+        HEAD + "idempotency: none\nrules:\n  - {name: a, method: DELETE, path: /v1/a, body: none}\n"
+    )
+    assert findings(text) == []
+
+
+@pytest.mark.parametrize(
+    ("field", "expected"),
+    [
+        ("provider_deduplicates: true, retention_seconds: 60", "provider_deduplicates"),
+        ("max_length: 10", "max_length"),
+        ("characters: a-z", "characters"),
+    ],
+)
+def test_key_properties_without_a_key_are_refused(field: str, expected: str) -> None:
+    """What the provider does with a key means nothing where it takes none: refused, named."""
+    text = HEAD + f"idempotency: {{header: null, {field}}}\n" + rule("json", "")[len(HEAD) :]
+    found = findings(text)
+    assert any(expected in m and "takes no key" in m for m in found), found
+
+
+def test_a_lookup_matching_an_id_opgate_never_wrote_is_a_warning() -> None:
+    """A reconcile lookup matches the operation id opgate injected: on a rule that injects
+    none (`inject_metadata: false`, or no metadata_injection) it can never find the effect."""
+    text = rule(
+        "json",
+        "inject_metadata: false, reconcile: {lookups: [{path: /v1/a, match: /body}]}",
+    )
+    found = lint_policy_texts([(Path("p.yaml"), text)])
+    assert [f.severity.value for f in found] == ["warning"], found
+    assert "can never match" in found[0].message, found[0].message
 
 
 def test_rules_are_still_checked_when_the_file_fails_the_schema() -> None:

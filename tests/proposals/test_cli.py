@@ -58,6 +58,7 @@ async def test_list_approve_and_decline_from_the_command_line(fault_gate: Opgate
     assert table.splitlines()[0].split()[:3] == ["PROPOSAL_ID", "TENANT", "AGENT_ID"]
     assert first["proposal_id"] in table
     assert second["proposal_id"] in table
+    assert "7.00 USD (700 minor units)" in table  # money as a person reads it, never "700"
 
     code, out, err = await proposals(
         fault_gate, "approve", first["proposal_id"], "--by", "alice", "--note", "ok", "--json"

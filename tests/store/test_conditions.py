@@ -49,6 +49,23 @@ async def test_the_lease_is_free_as_it_was_written_out(conn: asyncpg.Connection)
         assert row["new"] is row["old"], until
 
 
+async def test_the_lease_v2_is_free_by_the_clock_as_the_statement_runs(
+    conn: asyncpg.Connection,
+) -> None:
+    """opgate_lease_free_v2 is 0016's condition on clock_timestamp(): inside a transaction that
+    began before a lease lapsed, the lease is free by v2 and still taken by now()."""
+    async with conn.transaction():
+        # a lease that lapses after the transaction began and before the next statement
+        until = await conn.fetchval("SELECT clock_timestamp()")
+        row = await conn.fetchrow(
+            "SELECT opgate_lease_free_v2($1) AS v2, opgate_lease_free($1) AS v1,"
+            " opgate_lease_free_v2(NULL) AS never, opgate_lease_free_v2($1 + interval '1 h')"
+            " AS live",
+            until,
+        )
+    assert (row["v2"], row["v1"], row["never"], row["live"]) == (True, False, True, False)
+
+
 async def test_nothing_left_yet_agrees_with_python_and_the_copies_it_replaced(
     conn: asyncpg.Connection,
 ) -> None:
@@ -85,15 +102,38 @@ async def test_a_condition_in_a_where_is_inlined_and_matches_the_partial_index(
         r[0]
         for r in await conn.fetch(
             "EXPLAIN SELECT count(*) FROM operations"
-            " WHERE tenant = 't' AND opgate_unsettled(status) AND opgate_lease_free(lease_until)"
+            " WHERE tenant = 't' AND opgate_unsettled(status)"
+            " AND opgate_lease_free_v2(lease_until)"
         )
     )
     assert "operations_unsettled" in plan, plan
     assert "opgate_" not in plan, plan
-    assert "lease_until <= now()" in plan, plan
+    assert "lease_until <= clock_timestamp()" in plan, plan
 
 
-CONDITIONS = ("opgate_lease_free", "opgate_unsettled", "opgate_nothing_left_yet")
+async def test_a_budget_sum_reads_only_its_window_from_the_index(conn: asyncpg.Connection) -> None:
+    """budget_spent, with opgate_spends inlined, is an index-only scan of the budget window's
+    index, bounded by the window (the columns the condition reads are in the index)."""
+    await conn.execute("SET enable_seqscan = off")
+    await conn.execute("SET plan_cache_mode = force_generic_plan")
+    await conn.execute(f"PREPARE probe AS {QUERIES['budget_spent'].sql}")
+    plan = "\n".join(
+        r[0]
+        for r in await conn.fetch("EXPLAIN EXECUTE probe('fault', 'usd', 3600, 't1', NULL, NULL)")
+    )
+    await conn.execute("DEALLOCATE probe")
+    assert "Index Only Scan using operations_budget_window_v2" in plan, plan
+    assert "dispatched_at > (statement_timestamp()" in plan, plan
+    assert "opgate_" not in plan, plan
+
+
+CONDITIONS = (
+    "opgate_lease_free",
+    "opgate_unsettled",
+    "opgate_nothing_left_yet",
+    "opgate_nothing_sent",
+    "opgate_spends",
+)
 
 
 async def test_every_statement_plans_its_conditions_inlined(conn: asyncpg.Connection) -> None:
@@ -102,7 +142,13 @@ async def test_every_statement_plans_its_conditions_inlined(conn: asyncpg.Connec
     out (the claim's cost unchanged)."""
     await conn.execute("SET plan_cache_mode = force_generic_plan")
     users = [q for q in QUERIES.values() if any(c in q.sql for c in CONDITIONS)]
-    assert {"claim_operation", "metrics_operations"} <= {q.name for q in users}
+    assert {
+        "claim_operation",
+        "metrics_operations",
+        "budget_spent",
+        "mandate_open_use",
+        "revoke_operation",
+    } <= {q.name for q in users}
     for query in users:
         await conn.execute(f"PREPARE probe AS {query.sql}")
         nulls = ", ".join("NULL" for _ in query.parameters)

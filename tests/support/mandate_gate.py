@@ -12,15 +12,34 @@ import aiohttp
 from joserfc.jwk import ECKey
 
 from tests.support.mandates import Signer
-from tests.support.opgate import AGENT_TOKEN, Opgate
+from tests.support.opgate import AGENT_TOKEN, Opgate, fault_policy
 from tests.support.opgate_process import OpgateProcess
 
 AUDIENCE = "opgate.test"
 PERSON = Signer("surface-2026")
+# A payment on the fault provider whose policy names what carries a mandate's payee,
+# instrument and reference (``mandate``): the call the tests' mandates approve
+PAYMENT_RULE = """\
+  - name: payment.create
+    method: POST
+    path: /v1/payments
+    body: form
+    amount: amount
+    currency: currency
+    params: [destination, source, reference]
+    free: ['metadata[*]', description]
+    mandate: {payee: destination, payment_instrument: source, reference: reference}
+"""
 
 
-def mandate_settings(tmp_path: Path) -> dict[str, Any]:
-    """Mandates of PERSON accepted for tenant t1, paid through the fault provider."""
+def mandate_policy() -> str:
+    """The fault provider's policy (tests/support/opgate.py) with the payment rule above."""
+    text = fault_policy(deduplicates=False)
+    return text.replace("\nrules:\n", "\nrules:\n" + PAYMENT_RULE, 1)
+
+
+def mandate_settings(tmp_path: Path, provider: str = "fault") -> dict[str, Any]:
+    """Mandates of PERSON accepted for tenant t1, paid through ``provider``."""
     key_file = tmp_path / "receipt-key.json"
     key_file.write_text(json.dumps(ECKey.generate_key("P-256").as_dict(private=True)))
     return {
@@ -29,7 +48,7 @@ def mandate_settings(tmp_path: Path) -> dict[str, Any]:
                 "name": "surface",
                 "tenants": ["t1"],
                 "jwks": PERSON.jwks,
-                "payees": {"acct_merchant": "fault"},
+                "payees": {"acct_merchant": provider},
             }
         ],
         "mandate_audience": AUDIENCE,
@@ -47,8 +66,7 @@ async def present(
     body = {
         "mandate": mandate,
         "provider": "fault",
-        "action": "refund.create",
-        "params": {"charge": "ch_1"},
+        "action": "payment.create",
         **fields,
     }
     async with http.post(

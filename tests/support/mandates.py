@@ -103,19 +103,41 @@ def closed_mandate(person: Signer, **fields: Any) -> str:
 
 
 def open_mandate(
-    person: Signer, agent: Signer, constraints: list[dict[str, Any]], **fixed: Any
+    person: Signer,
+    agent: Signer,
+    constraints: list[dict[str, Any]],
+    *,
+    elements: bool = False,
+    disclose: tuple[str, ...] = ("constraints",),
+    **fixed: Any,
 ) -> str:
-    """An open Payment Mandate naming the agent's key; its constraints selectively disclosed."""
+    """An open Payment Mandate naming the agent's key; the claims named in ``disclose``
+    selectively disclosed (``constraints`` by default), and with ``elements`` each constraint
+    an array element of its own (``{"...": digest}``, RFC 9901 section 4.2.2)."""
+    listed: list[Any] = list(constraints)
+    element_disclosures: list[str] = []
+    if elements:
+        element_disclosures = [disclosure(None, c) for c in constraints]
+        listed = [{"...": digest(d)} for d in element_disclosures]
     claims = person_claims(
         {
             "vct": "mandate.payment.open.1",
-            "constraints": constraints,
+            "constraints": listed,
             "cnf": {"jwk": agent.public_jwk},
             **fixed,
         }
     )
-    jwt, disclosures = person.sd_jwt(claims, disclose=("constraints",))
-    return compact(jwt, disclosures)
+    jwt, disclosures = person.sd_jwt(claims, disclose=disclose)
+    return compact(jwt, [*disclosures, *element_disclosures])
+
+
+def withhold(token: str, *indexes: int) -> str:
+    """``token`` (``<jwt>~<d>~...~``, no key binding) presented without its disclosures at
+    ``indexes`` (0: the first disclosure): what a holder may do to any SD-JWT."""
+    jwt, *disclosures, last = token.split("~")
+    assert last == "", "withhold a token without its key binding"
+    kept = [d for i, d in enumerate(disclosures) if i not in indexes]
+    return compact(jwt, kept)
 
 
 def present_under(
@@ -191,14 +213,22 @@ def closed_checkout(person: Signer, jwt: str, **extra: Any) -> str:
     return compact(token, disclosures)
 
 
-def open_checkout(person: Signer, agent: Signer, constraints: list[dict[str, Any]]) -> str:
-    """An open Checkout Mandate naming the agent's key; its constraints disclosed."""
+def open_checkout(
+    person: Signer, agent: Signer, constraints: list[dict[str, Any]], *, elements: bool = False
+) -> str:
+    """An open Checkout Mandate naming the agent's key; its constraints disclosed, and with
+    ``elements`` each constraint an array element of its own."""
+    listed: list[Any] = list(constraints)
+    element_disclosures: list[str] = []
+    if elements:
+        element_disclosures = [disclosure(None, c) for c in constraints]
+        listed = [{"...": digest(d)} for d in element_disclosures]
     claims = person_claims(
         {
             "vct": "mandate.checkout.open.1",
-            "constraints": constraints,
+            "constraints": listed,
             "cnf": {"jwk": agent.public_jwk},
         }
     )
     token, disclosures = person.sd_jwt(claims, disclose=("constraints",))
-    return compact(token, disclosures)
+    return compact(token, [*disclosures, *element_disclosures])

@@ -156,3 +156,16 @@ def test_a_cosignatures_timestamp_is_read_as_the_reference_reads_it() -> None:
     )
     signature = note.Signature("w", int.from_bytes(blob[:4], "big"), blob[4:])
     assert signature.timestamp == 1727964367
+
+
+def test_a_cosignature_time_above_the_specifications_limit_is_refused() -> None:
+    """c2sp.org/tlog-cosignature: the timestamp MUST NOT exceed 2^63 - 1; a cosignature
+    validly signed over a larger one is not accepted (the note is refused, as for any known
+    key's signature that fails)."""
+    witness = note.Signer.generate("w.example", note.COSIGNATURE_V1)
+    text = "log.example\n1\n" + base64.b64encode(bytes(32)).decode() + "\n"
+    stamp = 2**63
+    data = stamp.to_bytes(8, "big") + witness.private_key.sign(note.cosigned_message(text, stamp))
+    line = note.Signature(witness.name, witness.key_id, data).line()
+    with pytest.raises(note.NoteError):
+        note.open_note(text + "\n" + line, [witness.verifier()])

@@ -8,6 +8,7 @@ import pytest
 from proxy.transparency import merkle, note
 from proxy.transparency.checkpoint import Checkpoint
 from proxy.transparency.witness import (
+    SIZE_CONTENT_TYPE,
     Cosigned,
     Refusal,
     add_checkpoint_body,
@@ -78,10 +79,10 @@ def test_a_resigned_rewrite_is_refused(key: note.Signer) -> None:
     log = Log(key, [b"a", b"b", b"c"])
     rewritten = Log(key, [b"a", b"B", b"c", b"d"])
     seen = witness_sees(log, 0, 3, None)
-    for size in (3, 4):  # the same size with another root, or grown from the rewrite
+    for size, status in ((3, 409), (4, 422)):  # the same size, another root; or grown from it
         with pytest.raises(Refusal) as refused:
             witness_sees(rewritten, 3, size, seen)
-        assert refused.value.status == 422
+        assert refused.value.status == status
 
 
 @pytest.mark.parametrize(
@@ -117,3 +118,16 @@ def test_malformed_requests_are_400(body: bytes) -> None:
     with pytest.raises(Refusal) as refused:
         parse_add_checkpoint(body)
     assert refused.value.status == 400
+
+
+def test_the_same_size_with_another_root_is_a_conflict(key: note.Signer) -> None:
+    """c2sp.org/tlog-witness: when the old size is the checkpoint's size, the roots must be
+    identical, else 409 (not a consistency failure's 422), and not as a size answer."""
+    log = Log(key, [b"a", b"b", b"c"])
+    rewritten = Log(key, [b"a", b"B", b"c"])
+    seen = witness_sees(log, 0, 3, None)
+    assert witness_sees(log, 3, 3, seen) == seen  # the same checkpoint again: cosigned
+    with pytest.raises(Refusal) as refused:
+        witness_sees(rewritten, 3, 3, seen)
+    assert refused.value.status == 409
+    assert refused.value.content_type != SIZE_CONTENT_TYPE

@@ -9,6 +9,7 @@
     opgate audit export --after CURSOR_FILE [--follow]   resumable: what was not exported yet
     opgate audit grant-reviewer ROLE [--apply]      a read-only database role for reviewers
     opgate audit prune --through-checkpoint N --archive F   archive, then delete old records
+                                                    (N: a seal's number)
 
 Times are ISO 8601 (``2026-05-01T12:00:00Z``); a time without a zone is read as UTC. The
 database is ``--database-url`` (or ``OPGATE_DATABASE_URL``), else the embedded PostgreSQL in
@@ -59,7 +60,15 @@ _SHOWN_PROBLEMS = 50
 _EXPORT_PAGE = 1000
 
 
-def add_audit_commands(commands: Any) -> None:
+# ``--dev``: fills the settings flags (a dict) in from the dev instance, or says why not; given
+# by the process (proxy/cli.py), which may read dev mode's files.
+DevInstance = Callable[[dict[str, Any]], str | None]
+
+
+def add_audit_commands(commands: Any, dev_instance: DevInstance) -> None:
+    def _run(command: Command) -> Callable[[argparse.Namespace], int]:
+        return _runner(command, dev_instance)
+
     audit = commands.add_parser("audit", help="verify, show and export the audit log")
     audit_commands = audit.add_subparsers()
 
@@ -123,6 +132,12 @@ def _flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--database-url", help="PostgreSQL primary (default: OPGATE_DATABASE_URL)")
     parser.add_argument("--secrets-dir", type=Path, help="where audit_key is (if not in env)")
     parser.add_argument("--data-dir", type=Path, help="the embedded database's (no URL given)")
+    parser.add_argument(
+        "--dev",
+        action="store_true",
+        help="the log of an `opgate serve --dev`: its database and its log's key, as recorded"
+        " in the data directory",
+    )
 
 
 def _time(text: str) -> datetime:
@@ -136,15 +151,19 @@ def _time(text: str) -> datetime:
 Command = Callable[[asyncpg.Connection, argparse.Namespace, Any], Coroutine[Any, Any, int]]
 
 
-def _run(command: Command) -> Callable[[argparse.Namespace], int]:
+def _runner(command: Command, dev_instance: DevInstance) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
-        settings = load_settings(
-            {
-                "database_url": args.database_url,
-                "secrets_dir": args.secrets_dir,
-                "data_dir": args.data_dir,
-            }
-        )
+        given = {
+            "database_url": args.database_url,
+            "secrets_dir": args.secrets_dir,
+            "data_dir": args.data_dir,
+        }
+        if args.dev:  # every command run here has _flags
+            refused = dev_instance(given)
+            if refused is not None:
+                print(f"opgate audit: {refused}", file=sys.stderr)
+                return 2
+        settings = load_settings(given)
 
         async def run() -> int:
             # the embedded PostgreSQL when no URL is given, like `opgate serve`
@@ -188,20 +207,22 @@ async def _verify(conn: asyncpg.Connection, args: argparse.Namespace, settings: 
         print(f"opgate audit verify: the log's key: {exc}", file=sys.stderr)
         return 2
     report = await verify(conn, since, until, key=_key(settings), whole_log=whole)
+    # "seals": the HMAC-signed heads of the chains (audit_checkpoints), a word of their own so
+    # that "checkpoint" names only the transparency log's signed tree heads
     signed = (
         "signatures verified"
         if report.checkpoints_authenticated
         else "signatures NOT verified (no audit key)"
     )
     last = report.last_checkpoint
-    summary = f"{report.records} records, {report.checkpoints} checkpoints ({signed})" + (
-        f"; last checkpoint {last.checkpoint_id} mac {last.mac.hex()}" if last else ""
+    summary = f"{report.records} records, {report.checkpoints} seals ({signed})" + (
+        f"; last seal {last.checkpoint_id} mac {last.mac.hex()}" if last else ""
     )
     if report.pruned_through is not None:
-        summary += f"; pruned through checkpoint {report.pruned_through}"
+        summary += f"; pruned through seal {report.pruned_through}"
     if report.unstorable:
         summary += f"; {report.unstorable} request records unstorable (placeholders)"
-    tree, unchecked = await _tree(conn, keys, settings, whole)
+    tree, unchecked = await _tree(conn, keys, settings, whole, report)
     tree_broken = tree is not None and bool(tree.breaks)
     first = report.first_break()
     if first is not None:
@@ -227,14 +248,21 @@ async def _verify(conn: asyncpg.Connection, args: argparse.Namespace, settings: 
 
 
 async def _tree(
-    conn: asyncpg.Connection, keys: list[Verifier] | None, settings: Any, whole: bool
+    conn: asyncpg.Connection,
+    keys: list[Verifier] | None,
+    settings: Any,
+    whole: bool,
+    chains: VerifyReport,
 ) -> tuple[TreeReport | None, str]:
-    """The transparency tree checked with the log's keys (treecheck.py), or why it was not."""
+    """The transparency tree checked with the log's keys (treecheck.py), or why it was not;
+    the records pruned at or before the retention's cuts (which verify read, authenticated
+    with the audit key when given) are counted as pruned, not deleted."""
     if not whole:
         return None, "--since/--until: the tree is checked on the whole log"
     if keys is None:
         return None, "no transparency_key; give --log-key"
-    return await check_tree(conn, keys, [w.vkey for w in settings.audit_witnesses]), ""
+    witnesses = [w.vkey for w in settings.audit_witnesses]
+    return await check_tree(conn, keys, witnesses, chains.retention), ""
 
 
 def _print_losses(report: VerifyReport) -> None:
@@ -274,7 +302,7 @@ async def _prune(conn: asyncpg.Connection, args: argparse.Namespace, settings: A
         print(f"refused: {args.archive} exists", file=sys.stderr)
         return 1
     print(
-        f"pruned {pruned.records} records of {pruned.streams} streams through checkpoint"
+        f"pruned {pruned.records} records of {pruned.streams} streams through seal"
         f" {pruned.through_checkpoint}; archive {args.archive} sha256 {pruned.archive_sha256}"
     )
     return 0

@@ -25,6 +25,7 @@ import base64
 import binascii
 import hashlib
 import json
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,9 +36,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from proxy.observe.auditlog.chain import StoredRecord
+from proxy.policy.amounts import decimal_spelling
 
 _SETTLED = ("confirmed", "failed")
 _SETTLING_EVENTS = ("confirmed", "failed", "reconciled", "resolved")
+_UNPRINTABLE = frozenset({"Cc", "Cf", "Cs", "Co", "Zl", "Zp"})
 _CHAIN_SEPARATOR = "~~"  # AP2's <open mandate>~~<closed mandate>~ (proxy/mandates/chain.py)
 
 
@@ -78,9 +81,32 @@ def operations(
 def _fields(record: StoredRecord) -> dict[str, Any]:
     try:
         fields = json.loads(record.record)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deeply to read
         return {}
     return fields if isinstance(fields, dict) else {}
+
+
+def printable(text: object) -> str:
+    """A value from a record as a line may show it: every character a terminal would act on,
+    that reorders the line (bidi controls) or cannot be written (a lone surrogate) as its
+    escape, so that a summary line says what the record holds and nothing else."""
+    return "".join(
+        f"\\u{ord(c):04x}" if unicodedata.category(c) in _UNPRINTABLE else c for c in str(text)
+    )
+
+
+def money(amount: object, currency: object) -> str:
+    """An approved amount: "5.00 USD (500 minor units)", or "500 minor units" with no currency
+    (or one without a known exponent: "500 minor units of XAU")."""
+    if not isinstance(amount, int) or isinstance(amount, bool):
+        return printable(f"{amount!r} (not an amount in minor units)")
+    if not isinstance(currency, str) or not currency:
+        return f"{amount} minor units"
+    spelt = decimal_spelling(amount, currency)
+    code = printable(currency.upper()[:8])
+    if spelt is None:
+        return f"{amount} minor units of {code}"
+    return f"{spelt} {code} ({amount} minor units)"
 
 
 def _detail(fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -102,10 +128,13 @@ def _approval(
     detail = _detail(created)
     ref = str(detail.get("approval_ref"))
     amount = detail.get("amount")
-    what = f"{detail.get('action')} on {detail.get('provider')}" + (
-        f", {amount} {detail.get('currency')}" if amount is not None else ""
+    what = f"{detail.get('action')} on {detail.get('provider')}"
+    what = printable(what) + (
+        f", {money(amount, detail.get('currency'))}" if amount is not None else ""
     )
-    evidence.lines.append(f"approved by {detail.get('approved_by')} ({ref}): {what}")
+    evidence.lines.append(
+        f"approved by {printable(detail.get('approved_by'))} ({printable(ref)}): {what}"
+    )
     if not ref.startswith("ap2:"):
         return
     digest, _, open_digest = ref.removeprefix("ap2:").partition(";open:")
@@ -178,7 +207,7 @@ def _verify_es256(jwt: str, jwks: Any) -> tuple[str | None, str | None]:
         header_b64, payload_b64, signature_b64 = jwt.split(".")
         header = json.loads(_b64url_decode(header_b64))
         signature = _b64url_decode(signature_b64)
-    except (ValueError, binascii.Error):
+    except (ValueError, RecursionError):  # binascii.Error, bad JSON, or nested too deeply
         return None, "not a signed JWT"
     kid = header.get("kid") if isinstance(header, dict) else None
     if not isinstance(header, dict) or header.get("alg") != "ES256" or len(signature) != 64:
@@ -227,16 +256,17 @@ def _sends(
         evidence.lines.append(f"sent once ({attempts})")
     else:
         created = next((e for e in events if e.get("event") == "created"), {})
-        key = str(_detail(created).get("idempotency_key_sha256"))[:16]
+        key = _detail(created).get("idempotency_key_sha256")
+        keyed = f" (sha256 {printable(key)[:16]}...)" if isinstance(key, str) else ""
         evidence.lines.append(
             f"sent {sent} times ({attempts}), each with the operation's one idempotency key"
-            f" (sha256 {key}...): one effect where the provider deduplicates on it"
+            f"{keyed}: one effect where the provider deduplicates on it"
         )
     replays = sum(1 for _, f in named if f.get("decision") == "replay")
-    if replays:
+    if replays:  # other streams' records, which a bundle cannot show all of: at least
         evidence.lines.append(
-            f"replayed {replays} time{'s' if replays != 1 else ''} (the stored answer,"
-            " nothing sent)"
+            f"replayed at least {replays} time{'s' if replays != 1 else ''} (the stored"
+            " answer, nothing sent)"
         )
 
 
@@ -297,7 +327,7 @@ def _answer_body(
     op = evidence.operation_id
     try:
         body = base64.b64decode(str(answer.get("body") or ""), validate=True)
-    except binascii.Error:
+    except ValueError:  # binascii.Error, or a character outside ASCII
         evidence.breaks.append(f"operation {op}: the stored answer's body is not base64")
         return
     actual = hashlib.sha256(body).hexdigest()

@@ -24,7 +24,7 @@ from proxy.errors import StoreUnavailable
 from proxy.observe.auditlog.periodic import Periodic
 from proxy.store import transparency as tstore
 from proxy.store.store import Store
-from proxy.transparency import merkle, note
+from proxy.transparency import heads, merkle, note
 from proxy.transparency.checkpoint import Checkpoint
 
 _log = structlog.get_logger("opgate.audit")
@@ -62,18 +62,25 @@ async def tree_root(conn: asyncpg.Connection, size: int) -> bytes:
     return merkle.range_hash(0, size, node) if size else merkle.EMPTY_ROOT
 
 
-async def integrate(conn: asyncpg.Connection, signer: note.Signer) -> Integrated | None:
-    """One round (its own transaction); None when another replica is integrating."""
+async def integrate(
+    conn: asyncpg.Connection, signer: note.Signer, limit: int = ROUND_LIMIT
+) -> Integrated | None:
+    """One round (its own transaction) of at most ``limit`` records; None when another
+    replica is integrating."""
     async with conn.transaction():
         if not await tstore.try_lock(conn):
             return None
         state = await tstore.state(conn)
         size = state.tree_size
-        found = await tstore.pending(conn, state.floor_txid, ROUND_LIMIT)
+        if state.heads_size != size:  # never built (migration 0025), or not this tree's
+            await _rebuild_heads(conn, size)
+        found = await tstore.pending(conn, state.floor_txid, limit)
         rows = found.records
         # Every row below xmin was visible to this read: all taken, unless the limit cut it
-        # (then the last row's transaction may have more: the next round starts there).
-        floor = found.xmin if len(rows) < ROUND_LIMIT else rows[-1]["txid"]
+        # (then the last row's transaction may have more: the next round starts there). Never
+        # above xmin: a transaction open in this snapshot may still commit rows below the last
+        # row's txid, which a floor above it would skip for good.
+        floor = found.xmin if len(rows) < limit else min(found.xmin, rows[-1]["txid"])
         if rows:
             positions = merkle.frontier_positions(size)
             node = await _reader(conn, positions)
@@ -83,14 +90,64 @@ async def integrate(conn: asyncpg.Connection, signer: note.Signer) -> Integrated
             )
             await tstore.append(conn, size, leaves, grown.nodes, floor)
             size, root = size + len(rows), grown.root
+            heads_root = await _advance_heads(conn, leaves, size)
         else:
             latest = await tstore.latest_checkpoint(conn)
             if latest is not None and latest["tree_size"] == size:
                 return Integrated(size, bytes(latest["root"]), latest["note"], 0)
             root = await tree_root(conn, size)
-        signed = note.sign_note(Checkpoint(signer.name, size, root).text(), [signer])
+            heads_root = heads.root(await tstore.head_buckets(conn))
+        # the stream heads' root as an extension line: where each stream ends, signed
+        # (c2sp.org/tlog-checkpoint allows extension lines; witnesses vouch only for the
+        # first three, so `opgate audit verify` checks this one against the leaves)
+        text = Checkpoint(signer.name, size, root, (heads.extension_line(heads_root),)).text()
+        signed = note.sign_note(text, [signer])
         await tstore.insert_checkpoint(conn, size, root, signed)
     return Integrated(size, root, signed, len(rows))
+
+
+async def _rebuild_heads(conn: asyncpg.Connection, size: int) -> None:
+    """The stream heads of the tree of ``size``, from its leaves, and every bucket's hash."""
+    await tstore.rebuild_heads(conn, size)
+    await _rehash_buckets(conn, range(heads.BUCKETS))
+
+
+async def _rehash_buckets(conn: asyncpg.Connection, buckets: Collection[int]) -> None:
+    found: dict[int, list[heads.Head]] = {b: [] for b in buckets}
+    for row in await tstore.heads_in_buckets(conn, buckets):
+        found[row["bucket"]].append(
+            heads.Head(row["stream"], row["seq"], bytes(row["record_hash"]))
+        )
+    await tstore.set_head_buckets(conn, {b: heads.bucket_hash(h) for b, h in found.items()})
+
+
+async def _advance_heads(
+    conn: asyncpg.Connection, leaves: list[tuple[str, int, bytes]], size: int
+) -> bytes:
+    """Move the heads of the streams a round's leaves belong to; the map's new root."""
+    last: dict[str, tuple[int, bytes]] = {}
+    for stream, seq, digest in leaves:
+        if stream not in last or seq > last[stream][0]:
+            last[stream] = (seq, digest)
+    moved = [(s, heads.bucket_of(s), seq, digest) for s, (seq, digest) in last.items()]
+    await tstore.advance_heads(conn, moved, size)
+    await _rehash_buckets(conn, {bucket for _, bucket, _, _ in moved})
+    return heads.root(await tstore.head_buckets(conn))
+
+
+async def heads_proof(
+    conn: asyncpg.Connection, stream: str
+) -> tuple[list[heads.Head], list[bytes], bytes]:
+    """The heads of ``stream``'s bucket, the sibling hashes to the map's root, and the root
+    (as of the last round: the caller reads it in the snapshot of the checkpoint it uses)."""
+    bucket = heads.bucket_of(stream)
+    rows = await tstore.heads_in_buckets(conn, [bucket])
+    found = sorted(
+        (heads.Head(r["stream"], r["seq"], bytes(r["record_hash"])) for r in rows),
+        key=lambda h: h.stream,
+    )
+    buckets = await tstore.head_buckets(conn)
+    return found, heads.path(buckets, bucket), heads.root(buckets)
 
 
 async def inclusion(conn: asyncpg.Connection, leaf_index: int, size: int) -> list[bytes]:

@@ -119,6 +119,13 @@ def retention_from(
     return Retention(through, cuts_through(checkpoints, through), floors), problems
 
 
+async def in_force(conn: asyncpg.Connection, key: bytes | None) -> tuple[Retention, list[str]]:
+    """The retention the database's records declare (``retention_from``), read from them."""
+    return retention_from(
+        await records.retention_records(conn), await records.checkpoints(conn), key
+    )
+
+
 def archive_line(record: StoredRecord) -> str:
     """A record as archived: every column, verbatim, enough to recompute its hash."""
     return json.dumps(
@@ -166,12 +173,12 @@ async def prune(
     caller has verified the whole log). The archive must not exist yet."""
     checkpoints = await records.checkpoints(conn)
     if not any(cp.checkpoint_id == through_checkpoint for cp in checkpoints):
-        raise PruneRefused(f"there is no checkpoint {through_checkpoint}")
+        raise PruneRefused(f"there is no seal {through_checkpoint}")
     current, problems = retention_from(await records.retention_records(conn), checkpoints, key)
     if problems:
         raise PruneRefused(problems[0])
     if current.through_checkpoint is not None and through_checkpoint <= current.through_checkpoint:
-        raise PruneRefused(f"already pruned through checkpoint {current.through_checkpoint}")
+        raise PruneRefused(f"already pruned through seal {current.through_checkpoint}")
     cuts = cuts_through(checkpoints, through_checkpoint)
     positions = sorted((stream, head.seq) for stream, head in cuts.items())
     digest, count, floors = hashlib.sha256(), 0, _Floors(current.floors)

@@ -30,7 +30,7 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
-from proxy.observe.auditlog import bundle, proofs
+from proxy.observe.auditlog import bundle, evidence, proofs, retention
 from proxy.observe.auditlog.treecheck import TreeReport, check_tree
 from proxy.observe.auditlog.witness_server import WitnessState, witness_app
 from proxy.observe.observer import transparency_signer
@@ -89,7 +89,11 @@ def add_transparency_commands(
     check.add_argument(
         "--witness-key", action="append", default=[], help="a witness's vkey (repeatable)"
     )
-    check.add_argument("--quorum", type=int, help="cosignatures required (default: the bundle's)")
+    check.add_argument(
+        "--quorum",
+        type=int,
+        help="cosignatures required among the --witness-key given (default: every one of them)",
+    )
     check.set_defaults(handler=_verify_bundle)
 
     witness = commands.add_parser("witness", help="run a minimal C2SP tlog-witness")
@@ -171,6 +175,11 @@ def tree_summary(report: TreeReport) -> str:
         f" signed by {', '.join(report.signers) or '-'}; the latest cosigned by"
         f" {len(report.cosigners)} witnesses ({', '.join(report.cosigners) or '-'})"
     )
+    if report.pruned:
+        summary += (
+            f"; {report.pruned} records pruned (at or before the cuts of seal"
+            f" {report.pruned_through}: in the prune's archive)"
+        )
     if report.pending:
         assert report.oldest_pending is not None
         summary += (
@@ -189,7 +198,9 @@ async def _verify_tree(conn: asyncpg.Connection, args: argparse.Namespace, setti
     if keys is None:
         print("opgate audit: give --log-key or configure transparency_key", file=sys.stderr)
         return 2
-    report = await check_tree(conn, keys, [w.vkey for w in settings.audit_witnesses])
+    secret = Secrets(settings.secrets_dir).secret("audit_key")
+    pruned, _ = await retention.in_force(conn, secret.encode("utf-8") if secret else None)
+    report = await check_tree(conn, keys, [w.vkey for w in settings.audit_witnesses], pruned)
     summary = tree_summary(report)
     if report.breaks:
         print(f"BROKEN: {len(report.breaks)} problems; {summary}")
@@ -236,7 +247,8 @@ async def _bundle(conn: asyncpg.Connection, args: argparse.Namespace, settings: 
     else:
         sys.stdout.write(text)
     print(
-        f"{len(made['records'])} records; checkpoint of"
+        f"{len(made['records'])} records, {len(made['referenced'])} referenced, the ends of"
+        f" {len(made['ends'])} operation streams; checkpoint of"
         f" {made['checkpoint'].splitlines()[1]} records",
         file=sys.stderr,
     )
@@ -244,32 +256,53 @@ async def _bundle(conn: asyncpg.Connection, args: argparse.Namespace, settings: 
 
 
 def _verify_bundle(args: argparse.Namespace) -> int:
+    refused = f"opgate audit verify-bundle: {evidence.printable(args.file)}"
     try:
-        loaded = json.loads(args.file.read_text("utf-8"))
-        report = bundle.verify(loaded, args.log_key, args.witness_key, args.quorum)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(f"opgate audit verify-bundle: {args.file}: {exc}", file=sys.stderr)
+        loaded = json.loads(args.file.read_bytes())
+    except OSError as exc:
+        print(f"{refused}: cannot read it ({exc.strerror})", file=sys.stderr)
         return 2
+    except RecursionError:
+        print(f"{refused}: not a bundle (JSON nested too deeply)", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # not JSON, not UTF-8, a number too long to read
+        print(f"{refused}: not a bundle (not JSON: {type(exc).__name__})", file=sys.stderr)
+        return 2
+    try:
+        report = bundle.verify(loaded, args.log_key, args.witness_key, args.quorum)
+    except bundle.BundleError as exc:  # a part required, missing or malformed: said which
+        print(f"{refused}: {exc}", file=sys.stderr)
+        return 2
+    _print_bundle_report(report)
+    return 1 if report.breaks else 0
+
+
+def _print_bundle_report(report: bundle.BundleReport) -> None:
+    """What the bundle proves, each line as the reviewer's terminal may show it (any value a
+    record holds is escaped where a terminal would act on it, or it would reorder the line)."""
+
+    def say(line: str) -> None:
+        print(evidence.printable(line))
+
     for line in report.notes:
-        print(f"note: {line}")
+        say(f"note: {line}")
     summary = (
         f"{report.proven} records proven in a checkpoint of {report.tree_size} records"
         f" signed by {report.signed_by}, cosigned by {len(report.cosigners)} witnesses"
         f" ({', '.join(report.cosigners) or '-'})"
     )
     for found in report.operations:  # did opgate send it, how often, who approved it
-        print(f"operation {found.operation_id}:")
+        say(f"operation {found.operation_id}:")
         for line in found.lines:
-            print(f"  {line}")
+            say(f"  {line}")
     for line in report.unproven:
-        print(f"unproven: {line}")
+        say(f"unproven: {line}")
     if report.breaks:
-        print(f"BROKEN: {len(report.breaks)} problems; {summary}")
+        say(f"BROKEN: {len(report.breaks)} problems; {summary}")
         for line in report.breaks:
-            print(f"  {line}")
-        return 1
-    print(f"ok: {summary}")
-    return 0
+            say(f"  {line}")
+        return
+    say(f"ok: {summary}")
 
 
 def _witness(args: argparse.Namespace) -> int:

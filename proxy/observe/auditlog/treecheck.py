@@ -28,9 +28,10 @@ import asyncpg
 
 from proxy.observe.auditlog import integrator
 from proxy.observe.auditlog.chain import StoredRecord
+from proxy.observe.auditlog.retention import Retention
 from proxy.store import transparency as tstore
-from proxy.transparency import merkle, note
-from proxy.transparency.checkpoint import open_checkpoint
+from proxy.transparency import heads, merkle, note
+from proxy.transparency.checkpoint import open_checkpoint, parse_checkpoint
 
 _LEAFLESS_SHOWN = 50
 
@@ -45,6 +46,10 @@ class TreeReport:
     cosigners: list[str] = field(default_factory=list)
     pending: int = 0
     oldest_pending: datetime | None = None
+    # leaves whose record a prune removed (at or before a cut of the retention in force):
+    # counted, not breaks; the seal the cuts are read from
+    pruned: int = 0
+    pruned_through: int | None = None
 
 
 class _Ahead:
@@ -68,9 +73,14 @@ async def check_tree(
     conn: asyncpg.Connection,
     log: note.Verifier | Sequence[note.Verifier],
     witness_keys: Sequence[str] = (),
+    retention: Retention | None = None,
 ) -> TreeReport:
-    """``log``: the log's keys (the current one, and any it was rotated from)."""
+    """``log``: the log's keys (the current one, and any it was rotated from);
+    ``retention``: the cuts of the prunes so far (retention.py), whose records are gone by
+    design (their leaves stay: the tree only grows)."""
     report = TreeReport()
+    pruned = retention or Retention()
+    report.pruned_through = pruned.through_checkpoint
     keys = [log] if isinstance(log, note.Verifier) else list(log)
     signers: set[int] = set()
     async with conn.transaction(isolation="repeatable_read", readonly=True):
@@ -90,7 +100,7 @@ async def check_tree(
                     f"leaf {size}: missing (the next leaf stored is {row['leaf_index']})"
                 )
             committed = bytes(row["record_hash"])
-            _leaf(row, committed, report)
+            _leaf(row, committed, pruned, report)
             grown = merkle.append_leaves(size, frontier, [integrator.record_leaf(committed)])
             for level, index, digest in grown.nodes:
                 await _node(nodes, level, index, digest, report)
@@ -127,6 +137,7 @@ async def check_tree(
                 )
             signed = await tstore.checkpoint_at(conn, signed_size)
             assert signed is not None
+            await _check_heads(conn, signed_size, str(signed["note"]), report)
             cosigned = str(signed["note"]) + "".join(signed["cosignatures"])
             try:
                 report.cosigners = _cosigners(cosigned, keys, witness_keys)
@@ -146,8 +157,11 @@ async def check_tree(
     return report
 
 
-def _leaf(row: asyncpg.Record, committed: bytes, report: TreeReport) -> None:
+def _leaf(row: asyncpg.Record, committed: bytes, retention: Retention, report: TreeReport) -> None:
     where = f"leaf {row['leaf_index']} (stream {row['stream']} seq {row['seq']})"
+    if row["hash"] is None and retention.pruned(row["stream"], row["seq"]):
+        report.pruned += 1  # archived and deleted by a prune the retention record vouches for
+        return
     if row["hash"] is None:
         report.breaks.append(f"{where}: the record is gone (deleted)")
         return
@@ -212,6 +226,38 @@ def _checkpoint(
     elif bytes(row["root"]) != signed.root:
         report.breaks.append(f"checkpoint {size}: its root column is not the root it signs")
     return signed.size, signed.root
+
+
+async def _check_heads(
+    conn: asyncpg.Connection, size: int, signed: str, report: TreeReport
+) -> None:
+    """The stream heads the latest checkpoint signs (its extension line, heads.py) must be
+    those its leaves make: witnesses vouch only for the tree, so this is where a heads root
+    signed wrongly (by whoever holds the log's key) is found. Earlier checkpoints' heads are
+    not recomputed (it would take every stream's head at every size)."""
+    try:
+        claimed = heads.signed_root(parse_checkpoint(note.parse_note(signed).text).extensions)
+    except (note.NoteError, heads.HeadsError) as exc:
+        report.breaks.append(f"checkpoint {size}: {exc}")
+        return
+    if claimed is None:
+        return  # signed before migration 0025: it says nothing of where streams end
+    buckets: dict[int, bytes] = {}
+    current: list[heads.Head] = []
+    bucket = -1
+    async for row in tstore.heads_from_leaves(conn, size):
+        if row["bucket"] != bucket and current:
+            buckets[bucket] = heads.bucket_hash(current)
+            current = []
+        bucket = row["bucket"]
+        current.append(heads.Head(row["stream"], row["seq"], bytes(row["record_hash"])))
+    if current:
+        buckets[bucket] = heads.bucket_hash(current)
+    if heads.root(buckets) != claimed:
+        report.breaks.append(
+            f"checkpoint {size}: the stream heads it signs are not the ones its leaves make"
+            " (where a stream ends, as a bundle proves it, would be wrong)"
+        )
 
 
 async def _stored_root(conn: asyncpg.Connection, size: int) -> bytes | None:

@@ -39,7 +39,8 @@ class VerifyReport:
     # a break, the log stream has them; shown so that a loss is never silent.
     dropped: list[str] = field(default_factory=list)
     unstorable: int = 0  # placeholders for records the database refused
-    pruned_through: int | None = None  # the checkpoint old records were pruned through
+    pruned_through: int | None = None  # the seal old records were pruned through
+    retention: Retention = field(default_factory=Retention)  # the cuts in force
     # Runs that ended without a clean stop (or stopped with numbers never stored), and runs
     # still running: not breaks (nothing stored was altered), shown so no loss is silent.
     unaccounted: list[str] = field(default_factory=list)
@@ -74,6 +75,7 @@ async def verify(
     retention, problems = retention_from(await records.retention_records(conn), cps, key)
     report.breaks.extend(Break(records.STREAM_RETENTION, None, None, p) for p in problems)
     report.pruned_through = retention.through_checkpoint
+    report.retention = retention
     async for record, predecessor_hash in records.records_between(conn, since, until):
         report.records += 1
         pruned_hash = retention.pruned_hash(record.stream, record.seq)

@@ -1,4 +1,4 @@
--- 0024: the application's Idempotency-Key on POST /v1/operations (docs/reference/operations-api.md).
+-- 0026: the application's Idempotency-Key on POST /v1/operations (docs/reference/operations-api.md).
 --
 -- An approval answered 503 may exist: its insert committed and the answer was lost with the
 -- connection (a failover, a standby outage). An application retrying without an operation id
