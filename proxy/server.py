@@ -24,7 +24,12 @@ from proxy.admin.access import admin_malformed_answer
 from proxy.authoring.explain_api import add_explain_routes
 from proxy.console.views import PREFIX as CONSOLE_PREFIX
 from proxy.console.views import console_app
-from proxy.errors import ConfigurationError, ListenFailed, ReplicationNotDurable
+from proxy.errors import (
+    ConfigurationError,
+    ListenFailed,
+    ReplicationNotDurable,
+    StoreUnavailable,
+)
 from proxy.forward.destinations import AddressClass, CheckedResolver
 from proxy.forward.listener import (
     ForwardListener,
@@ -66,7 +71,7 @@ from proxy.runtime import Gateway, serve_with
 from proxy.settings import Settings, split_host_port
 from proxy.store.embedded import database_dsn
 from proxy.store.migrate import migrate
-from proxy.store.replication import Durability, judge
+from proxy.store.replication import Durability, Verdict, judge
 from proxy.store.store import Store
 
 _log = structlog.get_logger("opgate.server")
@@ -168,7 +173,7 @@ async def running(
             statement_cache_size=settings.database_statement_cache_size,
         )
         try:
-            await _judge_replication(store, settings)
+            started_with = await _judge_replication(store, settings)
         except BaseException:
             await store.close()
             raise
@@ -239,6 +244,9 @@ async def running(
             )
             stop_background = asyncio.Event()
             background = asyncio.create_task(run_background(gateway, stop_background))
+            watching = asyncio.create_task(
+                _watch_replication(store, settings, started_with, stop_background)
+            )
             try:
                 async with reloading(
                     gateway, settings.policy_dir, settings.policy_reload_interval_seconds
@@ -248,7 +256,7 @@ async def running(
                     )
             finally:
                 stop_background.set()
-                await background
+                await asyncio.gather(background, watching)
         finally:
             # Stop accepting everywhere at once, then let in-flight requests finish up to the
             # drain deadline. A request cut off there leaves its row dispatched (unknown), never
@@ -278,7 +286,7 @@ async def check_replication(dsn: str, settings: Settings) -> None:
         await store.close()
 
 
-async def _judge_replication(store: Store, settings: Settings) -> None:
+async def _judge_replication(store: Store, settings: Settings) -> Verdict:
     """Said once at start: whether a claim's commit survives a failover. Asynchronous standbys
     refuse the start unless accepted (proxy/store/replication.py)."""
     verdict = judge(await store.replication_facts(), accept_async=settings.accept_async_replication)
@@ -288,6 +296,48 @@ async def _judge_replication(store: Store, settings: Settings) -> None:
         _log.info("opgate_replication", durability=verdict.durability.value, note=verdict.note)
     else:
         _log.warning("opgate_replication", durability=verdict.durability.value, note=verdict.note)
+    return verdict
+
+
+async def _watch_replication(
+    store: Store, settings: Settings, started_with: Verdict, stop: asyncio.Event
+) -> None:
+    """The replication judged again every ``replication_check_seconds`` until ``stop``: made
+    asynchronous under the running process (and not accepted), claims are refused and
+    ``/readyz`` is 503 until it is synchronous again (the store keeps the verdict). Each
+    change is said once in the log; a database that does not answer changes nothing here
+    (every claim fails on its own then)."""
+    said = (started_with.durability, started_with.refuses_claims)
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(settings.replication_check_seconds):
+                await stop.wait()
+        if stop.is_set():
+            return
+        try:
+            verdict = await store.judge_replication(
+                accept_async=settings.accept_async_replication,
+                budget_seconds=settings.readiness_budget_seconds,
+            )
+        except StoreUnavailable:
+            continue
+        if (verdict.durability, verdict.refuses_claims) == said:
+            continue
+        said = (verdict.durability, verdict.refuses_claims)
+        if verdict.refuses_claims:
+            _log.error(
+                "opgate_replication_changed",
+                durability=verdict.durability.value,
+                claims_refused=True,
+                note=verdict.note,
+            )
+        else:
+            _log.warning(
+                "opgate_replication_changed",
+                durability=verdict.durability.value,
+                claims_refused=False,
+                note=verdict.note,
+            )
 
 
 async def _start(

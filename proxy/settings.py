@@ -360,10 +360,23 @@ class Settings(BaseSettings):
         "measured risk).",
     )
     # A heartbeat not acknowledged in time: claims would hang as long.
+    replication_check_seconds: Annotated[float, Field(gt=0, le=3600)] = Field(
+        1.0,
+        description="How often each process judges the database's replication again while "
+        "running: made asynchronous (and `accept_async_replication` not set), claims are "
+        "refused (503, nothing sent) and `/readyz` is 503 until it is synchronous again.",
+    )
+    readiness_budget_seconds: Annotated[float, Field(gt=0, le=60)] = Field(
+        0.8,
+        description="`/readyz` answers within this, whatever holds the pool: it checks on a "
+        "connection of its own, and a check not done in time (the database or a synchronous "
+        "standby slow or gone) is 503. Keep it below the probe's timeout (Kubernetes: "
+        "`timeoutSeconds`, 1 by default).",
+    )
     readiness_commit_timeout_seconds: Annotated[float, Field(gt=0, le=60)] = Field(
-        2.0,
+        0.5,
         description="`/readyz` commits a heartbeat row; not acknowledged within this (a "
-        "synchronous standby missing), it answers 503.",
+        "synchronous standby missing), it answers 503. At most `readiness_budget_seconds`.",
     )
     database_statement_cache_size: Annotated[int, Field(ge=0)] = Field(
         100,

@@ -139,6 +139,11 @@ MEANINGS: dict[Reason, str] = {
         "operations API approval: a parameter the rule does not compare, a missing path "
         "parameter, a body over the provider's limit...). Nothing was proposed."
     ),
+    Reason.IDEMPOTENCY_KEY_REUSED: (
+        "`POST /v1/operations`: the `Idempotency-Key` (IETF httpapi draft) already made an "
+        "operation of this tenant from another approval (its body differs). The same key with "
+        "the same body answers that operation again (200), however many times it is retried."
+    ),
     Reason.MANDATES_NOT_SUPPORTED: "No mandate issuer is configured (`mandate_issuers`).",
     Reason.MANDATE_INVALID: (
         "The presented mandate fails a verification step (signature, disclosures, key binding, "
@@ -231,7 +236,9 @@ MEANINGS: dict[Reason, str] = {
     Reason.STORE_UNAVAILABLE: (
         "The database cannot be reached or used: a refused connection or login, a read-only "
         "server (a standby), a timeout. Nothing was sent. Every listener answers it so (never a"
-        " 500), and `/readyz` is 503."
+        " 500), and `/readyz` is 503. An approval (`POST /v1/operations`) answered 503 may "
+        "still have been created (its commit's answer lost): retry it with the same "
+        "`Idempotency-Key`."
     ),
     Reason.CREDENTIAL_UNAVAILABLE: "No provider credential configured. Nothing was sent.",
     Reason.OUTCOME_UNKNOWN: (

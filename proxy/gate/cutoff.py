@@ -18,7 +18,13 @@ operation's next attempt and be sending it, and must never be released as unsent
 
 Memory only: a process that dies with claims remembered leaves them to reconciliation, as
 before. A release whose commit was not acknowledged is tried again; the second try then
-matches nothing if the first had committed, and the memory is dropped.
+matches nothing if the first had committed, and the memory is dropped: logged
+``claim_cut_off_release_unconfirmed`` (released by the earlier try, or never committed), never
+``claim_cut_off_never_committed``, which is said only when no try could have released it.
+The pending claims' releases are tried together, each round: a burst of cut-off claims costs
+one statement timeout while the store hangs, not one each. A reconciliation that read the row
+before a release cannot settle it ``failed`` after (queries.sql ``settle_reconciled``,
+``unchanged_since``).
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ class CutOffClaims:
 
     def __init__(self) -> None:
         self._pending: dict[CutOffClaim, Release] = {}
+        self._unanswered: set[CutOffClaim] = set()  # a release try raised: it may have committed
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
 
@@ -95,19 +102,30 @@ class CutOffClaims:
         wait = _FIRST_RETRY_SECONDS
         while self._pending:
             self._wake.clear()
-            for claim, release in list(self._pending.items()):
-                try:
-                    committed = await release(claim)
-                except StoreUnavailable:
+            # Together, not one after another: while a standby is away every release waits a
+            # whole statement timeout, and a burst of cut-off claims would take that many.
+            batch = list(self._pending.items())
+            results = await asyncio.gather(
+                *(release(claim) for claim, release in batch), return_exceptions=True
+            )
+            for (claim, _), result in zip(batch, results, strict=True):
+                if isinstance(result, StoreUnavailable):
+                    self._unanswered.add(claim)  # that try may have committed
                     continue
-                except Exception:  # a bug must not stop the others; the lease then expires
-                    _log.exception("claim_cut_off_release_failed", operation_id=claim.operation_id)
+                if isinstance(result, BaseException):
+                    # a bug must not stop the others; the lease then expires
+                    _log.error(
+                        "claim_cut_off_release_failed",
+                        operation_id=claim.operation_id,
+                        exc_info=result,
+                    )
                 else:
                     _log.info(
-                        "claim_cut_off_released" if committed else "claim_cut_off_never_committed",
+                        self._what_happened(claim, committed=result),
                         operation_id=claim.operation_id,
                         attempt=claim.attempt,
                     )
+                self._unanswered.discard(claim)
                 del self._pending[claim]
             if not self._pending:
                 return
@@ -116,3 +134,13 @@ class CutOffClaims:
                 async with asyncio.timeout(wait):
                     await self._wake.wait()
             wait = min(wait * 2, _MAX_RETRY_SECONDS)
+
+    def _what_happened(self, claim: CutOffClaim, *, committed: bool) -> str:
+        """The log's word for a release's answer. Nothing found after a try whose answer never
+        came: that try may have released it, or the claim never committed; which, the store
+        no longer says (the release clears the lease's owner)."""
+        if committed:
+            return "claim_cut_off_released"
+        if claim in self._unanswered:
+            return "claim_cut_off_release_unconfirmed"
+        return "claim_cut_off_never_committed"

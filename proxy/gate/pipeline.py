@@ -119,7 +119,7 @@ class RequestOutcome:
     evidence: dict[str, Any] | None = None  # the precondition lookups and what they read
     sent_sha256: str | None = None  # the bytes that left for the provider, hashed
     provider_answer: UpstreamResponse | UpstreamError | None = None
-    provider_status: int | None = None  # the provider's status, for an operation
+    provider_status: int | None = None  # the provider's status (an operation's, a read's)
     unsettled: LastOutcome | None = None  # forwarded, and not settled by the answer: why
     store_error: str | None = None  # the store failed before anything was sent
     close_connection: bool = False  # the rest of a late body is not waited for
@@ -494,7 +494,8 @@ async def _send_and_record(
             return sending.updated(
                 decision=Decision.ERROR, provider_answer=answered, unsettled=not_sent
             )
-        return sending.updated(provider_answer=answered)
+        # no row to settle, but the record still says what the provider answered
+        return sending.updated(provider_answer=answered, provider_status=answered.status)
 
     # 7. classify the provider's answer
     provider_status = None

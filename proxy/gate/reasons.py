@@ -56,6 +56,8 @@ class Reason(StrEnum):
     # proposals (the agent asks a human for the approval of an exact request)
     PROPOSAL_INVALID = "proposal_invalid"
     APPROVAL_NOT_SENDABLE = "approval_not_sendable"
+    # the application's Idempotency-Key on POST /v1/operations
+    IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
     PROPOSAL_UNKNOWN = "proposal_unknown"
     PROPOSAL_NOT_WITHDRAWABLE = "proposal_not_withdrawable"
     # approvals a person signed (AP2 Payment Mandates, proxy/mandates/)
@@ -320,6 +322,12 @@ REASONS: dict[Reason, ReasonInfo] = {
         "No request could carry this approval",
         "Nothing was proposed. Propose what the rule can send (the errors say what cannot).",
     ),
+    Reason.IDEMPOTENCY_KEY_REUSED: ReasonInfo(
+        422,
+        "This Idempotency-Key was used for another approval",
+        "Nothing was created. Send a new Idempotency-Key for a new approval; retry an "
+        "approval only with its own key and the same body.",
+    ),
     Reason.PROPOSAL_UNKNOWN: ReasonInfo(
         404,
         "No such proposal",
@@ -452,7 +460,8 @@ REASONS: dict[Reason, ReasonInfo] = {
     Reason.STORE_UNAVAILABLE: ReasonInfo(
         503,
         "The operation store is unavailable",
-        "Nothing was sent. Try again later with the same request.",
+        "Nothing was sent. Try again later with the same request (an approval: with the same "
+        "Idempotency-Key, which answers the operation if it was created after all).",
     ),
     Reason.CREDENTIAL_UNAVAILABLE: ReasonInfo(
         503,

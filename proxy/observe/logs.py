@@ -26,6 +26,26 @@ from proxy.observe.telemetry import add_trace_ids
 # Writes one prerendered info line: (the record's JSON object, the record's fields).
 PrerenderedWriter = Callable[[str, Mapping[str, Any]], None]
 
+# The run of this process's audit writer (its ``run_id``, as in its ``started`` record and in
+# ``audit_instance_runs``), once it has started: every line carries it. A line's
+# ``instance_seq`` is numbered from 1 again by each run, and a restart keeps the instance id,
+# so only (run_id, instance_seq) names one record in a stream that several runs (or
+# ``--workers``) write to.
+_run_id: str | None = None
+
+
+def bind_run(run_id: str | None) -> None:
+    """From now on, every line names this run (None: no run, as before the writer starts)."""
+    global _run_id
+    _run_id = run_id
+
+
+def add_run_id(logger: Any, method: str, event_dict: Any) -> Any:
+    """The run that numbers this process's records, where the line does not name one."""
+    if _run_id is not None:
+        event_dict.setdefault("run_id", _run_id)
+    return event_dict
+
 
 def _line_fields() -> list[Any]:
     """The processors that add a line's own fields, before redaction and rendering."""
@@ -35,6 +55,7 @@ def _line_fields() -> list[Any]:
         structlog.processors.TimeStamper(fmt="iso", utc=True, key="logged_at"),
         structlog.processors.format_exc_info,
         add_trace_ids,  # trace_id, span_id of the current span (proxy/observe/telemetry.py)
+        add_run_id,
     ]
 
 

@@ -29,6 +29,7 @@ from proxy.observe.auditlog.redact import Redactor, set_log_redactor
 from proxy.observe.auditlog.storable import bounded_path, storable_text
 from proxy.observe.auditlog.witnesses import Witnesses
 from proxy.observe.auditlog.writer import Checkpointer, RequestRecordWriter
+from proxy.observe.logs import bind_run
 from proxy.observe.metrics import (
     CONTENT_TYPE,
     Counter,
@@ -171,6 +172,7 @@ class Observability:
             heartbeat_seconds=self.settings.audit_heartbeat_seconds,
         )
         self.writer.start()
+        bind_run(self.writer.run_id)  # every log line names the run that numbers its records
         await self.record_policy_event("policy_loaded", self._policy, now_deciding=True)
         if self.key is not None:
             self.checkpointer = Checkpointer(

@@ -7,7 +7,9 @@ admin tokens, so an agent can never approve its own work.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import re
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -24,7 +26,7 @@ from proxy.gate.budgets import budget_standings, remaining_budget
 from proxy.gate.decision import Deny
 from proxy.gate.identity import credential_from
 from proxy.gate.ids import IdKind, id_rule, path_operation_id, reserved_prefix
-from proxy.gate.reasons import Reason
+from proxy.gate.reasons import REASONS, Reason
 from proxy.operations.approvals import (
     OperationRequest,
     holds_nul,
@@ -35,8 +37,9 @@ from proxy.operations.approvals import (
 from proxy.operations.audit_api import add_audit_routes
 from proxy.recovery.api import recovery_view, recovery_views
 from proxy.recovery.reconcile import reconcile_now
-from proxy.runtime import GATEWAY
+from proxy.runtime import GATEWAY, Gateway
 from proxy.store.operation import STATUS_FILTERS, Status
+from proxy.store.store import ApprovalKeyScope
 
 _log = structlog.get_logger("opgate.ops")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -157,8 +160,68 @@ def query_of(request: web.Request) -> dict[str, str]:
     return query
 
 
+# The IETF httpapi Idempotency-Key draft: the value is a Structured Field String (RFC 8941),
+# e.g. "8e03978e-40d5"; a bare value (as many clients send) is read as the same key.
+_SF_STRING = re.compile(r'"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"')
+_BARE_KEY = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]+")
+_SF_ESCAPE = re.compile(r'\\(["\\])')
+# Whose keys these are: /v1/operations takes the admin token only (require_admin).
+_KEY_CALLER = "admin"
+
+
+def request_key_of(request: web.Request) -> str | None:
+    """The application's ``Idempotency-Key``, or None without one; BadInput if it is sent twice
+    or is not a string of 1-255 printable ASCII characters."""
+    values = request.headers.getall("Idempotency-Key", [])
+    if not values:
+        return None
+    if len(values) > 1:
+        raise BadInput("invalid_request", "Idempotency-Key is sent more than once")
+    quoted = _SF_STRING.fullmatch(values[0])
+    if quoted is not None:
+        key = _SF_ESCAPE.sub(r"\1", quoted.group(1))
+    else:
+        key = values[0] if _BARE_KEY.fullmatch(values[0]) else ""
+    if not 1 <= len(key) <= 255:
+        raise BadInput(
+            "invalid_request",
+            "Idempotency-Key is a string of 1-255 printable ASCII characters",
+        )
+    return key
+
+
+def approval_fingerprint(approval: OperationRequest) -> str:
+    """What a key's repeat must ask for again: the approval as validated (so the order of its
+    members, or a default spelled out, makes no difference), in canonical JSON, hashed."""
+    canonical = json.dumps(
+        approval.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), allow_nan=False
+    )
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+async def _keyed_repeat(
+    gateway: Gateway, key: ApprovalKeyScope, fingerprint: str
+) -> web.Response | None:
+    """The answer to an approval whose key made an operation already: that operation (200) for
+    the same approval, 422 for another; None if the key made nothing yet."""
+    made = await gateway.store.approval_key(key)
+    if made is None:
+        return None
+    if made.fingerprint != fingerprint:
+        reason = Reason.IDEMPOTENCY_KEY_REUSED
+        return admin_problem(
+            REASONS[reason].status,
+            reason.value,
+            "this Idempotency-Key made an operation from another approval",
+        )
+    existing = await gateway.store.load(made.operation_id)
+    assert existing is not None  # approval_keys references operations
+    return web.json_response(existing.to_public(), status=200)
+
+
 async def create_operation(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
+    request_key = request_key_of(request)
     try:
         approval = OperationRequest.model_validate(await read_document(request))
     except ValidationError as exc:
@@ -166,6 +229,14 @@ async def create_operation(request: web.Request) -> web.Response:
     reserved = None if approval.operation_id is None else reserved_prefix(approval.operation_id)
     if reserved is not None:
         return admin_problem(400, Reason.OPERATION_ID_RESERVED.value, reserved)
+    # An approval answered 503 may exist (its commit's answer lost): its retry under the same
+    # key answers that operation instead of approving the intent a second time.
+    key = (
+        None if request_key is None else ApprovalKeyScope(approval.tenant, _KEY_CALLER, request_key)
+    )
+    fingerprint = approval_fingerprint(approval)
+    if key is not None and (repeat := await _keyed_repeat(gateway, key, fingerprint)):
+        return repeat
     planned = plan_operation(approval, gateway.policy, datetime.now(UTC))
     if isinstance(planned, list):
         return admin_problem(422, "approval_not_sendable", "; ".join(planned), errors=planned)
@@ -192,10 +263,15 @@ async def create_operation(request: web.Request) -> web.Response:
             return web.json_response(existing.to_public(), status=200)  # a repeat, as below
         return admin_problem(403, room.reason.value, room.detail, **(room.extra or {}))
     try:
-        created = await gateway.store.create(planned, actor="admin")
+        if key is None:
+            created = await gateway.store.create(planned, actor="admin")
+        else:
+            created = await gateway.store.create_keyed(planned, "admin", key, fingerprint)
     except IdempotencyKeyInUse:
         # A concurrent create of this same approval can trip the key's unique index before the
         # id's ON CONFLICT: that is a repeat, answered with the row like any other repeat.
+        if key is not None and (repeat := await _keyed_repeat(gateway, key, fingerprint)):
+            return repeat  # its twin under the same Idempotency-Key, committed first
         existing = await gateway.store.load(planned.operation_id)
         if existing is not None and same_approval(planned, existing.to_public()):
             return web.json_response(existing.to_public(), status=200)
@@ -209,6 +285,9 @@ async def create_operation(request: web.Request) -> web.Response:
     if created is not None:
         _log.info("operation_created", operation_id=created.operation_id, action=created.action)
         return web.json_response(created.to_public(), status=201)
+    # a twin with this key committed first (it waited for that commit, then found the key)
+    if key is not None and (repeat := await _keyed_repeat(gateway, key, fingerprint)):
+        return repeat
     existing = await gateway.store.load(planned.operation_id)
     if existing is not None and same_approval(planned, existing.to_public()):
         return web.json_response(existing.to_public(), status=200)
@@ -355,11 +434,12 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     try:
-        await gateway.store.ping()
-        # a commit, acknowledged as a claim's must be (a read said 200 while claims hung)
-        replication = await gateway.store.durability(
+        # a commit, acknowledged as a claim's must be (a read said 200 while claims hung), on
+        # readiness's own connection within its budget, whatever holds the pool
+        replication = await gateway.store.readiness(
             accept_async=gateway.settings.accept_async_replication,
             commit_timeout_seconds=gateway.settings.readiness_commit_timeout_seconds,
+            budget_seconds=gateway.settings.readiness_budget_seconds,
         )
     except StoreUnavailable as exc:
         return web.json_response({"status": "unavailable", "detail": str(exc)}, status=503)

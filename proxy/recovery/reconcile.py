@@ -201,6 +201,9 @@ async def _settle_no_effect(
         None,
         evidence,
         expected_attempts=op.attempts,
+        # absence is judged on the row as the lease found it: a cut-off claim released as
+        # never sent since then must not be burned by this stale answer
+        unchanged_since=op.updated_at,
     )
 
 

@@ -5,8 +5,9 @@ parameters (loaded, and run by name with keyword arguments, by ``queries``), num
 next call), the ``embedded`` server for development, ``operation`` and ``proposal``, the rows as
 the store returns them, ``faults``, which errors mean the store cannot be reached or used (one
 classification for every caller that runs SQL), ``dsn``, whether a database URL follows the
-primary, ``replication``, whether a commit survives a failover, and the statements of the rooms
-above, one module per job: ``audit`` (the audit log's appends, checkpoints and reads),
+primary, ``replication``, whether a commit survives a failover, ``readiness``, the
+connection ``/readyz`` checks on (outside the pool, under a deadline), and the statements of
+the rooms above, one module per job: ``audit`` (the audit log's appends, checkpoints and reads),
 ``transparency`` (the Merkle tree's leaves, nodes, signed checkpoints and cosignatures),
 ``console`` (the console's sessions and pages), ``mandates`` (operations under signed mandates,
 revoked mandates), ``x402`` (the one payment signed for an operation) and ``metrics`` (the

@@ -42,6 +42,39 @@ WITH created AS (
 )
 SELECT c.*, now() AS read_at FROM created c;
 
+-- name: create_operation_keyed
+-- create_operation under the application's Idempotency-Key (migration 0027_failover): the
+-- operation and its key row are inserted by one statement, so a key exists exactly when its
+-- operation does.
+-- Nothing is inserted while the key is taken; a twin racing for the same key waits for the
+-- first's commit and then fails on the key's primary key (approval_keys_pkey), its operation
+-- rolled back with it. No row back: the key or the operation_id is taken; the caller reads
+-- approval_key to tell which.
+WITH created AS (
+    INSERT INTO operations (
+        operation_id, tenant, agent_id, provider, action, method, path, path_params,
+        amount, currency, params, idempotency_key, approval_ref, approved_by, expires_at,
+        supersedes, audit_event)
+    SELECT %(operation_id)s, %(tenant)s, %(agent_id)s, %(provider)s, %(action)s, %(method)s,
+           %(path)s, %(path_params)s::jsonb, %(amount)s, %(currency)s, %(params)s::jsonb,
+           %(idempotency_key)s, %(approval_ref)s, %(approved_by)s, %(expires_at)s,
+           %(supersedes)s, jsonb_build_object('event', 'created', 'actor', %(actor)s::text)
+     WHERE NOT EXISTS (SELECT 1 FROM approval_keys k
+                        WHERE k.tenant = %(tenant)s AND k.caller = %(caller)s
+                          AND k.request_key = %(request_key)s)
+    ON CONFLICT (operation_id) DO NOTHING
+    RETURNING *
+), keyed AS (
+    INSERT INTO approval_keys (tenant, caller, request_key, fingerprint, operation_id)
+    SELECT c.tenant, %(caller)s, %(request_key)s, %(fingerprint)s, c.operation_id FROM created c
+)
+SELECT c.*, now() AS read_at FROM created c;
+
+-- name: approval_key
+-- The operation an application's Idempotency-Key made, and the fingerprint of its approval.
+SELECT k.operation_id, k.fingerprint FROM approval_keys k
+ WHERE k.tenant = %(tenant)s AND k.caller = %(caller)s AND k.request_key = %(request_key)s;
+
 -- name: timeline_seen
 -- Run on every new store connection, before it is used (proxy/store/store.py Store.open): the
 -- timeline this primary writes on, recorded the first time it is greater than every one
@@ -391,6 +424,10 @@ SELECT t.*, clock_timestamp() AS read_at FROM taken t;
 -- A created row in doubt after a timeline switch (lookup_before_send) is settled the same way
 -- when the lookup finds its effect (claim_reconcile_one in_doubt): it was sent on the lost
 -- timeline.
+-- unchanged_since, when given: the row's updated_at as the lease was taken (the version the
+-- lookup judged). A settle on absence ("no effect") needs it: a cut-off claim released as
+-- never sent meanwhile (release_unknown, proxy/gate/cutoff.py) moved it, and the stale
+-- absence would burn an approval that nothing used (measured: 14 of 42 cut-off claims).
 WITH settled AS (
     UPDATE operations
        SET status = %(status)s, last_outcome = %(status)s, settled_reason = %(reason)s,
@@ -404,6 +441,7 @@ WITH settled AS (
        AND (status = 'dispatched' OR (status = 'created' AND lookup_before_send IS NOT NULL))
        AND reconcile_lease_until > clock_timestamp() AND attempts = %(expected_attempts)s
        AND opgate_lease_free_v2(lease_until)
+       AND (%(unchanged_since)s::timestamptz IS NULL OR updated_at = %(unchanged_since)s)
     RETURNING *
 ), notification AS (
     INSERT INTO escalation_notifications (operation_id, kind)

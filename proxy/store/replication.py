@@ -8,8 +8,12 @@ whose request had already left: the operation is back at ``created`` and is sent
 11 second effects in 22 failovers). A single node has no failover to lose a commit to.
 
 :func:`judge` reads :class:`ReplicationFacts` (queries.sql ``replication_state``) and says what
-opgate does about them: at start (:attr:`Verdict.refuse_start`) and in ``/readyz``
-(:attr:`Verdict.ready`, :attr:`Verdict.note`).
+opgate does about them: at start (:attr:`Verdict.refuse_start`), in ``/readyz``
+(:attr:`Verdict.ready`, :attr:`Verdict.note`) and, judged again every
+``replication_check_seconds`` while running, to claims (:attr:`Verdict.refuses_claims`):
+replication made asynchronous under a running opgate (``synchronous_standby_names`` cleared,
+``synchronous_commit`` set to ``local``) is refused as it is at start, until it is synchronous
+again.
 
 Reading other roles' rows of ``pg_stat_replication`` (the walsenders' ``state`` and
 ``sync_state``) needs ``pg_monitor`` (or ``pg_read_all_stats``); without it they read NULL, and
@@ -59,6 +63,13 @@ class Verdict:
     note: str  # one sentence for the log and /readyz's body
     refuse_start: bool  # asynchronous replication not accepted by the operator
     ready: bool  # False: /readyz answers 503
+
+    @property
+    def refuses_claims(self) -> bool:
+        """Claims are refused (503, nothing sent) while it holds: replication that became
+        asynchronous at run time, not accepted. (A synchronous standby missing needs no
+        refusal: every claim's commit waits for one, and ends 503 on its own.)"""
+        return self.refuse_start
 
 
 def facts_from_row(
@@ -142,5 +153,5 @@ def _asynchronous(why: str, accept_async: bool) -> Verdict:
         why + "; set accept_async_replication (OPGATE_ACCEPT_ASYNC_REPLICATION=true) to run "
         "anyway, or make a standby synchronous (docs/running-ha.md)",
         refuse_start=True,
-        ready=True,
+        ready=False,  # appeared at run time: no claim is taken until it is synchronous again
     )

@@ -22,6 +22,7 @@ from proxy.store.connections import Connections
 from proxy.store.faults import is_unavailable
 from proxy.store.operation import Operation, Status
 from proxy.store.proposal import PendingProposals, Proposal
+from proxy.store.readiness import ReadinessConnection
 from proxy.store.replication import ReplicationFacts, Verdict, facts_from_row, judge
 
 T = TypeVar("T")
@@ -136,6 +137,26 @@ def _claim_arguments(
 
 
 @dataclass(frozen=True)
+class ApprovalKeyScope:
+    """An application's Idempotency-Key on ``POST /v1/operations`` and whose it is: the
+    tenant the approval is for and the caller (migration 0027_failover)."""
+
+    tenant: str
+    caller: str
+    request_key: str
+
+
+@dataclass(frozen=True)
+class ApprovalKeyRecord:
+    operation_id: str
+    fingerprint: str
+
+
+def _key_values(key: ApprovalKeyScope) -> dict[str, str]:
+    return {"tenant": key.tenant, "caller": key.caller, "request_key": key.request_key}
+
+
+@dataclass(frozen=True)
 class TimelineSeen:
     """What a connection saw of the primary's timeline (queries.sql ``timeline_seen``)."""
 
@@ -179,8 +200,14 @@ async def _reset_connection(conn: asyncpg.Connection) -> None:
 
 
 class Store:
-    def __init__(self, pool: asyncpg.Pool, acquire_timeout: float) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, acquire_timeout: float, readiness: ReadinessConnection
+    ) -> None:
         self._connections = Connections(pool, acquire_timeout)  # every call's connection
+        self._readiness = readiness  # /readyz's own, outside the pool
+        # Why claims are refused now (replication judged asynchronous at run time, not
+        # accepted: proxy/store/replication.py), or None; set by each judgement.
+        self._claims_refused: str | None = None
 
     @classmethod
     async def open(
@@ -215,9 +242,20 @@ class Store:
             if is_unavailable(exc, connecting=True):
                 raise StoreUnavailable(f"cannot open the pool: {exc}") from exc
             raise
-        return cls(pool, acquire_timeout)
+
+        async def connect_for_readiness() -> asyncpg.Connection:
+            conn: asyncpg.Connection = await asyncpg.connect(
+                dsn,
+                command_timeout=statement_timeout_ms / 1000,
+                server_settings={**settings, "application_name": "opgate-readiness"},
+                statement_cache_size=statement_cache_size,
+            )
+            return conn
+
+        return cls(pool, acquire_timeout, ReadinessConnection(connect_for_readiness))
 
     async def close(self) -> None:
+        self._readiness.drop()
         await self._connections.close()
 
     async def run(self, call: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
@@ -266,6 +304,40 @@ class Store:
     async def _create(self, new: NewOperation, actor: str) -> Operation | None:
         return await self._one("create_operation", **operation_values(new), actor=actor)
 
+    async def create_keyed(
+        self, new: NewOperation, actor: str, key: ApprovalKeyScope, fingerprint: str
+    ) -> Operation | None:
+        """The created row, stored with the application's Idempotency-Key (queries.sql
+        ``create_operation_keyed``); None if the key or ``operation_id`` is taken already (a
+        twin that raced for the key included): :meth:`approval_key` tells which."""
+        if key.tenant != new.tenant:
+            raise ValueError("an approval's key is scoped to the approval's own tenant")
+        try:
+            return await self._one(
+                "create_operation_keyed",
+                **operation_values(new),  # its tenant is the key's too
+                actor=actor,
+                caller=key.caller,
+                request_key=key.request_key,
+                fingerprint=fingerprint,
+            )
+        except asyncpg.exceptions.UniqueViolationError as exc:
+            if exc.constraint_name == "approval_keys_pkey":
+                return None
+            if exc.constraint_name == "operations_provider_key_unique":
+                raise IdempotencyKeyInUse(new.idempotency_key) from exc
+            raise AlreadySuperseded(str(new.supersedes)) from exc
+
+    async def approval_key(self, key: ApprovalKeyScope) -> ApprovalKeyRecord | None:
+        """What the application's Idempotency-Key made: its operation and its approval's
+        fingerprint; None if the key is unused."""
+        record = await self._run(
+            lambda conn: queries.fetchrow(conn, "approval_key", **_key_values(key))
+        )
+        if record is None:
+            return None
+        return ApprovalKeyRecord(record["operation_id"], record["fingerprint"])
+
     async def claim(
         self,
         operation_id: str,
@@ -283,6 +355,7 @@ class Store:
         (queries.sql ``claim_operation``). ``unchanged_since``: the row's ``updated_at`` as a
         precondition lookup saw it; the claim then needs it unchanged. ``actor``: the claim
         event's (default: the owner)."""
+        self._refuse_while_not_durable()
         return await self._one(
             "claim_operation",
             **_claim_arguments(
@@ -316,6 +389,7 @@ class Store:
         and claims only if ``admit`` (pure: the gate's decision) accepts those sums. Claims on
         the same budget, from any number of processes, are serialised: together they can never
         spend more than ``admit`` allows."""
+        self._refuse_while_not_durable()
 
         async def claim_under_locks(conn: asyncpg.Connection) -> BudgetedClaim:
             async with conn.transaction():
@@ -497,7 +571,11 @@ class Store:
         evidence: dict[str, Any],
         *,
         expected_attempts: int,
+        unchanged_since: datetime | None = None,
     ) -> Operation | None:
+        """dispatched -> confirmed | failed by the reconciliation lease's holder (queries.sql
+        ``settle_reconciled``); ``unchanged_since``: the row's ``updated_at`` as the lease was
+        taken, which it must still have. None: stale (a conflict to explain)."""
         return await self._one(
             "settle_reconciled",
             operation_id=operation_id,
@@ -510,6 +588,7 @@ class Store:
             body=answer.body if answer else None,
             evidence=_jsonb(evidence),
             expected_attempts=expected_attempts,
+            unchanged_since=unchanged_since,
         )
 
     async def reconcile_inconclusive(
@@ -785,19 +864,87 @@ class Store:
             lambda conn: queries.fetchval(conn, "commit_heartbeat", timeout=timeout_seconds)
         )
 
-    async def durability(self, *, accept_async: bool, commit_timeout_seconds: float) -> Verdict:
+    async def readiness(
+        self, *, accept_async: bool, commit_timeout_seconds: float, budget_seconds: float
+    ) -> Verdict:
         """Whether a claim's commit survives a failover here (proxy/store/replication.py), once
-        a heartbeat commit has been acknowledged; StoreUnavailable if it was not within the
-        timeout (no synchronous standby to acknowledge it: every claim would hang)."""
-        verdict = judge(await self.replication_facts(), accept_async=accept_async)
+        a heartbeat commit has been acknowledged, checked on readiness's own connection
+        (proxy/store/readiness.py) within ``budget_seconds`` in all. StoreUnavailable if the
+        database is a standby, the commit was not acknowledged within
+        ``commit_timeout_seconds`` (no synchronous standby to acknowledge it: every claim
+        would hang), or the whole check did not end within the budget."""
+
+        async def check(conn: asyncpg.Connection) -> Verdict:
+            if await queries.fetchval(conn, "ping"):
+                raise StoreUnavailable(
+                    "the database is a standby or read-only; opgate writes only to the primary"
+                )
+            row = await queries.fetchrow(conn, "replication_state")
+            assert row is not None  # one row always
+            verdict = judge(
+                facts_from_row(
+                    row["in_recovery"],
+                    row["standby_names"],
+                    row["synchronous_commit"],
+                    row["standbys"],
+                ),
+                accept_async=accept_async,
+            )
+            timeout = min(commit_timeout_seconds, budget_seconds)
+            try:
+                await queries.fetchval(conn, "commit_heartbeat", timeout=timeout)
+            except TimeoutError as exc:  # the statement's own timeout, not the budget's
+                raise StoreUnavailable(
+                    f"a commit was not acknowledged within {timeout:g} s ({verdict.note})"
+                ) from exc
+            return verdict
+
         try:
-            await self.commit_heartbeat(commit_timeout_seconds)
-        except StoreUnavailable as exc:
+            return self._judged(await self._readiness.run(check, budget_seconds))
+        except StoreUnavailable:
+            raise
+        except TimeoutError as exc:
             raise StoreUnavailable(
-                f"a commit was not acknowledged within {commit_timeout_seconds:g} s "
-                f"({verdict.note})"
+                f"the database did not answer within readiness's {budget_seconds:g} s"
             ) from exc
+        except Exception as exc:
+            if is_unavailable(exc, connecting=True):
+                raise StoreUnavailable(str(exc) or type(exc).__name__) from exc
+            raise
+
+    async def judge_replication(self, *, accept_async: bool, budget_seconds: float) -> Verdict:
+        """The replication judged now (proxy/store/replication.py), on readiness's connection
+        within ``budget_seconds``: claims are refused while the verdict says so, taken again
+        once it no longer does. StoreUnavailable if the database did not answer (the verdict
+        before stands)."""
+
+        async def facts(conn: asyncpg.Connection) -> ReplicationFacts:
+            row = await queries.fetchrow(conn, "replication_state")
+            assert row is not None  # one row always
+            return facts_from_row(
+                row["in_recovery"], row["standby_names"], row["synchronous_commit"], row["standbys"]
+            )
+
+        try:
+            read = await self._readiness.run(facts, budget_seconds)
+        except TimeoutError as exc:
+            raise StoreUnavailable(f"no answer within {budget_seconds:g} s") from exc
+        except Exception as exc:
+            if is_unavailable(exc, connecting=True):
+                raise StoreUnavailable(str(exc) or type(exc).__name__) from exc
+            raise
+        return self._judged(judge(read, accept_async=accept_async))
+
+    def _judged(self, verdict: Verdict) -> Verdict:
+        self._claims_refused = verdict.note if verdict.refuses_claims else None
         return verdict
+
+    def _refuse_while_not_durable(self) -> None:
+        """StoreUnavailable (nothing sent) while replication is judged not durable enough to
+        claim (proxy/store/replication.py): before the claim, so none is made."""
+        refused = self._claims_refused
+        if refused is not None:
+            raise StoreUnavailable(f"claims are refused: {refused}")
 
     async def ping(self) -> None:
         """Raises StoreUnavailable unless the database answers as a writable primary. A

@@ -37,12 +37,12 @@ def facts(names: str = "", commit: str = "on", *standbys: Standby) -> Replicatio
          Durability.SYNCHRONOUS, False, True),
         ("remote_apply", facts("*", "remote_apply", SYNC, ASYNC), False,
          Durability.SYNCHRONOUS, False, True),
-        ("async only", facts("", "on", ASYNC), False, Durability.ASYNCHRONOUS, True, True),
+        ("async only", facts("", "on", ASYNC), False, Durability.ASYNCHRONOUS, True, False),
         ("async accepted", facts("", "on", ASYNC), True, Durability.ASYNCHRONOUS, False, True),
         ("sync names, commit local", facts("s1", "local", SYNC), False,
-         Durability.ASYNCHRONOUS, True, True),
+         Durability.ASYNCHRONOUS, True, False),
         ("sync names, commit off", facts("s1", "off", SYNC), False,
-         Durability.ASYNCHRONOUS, True, True),
+         Durability.ASYNCHRONOUS, True, False),
         ("sync names, no standby", facts("s1", "on"), False,
          Durability.SYNC_STANDBY_MISSING, False, False),
         ("sync names, async standby only", facts("s1", "on", ASYNC), False,
@@ -66,6 +66,7 @@ def test_judge(
         refuse_start,
         ready,
     ), scenario
+    assert verdict.refuses_claims is refuse_start  # refused at start, refused at run time
     assert verdict.note
 
 
