@@ -50,7 +50,16 @@ def add_ops_commands(commands: Any) -> argparse.ArgumentParser:
     create.add_argument("--path-param", action="append", default=[], metavar="NAME=VALUE")
     create.add_argument("--ttl", type=int, default=3600, help="seconds the approval stands")
     create.add_argument("--agent")
-    create.add_argument("--idempotency-key", type=id_argument(IdKind.IDEMPOTENCY_KEY))
+    create.add_argument(
+        "--idempotency-key",
+        type=id_argument(IdKind.IDEMPOTENCY_KEY),
+        help="the key the provider will see (opgate makes one when not given)",
+    )
+    create.add_argument(
+        "--request-key",
+        help="this approval request's own Idempotency-Key: a retry with the same key (after a"
+        " 503 or a lost answer) answers the same operation instead of approving twice",
+    )
     create.add_argument("--operation-id", type=id_argument(IdKind.OPERATION))
     create.add_argument("--supersedes", type=id_argument(IdKind.OPERATION))
     create.set_defaults(ops=_create)
@@ -115,7 +124,13 @@ class ApiError(Exception):
         self.status, self.body = status, body
 
 
-def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
+def _call(
+    args: argparse.Namespace,
+    method: str,
+    path: str,
+    body: Any = None,
+    headers: dict[str, str] | None = None,
+) -> Any:
     if not args.token:
         raise SystemExit("opgate ops: set OPGATE_ADMIN_TOKEN or --token")
     data = None if body is None else json.dumps(body).encode()
@@ -123,7 +138,11 @@ def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) ->
         args.url.rstrip("/") + path,
         data=data,
         method=method,
-        headers={"Authorization": f"Bearer {args.token}", "Content-Type": "application/json"},
+        headers={
+            "Authorization": f"Bearer {args.token}",
+            "Content-Type": "application/json",
+            **(headers or {}),
+        },
     )
     try:
         with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310
@@ -169,7 +188,17 @@ def _create(args: argparse.Namespace) -> Any:
         "operation_id": args.operation_id,
         "supersedes": args.supersedes,
     }
-    return _call(args, "POST", "/v1/operations", {k: v for k, v in body.items() if v is not None})
+    retry_key = None
+    if args.request_key is not None:  # as an RFC 8941 string, the header's form in the draft
+        quoted = args.request_key.replace("\\", "\\\\").replace('"', '\\"')
+        retry_key = {"Idempotency-Key": f'"{quoted}"'}
+    return _call(
+        args,
+        "POST",
+        "/v1/operations",
+        {k: v for k, v in body.items() if v is not None},
+        headers=retry_key,
+    )
 
 
 def _show(args: argparse.Namespace) -> Any:

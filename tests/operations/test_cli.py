@@ -201,3 +201,24 @@ async def test_an_id_argument_is_read_by_the_id_grammar_and_sent_as_one_segment(
     code, _, err = await ops(fault_gate, "show", "op \u00e9")
     assert code == 2
     assert "invalid operation id value" in err
+
+
+async def test_create_with_a_request_key_answers_its_retry_with_the_same_operation(
+    fault_gate: Opgate,
+) -> None:
+    """`ops create --request-key K` sends the approval's own Idempotency-Key: the same command
+    again (an operator retrying after a 503) answers the same operation; the key with another
+    amount is refused (422 idempotency_key_reused) and approves nothing."""
+    approval = ["create", "--tenant", "t1", "--provider", "fault", "--action", "refund.create"]
+    approval += ["--currency", "usd", "--param", "charge=ch_9", "--approval-ref", "T-2"]
+    approval += ["--approved-by", "alice", "--request-key", 'intent "42"']
+    first = await ops_json(fault_gate, *approval, "--amount", "700")
+    again = await ops_json(fault_gate, *approval, "--amount", "700")
+    assert again["operation_id"] == first["operation_id"]
+    code, _, err = await ops(fault_gate, "--json", *approval, "--amount", "900")
+    assert code != 0
+    assert "idempotency_key_reused" in err
+    code, table, _ = await ops(fault_gate, "list")
+    assert code == 0
+    _header, *rows = table.splitlines()
+    assert [row.split()[0] for row in rows if row.strip()] == [first["operation_id"]]
