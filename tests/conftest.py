@@ -7,6 +7,11 @@ from types import FrameType
 
 import pytest
 
+# Before any test module imports the x402 SDK's EVM code: proxy.x402 imports py_ecc keeping the
+# recursion limit it would raise to 100,000 (under which deeply nested JSON crashes a test
+# process instead of raising RecursionError; proxy/x402/__init__.py says why).
+import proxy.x402  # noqa: F401
+
 pytest_plugins = [
     "tests.support.postgres",
     "tests.support.localstripe_server",

@@ -9,3 +9,18 @@ gate imports this package only for a rule that declares ``x402:``.
 
 May import: nothing of opgate's. Imported by: gate.
 """
+
+import contextlib
+import sys
+
+# py_ecc, which the EVM signing libraries import, raises the process's recursion limit to
+# 100,000 when it is first imported. JSON parsers (the json module's C scanner, pydantic) then
+# overflow the C stack on deeply nested input and the process dies, where at the default limit
+# they raise RecursionError, which opgate answers as a refusal. So it is first imported here,
+# before any module of this package imports it, and the limit put back.
+_LIMIT = sys.getrecursionlimit()
+try:
+    with contextlib.suppress(ImportError):  # the extra is not installed: nothing to import
+        import py_ecc  # noqa: F401
+finally:
+    sys.setrecursionlimit(_LIMIT)
