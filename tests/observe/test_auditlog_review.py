@@ -135,6 +135,10 @@ async def test_export_after_a_cursor_resumes_without_loss_or_repeat(
 HANG_GUARD_SECONDS = 180
 
 
+def _sigint_as_in_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 async def test_export_follow_writes_new_records_until_interrupted(
     start_opgate: StartOpgate,
     policy_dir: Path,
@@ -162,6 +166,9 @@ async def test_export_follow_writes_new_records_until_interrupted(
             "0.1",
             env=ENV,
             stdout=asyncio.subprocess.PIPE,
+            # Ctrl-C as in a terminal: a test run started in the background by a shell without
+            # job control has SIGINT ignored, which a child inherits (and then never stops)
+            preexec_fn=_sigint_as_in_a_terminal,
         )
         assert process.stdout is not None
         try:
