@@ -85,7 +85,21 @@ class Node:
     running: bool = False
 
     def start(self) -> None:
-        _run("pg_ctl", "-D", str(self.datadir), "-l", str(self.logfile), "-w", "-t", "60", "start")
+        for attempt in range(3):
+            try:
+                _run(
+                    "pg_ctl", "-D", str(self.datadir), "-l", str(self.logfile), "-w", "-t", "60",
+                    "start",
+                )  # fmt: skip
+                break
+            except RuntimeError:
+                if attempt == 2 or "could not bind" not in self.log():
+                    raise
+                # Another process took the free port between its choice and this start (two
+                # test workers build clusters side by side): another port, set last so it wins.
+                self.port = free_port()
+                with (self.datadir / "postgresql.auto.conf").open("a") as conf:
+                    conf.write(f"port = {self.port}\n")
         self.running = True
 
     def stop(self, mode: str = "fast") -> None:
