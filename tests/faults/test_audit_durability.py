@@ -369,7 +369,7 @@ async def test_a_record_is_stored_before_an_unread_answer_is_written(
             async def confirmed() -> bool:
                 return await _row_status(database_url, op["operation_id"]) == "confirmed"
 
-            await _until_async(confirmed, "the refund confirmed", 15)
+            await _until_async(confirmed, "the refund confirmed", 60)
             assert big_provider.effects == ["re_big_1"]
 
             async def stored() -> bool:
@@ -408,7 +408,7 @@ async def test_an_answer_not_read_in_time_is_cut_off_and_on_record(
                 undelivered[:] = await _fetch(database_url, STORED_OF_TYPE, "answer_undelivered")
                 return bool(undelivered)
 
-            await _until_async(cut_off, "an answer_undelivered record", 15)
+            await _until_async(cut_off, "an answer_undelivered record", 60)
             [note] = undelivered
             assert note["operation_id"] == op["operation_id"]
             assert note["reason"] == "answer_write_timeout"
@@ -445,7 +445,7 @@ async def test_an_agent_that_hangs_up_mid_answer_is_on_record(
                 records = await _fetch(database_url, STORED_REQUESTS)
                 return any(r.get("operation_id") == op["operation_id"] for r in records)
 
-            await _until_async(stored, "the request's record stored while its answer waits", 15)
+            await _until_async(stored, "the request's record stored while its answer waits", 60)
             # A reset, not a FIN: the answer's writer sees the connection gone at once.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         undelivered: list[dict[str, Any]] = []
@@ -454,7 +454,7 @@ async def test_an_agent_that_hangs_up_mid_answer_is_on_record(
             undelivered[:] = await _fetch(database_url, STORED_OF_TYPE, "answer_undelivered")
             return bool(undelivered)
 
-        await _until_async(noted, "an answer_undelivered record", 15)
+        await _until_async(noted, "an answer_undelivered record", 60)
         [note] = undelivered
         assert note["reason"] == "agent_disconnected"
         assert note["operation_id"] == op["operation_id"]
