@@ -6,34 +6,17 @@ keeps the provider's status."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import asyncpg
-import pytest
-import pytest_asyncio
 
 from tests.support.fault_provider import FaultProvider
-from tests.support.opgate import AGENT_TOKEN, fault_policy, process_env
+from tests.support.opgate import AGENT_TOKEN, process_env
 from tests.support.opgate_process import opgate_process
 
 READS_PER_RUN = 3
-
-
-@pytest.fixture
-def policies(tmp_path: Path) -> Path:
-    directory = tmp_path / "policies"
-    directory.mkdir()
-    (directory / "fault.yaml").write_text(fault_policy(deduplicates=False))
-    return directory
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(trust_env=False) as session:
-        yield session
 
 
 async def _one_run(

@@ -8,38 +8,21 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import asyncpg
-import pytest
-import pytest_asyncio
 
 from tests.support.cluster import Cluster
 from tests.support.fault_provider import FaultProvider
-from tests.support.opgate import ADMIN_TOKEN, fault_policy, process_env
+from tests.support.opgate import ADMIN_TOKEN, process_env
 from tests.support.opgate_process import opgate_process
 from tests.support.polling import until
 
 PROBE_TIMEOUT_SECONDS = 1.0  # Kubernetes' default timeoutSeconds
 POOL = 2
 HOLDERS = 4  # more approvals than connections: every one of the pool's is held
-
-
-@pytest.fixture
-def policies(tmp_path: Path) -> Path:
-    directory = tmp_path / "policies"
-    directory.mkdir()
-    (directory / "fault.yaml").write_text(fault_policy(deduplicates=False))
-    return directory
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(trust_env=False) as session:
-        yield session
 
 
 async def _readyz(http: aiohttp.ClientSession, ops_url: str) -> tuple[int, dict[str, Any], float]:

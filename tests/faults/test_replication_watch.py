@@ -7,36 +7,20 @@ synchronous, it serves again. With ``accept_async_replication`` it serves throug
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import asyncpg
 import pytest
-import pytest_asyncio
 
 from tests.support.cluster import Cluster
 from tests.support.fault_provider import FaultProvider
-from tests.support.opgate import ADMIN_TOKEN, AGENT_TOKEN, fault_policy, process_env
+from tests.support.opgate import ADMIN_TOKEN, AGENT_TOKEN, process_env
 from tests.support.opgate_process import OpgateProcess, opgate_process
 from tests.support.polling import until
 
 SECONDS = 15.0  # how long a change may take to be seen (opgate looks every second)
-
-
-@pytest.fixture
-def policies(tmp_path: Path) -> Path:
-    directory = tmp_path / "policies"
-    directory.mkdir()
-    (directory / "fault.yaml").write_text(fault_policy(deduplicates=False))
-    return directory
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(trust_env=False) as session:
-        yield session
 
 
 async def _readyz(http: aiohttp.ClientSession, gate: OpgateProcess) -> tuple[int, dict[str, Any]]:
