@@ -28,7 +28,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "transparency": {"proxy"},
     # x402's pure core: the protocol's parsing and signing (the SDK's), nothing of opgate's
     "x402": {"proxy"},
-    "mandates": {"policy", "proxy"},
+    # the JWS verifier is transparency's (jws), shared with the offline bundle's check
+    "mandates": {"policy", "transparency", "proxy"},
     "observe": {"policy", "store", "transparency"} | BASE,
     # the process's shared resources: holds the gate's, read by every package that serves
     "runtime": {"gate", "observe", "policy", "store"} | BASE,

@@ -21,10 +21,9 @@ import json
 from typing import Any
 
 from joserfc import jws
-from joserfc.errors import JoseError
 from joserfc.jwk import ECKey
 
-from proxy.mandates.sdjwt import SdJwtInvalid, b64url_json
+from proxy.transparency.jws import JwsInvalid, strict_json, verify
 
 # opgate's refusal codes as AP2's four errors
 AP2_ERRORS = {
@@ -110,19 +109,14 @@ class ReceiptInvalid(ValueError):
 
 def read_receipt(key: ECKey, issuer: str, receipt: str) -> dict[str, Any]:
     """The claims of a receipt opgate signed with ``key`` as ``issuer``; else ReceiptInvalid.
-    Only ES256 and opgate's own ``kid``: a receipt is trusted for what opgate itself said."""
-    parts = receipt.split(".")
+    Only ES256 and opgate's own ``kid``: a receipt is trusted for what opgate itself said.
+    Verified by opgate's one JWS verifier (proxy/transparency/jws.py), as mandates are."""
     try:
-        if len(parts) != 3:
-            raise SdJwtInvalid("not a compact JWS")
-        # bounded and well-formed before joserfc parses anything of it
-        header, claims = (b64url_json(part, "the receipt") for part in parts[:2])
-        if not isinstance(header, dict):
-            raise SdJwtInvalid("the receipt's header is not an object")
-        verified = jws.deserialize_compact(receipt, key, algorithms=["ES256"])
-    except (JoseError, ValueError, TypeError) as exc:
+        verified = verify(receipt, key.as_dict(private=False))
+        claims = strict_json(verified.payload, "the receipt")
+    except JwsInvalid as exc:
         raise ReceiptInvalid("not a receipt signed with opgate's key") from exc
-    if verified.protected.get("kid") != key_id(key) or not isinstance(claims, dict):
+    if verified.header.get("kid") != key_id(key) or not isinstance(claims, dict):
         raise ReceiptInvalid("not a receipt signed with opgate's key")
     if claims.get("iss") != issuer:
         raise ReceiptInvalid("a receipt of another verifier")

@@ -1,38 +1,27 @@
 """SD-JWT (RFC 9901) verified: the issuer's signature, the disclosures against their digests,
 and the claims they reveal. Pure: no IO and no clock; keys and the time are given.
 
-Hand-written on purpose, over joserfc for the JWS itself: SD-JWT processing is small and every
-step of it is a security check (RFC 9901 section 7.1). Each failure raises ``SdJwtInvalid``
-with a sentence naming the step; nothing is guessed or repaired.
+Hand-written on purpose, over opgate's one JWS verifier (proxy/transparency/jws.py: ES256
+only, strict): SD-JWT processing is small and every step of it is a security check (RFC 9901
+section 7.1). Each failure raises ``SdJwtInvalid`` with a sentence naming the step; nothing is
+guessed or repaired.
 
 The compact form is ``<issuer-signed JWT>~<Disclosure>~...~<Disclosure>~[<KB-JWT>]``.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from joserfc import jws
-from joserfc.errors import JoseError
-from joserfc.jwk import ECKey
+from proxy.transparency import jws
 
-# Only ECDSA P-256 with SHA-256: what AP2 names, and what the tests mint. "none", HMAC and any
-# other algorithm are refused before a key is looked at.
-ACCEPTED_ALGORITHMS = ("ES256",)
 # The digest algorithm of the disclosures: RFC 9901's default, the only one AP2 examples use.
 SD_ALG = "sha-256"
 # A mandate is a few objects deep; deeper nesting is refused rather than walked.
 MAX_DEPTH = 16
-# Nesting of any JSON text opgate parses out of base64url (headers, payloads, disclosures,
-# checkout JWTs), counted on the bytes BEFORE the parser runs: Python's parser recurses, and a
-# header of a few thousand brackets would exhaust the stack before any signature is checked.
-MAX_JSON_DEPTH = 32
 MAX_DISCLOSURES = 256
 # The last second of 9999-12-31 UTC: any NumericDate past it (or before 0) is refused before it
 # is compared or converted (datetime cannot hold it).
@@ -81,99 +70,43 @@ def split(compact: str) -> SdJwt:
 
 def b64url_digest(text: str) -> str:
     """base64url (no padding) of SHA-256 over the ASCII text: disclosure digests and sd_hash."""
-    digest = hashlib.sha256(text.encode("ascii")).digest()
-    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+    return jws.b64url_encode(hashlib.sha256(text.encode("ascii")).digest())
 
 
 def b64url_json(segment: str, what: str) -> Any:
-    """The JSON value a base64url segment holds, parsed only once its bytes are known to nest
-    no deeper than MAX_JSON_DEPTH and to hold no text PostgreSQL or UTF-8 cannot (a lone
-    surrogate, NUL); else SdJwtInvalid naming ``what``."""
-    if not segment.isascii() or "=" in segment or len(segment) % 4 == 1:
-        raise SdJwtInvalid(f"{what} is not unpadded base64url")
+    """The JSON value a base64url segment holds, by the JWS verifier's rules (unpadded and
+    canonical base64url, strict JSON bounded in depth: proxy/transparency/jws.py); else
+    SdJwtInvalid naming ``what``."""
     try:
-        raw = base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
-    except (binascii.Error, ValueError) as exc:
-        raise SdJwtInvalid(f"{what} is not base64url JSON") from exc
-    return parse_json(raw, what)
+        return jws.strict_json(jws.b64url_decode(segment, what), what)
+    except jws.JwsInvalid as exc:
+        raise SdJwtInvalid(str(exc)) from exc
 
 
 def parse_json(raw: bytes, what: str) -> Any:
     """``raw`` parsed as strict JSON (no NaN or Infinity), depth bounded before parsing."""
-    if not json_depth_within(raw, MAX_JSON_DEPTH):
-        raise SdJwtInvalid(f"{what} nests JSON deeper than {MAX_JSON_DEPTH}")
     try:
-        text = raw.decode("utf-8")
-        value = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
-        # a lone surrogate (\ud800) or NUL parses, then breaks every encoder after it
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
-    except (UnicodeError, ValueError) as exc:
-        raise SdJwtInvalid(f"{what} is not base64url JSON") from exc
-    if "\\u0000" in text:
-        raise SdJwtInvalid(f"{what} holds a NUL character")
-    return value
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # a member named twice reads differently to different parsers (first or last wins)
-    value = dict(pairs)
-    if len(value) != len(pairs):
-        raise ValueError("a member is named twice")
-    return value
-
-
-def json_depth_within(raw: bytes, limit: int) -> bool:
-    """Whether the JSON text ``raw`` nests arrays and objects at most ``limit`` deep, counted
-    on its bytes (brackets inside strings do not count) without parsing it."""
-    depth, in_string, escaped = 0, False, False
-    for byte in raw:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:  # backslash
-                escaped = True
-            elif byte == 0x22:  # quote
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x5B, 0x7B):  # [ {
-            depth += 1
-            if depth > limit:
-                return False
-        elif byte in (0x5D, 0x7D):  # ] }
-            depth -= 1
-    return True
+        return jws.strict_json(raw, what)
+    except jws.JwsInvalid as exc:
+        raise SdJwtInvalid(str(exc)) from exc
 
 
 def unverified_header(jwt: str) -> dict[str, Any]:
-    """The protected header of a compact JWS, read without verifying (to pick the key)."""
-    header = b64url_json(jwt.split(".", 1)[0], "the JWS header")
-    if not isinstance(header, dict):
-        raise SdJwtInvalid("the JWS header is not an object")
-    return header
+    """The protected header of a compact JWS, read without verifying or judging it (to pick
+    the key; verify_jws judges it)."""
+    try:
+        return jws.read_header(jwt)
+    except jws.JwsInvalid as exc:
+        raise SdJwtInvalid(str(exc)) from exc
 
 
 def verify_jws(jwt: str, public_jwk: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The header and payload of a compact JWS signed with ``public_jwk``; else SdJwtInvalid."""
-    if jwt.count(".") != 2:
-        raise SdJwtInvalid("not a compact JWS")
-    header = unverified_header(jwt)
-    b64url_json(jwt.split(".")[1], "the JWS payload")  # bounded before joserfc reads it
-    if header.get("alg") not in ACCEPTED_ALGORITHMS:
-        raise SdJwtInvalid("the signature algorithm is not accepted (ES256 only)")
-    if "crit" in header:
-        raise SdJwtInvalid("a JWS with critical header parameters is not accepted")
     try:
-        key = ECKey.import_key(public_jwk)
-        verified = jws.deserialize_compact(jwt, key, algorithms=list(ACCEPTED_ALGORITHMS))
-    except (JoseError, ValueError, TypeError) as exc:
-        raise SdJwtInvalid("the signature does not verify") from exc
-    payload = _json_object(verified.payload, "the JWS payload")
-    return dict(verified.protected), payload
+        verified = jws.verify(jwt, public_jwk)
+    except jws.JwsInvalid as exc:
+        raise SdJwtInvalid(str(exc)) from exc
+    return verified.header, _json_object(verified.payload, "the JWS payload")
 
 
 def _json_object(raw: bytes, what: str) -> dict[str, Any]:

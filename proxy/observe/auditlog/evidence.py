@@ -22,7 +22,6 @@ was); one that no record holds a digest of is listed as unproven, never trusted 
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import json
 import unicodedata
@@ -30,13 +29,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
-
 from proxy.observe.auditlog.chain import StoredRecord
 from proxy.policy.amounts import decimal_spelling
+from proxy.transparency import jws
 
 _SETTLED = ("confirmed", "failed")
 _SETTLING_EVENTS = ("confirmed", "failed", "reconciled", "resolved")
@@ -192,47 +187,31 @@ def _thumbprint(jwks: Mapping[str, Any], kid: str | None) -> str:
 
 
 def _b64url_sha256(text: str) -> str:
-    digest = hashlib.sha256(text.encode("ascii", "replace")).digest()
-    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
-
-
-def _b64url_decode(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    return jws.b64url_encode(hashlib.sha256(text.encode("ascii", "replace")).digest())
 
 
 def _verify_es256(jwt: str, jwks: Any) -> tuple[str | None, str | None]:
     """(the key id, None) when an ES256 key of ``jwks`` signed ``jwt``; else (kid, why not).
-    ES256 is the only algorithm opgate accepts mandates in (proxy/mandates/sdjwt.py)."""
+    Verified by opgate's one JWS verifier (proxy/transparency/jws.py), by the rules mandates
+    are accepted under, so a presentation the gate refused is not proven here either."""
     try:
-        header_b64, payload_b64, signature_b64 = jwt.split(".")
-        header = json.loads(_b64url_decode(header_b64))
-        signature = _b64url_decode(signature_b64)
-    except (ValueError, RecursionError):  # binascii.Error, bad JSON, or nested too deeply
-        return None, "not a signed JWT"
-    kid = header.get("kid") if isinstance(header, dict) else None
-    if not isinstance(header, dict) or header.get("alg") != "ES256" or len(signature) != 64:
-        return kid, "not an ES256 signature"
+        kid = jws.header(jwt).get("kid")
+    except jws.JwsInvalid as exc:
+        return None, f"not an ES256 JWS opgate accepts: {exc}"
     keys = jwks.get("keys") if isinstance(jwks, dict) else None
     jwk = next((k for k in keys or () if isinstance(k, dict) and k.get("kid") == kid), None)
     if jwk is None or jwk.get("kty") != "EC" or jwk.get("crv") != "P-256":
         return kid, f"no P-256 key {kid} among them"
     try:
-        public = ec.EllipticCurvePublicNumbers(
-            int.from_bytes(_b64url_decode(str(jwk["x"])), "big"),
-            int.from_bytes(_b64url_decode(str(jwk["y"])), "big"),
-            ec.SECP256R1(),
-        ).public_key()
-        public.verify(
-            encode_dss_signature(
-                int.from_bytes(signature[:32], "big"), int.from_bytes(signature[32:], "big")
-            ),
-            f"{header_b64}.{payload_b64}".encode("ascii"),
-            ec.ECDSA(hashes.SHA256()),
-        )
-    except (ValueError, KeyError, binascii.Error):
+        jws.public_key(jwk)
+    except jws.JwsInvalid:
         return kid, f"key {kid} is not a P-256 public key"
-    except InvalidSignature:
+    try:
+        jws.verify(jwt, jwk)
+    except jws.SignatureMismatch:
         return kid, f"the signature does not verify with key {kid}"
+    except jws.JwsInvalid as exc:
+        return kid, f"not an ES256 JWS opgate accepts: {exc}"
     return kid, None
 
 
