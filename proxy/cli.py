@@ -28,6 +28,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if getattr(args, "audit_dev", False):  # `opgate audit ... --dev`: dev mode is ours
+            refused = _dev_audit_log(args)
+            if refused is not None:
+                print(f"opgate audit: {refused}", file=sys.stderr)
+                return 2
         result: int = handler(args)
     except InvalidSettings as exc:  # every command that reads the settings
         for problem in exc.problems:
@@ -116,8 +121,8 @@ def _parser() -> argparse.ArgumentParser:
     proposals = add_proposal_commands(commands)  # proposals list, approve, decline
     _operator_flags(proposals)
     proposals.set_defaults(handler=_operator(run_proposals, "opgate proposals"))
-    # audit verify, show, export: proxy/observe/auditlog/cli.py
-    add_audit_commands(commands, _dev_audit_log)
+    # audit verify, show, export, bundle, verify-bundle, ...: proxy/observe/auditlog/cli.py
+    add_audit_commands(commands)
 
     policy = commands.add_parser("policy", help="policy tools")
     policy_commands = policy.add_subparsers()
@@ -188,19 +193,24 @@ def _operator(
     return handler
 
 
-def _dev_audit_log(given: dict[str, Any]) -> str | None:
+def _dev_audit_log(args: argparse.Namespace) -> str | None:
     """``opgate audit ... --dev``: the database the dev instance recorded (unless one is given)
-    and its log's signing key (unless one is configured) into ``given`` and the environment;
-    or why not."""
+    into ``args``, and its log's signing key (unless one is configured) into the environment,
+    before the audit command reads either; or why not."""
     from proxy.devmode import NoDevInstance, operator_view, use_dev_log_key
     from proxy.settings import load_settings
 
+    given = {
+        "database_url": args.database_url,
+        "secrets_dir": args.secrets_dir,
+        "data_dir": args.data_dir,
+    }
     settings = load_settings(given)
     try:
         creds, instance = operator_view(settings.data_dir)
     except NoDevInstance as exc:
         return f"{exc} (or give --database-url and --log-key)"
-    given["database_url"] = given["database_url"] or instance.get("database_url")
+    args.database_url = args.database_url or instance.get("database_url")
     use_dev_log_key(creds, settings.secrets_dir, os.environ)
     return None
 

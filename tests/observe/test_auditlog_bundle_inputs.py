@@ -1,4 +1,4 @@
-"""``opgate audit verify-bundle`` on any input (proxy/observe/auditlog/tlog_cli.py, bundle.py):
+"""``opgate audit verify-bundle`` on any input (proxy/observe/auditlog/cli.py, bundle.py):
 JSON nested deeply, numbers too large, truncated base64, times out of range, Unicode that is
 not text: a clear refusal (exit 2, one line saying what is wrong) and never a traceback; and a
 value from a record is printed escaped, never acted on by the terminal."""

@@ -1,5 +1,6 @@
-"""``opgate audit checkpoint|prove|consistency|verify-tree|new-key`` (tlog_cli.py) as real
-processes on a real database: what they print verifies with the log's public key alone."""
+"""``opgate audit checkpoint|prove|consistency|verify-tree|new-key`` (proxy/observe/auditlog/
+cli.py) as real processes on a real database: what they print verifies with the log's public
+key alone."""
 
 from __future__ import annotations
 

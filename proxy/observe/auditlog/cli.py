@@ -1,4 +1,7 @@
-"""``opgate audit verify | show | export``: the audit log for security review and SIEMs.
+"""``opgate audit``: the audit log for security review and SIEMs, and the transparency log over
+it (docs/audit.md). The one command module: it reads the database, the settings and files, and
+prints what the verifiers (verify, treecheck, bundle, evidence, proofs over the pure
+proxy/transparency/) found, as reports.py words it.
 
     opgate audit verify [--since T] [--until T] [--log-key K ...]
                                                     exit 0: intact; 1: names the first break
@@ -10,11 +13,22 @@
     opgate audit grant-reviewer ROLE [--apply]      a read-only database role for reviewers
     opgate audit prune --through-checkpoint N --archive F   archive, then delete old records
                                                     (N: a seal's number)
+    opgate audit checkpoint                      the latest signed checkpoint, with cosignatures
+    opgate audit prove STREAM:SEQ [--size N]     a record's inclusion proof (JSON)
+    opgate audit consistency OLD NEW             a consistency proof between two tree sizes
+    opgate audit verify-tree [--log-key K ...]   the stored records against the signed tree
+    opgate audit bundle --operation OP [-o F]    offline evidence for one operation
+    opgate audit bundle --since T --until T      ... for what was written in a window
+    opgate audit verify-bundle F [--log-key K ...]   check a bundle: no database, no settings
+    opgate audit witness --key F --log K ...     a minimal C2SP tlog-witness (its own process)
+    opgate audit new-key NAME [--cosigner] -o F  an Ed25519 key: the log's, or a witness's
 
+``verify-bundle``, ``witness`` and ``new-key`` read neither the database nor any setting.
 Times are ISO 8601 (``2026-05-01T12:00:00Z``); a time without a zone is read as UTC. The
 database is ``--database-url`` (or ``OPGATE_DATABASE_URL``), else the embedded PostgreSQL in
 ``data_dir``, as ``opgate serve`` uses; the checkpoint key is the same secret opgate signs
-with (``OPGATE_SECRET_AUDIT_KEY`` or ``<secrets_dir>/audit_key``).
+with (``OPGATE_SECRET_AUDIT_KEY`` or ``<secrets_dir>/audit_key``). ``--dev`` (the log of an
+``opgate serve --dev``) is resolved by the process (proxy/cli.py) before a command runs.
 
 The export cursor is a JSON file ``{"stream": seq, ...}``: per stream, the last record
 exported. Within a stream, seq order is commit order (the stream's head row is locked from a
@@ -27,6 +41,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import signal
 import sys
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
@@ -34,25 +50,29 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import asyncpg
+from aiohttp import web
 
 from proxy.errors import StoreUnavailable, store_unavailable_line
-from proxy.observe.auditlog import records, retention
+from proxy.observe.auditlog import bundle, evidence, proofs, records, retention
 from proxy.observe.auditlog.chain import StoredRecord, check_record
 from proxy.observe.auditlog.redact import Redactor
-from proxy.observe.auditlog.tlog_cli import (
-    add_log_keys,
-    add_transparency_commands,
-    log_keys,
+from proxy.observe.auditlog.reports import (
+    bundle_report_lines,
+    export_line,
+    render_table,
+    timeline_rows,
     tree_summary,
 )
 from proxy.observe.auditlog.treecheck import TreeReport, check_tree
 from proxy.observe.auditlog.verify import VerifyReport, verify
+from proxy.observe.auditlog.witness_server import WitnessState, witness_app
+from proxy.observe.observer import transparency_signer
 from proxy.settings import Secrets, load_settings
 from proxy.store import audit as audit_store
 from proxy.store.embedded import database_dsn
 from proxy.store.faults import is_unavailable
 from proxy.store.migrate import migrate
-from proxy.transparency.note import NoteError, Verifier
+from proxy.transparency import note
 
 _BEGINNING = datetime(1970, 1, 1, tzinfo=UTC)
 _END = datetime(9999, 1, 1, tzinfo=UTC)
@@ -60,15 +80,7 @@ _SHOWN_PROBLEMS = 50
 _EXPORT_PAGE = 1000
 
 
-# ``--dev``: fills the settings flags (a dict) in from the dev instance, or says why not; given
-# by the process (proxy/cli.py), which may read dev mode's files.
-DevInstance = Callable[[dict[str, Any]], str | None]
-
-
-def add_audit_commands(commands: Any, dev_instance: DevInstance) -> None:
-    def _run(command: Command) -> Callable[[argparse.Namespace], int]:
-        return _runner(command, dev_instance)
-
+def add_audit_commands(commands: Any) -> None:
     audit = commands.add_parser("audit", help="verify, show and export the audit log")
     audit_commands = audit.add_subparsers()
 
@@ -78,15 +90,15 @@ def add_audit_commands(commands: Any, dev_instance: DevInstance) -> None:
     _flags(check)
     check.add_argument("--since", type=_time, help="records recorded at or after (default: all)")
     check.add_argument("--until", type=_time, help="records recorded before (default: all)")
-    add_log_keys(check)
-    check.set_defaults(handler=_run(_verify))
+    _log_keys_flag(check)
+    check.set_defaults(handler=_runner(_verify))
 
     show = audit_commands.add_parser(
         "show", help="one operation's timeline, each record's hash and link checked"
     )
     _flags(show)
     show.add_argument("operation_id")
-    show.set_defaults(handler=_run(_show))
+    show.set_defaults(handler=_runner(_show))
 
     export = audit_commands.add_parser("export", help="write records as JSON Lines")
     _flags(export)
@@ -104,7 +116,7 @@ def add_audit_commands(commands: Any, dev_instance: DevInstance) -> None:
     )
     export.add_argument("--poll-seconds", type=float, default=2.0, help="--follow's interval")
     export.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
-    export.set_defaults(handler=_run(_export))
+    export.set_defaults(handler=_runner(_export))
 
     grant = audit_commands.add_parser(
         "grant-reviewer",
@@ -113,7 +125,7 @@ def add_audit_commands(commands: Any, dev_instance: DevInstance) -> None:
     _flags(grant)
     grant.add_argument("role", help="an existing database role (CREATE ROLE is yours to run)")
     grant.add_argument("--apply", action="store_true", help="run them instead of printing")
-    grant.set_defaults(handler=_run(_grant_reviewer))
+    grant.set_defaults(handler=_runner(_grant_reviewer))
 
     prune = audit_commands.add_parser(
         "prune", help="archive, then delete the records signed up to a checkpoint"
@@ -123,9 +135,78 @@ def add_audit_commands(commands: Any, dev_instance: DevInstance) -> None:
     prune.add_argument(
         "--archive", type=Path, required=True, help="file to archive them in (must not exist)"
     )
-    prune.set_defaults(handler=_run(_prune))
+    prune.set_defaults(handler=_runner(_prune))
 
-    add_transparency_commands(audit_commands, _run, _flags, _time)  # tlog_cli.py
+    latest = audit_commands.add_parser("checkpoint", help="the latest signed checkpoint")
+    _flags(latest)
+    latest.set_defaults(handler=_runner(_checkpoint))
+
+    prove = audit_commands.add_parser("prove", help="one record's inclusion proof")
+    _flags(prove)
+    prove.add_argument("record", help="STREAM:SEQ (e.g. op_4f2a...:3, requests/host:1:812)")
+    prove.add_argument("--size", type=int, help="in the checkpoint of this size (default: latest)")
+    prove.set_defaults(handler=_runner(_prove))
+
+    consistency = audit_commands.add_parser("consistency", help="a consistency proof OLD -> NEW")
+    _flags(consistency)
+    consistency.add_argument("old", type=int)
+    consistency.add_argument("new", type=int)
+    consistency.set_defaults(handler=_runner(_consistency))
+
+    tree = audit_commands.add_parser(
+        "verify-tree", help="the stored records against the signed tree"
+    )
+    _flags(tree)
+    _log_keys_flag(tree)
+    tree.set_defaults(handler=_runner(_verify_tree))
+
+    make = audit_commands.add_parser("bundle", help="offline evidence for one operation")
+    _flags(make)
+    make.add_argument("--operation", metavar="OP", help="its records (default: all, in a window)")
+    make.add_argument("--since", type=_time, help="records written at or after (with --until)")
+    make.add_argument("--until", type=_time, help="records written before")
+    make.add_argument("--log-key", help="the log's vkey (default: from transparency_key)")
+    make.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
+    make.set_defaults(handler=_runner(_bundle))
+
+    check = audit_commands.add_parser("verify-bundle", help="check a bundle, offline")
+    check.add_argument("file", type=Path)
+    check.add_argument(
+        "--log-key",
+        action="append",
+        default=[],
+        help="a vkey of the log, obtained from the operator beforehand (repeatable: its"
+        " current key and the earlier ones it was rotated from)",
+    )
+    check.add_argument(
+        "--witness-key", action="append", default=[], help="a witness's vkey (repeatable)"
+    )
+    check.add_argument(
+        "--quorum",
+        type=int,
+        help="cosignatures required among the --witness-key given (default: every one of them)",
+    )
+    check.set_defaults(handler=_verify_bundle)
+
+    witness = audit_commands.add_parser("witness", help="run a minimal C2SP tlog-witness")
+    witness.add_argument("--key", type=Path, required=True, help="file with its PRIVATE+KEY")
+    witness.add_argument(
+        "--log",
+        action="append",
+        required=True,
+        help="a trusted log's vkey (repeatable; a log that rotated its key: each of its keys)",
+    )
+    witness.add_argument("--state", type=Path, required=True, help="its state file (JSON)")
+    witness.add_argument("--listen", default="127.0.0.1:8465", help="HOST:PORT (port 0: any)")
+    witness.set_defaults(handler=_witness)
+
+    key = audit_commands.add_parser(
+        "new-key", help="make an Ed25519 key (the log's or a witness's)"
+    )
+    key.add_argument("name", help="its name: the log's origin, or the witness's name")
+    key.add_argument("--cosigner", action="store_true", help="a witness's cosigning key")
+    key.add_argument("-o", "--output", type=Path, required=True, help="secret file (0600)")
+    key.set_defaults(handler=_new_key)
 
 
 def _flags(parser: argparse.ArgumentParser) -> None:
@@ -135,8 +216,19 @@ def _flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dev",
         action="store_true",
+        dest="audit_dev",  # resolved by the process (proxy/cli.py), which reads dev mode's files
         help="the log of an `opgate serve --dev`: its database and its log's key, as recorded"
         " in the data directory",
+    )
+
+
+def _log_keys_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-key",
+        action="append",
+        default=[],
+        help="a vkey of the log (repeatable; default: transparency_key's, and"
+        " audit_earlier_log_keys)",
     )
 
 
@@ -151,18 +243,13 @@ def _time(text: str) -> datetime:
 Command = Callable[[asyncpg.Connection, argparse.Namespace, Any], Coroutine[Any, Any, int]]
 
 
-def _runner(command: Command, dev_instance: DevInstance) -> Callable[[argparse.Namespace], int]:
+def _runner(command: Command) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
         given = {
             "database_url": args.database_url,
             "secrets_dir": args.secrets_dir,
             "data_dir": args.data_dir,
         }
-        if args.dev:  # every command run here has _flags
-            refused = dev_instance(given)
-            if refused is not None:
-                print(f"opgate audit: {refused}", file=sys.stderr)
-                return 2
         settings = load_settings(given)
 
         async def run() -> int:
@@ -203,7 +290,7 @@ async def _verify(conn: asyncpg.Connection, args: argparse.Namespace, settings: 
     since, until = args.since or _BEGINNING, args.until or _END
     try:
         keys = log_keys(args, settings)
-    except NoteError as exc:
+    except note.NoteError as exc:
         print(f"opgate audit verify: the log's key: {exc}", file=sys.stderr)
         return 2
     report = await verify(conn, since, until, key=_key(settings), whole_log=whole)
@@ -249,7 +336,7 @@ async def _verify(conn: asyncpg.Connection, args: argparse.Namespace, settings: 
 
 async def _tree(
     conn: asyncpg.Connection,
-    keys: list[Verifier] | None,
+    keys: list[note.Verifier] | None,
     settings: Any,
     whole: bool,
     chains: VerifyReport,
@@ -308,49 +395,6 @@ async def _prune(conn: asyncpg.Connection, args: argparse.Namespace, settings: A
     return 0
 
 
-def timeline_rows(stored: list[StoredRecord], redactor: Redactor) -> list[list[str]]:
-    """One row per record: time, kind, event, status change, who, details."""
-    rows = []
-    for record in stored:
-        fields = redactor.mapping(record.fields())
-        if record.kind == "request":
-            event = str(fields.get("decision")) + (
-                f" {fields['reason']}" if fields.get("reason") else ""
-            )
-            who = fields.get("agent_id") or "-"
-            details = {
-                k: fields.get(k)
-                for k in ("request_id", "attempt", "provider_status", "response_status")
-                if fields.get(k) is not None
-            }
-        else:
-            event = str(fields.get("event"))
-            who = fields.get("actor") or "-"
-            details = fields.get("detail") or {}
-        before, after = fields.get("status_before"), fields.get("status_after")
-        change = f"{before or '-'} -> {after or '-'}" if before or after else ""
-        rows.append(
-            [
-                record.at.astimezone(UTC).isoformat(timespec="milliseconds"),
-                record.kind,
-                event,
-                change,
-                str(who),
-                json.dumps(details, separators=(",", ":"), sort_keys=True, default=str),
-            ]
-        )
-    return rows
-
-
-def render_table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines = [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in [header, ["-" * w for w in widths], *rows]
-    ]
-    return "\n".join(lines)
-
-
 async def chain_problems(
     conn: asyncpg.Connection, stored: list[StoredRecord], key: bytes | None
 ) -> list[str | None]:
@@ -391,20 +435,6 @@ async def _show(conn: asyncpg.Connection, args: argparse.Namespace, settings: An
     for record, problem in broken:
         print(f"BROKEN: stream {record.stream} seq {record.seq}: {problem}")
     return 1 if broken else 0
-
-
-def export_line(record: StoredRecord, redactor: Redactor) -> str:
-    """One JSON Lines entry: the record's own fields, plus where it sits in its chain."""
-    line = {
-        **redactor.mapping(record.fields()),
-        "recorded_at": record.at.isoformat(),
-        "audit_kind": record.kind,
-        "audit_stream": record.stream,
-        "audit_seq": record.seq,
-        "audit_hash": record.hash.hex(),
-        "audit_prev_hash": record.prev_hash.hex(),
-    }
-    return json.dumps(line, separators=(",", ":"), default=str)
 
 
 async def _export(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
@@ -472,3 +502,186 @@ async def _grant_reviewer(conn: asyncpg.Connection, args: argparse.Namespace, se
 def _secrets(settings: Any) -> list[str]:
     key = _key(settings)
     return [key.decode("utf-8")] if key else []
+
+
+# --- the transparency log ----------------------------------------------------------------------
+def _json(value: Any) -> int:
+    print(json.dumps(value, indent=1))
+    return 0
+
+
+async def _checkpoint(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+    try:
+        sys.stdout.write(await proofs.signed_checkpoint(conn))
+    except proofs.NotProvable as exc:
+        print(f"opgate audit checkpoint: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _prove(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+    try:
+        stream, seq = proofs.parse_record(args.record)
+        return _json(await proofs.inclusion_document(conn, stream, seq, args.size))
+    except proofs.NotProvable as exc:
+        print(f"opgate audit prove: {exc}", file=sys.stderr)
+        return 1
+
+
+async def _consistency(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+    try:
+        return _json(await proofs.consistency_document(conn, args.old, args.new))
+    except proofs.NotProvable as exc:
+        print(f"opgate audit consistency: {exc}", file=sys.stderr)
+        return 1
+
+
+def log_keys(args: argparse.Namespace, settings: Any) -> list[note.Verifier] | None:
+    """The log's keys to verify with: those given (``--log-key``), else the configured key's
+    and the earlier ones (``audit_earlier_log_keys``); None when there is none. Raises
+    ``note.NoteError`` for one that is not a vkey."""
+    if args.log_key:
+        return [note.Verifier.from_vkey(k) for k in args.log_key]
+    signer = transparency_signer(Secrets(settings.secrets_dir))
+    earlier = [note.Verifier.from_vkey(k) for k in settings.audit_earlier_log_keys]
+    if signer is None and not earlier:
+        return None
+    return ([signer.verifier()] if signer else []) + earlier
+
+
+async def _verify_tree(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+    try:
+        keys = log_keys(args, settings)
+    except note.NoteError as exc:
+        print(f"opgate audit verify-tree: the log's key: {exc}", file=sys.stderr)
+        return 2
+    if keys is None:
+        print("opgate audit: give --log-key or configure transparency_key", file=sys.stderr)
+        return 2
+    secret = Secrets(settings.secrets_dir).secret("audit_key")
+    pruned, _ = await retention.in_force(conn, secret.encode("utf-8") if secret else None)
+    report = await check_tree(conn, keys, [w.vkey for w in settings.audit_witnesses], pruned)
+    summary = tree_summary(report)
+    if report.breaks:
+        print(f"BROKEN: {len(report.breaks)} problems; {summary}")
+        for line in report.breaks[:50]:
+            print(f"  {line}")
+        return 1
+    print(f"ok: {summary}")
+    return 0
+
+
+async def _bundle(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+    if args.log_key is not None:
+        log = note.Verifier.from_vkey(args.log_key)
+    else:
+        signer = transparency_signer(Secrets(settings.secrets_dir))
+        if signer is None:
+            print("opgate audit: give --log-key or configure transparency_key", file=sys.stderr)
+            return 2
+        log = signer.verifier()
+    witnesses = [w.vkey for w in settings.audit_witnesses]
+    if (args.since is None) != (args.until is None) or (args.operation is None and not args.since):
+        print(
+            "opgate audit bundle: give --operation, --since and --until, or all three",
+            file=sys.stderr,
+        )
+        return 2
+    window = (args.since, args.until) if args.since else None
+    try:
+        made = await bundle.build(
+            conn,
+            args.operation,
+            log,
+            witnesses,
+            settings.audit_witness_quorum,
+            window,
+            earlier_logs=settings.audit_earlier_log_keys,
+        )
+    except bundle.BundleError as exc:
+        print(f"opgate audit bundle: {exc}", file=sys.stderr)
+        return 1
+    text = bundle.dumps(made)
+    if args.output:
+        args.output.write_text(text, "utf-8")
+    else:
+        sys.stdout.write(text)
+    print(
+        f"{len(made['records'])} records, {len(made['referenced'])} referenced, the ends of"
+        f" {len(made['ends'])} operation streams; checkpoint of"
+        f" {made['checkpoint'].splitlines()[1]} records",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _verify_bundle(args: argparse.Namespace) -> int:
+    refused = f"opgate audit verify-bundle: {evidence.printable(args.file)}"
+    try:
+        loaded = json.loads(args.file.read_bytes())
+    except OSError as exc:
+        print(f"{refused}: cannot read it ({exc.strerror})", file=sys.stderr)
+        return 2
+    except RecursionError:
+        print(f"{refused}: not a bundle (JSON nested too deeply)", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # not JSON, not UTF-8, a number too long to read
+        print(f"{refused}: not a bundle (not JSON: {type(exc).__name__})", file=sys.stderr)
+        return 2
+    try:
+        report = bundle.verify(loaded, args.log_key, args.witness_key, args.quorum)
+    except bundle.BundleError as exc:  # a part required, missing or malformed: said which
+        print(f"{refused}: {exc}", file=sys.stderr)
+        return 2
+    for line in bundle_report_lines(report):
+        print(line)
+    return 1 if report.breaks else 0
+
+
+def _witness(args: argparse.Namespace) -> int:
+    signer = note.Signer.from_skey(args.key.read_text("utf-8").strip())
+    if signer.sig_type != note.COSIGNATURE_V1:
+        print(
+            "opgate audit witness: the key is not a cosigner key (new-key --cosigner)",
+            file=sys.stderr,
+        )
+        return 2
+    logs = [note.Verifier.from_vkey(k) for k in args.log]
+    app = witness_app(signer, logs, WitnessState(args.state))
+    host, _, port = args.listen.rpartition(":")
+
+    async def serve() -> None:
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, host.strip("[]"), int(port))
+        await site.start()
+        bound = runner.addresses[0]
+        print(f"witness {signer.name} listening on http://{host}:{bound[1]}", flush=True)
+        print(signer.verifier().vkey(), flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+        await runner.cleanup()
+
+    asyncio.run(serve())
+    return 0
+
+
+def _new_key(args: argparse.Namespace) -> int:
+    kind = note.COSIGNATURE_V1 if args.cosigner else note.ED25519
+    try:
+        signer = note.Signer.generate(args.name, kind)
+    except note.NoteError as exc:
+        print(f"opgate audit new-key: {exc}", file=sys.stderr)
+        return 2
+    try:
+        descriptor = os.open(args.output, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        print(f"opgate audit new-key: {args.output} exists (never overwritten)", file=sys.stderr)
+        return 2
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(signer.skey() + "\n")
+    print(signer.verifier().vkey())
+    return 0
