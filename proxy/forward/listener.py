@@ -59,8 +59,9 @@ from proxy.gate.pipeline import handle_agent_request
 from proxy.gate.problem import PROBLEM, problem_response
 from proxy.gate.reasons import Reason
 from proxy.gate.upstream import new_client_session
-from proxy.observe.audit import AuditRecord, Decision, emit, request_path
+from proxy.observe.audit import AuditRecord, Decision, request_path
 from proxy.observe.observer import observe_agent_request
+from proxy.observe.record_life import RecordLife
 from proxy.runtime import Gateway, serve_with
 from proxy.settings import Settings
 
@@ -186,17 +187,12 @@ async def _connect(listener: ForwardListener, request: web.Request) -> web.Strea
     pipeline's answers are); a tunnel's when the tunnel ends, since it counts its bytes."""
     record = _record(request, listener)
     record.method = "CONNECT"
-    emitted = False
-    try:
+    with RecordLife(record) as life:  # a tunnel's leaves when the block ends
         response = await _decide_and_tunnel(listener, request, record)
         if response.get(PROBLEM) is not None:  # refused: nothing tunnelled
-            emitted = True
-            emit(record)
+            life.leave()
             await _write_refusal(request, response)
         return response
-    finally:
-        if not emitted:
-            emit(record)
 
 
 async def _decide_and_tunnel(
@@ -489,5 +485,5 @@ def _refuse_request(
     if agent is not None:
         record.agent_id, record.tenant = agent.agent_id, agent.tenant
     response = _refusal(record, deny)
-    emit(record)
+    RecordLife(record).leave()
     return response

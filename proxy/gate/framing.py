@@ -37,7 +37,8 @@ from multidict import CIMultiDict
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.gate.shutdown import DrainingRequestHandler
-from proxy.observe.audit import REQUEST_OBSERVER, AuditRecord, Decision, emit
+from proxy.observe.audit import REQUEST_OBSERVER, AuditRecord, Decision
+from proxy.observe.record_life import RecordLife
 from proxy.runtime import Gateway
 
 # The answer to a request the parser refused, given the parser's one-line reason.
@@ -86,7 +87,7 @@ def agent_malformed_answer(gateway: Gateway, listener: str) -> MalformedAnswer:
         observability = gateway.observability
         token = REQUEST_OBSERVER.set(observability)
         try:
-            emit(record)
+            RecordLife(record).leave()
         finally:
             REQUEST_OBSERVER.reset(token)
         return response

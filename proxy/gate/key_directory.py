@@ -35,7 +35,8 @@ from multidict import CIMultiDict
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
 from proxy.gate.signatures import AgentKey
-from proxy.observe.audit import AuditRecord, emit
+from proxy.observe.audit import AuditRecord
+from proxy.observe.record_life import RecordLife
 from proxy.runtime import GATEWAY
 
 DIRECTORY_PATH = "/.well-known/http-message-signatures-directory"
@@ -160,15 +161,14 @@ def _refused(request: web.Request) -> web.Response:
     response = problem_response(
         Reason.REQUEST_MALFORMED, "the Host header must name one authority (host[:port])"
     )
-    emit(
-        AuditRecord(
-            source=request.remote,
-            method=request.method,
-            path=DIRECTORY_PATH,
-            policy_version=request.app[GATEWAY].policy.version,
-            rule="key_directory",
-            reason=Reason.REQUEST_MALFORMED.value,
-            response_status=response.status,
-        )
+    record = AuditRecord(
+        source=request.remote,
+        method=request.method,
+        path=DIRECTORY_PATH,
+        policy_version=request.app[GATEWAY].policy.version,
+        rule="key_directory",
+        reason=Reason.REQUEST_MALFORMED.value,
+        response_status=response.status,
     )
+    RecordLife(record).leave()
     return response

@@ -6,10 +6,12 @@ claim -> forward -> classify -> record -> audit -> answer.
 Each stage ends in a value: the request's ``RequestOutcome`` (the decision and its reason, the
 row before and after, the provider's answer, the precondition evidence). From that value alone
 ``answer`` makes the agent's answer and ``audited`` the audit record: exactly one record,
-emitted before a byte of the answer is written, or in a ``finally`` on every other way out (from
-the outcome known so far, ``Progress``). The record of a request that claimed its operation is
-written by the statement that records the outcome (stage 8, migration 0022), so it commits with
-it; only if that statement fails is it emitted to the batch writer, as every other record is.
+emitted before a byte of the answer is written, or when the handler's block ends on every
+other way out (from the outcome known so far, ``Progress``); one object owns that record's
+life for every entry point (observe/record_life.py). The record of a request that claimed its
+operation is handed to the statement that records the outcome (stage 8, migration 0022), so it
+commits with it; only if that statement fails is it emitted to the batch writer, as every
+other record is.
 A store that fails before anything was sent is answered in one place, as "nothing was sent".
 
 Nothing leaves before the claim has committed. Once the claim has committed, the row only
@@ -83,12 +85,10 @@ from proxy.observe.audit import (
     Decision,
     Sealed,
     Undelivered,
-    emit,
-    emit_stored,
     emit_undelivered,
     request_path,
-    seal,
 )
+from proxy.observe.record_life import RecordLife
 from proxy.policy.model import DEFAULT_RESPONSE_HEADERS, Mode, Provider
 from proxy.policy.set import PolicySet
 from proxy.runtime import GATEWAY, Gateway
@@ -144,33 +144,40 @@ _NOTHING_KNOWN = RequestOutcome()  # where every request's outcome starts
 
 class Progress:
     """The outcome known so far: each stage replaces it with a fuller value. A request that
-    ends by an exception (an agent that hangs up cancels its handler) is audited from it.
-    Also the request's record (begun at intake), whether it is on its way already
-    (``audited``: emitted, or handed to the statement that records the outcome), and how the
-    handler answers an outcome (``respond``: the record names the answer's status)."""
+    ends by an exception (an agent that hangs up cancels its handler) is audited from it: the
+    request's record (begun at intake) lives in ``life``, which sends it exactly once, from
+    the outcome known when the request ends unless a stage sent it before. Also how the
+    handler answers an outcome (``respond``: the record names the answer's status), and the
+    answer the record handed to the outcome's statement names (``handed``)."""
 
     def __init__(
         self, record: AuditRecord, respond: Callable[[RequestOutcome], web.StreamResponse]
     ) -> None:
         self.known = _NOTHING_KNOWN
-        self.record = record
+        self.life = RecordLife(record, last=lambda r: audited(r, self.known))
         self.respond = respond
-        self.audited = False
-        # the answer made for the outcome whose record the outcome's statement stored
-        self.answered: tuple[RequestOutcome, web.StreamResponse] | None = None
+        self.handed: Handed | None = None
 
     def answer(self, outcome: RequestOutcome) -> web.StreamResponse:
         """The answer to ``outcome``: the one its stored record names, if it was made."""
-        answered = self.answered
-        if answered is not None and answered[0] is outcome:
-            return answered[1]
+        handed = self.handed
+        if handed is not None and handed.outcome is outcome:
+            return handed.answer
         return self.respond(outcome)
 
-    def emit_once(self, outcome: RequestOutcome, response_status: int | None = None) -> None:
-        """The record of ``outcome``, unless it is on its way already."""
-        if not self.audited:
-            self.audited = True
-            emit(audited(self.record, outcome, response_status))
+    def answered(self, outcome: RequestOutcome, response: web.StreamResponse) -> None:
+        """The record of ``outcome`` answered by ``response`` sent, unless it has left."""
+        self.life.leave(lambda r: audited(r, outcome, response.status))
+
+
+@dataclass(frozen=True)
+class Handed:
+    """A claimed request's record sealed for the statement that records its outcome, and the
+    answer (to ``outcome``) whose status it names."""
+
+    outcome: RequestOutcome
+    sealed: Sealed
+    answer: web.StreamResponse
 
 
 @dataclass(frozen=True)
@@ -202,7 +209,7 @@ async def handle_agent_request(request: web.Request) -> web.StreamResponse:
         if token_provider is not None:  # the SDK's own token request, answered here
             return await _token_request(gateway, token_provider, request, record)
     progress = Progress(record, _answer_in_dialect)
-    try:
+    with progress.life:  # every other way out: still exactly one record, from what is known
         outcome = progress.known = await _outcome(gateway, policy, request, progress)
         response: web.StreamResponse = progress.answer(outcome)
         # 9. audit, before a byte of the answer is written: numbered and queued (or stored by
@@ -210,11 +217,9 @@ async def handle_agent_request(request: web.Request) -> web.StreamResponse:
         # long the agent takes to read (or a crash comes meanwhile). It says what opgate
         # answered; an answer that then does not reach the agent in full gets a record of its
         # own (audit.emit_undelivered), never a change.
-        progress.emit_once(outcome, response.status)
+        progress.answered(outcome, response)
         await _write_answer(request, response, record, gateway.settings)
         return response
-    finally:
-        progress.emit_once(progress.known)  # every other way out: still exactly one record
 
 
 def _answer_in_dialect(outcome: RequestOutcome) -> web.StreamResponse:
@@ -230,19 +235,14 @@ async def _token_request(
 ) -> web.StreamResponse:
     """An SDK's OAuth token request answered at the boundary (token_exchange.py), in the
     provider's dialect, its record queued before the answer is written, as every request's."""
-    emitted = False
-    try:
+    with RecordLife(record) as life:
         response = in_dialect(
             await answer_token_request(gw, provider, request, record), provider.errors
         )
         record.response_status = response.status
-        emitted = True
-        emit(record)
+        life.leave()
         await _write_answer(request, response, record, gw.settings)
         return response
-    finally:
-        if not emitted:
-            emit(record)
 
 
 async def _write_answer(
@@ -298,14 +298,11 @@ async def handle_composed_request(
         listener=listener,
     )
     progress = Progress(record, answer)
-    response_status = None
-    try:
+    with progress.life:
         outcome = progress.known = await _outcome(gateway, policy, composed, progress)
         response = progress.answer(outcome)
-        response_status = response.status
+        progress.answered(outcome, response)
         return response
-    finally:
-        progress.emit_once(progress.known, response_status)
 
 
 async def _outcome(
@@ -515,8 +512,8 @@ async def _send_and_record(
         outcome = outcome.updated(refusal=payment_refused)
     recorded_as = classified.status if isinstance(classified, Settled) else op.status
     outcome = outcome.updated(status_after=recorded_as)
-    sealed = _seal(progress, outcome)
-    request = sealed[0].text if sealed is not None else None
+    handed = _hand_over(progress, outcome)
+    request = handed.sealed.text if handed is not None else None
     actor = gw.settings.instance_id
     try:
         if isinstance(classified, Settled):
@@ -545,12 +542,13 @@ async def _send_and_record(
         recorded = None
     if recorded is None:
         outcome = outcome.updated(status_after=op.status)
-    if sealed is not None:
+    if handed is not None:
         if recorded is not None:  # the record committed with the outcome
-            progress.answered = (outcome, sealed[1])
-            emit_stored(sealed[0])
+            progress.handed = handed
+            progress.life.stored(handed.sealed)
         else:  # the statement failed, or found the row changed: the batch writer, as before
-            emit(audited(progress.record, outcome, progress.respond(outcome).status))
+            status = progress.respond(outcome).status
+            progress.life.not_stored(lambda r: audited(r, outcome, status))
     return outcome
 
 
@@ -565,18 +563,15 @@ def _shown_headers(
     return replace(answered, headers=headers), shown.credential_echoes
 
 
-def _seal(progress: Progress, outcome: RequestOutcome) -> tuple[Sealed, web.StreamResponse] | None:
-    """The record of a claimed request whose outcome is about to be recorded, for that
-    statement to store (audit.seal), and the answer it names; None if it is on its way
-    already (the agent hung up meanwhile: the handler emitted it) or cannot go that way."""
-    if progress.audited:
+def _hand_over(progress: Progress, outcome: RequestOutcome) -> Handed | None:
+    """The record of a claimed request whose outcome is about to be recorded, sealed for that
+    statement to store (RecordLife.hand_over), with the answer it names; None if it has left
+    already (the agent hung up meanwhile: the handler sent it) or cannot go that way."""
+    if progress.life.gone:
         return None
     response = progress.respond(outcome)
-    sealed = seal(audited(progress.record, outcome, response.status))
-    if sealed is None:
-        return None
-    progress.audited = True  # from here on, this stage emits it, whatever the statement does
-    return sealed, response
+    sealed = progress.life.hand_over(lambda r: audited(r, outcome, response.status))
+    return None if sealed is None else Handed(outcome, sealed, response)
 
 
 def _prepare(

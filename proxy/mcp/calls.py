@@ -33,6 +33,7 @@ from proxy.mcp.tools import (
     decoded_body,
 )
 from proxy.observe.audit import AuditRecord, Decision, emit
+from proxy.observe.record_life import RecordLife
 from proxy.proposals.api import PROPOSAL_RULE
 from proxy.proposals.proposing import Refusal as ProposalRefusal
 from proxy.proposals.proposing import propose_for_agent, withdraw_proposal
@@ -58,15 +59,16 @@ MCP_RULE = "mcp"
 
 @dataclass
 class McpCall:
-    """The MCP exchange a tool call arrived in: who is calling, from where, and whether its
-    audit record has been written (the endpoint writes one for exchanges no tool recorded)."""
+    """The MCP exchange a tool call arrived in: who is calling, from where, and its audit
+    record's life (``exchange``: the endpoint's record, unless a tool or the pipeline writes
+    the request's own, which then replaces it)."""
 
     gateway: Gateway
     agent: Agent
     token: str
     source: str | None
     path: str
-    recorded: bool = False
+    exchange: RecordLife
     # what its OAuth token grants (None: a static token, everything the agent may do)
     scopes: frozenset[str] | None = None
     # the scope a task id was found to need that the token lacks: the endpoint answers 403
@@ -95,7 +97,7 @@ async def _guarded(
     except Exception:
         _log.exception("mcp_tool_failed", tool=name, agent_id=call.agent.agent_id)
         failed = Deny(Reason.MCP_TOOL_FAILED, f"{name} failed inside opgate (logged)")
-        if call.recorded:  # the pipeline's record stands: it says what was sent
+        if call.exchange.gone:  # the pipeline's record stands: it says what was sent
             return ToolError(problem_response(failed.reason, failed.detail)[PROBLEM])
         record = _record(call, MCP_RULE)
         record.decision = Decision.ERROR
@@ -276,7 +278,7 @@ async def _execute(call: McpCall, args: dict[str, Any]) -> Answer:
     if isinstance(prepared, ToolError):
         return prepared
     # From here on the pipeline writes the record: the composed request is an agent request.
-    call.recorded = True
+    call.exchange.replaced()
     gw = call.gateway
     composed = prepared.composed
     response = await handle_composed_request(gw, composed, listener=LISTENER, source=call.source)
@@ -644,5 +646,5 @@ def _refuse(
 
 
 def _emit(call: McpCall, record: AuditRecord) -> None:
-    call.recorded = True
+    call.exchange.replaced()
     emit(record)

@@ -65,8 +65,9 @@ from proxy.mcp.tools import (
     Answered,
     tool_result,
 )
-from proxy.observe.audit import REQUEST_OBSERVER, AuditRecord, Decision, emit, request_path
+from proxy.observe.audit import REQUEST_OBSERVER, AuditRecord, Decision, request_path
 from proxy.observe.observer import OBSERVABILITY
+from proxy.observe.record_life import RecordLife
 from proxy.runtime import GATEWAY, Gateway
 
 MCP_PATH = "/_opgate/mcp"
@@ -226,7 +227,9 @@ class McpEndpoint:
             rule=MCP_RULE,
         )
         call: McpCall | None = None
-        try:
+        # one record per exchange: this one, unless a tool or the pipeline writes the request's
+        # own (McpCall.exchange.replaced)
+        with RecordLife(record) as exchange:
             # DNS rebinding (the transport's MUST): a browser page's request is refused
             # before anything else is read, a token checked or the protocol spoken
             if not origin_allowed(
@@ -261,7 +264,7 @@ class McpEndpoint:
                 detail = f"the token does not grant {scope}"
                 return _refuse(record, Reason.MCP_SCOPE_INSUFFICIENT, detail, challenge=told)
             if bearer.scopes is None:  # a static token: the pipeline identifies it as sent
-                call = McpCall(gw, agent, token, request.remote, record.path or MCP_PATH)
+                call = McpCall(gw, agent, token, request.remote, record.path or MCP_PATH, exchange)
             else:
                 # The pipeline identifies an agent by token (stage 1, as for any request). An
                 # OAuth agent's token never enters it (no passthrough): the exchange gets a
@@ -269,7 +272,9 @@ class McpEndpoint:
                 internal = new_token()
                 directory = AgentDirectory({token_digest(internal): agent})
                 seen_as = dataclasses.replace(gw, agents=directory)
-                call = McpCall(seen_as, agent, internal, request.remote, record.path or MCP_PATH)
+                call = McpCall(
+                    seen_as, agent, internal, request.remote, record.path or MCP_PATH, exchange
+                )
                 call.scopes = bearer.scopes  # a task's scope is known once its id is looked up
             owed = _owed_error(message) if message is not _NOT_JSON else None
             response = owed or await self._exchange(request, body, call)
@@ -284,9 +289,6 @@ class McpEndpoint:
             else:
                 record.decision = Decision.ALLOW
             return response
-        finally:
-            if call is None or not call.recorded:
-                emit(record)
 
     async def _bearer(self, gw: Gateway, token: str | None) -> Bearer | TokenRefused | None:
         """Who the token says is calling: a configured agent's static token (unless the

@@ -25,7 +25,8 @@ from proxy.gate.ids import IdKind, id_rule, path_operation_id
 from proxy.gate.limits import Slot
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
-from proxy.observe.audit import AuditRecord, Decision, emit, request_path
+from proxy.observe.audit import AuditRecord, Decision, request_path
+from proxy.observe.record_life import RecordLife
 from proxy.policy.approved import approved_fields
 from proxy.policy.model import BodyKind, Provider, Rule
 from proxy.policy.set import PolicySet
@@ -191,12 +192,10 @@ def recorded(
             policy_version=gw.policy.version,
             rule=RECOVERY_RULE,
         )
-        try:
+        with RecordLife(record):
             response = await _admitted(gw, request, record, read, rate_limited)
             record.response_status = response.status
             return response
-        finally:
-            emit(record)
 
     return handler
 

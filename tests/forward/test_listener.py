@@ -23,7 +23,7 @@ import trustme
 from aiohttp import web
 from structlog.testing import capture_logs
 
-import proxy.forward.listener
+import proxy.observe.record_life
 from proxy.forward.ca import CA_CERT_FILE
 from proxy.observe.audit import AuditRecord
 from tests.support.fault_provider import FaultProvider
@@ -328,7 +328,7 @@ async def test_a_refused_connect_is_on_record_before_it_is_answered(
     """A declined CONNECT's record is emitted (numbered, queued) before its refusal is written,
     as the pipeline's answers are, and once."""
     order: list[str] = []
-    emit, write_eof = proxy.forward.listener.emit, web.Response.write_eof
+    emit, write_eof = proxy.observe.record_life.emit, web.Response.write_eof
 
     def emitting(record: AuditRecord) -> None:
         order.append(f"record {record.response_status}")
@@ -338,7 +338,7 @@ async def test_a_refused_connect_is_on_record_before_it_is_answered(
         order.append(f"answer {self.status}")
         await write_eof(self, data)
 
-    monkeypatch.setattr(proxy.forward.listener, "emit", emitting)
+    monkeypatch.setattr(proxy.observe.record_life, "emit", emitting)  # the record's one owner
     monkeypatch.setattr(web.Response, "write_eof", writing_eof)
     target = f"unlisted.test:{forward_gate.tls_port}"
     status, _, _ = await raw_connect(forward_gate.proxy_url, target)

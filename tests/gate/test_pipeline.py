@@ -14,7 +14,7 @@ from aiohttp import web
 from structlog.testing import capture_logs
 from yarl import URL
 
-import proxy.gate.pipeline
+import proxy.observe.record_life
 from proxy.observe.audit import AuditRecord, Sealed
 from tests.support.fault_provider import FaultMode, FaultProvider
 from tests.support.opgate import (
@@ -463,8 +463,8 @@ async def test_the_audit_record_is_queued_before_the_answer_is_written(
     """The record (numbered, queued for the audit log, logged) is made before the answer is
     written, so an agent that does not read cannot hold it back; once, for the answer sent."""
     order: list[str] = []
-    emit, write_eof = proxy.gate.pipeline.emit, web.Response.write_eof
-    emit_stored = proxy.gate.pipeline.emit_stored
+    emit, write_eof = proxy.observe.record_life.emit, web.Response.write_eof
+    emit_stored = proxy.observe.record_life.emit_stored
 
     def emitting(record: AuditRecord) -> None:
         order.append(f"record {record.response_status}")
@@ -480,8 +480,9 @@ async def test_the_audit_record_is_queued_before_the_answer_is_written(
         await write_eof(self, data)
 
     op = await fault_gate.approve()
-    monkeypatch.setattr(proxy.gate.pipeline, "emit", emitting)
-    monkeypatch.setattr(proxy.gate.pipeline, "emit_stored", emitting_stored)
+    # the one owner of a record's life sends it (proxy/observe/record_life.py)
+    monkeypatch.setattr(proxy.observe.record_life, "emit", emitting)
+    monkeypatch.setattr(proxy.observe.record_life, "emit_stored", emitting_stored)
     monkeypatch.setattr(web.Response, "write_eof", writing_eof)
     status, _, _ = await fault_gate.send("/fault/v1/refunds", data=GOOD_BODY, headers=op_header(op))
     assert status == 200

@@ -162,7 +162,7 @@ async def test_verify_takes_both_forms_and_catches_an_edited_request_record(
     before 0022; the operation's stream) verifies; an edited one in an operation's stream is
     named by its stream and position."""
     with monkeypatch.context() as before_0022:  # records made as before: through the writer
-        before_0022.setattr("proxy.gate.pipeline.seal", lambda record: None)
+        before_0022.setattr("proxy.observe.record_life.seal", lambda record: None)
         old = await fault_gate.approve()
         status, old_line = await _send_logged(fault_gate, old)
         assert status == 200
