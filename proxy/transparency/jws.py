@@ -19,6 +19,11 @@ One token reads one way wherever it is verified, so every rule is the strictest 
                 the curve
 
 Each refusal is ``JwsInvalid`` with a sentence naming the rule; nothing is repaired.
+
+ECDSA signatures are malleable: when (R, S) verifies, so does (R, n - S), and RFC 7518 does not
+ask for the low S. Refusing the high one would refuse half of every issuer's genuine tokens, so
+both are accepted: a token's text is therefore not its identity (anyone holding it can make a
+second valid text of it); what is signed (``header.payload``) is.
 """
 
 from __future__ import annotations

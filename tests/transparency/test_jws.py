@@ -265,3 +265,14 @@ def test_a_refused_header_is_still_read_as_written_for_the_record() -> None:
         jws.header(unsigned)
     with pytest.raises(jws.JwsInvalid, match="ES256 only"):
         jws.verify(unsigned, RFC_PUBLIC_JWK)
+
+
+def test_a_signature_has_a_second_valid_text() -> None:
+    """ECDSA's malleability, pinned: (R, n - S) verifies as (R, S) does, so a token's text is
+    not its identity (the module docstring); only what is signed, header.payload, is."""
+    raw = raw_signature(f"{RFC_HEADER}.{RFC_PAYLOAD}")
+    s = int.from_bytes(raw[32:], "big")
+    twin = signed(RFC_HEADER, RFC_PAYLOAD, raw[:32] + (N - s).to_bytes(32, "big"))
+    original = signed(RFC_HEADER, RFC_PAYLOAD, raw)
+    assert twin != original
+    assert jws.verify(twin, RFC_PUBLIC_JWK) == jws.verify(original, RFC_PUBLIC_JWK)
