@@ -263,6 +263,17 @@ def test_the_layout_tables_list_each_package_above_what_it_imports() -> None:
             assert not above, f"{table}: {name} is listed below {sorted(above)}, which it imports"
 
 
+def test_the_settings_are_typed_wherever_they_are_passed() -> None:
+    """No function takes ``settings: Any``: mypy checks every use of a setting by its name."""
+    untyped = [
+        f"{path.relative_to(REPO)}:{number}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for number, line in enumerate(path.read_text("utf-8").splitlines(), start=1)
+        if re.search(r"\bsettings: Any\b", line)
+    ]
+    assert untyped == []
+
+
 def test_imports_point_one_way() -> None:
     """No module imports a part of opgate that sits above it (e.g. gate -> recovery)."""
     assert forbidden_imports(import_graph()) == []

@@ -47,7 +47,7 @@ from proxy.observe.auditlog.tlog_cli import (
 )
 from proxy.observe.auditlog.treecheck import TreeReport, check_tree
 from proxy.observe.auditlog.verify import VerifyReport, verify
-from proxy.settings import Secrets, load_settings
+from proxy.settings import Secrets, Settings, load_settings
 from proxy.store import audit as audit_store
 from proxy.store.embedded import database_dsn
 from proxy.store.faults import is_unavailable
@@ -193,12 +193,12 @@ def _runner(command: Command, dev_instance: DevInstance) -> Callable[[argparse.N
     return handler
 
 
-def _key(settings: Any) -> bytes | None:
+def _key(settings: Settings) -> bytes | None:
     secret = Secrets(settings.secrets_dir).secret("audit_key")
     return secret.encode("utf-8") if secret else None
 
 
-async def _verify(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+async def _verify(conn: asyncpg.Connection, args: argparse.Namespace, settings: Settings) -> int:
     whole = args.since is None and args.until is None
     since, until = args.since or _BEGINNING, args.until or _END
     try:
@@ -250,7 +250,7 @@ async def _verify(conn: asyncpg.Connection, args: argparse.Namespace, settings: 
 async def _tree(
     conn: asyncpg.Connection,
     keys: list[Verifier] | None,
-    settings: Any,
+    settings: Settings,
     whole: bool,
     chains: VerifyReport,
 ) -> tuple[TreeReport | None, str]:
@@ -283,7 +283,7 @@ def _print_lines(lines: list[str], heading: str) -> None:
         print(f"  {line}")
 
 
-async def _prune(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+async def _prune(conn: asyncpg.Connection, args: argparse.Namespace, settings: Settings) -> int:
     key = _key(settings)
     if key is None:
         print("opgate audit prune: needs the audit key (its record is signed)", file=sys.stderr)
@@ -370,7 +370,7 @@ async def chain_problems(
     ]
 
 
-async def _show(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+async def _show(conn: asyncpg.Connection, args: argparse.Namespace, settings: Settings) -> int:
     stored = await records.operation_records(conn, args.operation_id)
     if not stored:
         print(f"no audit records for {args.operation_id}", file=sys.stderr)
@@ -407,7 +407,7 @@ def export_line(record: StoredRecord, redactor: Redactor) -> str:
     return json.dumps(line, separators=(",", ":"), default=str)
 
 
-async def _export(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+async def _export(conn: asyncpg.Connection, args: argparse.Namespace, settings: Settings) -> int:
     if args.after is None and (args.since is None or args.until is None or args.follow):
         print(
             "opgate audit export: give --since and --until, or --after CURSOR_FILE"
@@ -459,7 +459,9 @@ async def _export_after(
         await asyncio.sleep(args.poll_seconds)  # polling a table: no event to wait on
 
 
-async def _grant_reviewer(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+async def _grant_reviewer(
+    conn: asyncpg.Connection, args: argparse.Namespace, settings: Settings
+) -> int:
     statements = await records.reviewer_grants(conn, args.role)
     if not args.apply:
         print("\n".join(f"{s};" for s in statements))
@@ -469,6 +471,6 @@ async def _grant_reviewer(conn: asyncpg.Connection, args: argparse.Namespace, se
     return 0
 
 
-def _secrets(settings: Any) -> list[str]:
+def _secrets(settings: Settings) -> list[str]:
     key = _key(settings)
     return [key.decode("utf-8")] if key else []

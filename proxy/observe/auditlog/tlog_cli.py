@@ -34,7 +34,7 @@ from proxy.observe.auditlog import bundle, evidence, proofs, retention
 from proxy.observe.auditlog.treecheck import TreeReport, check_tree
 from proxy.observe.auditlog.witness_server import WitnessState, witness_app
 from proxy.observe.observer import transparency_signer
-from proxy.settings import Secrets
+from proxy.settings import Secrets, Settings
 from proxy.transparency import note
 
 Runner = Callable[[Any], Callable[[argparse.Namespace], int]]
@@ -130,7 +130,9 @@ def _json(value: Any) -> int:
     return 0
 
 
-async def _checkpoint(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+async def _checkpoint(
+    conn: asyncpg.Connection, args: argparse.Namespace, settings: Settings
+) -> int:
     try:
         sys.stdout.write(await proofs.signed_checkpoint(conn))
     except proofs.NotProvable as exc:
@@ -139,7 +141,7 @@ async def _checkpoint(conn: asyncpg.Connection, args: argparse.Namespace, settin
     return 0
 
 
-async def _prove(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+async def _prove(conn: asyncpg.Connection, args: argparse.Namespace, settings: Settings) -> int:
     try:
         stream, seq = proofs.parse_record(args.record)
         return _json(await proofs.inclusion_document(conn, stream, seq, args.size))
@@ -148,7 +150,9 @@ async def _prove(conn: asyncpg.Connection, args: argparse.Namespace, settings: A
         return 1
 
 
-async def _consistency(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+async def _consistency(
+    conn: asyncpg.Connection, args: argparse.Namespace, settings: Settings
+) -> int:
     try:
         return _json(await proofs.consistency_document(conn, args.old, args.new))
     except proofs.NotProvable as exc:
@@ -156,7 +160,7 @@ async def _consistency(conn: asyncpg.Connection, args: argparse.Namespace, setti
         return 1
 
 
-def log_keys(args: argparse.Namespace, settings: Any) -> list[note.Verifier] | None:
+def log_keys(args: argparse.Namespace, settings: Settings) -> list[note.Verifier] | None:
     """The log's keys to verify with: those given (``--log-key``), else the configured key's
     and the earlier ones (``audit_earlier_log_keys``); None when there is none. Raises
     ``note.NoteError`` for one that is not a vkey."""
@@ -189,7 +193,9 @@ def tree_summary(report: TreeReport) -> str:
     return summary
 
 
-async def _verify_tree(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+async def _verify_tree(
+    conn: asyncpg.Connection, args: argparse.Namespace, settings: Settings
+) -> int:
     try:
         keys = log_keys(args, settings)
     except note.NoteError as exc:
@@ -211,7 +217,7 @@ async def _verify_tree(conn: asyncpg.Connection, args: argparse.Namespace, setti
     return 0
 
 
-async def _bundle(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+async def _bundle(conn: asyncpg.Connection, args: argparse.Namespace, settings: Settings) -> int:
     if args.log_key is not None:
         log = note.Verifier.from_vkey(args.log_key)
     else:
