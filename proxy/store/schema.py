@@ -28,6 +28,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import asyncpg
 
+from proxy.store.embedded import start_embedded
 from proxy.store.migrate import load_migrations, migrate
 
 SCHEMA_FILE = Path(__file__).with_name("schema.sql")
@@ -199,8 +200,6 @@ async def schema_of_migrations(server_dsn: str) -> str:
 def _generate(server_dsn: str | None) -> str:
     if server_dsn is not None:
         return asyncio.run(schema_of_migrations(server_dsn))
-    from proxy.store.embedded import start_embedded
-
     workdir = Path(tempfile.mkdtemp(prefix="opgate-schema-"))
     workdir.chmod(0o755)  # the embedded server's own user reads it when run as root
     server = start_embedded(workdir)
