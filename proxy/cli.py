@@ -15,7 +15,7 @@ from proxy.observe.auditlog.cli import add_audit_commands
 from proxy.observe.logs import configure_logging
 from proxy.operations.cli import add_ops_commands, run_ops
 from proxy.proposals.cli import add_proposal_commands, run_proposals
-from proxy.settings import InvalidSettings
+from proxy.settings import InvalidSettings, Settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -301,7 +301,7 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warn_unconfigured(settings: Any, policy: Any) -> None:
+def _warn_unconfigured(settings: Settings, policy: Any) -> None:
     """A warning line for each thing a start can do without but that leaves part of opgate
     refusing everyone: no admin token, no agents, a provider whose secrets are missing."""
     import structlog
@@ -384,7 +384,7 @@ def _migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _forward_ca(settings: Any) -> bool:
+def _forward_ca(settings: Settings) -> bool:
     """The forward proxy's CA, made if absent (True: made now); a directory that cannot hold
     it is InvalidSettings naming ca_dir (or data_dir, when ca_dir is not set)."""
     from proxy.forward.ca import init_ca

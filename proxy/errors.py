@@ -4,6 +4,7 @@ these; it is a ``Deny`` value (decision.py).
     OpgateError
     ├── StoreUnavailable          the primary cannot be reached or did not answer in time
     ├── ConfigurationError        settings or credentials are missing or invalid
+    │   ├── ListenFailed          a listener's address cannot be bound (in use, not this host's)
     │   └── ReplicationNotDurable  asynchronous standbys, not accepted by a setting
     ├── IdempotencyKeyInUse       another operation of the provider holds that key
     ├── AlreadySuperseded         another operation already supersedes that one

@@ -223,6 +223,58 @@ def test_every_package_docstring_names_every_module_it_holds() -> None:
     assert {package: names for package, names in missing.items() if names} == {}
 
 
+# The two drawings of the layout a reader meets first: the README's table and the root
+# package's docstring. Each lists the packages top-down, importers above what they import.
+_README_ROW = re.compile(r"^  \| (`proxy/[^|]*)\|", re.MULTILINE)
+_ROOT_DOC_ROW = re.compile(r"^    ([a-z_0-9]+/?(?:, [a-z_0-9]+)*) ", re.MULTILINE)
+
+
+def layout_tables() -> dict[str, list[str]]:
+    """The parts each layout table names, in its order: ``gate`` for ``proxy/gate/``,
+    ``cli`` for ``proxy/cli.py``."""
+    readme = (REPO / "README.md").read_text("utf-8").split("| folder | owns |", 1)[1]
+    readme = readme.split("\n\n", 1)[0]
+    in_readme = [
+        name
+        for cell in _README_ROW.findall(readme)
+        for name in re.findall(r"`proxy/([a-z_0-9]+)(?:/|\.py)`", cell)
+    ]
+    doc = ast.get_docstring(ast.parse((PACKAGE / "__init__.py").read_text("utf-8"))) or ""
+    in_doc = [name.rstrip("/") for row in _ROOT_DOC_ROW.findall(doc) for name in row.split(", ")]
+    return {"README.md": in_readme, "proxy/__init__.py": in_doc}
+
+
+def test_the_layout_tables_name_every_package_and_root_module() -> None:
+    """The README's layout table and proxy/__init__.py's each name every package of proxy/ and
+    every root module (a package added without a row is found here, not by a reader)."""
+    packages = {d.name for d in PACKAGE.iterdir() if (d / "__init__.py").is_file()}
+    modules = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "__main__"}
+    for table, named in layout_tables().items():
+        assert sorted((packages | modules) - set(named)) == [], f"{table} misses these"
+        assert sorted(set(named) - packages - modules) == [], f"{table} names what is not there"
+        assert len(named) == len(set(named)), f"{table} names a part twice: {named}"
+
+
+def test_the_layout_tables_list_each_package_above_what_it_imports() -> None:
+    """Dependencies point down each table: no package may import one listed above it."""
+    for table, named in layout_tables().items():
+        packages = [n for n in named if n in MAY_IMPORT and n not in ROOT]
+        for index, name in enumerate(packages):
+            above = set(packages[:index]) & MAY_IMPORT[name]
+            assert not above, f"{table}: {name} is listed below {sorted(above)}, which it imports"
+
+
+def test_the_settings_are_typed_wherever_they_are_passed() -> None:
+    """No function takes ``settings: Any``: mypy checks every use of a setting by its name."""
+    untyped = [
+        f"{path.relative_to(REPO)}:{number}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for number, line in enumerate(path.read_text("utf-8").splitlines(), start=1)
+        if re.search(r"\bsettings: Any\b", line)
+    ]
+    assert untyped == []
+
+
 def test_imports_point_one_way() -> None:
     """No module imports a part of opgate that sits above it (e.g. gate -> recovery)."""
     assert forbidden_imports(import_graph()) == []

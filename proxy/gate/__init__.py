@@ -25,7 +25,7 @@ key_directory.py  the agents' public signing keys as a Web Bot Auth key director
 oauth2.py         OAuth 2.0 client-credentials tokens for providers that want them
 token_exchange.py an SDK's own OAuth token request, answered with the agent's opgate token
 upstream.py       the one outbound exchange, translated into opgate's errors
-x402_pay.py       stage 6b: an upstream's x402 402, paid once for the operation
+x402_pay.py       stage 5b: an upstream's x402 402, paid once for the operation
 classify.py       what a provider's answer means for the operation
 framing.py        problem+json for requests aiohttp's parser refuses before any handler
 shutdown.py       connections caught by a drain are closed at once

@@ -9,7 +9,7 @@ row before and after, the provider's answer, the precondition evidence). From th
 emitted before a byte of the answer is written, or when the handler's block ends on every
 other way out (from the outcome known so far, ``Progress``); one object owns that record's
 life for every entry point (observe/record_life.py). The record of a request that claimed its
-operation is handed to the statement that records the outcome (stage 8, migration 0022), so it
+operation is handed to the statement that records the outcome (stage 7, migration 0022), so it
 commits with it; only if that statement fails is it emitted to the batch writer, as every
 other record is.
 A store that fails before anything was sent is answered in one place, as "nothing was sent".
@@ -212,7 +212,7 @@ async def handle_agent_request(request: web.Request) -> web.StreamResponse:
     with progress.life:  # every other way out: still exactly one record, from what is known
         outcome = progress.known = await _outcome(gateway, policy, request, progress)
         response: web.StreamResponse = progress.answer(outcome)
-        # 9. audit, before a byte of the answer is written: numbered and queued (or stored by
+        # 8. audit, before a byte of the answer is written: numbered and queued (or stored by
         # the outcome's statement already), the record is on its way to the audit log however
         # long the agent takes to read (or a crash comes meanwhile). It says what opgate
         # answered; an answer that then does not reach the agent in full gets a record of its
@@ -346,7 +346,7 @@ async def _outcome(
             return progress.known.updated(decision=Decision.ERROR, store_error=str(exc))
         if isinstance(ready, RequestOutcome):
             return ready
-        # 5-8. forward, classify, record
+        # 5-7. forward, classify, record (8, audit, is the caller's)
         return await _forward(gw, keyed, ready, slot, progress)
     finally:
         slot.release()  # a no-op while a forwarded request's outcome is still being recorded
@@ -465,14 +465,14 @@ async def _forward(
 async def _send_and_record(
     gw: Gateway, target: Target, ready: ReadyToSend, sending: RequestOutcome, progress: Progress
 ) -> RequestOutcome:
-    # 6. forward
+    # 5. forward
     try:
         client = gw.egress_client(target.forwarded)  # forward mode: addresses are re-checked
         answered: UpstreamResponse | UpstreamError = await upstream.send(client, ready.outbound)
     except UpstreamError as exc:
         answered = exc
     op = ready.claimed
-    # 6b. an upstream asking an x402 payment: paid once for the operation, the payment kept on
+    # 5b. an upstream asking an x402 payment: paid once for the operation, the payment kept on
     # it before it leaves (gate/x402_pay.py); a refusal is shown, the answer still classified.
     # Before the headers are filtered: the payment is negotiated in headers the agent may not see.
     payment_refused = None
@@ -494,7 +494,7 @@ async def _send_and_record(
         # no row to settle, but the record still says what the provider answered
         return sending.updated(provider_answer=answered, provider_status=answered.status)
 
-    # 7. classify the provider's answer
+    # 6. classify the provider's answer
     provider_status = None
     if isinstance(answered, UpstreamError):
         classified: Classified = Unknown(_unknown_outcome(answered))
@@ -503,7 +503,7 @@ async def _send_and_record(
         classification = target.provider.classification_for(target.rule)
         classified = classify_answer(classification, answered.status, answered.body)
 
-    # 8. record the outcome, and in the same statement the request's record (9. audit): the
+    # 7. record the outcome, and in the same statement the request's record (8. audit): the
     # outcome as it will be once that statement has committed
     outcome = sending.updated(provider_answer=answered, provider_status=provider_status)
     if isinstance(classified, Unknown):

@@ -1,4 +1,4 @@
-"""Stage 6b: an upstream that answers 402 with x402 v2, paid once for the operation.
+"""Stage 5b: an upstream that answers 402 with x402 v2, paid once for the operation.
 
 Read the challenge strictly; if the operation has a stored payment, re-send it, never another;
 else choose the one requirement its approval covers (none: refuse, nothing signed), sign the

@@ -1,6 +1,7 @@
 """PostgreSQL, the one room with SQL: every statement named in ``queries.sql``, with named
 parameters (loaded, and run by name with keyword arguments, by ``queries``), numbered migrations
-(``migrate``), the asyncpg ``Store`` of ``store`` (transactions, error translation) and its
+(``migrate``) and the current ``schema`` they build (``schema.sql``, generated from them),
+the asyncpg ``Store`` of ``store`` (transactions, error translation) and its
 ``connections`` (asyncpg's pool, with a connection that ended its call cleanly handed to the
 next call), the ``embedded`` server for development, ``operation`` and ``proposal``, the rows as
 the store returns them, ``faults``, which errors mean the store cannot be reached or used (one

@@ -1,4 +1,4 @@
-"""Stage 8 and 9 together: the request record of a claimed operation is written by the
+"""Stage 7 and 8 together: the request record of a claimed operation is written by the
 statement that records the operation's outcome (migration 0022), in the operation's stream,
 chained after the transition; the batch writer keeps every other record, and takes this one
 back only when that statement fails."""

@@ -67,7 +67,7 @@ from proxy.observe.auditlog.treecheck import TreeReport, check_tree
 from proxy.observe.auditlog.verify import VerifyReport, verify
 from proxy.observe.auditlog.witness_server import WitnessState, witness_app
 from proxy.observe.observer import transparency_signer
-from proxy.settings import Secrets, load_settings
+from proxy.settings import Secrets, Settings, load_settings
 from proxy.store import audit as audit_store
 from proxy.store.embedded import database_dsn
 from proxy.store.faults import is_unavailable
@@ -280,12 +280,12 @@ def _runner(command: Command) -> Callable[[argparse.Namespace], int]:
     return handler
 
 
-def _key(settings: Any) -> bytes | None:
+def _key(settings: Settings) -> bytes | None:
     secret = Secrets(settings.secrets_dir).secret("audit_key")
     return secret.encode("utf-8") if secret else None
 
 
-async def _verify(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+async def _verify(conn: asyncpg.Connection, args: argparse.Namespace, settings: Settings) -> int:
     whole = args.since is None and args.until is None
     since, until = args.since or _BEGINNING, args.until or _END
     try:
@@ -337,7 +337,7 @@ async def _verify(conn: asyncpg.Connection, args: argparse.Namespace, settings: 
 async def _tree(
     conn: asyncpg.Connection,
     keys: list[note.Verifier] | None,
-    settings: Any,
+    settings: Settings,
     whole: bool,
     chains: VerifyReport,
 ) -> tuple[TreeReport | None, str]:
@@ -370,7 +370,7 @@ def _print_lines(lines: list[str], heading: str) -> None:
         print(f"  {line}")
 
 
-async def _prune(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+async def _prune(conn: asyncpg.Connection, args: argparse.Namespace, settings: Settings) -> int:
     key = _key(settings)
     if key is None:
         print("opgate audit prune: needs the audit key (its record is signed)", file=sys.stderr)
@@ -414,7 +414,7 @@ async def chain_problems(
     ]
 
 
-async def _show(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+async def _show(conn: asyncpg.Connection, args: argparse.Namespace, settings: Settings) -> int:
     stored = await records.operation_records(conn, args.operation_id)
     if not stored:
         print(f"no audit records for {args.operation_id}", file=sys.stderr)
@@ -437,7 +437,7 @@ async def _show(conn: asyncpg.Connection, args: argparse.Namespace, settings: An
     return 1 if broken else 0
 
 
-async def _export(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+async def _export(conn: asyncpg.Connection, args: argparse.Namespace, settings: Settings) -> int:
     if args.after is None and (args.since is None or args.until is None or args.follow):
         print(
             "opgate audit export: give --since and --until, or --after CURSOR_FILE"
@@ -489,7 +489,9 @@ async def _export_after(
         await asyncio.sleep(args.poll_seconds)  # polling a table: no event to wait on
 
 
-async def _grant_reviewer(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+async def _grant_reviewer(
+    conn: asyncpg.Connection, args: argparse.Namespace, settings: Settings
+) -> int:
     statements = await records.reviewer_grants(conn, args.role)
     if not args.apply:
         print("\n".join(f"{s};" for s in statements))
@@ -499,7 +501,7 @@ async def _grant_reviewer(conn: asyncpg.Connection, args: argparse.Namespace, se
     return 0
 
 
-def _secrets(settings: Any) -> list[str]:
+def _secrets(settings: Settings) -> list[str]:
     key = _key(settings)
     return [key.decode("utf-8")] if key else []
 
@@ -510,7 +512,9 @@ def _json(value: Any) -> int:
     return 0
 
 
-async def _checkpoint(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+async def _checkpoint(
+    conn: asyncpg.Connection, args: argparse.Namespace, settings: Settings
+) -> int:
     try:
         sys.stdout.write(await proofs.signed_checkpoint(conn))
     except proofs.NotProvable as exc:
@@ -519,7 +523,7 @@ async def _checkpoint(conn: asyncpg.Connection, args: argparse.Namespace, settin
     return 0
 
 
-async def _prove(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+async def _prove(conn: asyncpg.Connection, args: argparse.Namespace, settings: Settings) -> int:
     try:
         stream, seq = proofs.parse_record(args.record)
         return _json(await proofs.inclusion_document(conn, stream, seq, args.size))
@@ -528,7 +532,9 @@ async def _prove(conn: asyncpg.Connection, args: argparse.Namespace, settings: A
         return 1
 
 
-async def _consistency(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+async def _consistency(
+    conn: asyncpg.Connection, args: argparse.Namespace, settings: Settings
+) -> int:
     try:
         return _json(await proofs.consistency_document(conn, args.old, args.new))
     except proofs.NotProvable as exc:
@@ -536,7 +542,7 @@ async def _consistency(conn: asyncpg.Connection, args: argparse.Namespace, setti
         return 1
 
 
-def log_keys(args: argparse.Namespace, settings: Any) -> list[note.Verifier] | None:
+def log_keys(args: argparse.Namespace, settings: Settings) -> list[note.Verifier] | None:
     """The log's keys to verify with: those given (``--log-key``), else the configured key's
     and the earlier ones (``audit_earlier_log_keys``); None when there is none. Raises
     ``note.NoteError`` for one that is not a vkey."""
@@ -549,7 +555,9 @@ def log_keys(args: argparse.Namespace, settings: Any) -> list[note.Verifier] | N
     return ([signer.verifier()] if signer else []) + earlier
 
 
-async def _verify_tree(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+async def _verify_tree(
+    conn: asyncpg.Connection, args: argparse.Namespace, settings: Settings
+) -> int:
     try:
         keys = log_keys(args, settings)
     except note.NoteError as exc:
@@ -571,7 +579,7 @@ async def _verify_tree(conn: asyncpg.Connection, args: argparse.Namespace, setti
     return 0
 
 
-async def _bundle(conn: asyncpg.Connection, args: argparse.Namespace, settings: Any) -> int:
+async def _bundle(conn: asyncpg.Connection, args: argparse.Namespace, settings: Settings) -> int:
     if args.log_key is not None:
         log = note.Verifier.from_vkey(args.log_key)
     else:
