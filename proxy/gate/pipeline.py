@@ -427,7 +427,7 @@ async def _decide_and_claim(
 
 def _escalation_due(decision: Deny, op: Operation) -> bool:
     """The checks refuse it as escalated, and it is not yet: a row in doubt after a timeline
-    switch that no lookup can clear (checks.unverifiable_after_switch). It is escalated now,
+    switch that no lookup can clear (transitions.py in_doubt_unverifiable). It is escalated now,
     so that a human sees it before anyone sends it."""
     return decision.reason is Reason.OPERATION_ESCALATED and op.escalated_at is None
 
