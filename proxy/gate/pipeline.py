@@ -94,7 +94,7 @@ from proxy.policy.set import PolicySet
 from proxy.runtime import GATEWAY, Gateway
 from proxy.settings import Settings
 from proxy.store.operation import LastOutcome, Operation, Status
-from proxy.store.store import ProviderAnswer
+from proxy.store.store import Claim, ProviderAnswer
 
 _log = structlog.get_logger("opgate.pipeline")
 # An operation escalated here (in doubt after a timeline switch, which no lookup can clear) is
@@ -687,36 +687,24 @@ async def _claim(
             # the lease was taken on the row unchanged since the preconditions' lookup; the
             # claim needs it unchanged since the lease (whose own write moved updated_at)
             unchanged_since = asked.leased_at
-    owner, lease = claim_owner(gw.settings.instance_id), _lease_seconds(gw, target)
-    actor = gw.settings.instance_id
-    dedup_window = provider.dedup_window_for(target.rule)
+    claim = Claim(
+        op.operation_id,
+        owner=claim_owner(gw.settings.instance_id),
+        lease_seconds=_lease_seconds(gw, target),
+        expected_attempts=op.attempts,
+        dedup_window_seconds=provider.dedup_window_for(target.rule),
+        after_lookup_by=lookup_owner,
+        unchanged_since=unchanged_since,
+        actor=gw.settings.instance_id,
+    )
     try:
         if budgets is None:  # the single unlocked statement
-            claimed = await gw.store.claim(
-                op.operation_id,
-                owner=owner,
-                lease_seconds=lease,
-                expected_attempts=op.attempts,
-                dedup_window_seconds=dedup_window,
-                after_lookup_by=lookup_owner,
-                unchanged_since=unchanged_since,
-                actor=actor,
-            )
+            claimed = await gw.store.claim(claim)
         else:
-            made = await gw.store.claim_within_budgets(
-                op.operation_id,
-                [budget_sum(key) for key in budgets.keys],
-                budgets.admits,
-                owner=owner,
-                lease_seconds=lease,
-                expected_attempts=op.attempts,
-                dedup_window_seconds=dedup_window,
-                after_lookup_by=lookup_owner,
-                unchanged_since=unchanged_since,
-                actor=actor,
-            )
+            sums = [budget_sum(key) for key in budgets.keys]
+            made = await gw.store.claim_within_budgets(claim, sums, budgets.admits)
     except StoreUnavailable:  # it may have committed: the attempt after op.attempts
-        _remember_cut_off(gw, CutOffClaim(op.operation_id, op.attempts + 1, owner))
+        _remember_cut_off(gw, CutOffClaim(op.operation_id, op.attempts + 1, claim.owner))
         raise
     if budgets is not None:
         over_budget, would_deny = budgets.judge(made.spent)
