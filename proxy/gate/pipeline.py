@@ -77,6 +77,7 @@ from proxy.gate.reasons import Reason
 from proxy.gate.resend import ask_before_resend
 from proxy.gate.signatures import signed_headers
 from proxy.gate.token_exchange import answer_token_request, token_request_provider
+from proxy.gate.transitions import ClaimRule, transition
 from proxy.gate.upstream import OutboundRequest, UpstreamResponse
 from proxy.observe.audit import (
     AuditRecord,
@@ -723,9 +724,27 @@ async def _claim(
     # Operations are never deleted, so the row is there; fall back on the old one regardless.
     current = await gw.store.load(op.operation_id) or op
     explained = decide_by_state(target.provider, current)
-    if isinstance(explained, Forward):
+    if isinstance(explained, Forward) and current.attempts != op.attempts:
         # It was claimable a moment ago and is again: another attempt won and already ended.
         explained = Deny(Reason.OPERATION_IN_FLIGHT, "another attempt claimed it first", 1)
+    elif isinstance(explained, Forward):
+        # No attempt came between, and the row still allows the send: the statement refused
+        # what the checks allow (or the row moved under a lookup's unchanged_since). Named,
+        # never sent; the next request decides again.
+        _log.warning(
+            "claim_refused",
+            operation_id=op.operation_id,
+            transition=transition(current, ClaimRule.of(provider, current.action)).kind.value,
+            claim=explained.claim.value,
+            attempts=current.attempts,
+            after_lookup=lookup_owner is not None,
+            unchanged_since=None if unchanged_since is None else unchanged_since.isoformat(),
+        )
+        explained = Deny(
+            Reason.CLAIM_REFUSED,
+            f"the claim of attempt {current.attempts + 1} was refused though the row allows it",
+            1,
+        )
     return ClaimConflict(explained, current)
 
 
