@@ -688,12 +688,13 @@ async def _claim(
             # the lease was taken on the row unchanged since the preconditions' lookup; the
             # claim needs it unchanged since the lease (whose own write moved updated_at)
             unchanged_since = asked.leased_at
+    rule = ClaimRule.of(provider, target.rule.name)  # the rule the request matched
     claim = Claim(
         op.operation_id,
         owner=claim_owner(gw.settings.instance_id),
         lease_seconds=_lease_seconds(gw, target),
         expected_attempts=op.attempts,
-        dedup_window_seconds=provider.dedup_window_for(target.rule),
+        dedup_window_seconds=rule.dedup_window_seconds,
         after_lookup_by=lookup_owner,
         unchanged_since=unchanged_since,
         actor=gw.settings.instance_id,
@@ -734,7 +735,7 @@ async def _claim(
         _log.warning(
             "claim_refused",
             operation_id=op.operation_id,
-            transition=transition(current, ClaimRule.of(provider, current.action)).kind.value,
+            transition=transition(current, rule).kind.value,
             claim=explained.claim.value,
             attempts=current.attempts,
             after_lookup=lookup_owner is not None,
