@@ -19,7 +19,6 @@ from proxy.observe.auditlog.records import MANY_RECORDS
 from proxy.observe.auditlog.verify import VerifyReport, verify
 from proxy.store import queries
 from proxy.store.migrate import migrate
-from proxy.store.store import Claim
 from tests.support import before_0020
 from tests.support.postgres import database_at_migration
 
@@ -174,7 +173,7 @@ async def _transition(conn: asyncpg.Connection, operation_id: str, *, migrated: 
     as the schema of migration 0009 takes them unless ``migrated`` (to the latest)."""
     if not migrated:
         await before_0020.create(conn, operation_id)
-        await before_0020.claim(Claim(conn, operation_id))
+        await before_0020.claim(conn, operation_id)
         return
     expires = datetime.now(UTC) + timedelta(hours=1)
     created = await queries.fetchrow(
