@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from proxy.store.operation import Status
-from proxy.store.store import NewOperation, ProviderAnswer, Store
+from proxy.store.store import Claim, NewOperation, ProviderAnswer, Store
 from tests.support.cluster import running_cluster
 from tests.support.operations import new_operation
 
@@ -42,7 +42,7 @@ async def _client(store: Store, until: float) -> int:
         new = _operation()
         await store.create(new, actor="bench")
         claimed = await store.claim(
-            new.operation_id, owner="bench", lease_seconds=30, expected_attempts=0
+            Claim(new.operation_id, owner="bench", lease_seconds=30, expected_attempts=0)
         )
         assert claimed is not None
         await store.settle(new.operation_id, Status.CONFIRMED, _ANSWER, "bench")

@@ -54,6 +54,7 @@ GATE_ENTRY_POINTS = {
     "problem",  # and their problem+json answers
     "decision",  # what a check decides
     "checks",  # the decision core, and the Agent a decision is about
+    "transitions",  # may an operation be sent now: the gate's and recovery's one answer
     "identity",  # who is calling
     "ids",  # the one grammar of the ids an operator or an agent names
     "bodies",  # the bodies it reads and composes, strictly

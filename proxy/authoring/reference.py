@@ -119,6 +119,10 @@ MEANINGS: dict[Reason, str] = {
     Reason.APPROVAL_REVOKED: "The approval was revoked. Nothing is un-sent by revoking.",
     Reason.APPROVAL_EXPIRED: "The approval has expired.",
     Reason.OPERATION_IN_FLIGHT: "An attempt is in flight; `Retry-After` says when to ask again.",
+    Reason.CLAIM_REFUSED: (
+        "The claim statement claimed nothing on a row that, read again, may be sent: nothing was"
+        " sent, and opgate logs `claim_refused` with the row's transition."
+    ),
     Reason.OPERATION_FAILED: (
         "The provider refused the operation; its answer is attached. A new attempt needs a new "
         "approval."

@@ -9,6 +9,7 @@ forwarded.py      what the forward listener hands over about a request it let th
 headers.py        which headers cross, each way, and which can be read at all
 bodies.py         strict body parsing (JSON, form) and bodies composed from fields
 checks.py         the decision core: ordered pure checks, and the Agent they are about
+transitions.py    may the operation be sent now: its row's transition, for the gate and recovery
 decision.py       a decision's values: Deny, Forward, Replay
 reasons.py        the stable refusal codes, each with status, title and next action
 problem.py        refusals as RFC 9457 problem+json
@@ -31,8 +32,8 @@ framing.py        problem+json for requests aiohttp's parser refuses before any 
 shutdown.py       connections caught by a drain are closed at once
 
 Entry points for the parts above (tests/test_layout.py ``GATE_ENTRY_POINTS``): pipeline,
-reasons, problem, decision, checks, identity, ids, bodies, budgets. May import: runtime, observe,
-policy, store, settings, errors, x402. Never recovery, operations, proposals, authoring or the
-process modules. Imported by: runtime, admin, forward, recovery, operations, proposals, authoring,
-console, mcp, the process.
+reasons, problem, decision, checks, transitions, identity, ids, bodies, budgets. May import:
+runtime, observe, policy, store, settings, errors, x402. Never recovery, operations, proposals,
+authoring or the process modules. Imported by: runtime, admin, forward, recovery, operations,
+proposals, authoring, console, mcp, the process.
 """

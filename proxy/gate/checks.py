@@ -8,18 +8,19 @@ different payload is told "422 mismatch" (IETF Idempotency-Key draft), not "here
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from proxy.gate import transitions
 from proxy.gate.bodies import ABSENT, ParsedBody, reads_as_field
 from proxy.gate.decision import ClaimKind, Decision, Deny, Forward, Replay
 from proxy.gate.reasons import Reason
+from proxy.gate.transitions import ClaimRule
 from proxy.policy import amounts
 from proxy.policy.amounts import AmountFormat
 from proxy.policy.fields import free_matcher, param_matcher
 from proxy.policy.model import BodyKind, Mode, OperationRequirement, Provider, Rule
-from proxy.store.operation import LastOutcome, Operation, Status
+from proxy.store.operation import Operation
 
 
 @dataclass(frozen=True)
@@ -265,72 +266,15 @@ def _result(check: Check, denied: Deny | None, report_mode: bool) -> CheckResult
 
 
 def decide_by_state(provider: Provider, op: Operation) -> Decision:
-    """For a request identical to the approval: what the operation's state allows."""
-    if op.status is Status.CONFIRMED:
-        return Replay()
-    if op.status is Status.FAILED:
-        return Deny(Reason.OPERATION_FAILED, "the provider refused this operation")
-    if op.revoked_at is not None:
-        return Deny(Reason.APPROVAL_REVOKED, op.revoked_reason or "revoked")
-    if op.expires_at <= op.read_at:
-        return Deny(Reason.APPROVAL_EXPIRED, f"the approval expired at {op.expires_at.isoformat()}")
-    if op.escalated_at is not None:  # dispatched, or created and in doubt after a switch
-        return Deny(Reason.OPERATION_ESCALATED, op.escalation_reason or "escalated to a human")
-    if op.status is Status.CREATED and op.lookup_before_send is None:
-        return Forward(ClaimKind.FIRST)
-    if op.lease_is_live():
-        assert op.lease_until is not None
-        wait = max(1, math.ceil((op.lease_until - op.read_at).total_seconds()))
-        return Deny(Reason.OPERATION_IN_FLIGHT, "another attempt is in flight", wait)
-    if op.reconciliation_is_live():
-        assert op.reconcile_lease_until is not None
-        wait = max(1, math.ceil((op.reconcile_lease_until - op.read_at).total_seconds()))
-        return Deny(Reason.OPERATION_IN_FLIGHT, "opgate is reconciling it with the provider", wait)
-    rule = provider.rule_named(op.action)
-    if op.lookup_before_send is not None:
-        # A timeline switch put it in doubt: the lost timeline may have claimed and sent it,
-        # whatever the row says now. Only the provider can tell (queries.sql claim_operation
-        # claims such a row only after the lookup).
-        if rule is not None and rule.reconcile is not None:
-            return Forward(ClaimKind.RESEND_AFTER_LOOKUP)
-        return unverifiable_after_switch(op)
-    if op.last_outcome == LastOutcome.NOT_SENT:
-        return Forward(ClaimKind.RESEND)
-    if rule is not None and rule.reconcile is not None:
-        return Forward(ClaimKind.RESEND_AFTER_LOOKUP)
-    if op.key_deduplicated(provider.dedup_window_for(rule)):
-        return Forward(ClaimKind.RESEND)
-    return reconcile_required(provider, op)
-
-
-def unverifiable_after_switch(op: Operation) -> Deny:
-    """A row in doubt after a timeline switch whose rule declares no lookup: nothing can tell
-    whether the lost timeline sent it, so it is not sent but escalated to a human (the gate
-    escalates it on this refusal: proxy/gate/pipeline.py)."""
-    assert op.lookup_before_send is not None
-    return Deny(
-        Reason.OPERATION_ESCALATED,
-        f"opgate's database switched timeline (a failover) at {op.lookup_before_send.isoformat()}"
-        " while this operation was approved: it may have been sent on the lost timeline, and "
-        "its rule declares no lookup to ask the provider; it is escalated to a human",
-    )
+    """For a request identical to the approval: what the operation's state allows
+    (proxy/gate/transitions.py decides it, for recovery too)."""
+    return transitions.decision(transitions.transition(op, ClaimRule.of(provider, op.action)), op)
 
 
 def reconcile_required(provider: Provider, op: Operation, retry_after: int | None = None) -> Deny:
     """A re-send could duplicate the effect: the outcome must be settled by the provider."""
-    rule = provider.rule_named(op.action)
-    window = provider.dedup_window_for(rule)
-    if rule is not None and not provider.sends_key(rule):
-        why = f"this {provider.provider} call carries no idempotency key: a re-send could act twice"
-    elif window is None:
-        why = f"{provider.provider} does not deduplicate on its idempotency key"
-    else:
-        why = f"{provider.provider} no longer deduplicates this key ({window:g} s after creation)"
-    return Deny(
-        Reason.RECONCILE_REQUIRED,
-        f"the last attempt ended {op.last_outcome or 'without an answer'}; {why}",
-        retry_after,
-    )
+    reason = transitions.reconcile_reason(ClaimRule.of(provider, op.action), op)
+    return Deny(Reason.RECONCILE_REQUIRED, reason, retry_after)
 
 
 def same_value(sent: object, approved: object) -> bool:

@@ -79,6 +79,7 @@ from proxy.gate.reasons import Reason
 from proxy.gate.resend import ask_before_resend
 from proxy.gate.signatures import signed_headers
 from proxy.gate.token_exchange import answer_token_request, token_request_provider
+from proxy.gate.transitions import ClaimRule, transition
 from proxy.gate.upstream import OutboundRequest, UpstreamResponse
 from proxy.observe.audit import (
     AuditRecord,
@@ -94,7 +95,7 @@ from proxy.policy.set import PolicySet
 from proxy.runtime import GATEWAY, Gateway
 from proxy.settings import Settings
 from proxy.store.operation import LastOutcome, Operation, Status
-from proxy.store.store import ProviderAnswer
+from proxy.store.store import Claim, ProviderAnswer
 
 _log = structlog.get_logger("opgate.pipeline")
 # An operation escalated here (in doubt after a timeline switch, which no lookup can clear) is
@@ -424,7 +425,7 @@ async def _decide_and_claim(
 
 def _escalation_due(decision: Deny, op: Operation) -> bool:
     """The checks refuse it as escalated, and it is not yet: a row in doubt after a timeline
-    switch that no lookup can clear (checks.unverifiable_after_switch). It is escalated now,
+    switch that no lookup can clear (transitions.py in_doubt_unverifiable). It is escalated now,
     so that a human sees it before anyone sends it."""
     return decision.reason is Reason.OPERATION_ESCALATED and op.escalated_at is None
 
@@ -682,36 +683,25 @@ async def _claim(
             # the lease was taken on the row unchanged since the preconditions' lookup; the
             # claim needs it unchanged since the lease (whose own write moved updated_at)
             unchanged_since = asked.leased_at
-    owner, lease = claim_owner(gw.settings.instance_id), _lease_seconds(gw, target)
-    actor = gw.settings.instance_id
-    dedup_window = provider.dedup_window_for(target.rule)
+    rule = ClaimRule.of(provider, target.rule.name)  # the rule the request matched
+    claim = Claim(
+        op.operation_id,
+        owner=claim_owner(gw.settings.instance_id),
+        lease_seconds=_lease_seconds(gw, target),
+        expected_attempts=op.attempts,
+        dedup_window_seconds=rule.dedup_window_seconds,
+        after_lookup_by=lookup_owner,
+        unchanged_since=unchanged_since,
+        actor=gw.settings.instance_id,
+    )
     try:
         if budgets is None:  # the single unlocked statement
-            claimed = await gw.store.claim(
-                op.operation_id,
-                owner=owner,
-                lease_seconds=lease,
-                expected_attempts=op.attempts,
-                dedup_window_seconds=dedup_window,
-                after_lookup_by=lookup_owner,
-                unchanged_since=unchanged_since,
-                actor=actor,
-            )
+            claimed = await gw.store.claim(claim)
         else:
-            made = await gw.store.claim_within_budgets(
-                op.operation_id,
-                [budget_sum(key) for key in budgets.keys],
-                budgets.admits,
-                owner=owner,
-                lease_seconds=lease,
-                expected_attempts=op.attempts,
-                dedup_window_seconds=dedup_window,
-                after_lookup_by=lookup_owner,
-                unchanged_since=unchanged_since,
-                actor=actor,
-            )
+            sums = [budget_sum(key) for key in budgets.keys]
+            made = await gw.store.claim_within_budgets(claim, sums, budgets.admits)
     except StoreUnavailable:  # it may have committed: the attempt after op.attempts
-        _remember_cut_off(gw, CutOffClaim(op.operation_id, op.attempts + 1, owner))
+        _remember_cut_off(gw, CutOffClaim(op.operation_id, op.attempts + 1, claim.owner))
         raise
     if budgets is not None:
         over_budget, would_deny = budgets.judge(made.spent)
@@ -730,9 +720,27 @@ async def _claim(
     # Operations are never deleted, so the row is there; fall back on the old one regardless.
     current = await gw.store.load(op.operation_id) or op
     explained = decide_by_state(target.provider, current)
-    if isinstance(explained, Forward):
+    if isinstance(explained, Forward) and current.attempts != op.attempts:
         # It was claimable a moment ago and is again: another attempt won and already ended.
         explained = Deny(Reason.OPERATION_IN_FLIGHT, "another attempt claimed it first", 1)
+    elif isinstance(explained, Forward):
+        # No attempt came between, and the row still allows the send: the statement refused
+        # what the checks allow (or the row moved under a lookup's unchanged_since). Named,
+        # never sent; the next request decides again.
+        _log.warning(
+            "claim_refused",
+            operation_id=op.operation_id,
+            transition=transition(current, rule).kind.value,
+            claim=explained.claim.value,
+            attempts=current.attempts,
+            after_lookup=lookup_owner is not None,
+            unchanged_since=None if unchanged_since is None else unchanged_since.isoformat(),
+        )
+        explained = Deny(
+            Reason.CLAIM_REFUSED,
+            f"the claim of attempt {current.attempts + 1} was refused though the row allows it",
+            1,
+        )
     return ClaimConflict(explained, current)
 
 

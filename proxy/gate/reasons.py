@@ -53,6 +53,7 @@ class Reason(StrEnum):
     OPERATION_FAILED = "operation_failed"
     RECONCILE_REQUIRED = "reconcile_required"
     OPERATION_ESCALATED = "operation_escalated"
+    CLAIM_REFUSED = "claim_refused"
     # proposals (the agent asks a human for the approval of an exact request)
     PROPOSAL_INVALID = "proposal_invalid"
     APPROVAL_NOT_SENDABLE = "approval_not_sendable"
@@ -106,6 +107,7 @@ RETRYABLE: frozenset[Reason] = frozenset(
     {
         Reason.BODY_TIMEOUT,
         Reason.OPERATION_IN_FLIGHT,
+        Reason.CLAIM_REFUSED,
         Reason.PRECONDITION_UNVERIFIABLE,
         Reason.AGENT_CONCURRENCY_EXCEEDED,
         Reason.RATE_LIMITED,
@@ -310,6 +312,12 @@ REASONS: dict[Reason, ReasonInfo] = {
         409,
         "The operation is escalated to a human",
         "Do not send; wait for the human verdict (ask the recovery endpoint).",
+    ),
+    Reason.CLAIM_REFUSED: ReasonInfo(
+        409,
+        "The claim refused a send the operation's state allows",
+        "Nothing was sent. Ask again after Retry-After; if it persists, the operator has the "
+        "log line claim_refused (read get_operation's next_action meanwhile).",
     ),
     Reason.PROPOSAL_INVALID: ReasonInfo(
         400,

@@ -25,6 +25,7 @@ from proxy.gate.ids import IdKind, id_rule, path_operation_id
 from proxy.gate.limits import Slot
 from proxy.gate.problem import problem_response
 from proxy.gate.reasons import Reason
+from proxy.gate.transitions import ClaimRule
 from proxy.observe.audit import AuditRecord, Decision, request_path
 from proxy.observe.record_life import RecordLife
 from proxy.policy.approved import approved_fields
@@ -61,8 +62,7 @@ def recovery_view(
     """The row and its next action; the exact request where the agent is to send it (send,
     retry), or always (``with_request``: for a client that executes it through opgate)."""
     provider = gw.policy.provider_named(op.provider)
-    window = provider.dedup_window_for(provider.rule_named(op.action)) if provider else None
-    advice = next_action(op, dedup_window_seconds=window, precondition_failure=precondition_failure)
+    advice = next_action(op, ClaimRule.of(provider, op.action), precondition_failure)
     view: dict[str, Any] = {
         "operation": op.to_public(),
         "next_action": advice.action.value,

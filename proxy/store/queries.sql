@@ -130,7 +130,9 @@ SELECT c.timeline_id AS current_timeline, l.timeline_id AS previous_timeline,
 -- name: claim_operation
 -- created -> dispatched, or a new attempt of a dispatched operation. Takes the in-flight lease
 -- (owner, for lease_seconds) so that a crashed replica's claim expires. Revoked or expired
--- approvals never claim.
+-- approvals never claim, nor does an escalated operation, whatever its status: a human decides.
+-- proxy/gate/transitions.py decides the same transitions on the row as read (the gate's and
+-- recovery's answers); tests/gate/test_transitions_agree.py checks that both agree.
 -- A re-send is decided here, on the row as it is now, not on the caller's earlier read: the
 -- attempt it follows (expected_attempts) must still be the last, no attempt or reconciliation may
 -- be live, and the last attempt must be known to have had no effect at the provider:
@@ -175,12 +177,11 @@ WITH named AS (
                                  ELSE jsonb_build_object('after_lookup',
                                                          %(after_lookup_by)s::text) END)
      WHERE operation_id = (SELECT id FROM named)
-       AND revoked_at IS NULL AND expires_at > clock_timestamp()
+       AND revoked_at IS NULL AND expires_at > clock_timestamp() AND escalated_at IS NULL
        AND (lookup_before_send IS NULL
-            OR (reconcile_owner = %(after_lookup_by)s AND reconcile_lease_until > clock_timestamp()
-                AND escalated_at IS NULL))
+            OR (reconcile_owner = %(after_lookup_by)s AND reconcile_lease_until > clock_timestamp()))
        AND (status = 'created'
-            OR (status = 'dispatched' AND attempts = %(expected_attempts)s AND escalated_at IS NULL
+            OR (status = 'dispatched' AND attempts = %(expected_attempts)s
                 AND opgate_lease_free_v2(lease_until)
                 AND ((opgate_lease_free_v2(reconcile_lease_until)
                       AND (last_outcome = 'not_sent'

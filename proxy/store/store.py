@@ -112,28 +112,29 @@ async def _budgets_spent(
     return spent
 
 
-def _claim_arguments(
-    operation_id: str | None,
-    owner: str,
-    lease_seconds: float,
-    expected_attempts: int,
-    dedup_window_seconds: float | None,
-    after_lookup_by: str | None,
-    unchanged_since: datetime | None,
-    actor: str | None = None,
-) -> dict[str, Any]:
-    """queries.sql ``claim_operation``'s parameters (the event's actor, None: the owner), for
-    the claim alone and the claim under budget locks alike."""
-    return {
-        "operation_id": operation_id,
-        "owner": owner,
-        "lease_seconds": lease_seconds,
-        "expected_attempts": expected_attempts,
-        "actor": actor or None,
-        "dedup_window_seconds": dedup_window_seconds,
-        "after_lookup_by": after_lookup_by,
-        "unchanged_since": unchanged_since,
-    }
+@dataclass(frozen=True)
+class Claim:
+    """queries.sql ``claim_operation``'s parameters, once, for the claim alone and the claim
+    under budget locks alike: a first attempt (the row is created) or a re-send of the attempt
+    numbered ``expected_attempts``, the lease taken by ``owner`` for ``lease_seconds``.
+    ``dedup_window_seconds``: how long after creation the provider deduplicates the key (None:
+    never relied on). ``after_lookup_by``: the live lookup lease under which the provider showed
+    no effect. ``unchanged_since``: the row's ``updated_at`` as a precondition lookup saw it;
+    the claim then needs it unchanged. ``actor``: the claim event's (None: the owner)."""
+
+    operation_id: str
+    owner: str
+    lease_seconds: float
+    expected_attempts: int
+    dedup_window_seconds: float | None = None
+    after_lookup_by: str | None = None
+    unchanged_since: datetime | None = None
+    actor: str | None = None
+
+    def arguments(self) -> dict[str, Any]:
+        """The statement's named arguments (an empty actor is the owner)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return values | {"actor": self.actor or None}
 
 
 @dataclass(frozen=True)
@@ -338,51 +339,14 @@ class Store:
             return None
         return ApprovalKeyRecord(record["operation_id"], record["fingerprint"])
 
-    async def claim(
-        self,
-        operation_id: str,
-        *,
-        owner: str,
-        lease_seconds: float,
-        expected_attempts: int,
-        dedup_window_seconds: float | None = None,
-        after_lookup_by: str | None = None,
-        unchanged_since: datetime | None = None,
-        actor: str | None = None,
-    ) -> Operation | None:
-        """A first attempt (the row is created) or a re-send of the attempt numbered
-        ``expected_attempts``; the statement itself decides whether a re-send may go
-        (queries.sql ``claim_operation``). ``unchanged_since``: the row's ``updated_at`` as a
-        precondition lookup saw it; the claim then needs it unchanged. ``actor``: the claim
-        event's (default: the owner)."""
+    async def claim(self, claim: Claim) -> Operation | None:
+        """The claim, or None: the statement itself decides whether a re-send may go
+        (queries.sql ``claim_operation``)."""
         self._refuse_while_not_durable()
-        return await self._one(
-            "claim_operation",
-            **_claim_arguments(
-                operation_id,
-                owner,
-                lease_seconds,
-                expected_attempts,
-                dedup_window_seconds,
-                after_lookup_by,
-                unchanged_since,
-                actor=actor,
-            ),
-        )
+        return await self._one("claim_operation", **claim.arguments())
 
     async def claim_within_budgets(
-        self,
-        operation_id: str,
-        sums: Sequence[BudgetSum],
-        admit: Callable[[list[int]], bool],
-        *,
-        owner: str,
-        lease_seconds: float,
-        expected_attempts: int,
-        dedup_window_seconds: float | None = None,
-        after_lookup_by: str | None = None,
-        unchanged_since: datetime | None = None,
-        actor: str | None = None,
+        self, claim: Claim, sums: Sequence[BudgetSum], admit: Callable[[list[int]], bool]
     ) -> BudgetedClaim:
         """``claim`` in one transaction that first takes each budget's lock (in name order:
         two claims never wait on each other crosswise), then sums what each budget has spent,
@@ -395,23 +359,10 @@ class Store:
             async with conn.transaction():
                 for name in sorted({s.lock_name for s in sums}):
                     await queries.execute(conn, "budget_lock", lock_name=name)
-                spent = await _budgets_spent(conn, sums, excluding=operation_id)
+                spent = await _budgets_spent(conn, sums, excluding=claim.operation_id)
                 if not admit(spent):
                     return BudgetedClaim(spent, False, None)
-                record = await queries.fetchrow(
-                    conn,
-                    "claim_operation",
-                    **_claim_arguments(
-                        operation_id,
-                        owner,
-                        lease_seconds,
-                        expected_attempts,
-                        dedup_window_seconds,
-                        after_lookup_by,
-                        unchanged_since,
-                        actor=actor,
-                    ),
-                )
+                record = await queries.fetchrow(conn, "claim_operation", **claim.arguments())
             claimed = None if record is None else operation_from_record(record)
             return BudgetedClaim(spent, True, claimed)
 

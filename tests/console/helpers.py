@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 
 from proxy.gate.identity import token_digest
+from proxy.store.store import Claim
 from tests.support.opgate import Opgate
 
 REVIEWER_TOKEN = "opg_test_reviewer_token_0123456789"
@@ -37,7 +38,9 @@ async def escalated(gate: Opgate, **approval: Any) -> dict[str, Any]:
     op = await gate.approve(**approval)
     store = gate.running.gateway.store
     operation_id = op["operation_id"]
-    assert await store.claim(operation_id, owner="test", lease_seconds=60, expected_attempts=0)
+    assert await store.claim(
+        Claim(operation_id, owner="test", lease_seconds=60, expected_attempts=0)
+    )
     assert await store.end_attempt(operation_id, 1, "timeout", None, "test")
     if not await store.escalate(
         operation_id, None, "lookups inconclusive 2 times", {"lookups": []}, look_again_seconds=3600

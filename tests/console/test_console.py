@@ -16,6 +16,7 @@ from yarl import URL
 
 from proxy.console.render import CONTENT_SECURITY_POLICY
 from proxy.store import queries
+from proxy.store.store import Claim
 from tests.console.helpers import (
     REVIEWER_DIGEST,
     REVIEWER_TOKEN,
@@ -319,7 +320,9 @@ async def test_a_revocation_after_a_send_reads_as_one_that_un_sent_nothing(
     send reads as plainly revoked."""
     sent, unsent = await console_gate.approve(), await console_gate.approve()
     store = console_gate.running.gateway.store
-    assert await store.claim(sent["operation_id"], owner="t", lease_seconds=60, expected_attempts=0)
+    assert await store.claim(
+        Claim(sent["operation_id"], owner="t", lease_seconds=60, expected_attempts=0)
+    )
     assert await store.end_attempt(sent["operation_id"], 1, "unknown:timeout", None, "t")
     pages = {}
     async with browser() as session:

@@ -18,7 +18,7 @@ import structlog
 from proxy.errors import StoreUnavailable
 from proxy.gate.cutoff import CutOffClaim, CutOffClaims, claim_owner
 from proxy.store.operation import Status
-from proxy.store.store import NewOperation, Store
+from proxy.store.store import Claim, NewOperation, Store
 from tests.support.polling import until
 
 
@@ -61,7 +61,9 @@ async def test_a_settle_read_before_the_release_does_not_burn_the_approval(
     claimer = "gw-1#cut"
     # the claim committed (its answer lost) with a lease that is already over when the
     # standby returns: the background reconciler may take the row
-    claimed = await store.claim("op_race_1", owner=claimer, lease_seconds=0, expected_attempts=0)
+    claimed = await store.claim(
+        Claim("op_race_1", owner=claimer, lease_seconds=0, expected_attempts=0)
+    )
     assert claimed is not None
     taken = await store.claim_reconcile_one("op_race_1", "gw-1/reconciler", 30)
     assert taken is not None, "the reconciler could not take the row"

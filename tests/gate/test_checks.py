@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import proxy.gate.checks
+import proxy.gate.transitions
 from proxy.gate.checks import (
     Agent,
     RequestFacts,
@@ -691,7 +692,8 @@ def test_reconcile_detail_names_the_outcome_and_provider() -> None:
 
 
 def test_every_reason_checks_can_give_is_covered() -> None:
-    """The reasons this module tests are exactly those decide() can produce."""
+    """The reasons this module tests are exactly those decide() can produce (with the
+    transitions it decides by)."""
     covered = (
         {case[3] for case in PAYLOAD_CASES}
         | {case[3] for case in ORDER_CASES if case[3] is not None}
@@ -704,7 +706,7 @@ def test_every_reason_checks_can_give_is_covered() -> None:
             Reason.OPERATION_ESCALATED,
         }
     )
-    source = inspect.getsource(proxy.gate.checks)
+    source = inspect.getsource(proxy.gate.checks) + inspect.getsource(proxy.gate.transitions)
     produced = {reason for reason in Reason if f"Reason.{reason.name}" in source}
     assert produced == covered
 

@@ -10,7 +10,7 @@ import pytest_asyncio
 from proxy.errors import StoreUnavailable
 from proxy.gate.cutoff import CutOffClaim, CutOffClaims, claim_owner
 from proxy.store.operation import Status
-from proxy.store.store import Store
+from proxy.store.store import Claim, Store
 from tests.support.operations import new_operation
 from tests.support.polling import until
 
@@ -55,7 +55,9 @@ async def test_release_names_only_the_cut_off_claim(store: Store) -> None:
     not_sent; the cut-off claim's own attempt is, once, and the row may be sent again."""
     await store.create(new_operation("op_cut"), actor="test")
     sending, cut = claim_owner("me"), claim_owner("me")
-    claimed = await store.claim("op_cut", owner=sending, lease_seconds=30, expected_attempts=0)
+    claimed = await store.claim(
+        Claim("op_cut", owner=sending, lease_seconds=30, expected_attempts=0)
+    )
     assert claimed is not None
     assert await store.end_attempt("op_cut", 1, "not_sent", None, "me", owner=cut) is None
     row = await store.load("op_cut")

@@ -4,10 +4,12 @@ that what the checks and the preconditions decide is decided once, before any cl
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from proxy.gate import preconditions
 from tests.support.fault_provider import FaultProvider
@@ -136,3 +138,31 @@ async def test_a_recheck_trigger_added_to_the_list_is_looked_up_before_any_claim
     assert (status, headers["X-Operation-Status"]) == (200, "confirmed"), body
     assert (len(gets(fault_provider)), posts(fault_provider)) == (1, 1)
     assert [e["event"] for e in row["events"]] == ["created", "claimed", "confirmed"]
+
+
+# --- the claim statement refusing what the checks allow: named, logged, never sent ----------
+_REFUSE_CLAIMS = """
+CREATE FUNCTION refuse_claims() RETURNS trigger LANGUAGE plpgsql AS
+$$ BEGIN RETURN NULL; END $$;
+CREATE TRIGGER refuse_claims BEFORE UPDATE ON operations
+    FOR EACH ROW WHEN (NEW.status = 'dispatched' AND NEW.attempts > OLD.attempts)
+    EXECUTE FUNCTION refuse_claims();
+"""
+
+
+async def test_a_claim_the_statement_refuses_though_the_checks_allow_it_is_logged(
+    fault_gate: Opgate, fault_provider: FaultProvider
+) -> None:
+    """Where claim_operation claims nothing on a row that, read again, the transition module
+    still lets go (here a trigger stands for a statement that disagrees with it), the agent is
+    told claim_refused and the log names the disagreement; nothing is sent."""
+    op = await fault_gate.approve()
+    await fault_gate.running.gateway.store.run(lambda conn: conn.execute(_REFUSE_CLAIMS))
+    with capture_logs() as logs:
+        status, _, body = await fault_gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))
+    assert status == 409, body
+    assert json.loads(body)["code"] == "claim_refused"
+    assert fault_provider.requests == []
+    [line] = [entry for entry in logs if entry["event"] == "claim_refused"]
+    assert line["operation_id"] == op["operation_id"]
+    assert (line["transition"], line["claim"], line["attempts"]) == ("first", "first", 0)

@@ -10,11 +10,19 @@ from typing import Any
 
 import pytest
 
+from proxy.gate.transitions import ClaimRule
 from proxy.recovery.next_action import NextAction, next_action
 from proxy.store.operation import LastOutcome, Status
 from tests.support.operations import NOW, operation
 
 LIVE = NOW + timedelta(seconds=7)
+
+
+def _rule(window: float | None) -> ClaimRule:
+    """The fault provider's rule, deduplicating for ``window`` seconds, declaring no lookups."""
+    return ClaimRule("fault", window, lookups=False)
+
+
 PAST = NOW - timedelta(seconds=1)
 
 STATUSES = [Status.CREATED, Status.DISPATCHED, Status.CONFIRMED, Status.FAILED]
@@ -88,7 +96,7 @@ def test_next_action_follows_the_protocol(
         **APPROVALS[approval],
         **ESCALATION[escalation],
     )
-    advice = next_action(op, dedup_window_seconds=DEDUPE[dedupe])
+    advice = next_action(op, _rule(DEDUPE[dedupe]))
     assert advice.action is expected(
         status,
         LEASES[lease],
@@ -113,7 +121,7 @@ def test_a_revoked_unknown_operation_is_reconciled_never_resent() -> None:
     op = operation(
         status=Status.DISPATCHED, last_outcome=LastOutcome.UNKNOWN_TIMEOUT, revoked_at=PAST
     )
-    assert next_action(op, dedup_window_seconds=86400).action is NextAction.RECONCILE
+    assert next_action(op, _rule(86400)).action is NextAction.RECONCILE
 
 
 def test_a_reconcile_answer_says_when_the_next_try_is_due() -> None:
@@ -123,7 +131,7 @@ def test_a_reconcile_answer_says_when_the_next_try_is_due() -> None:
         last_outcome=LastOutcome.UNKNOWN_TIMEOUT,
         next_reconcile_at=NOW + timedelta(seconds=29.2),
     )
-    advice = next_action(op, dedup_window_seconds=None)
+    advice = next_action(op, _rule(None))
     assert (advice.action, advice.retry_after_seconds) == (NextAction.RECONCILE, 30)
 
 
@@ -134,16 +142,16 @@ def test_past_the_key_retention_the_agent_is_told_to_reconcile_not_retry() -> No
         last_outcome=LastOutcome.UNKNOWN_TIMEOUT,
         created_at=NOW - timedelta(days=2),
     )
-    assert next_action(op, dedup_window_seconds=86400).action is NextAction.RECONCILE
+    assert next_action(op, _rule(86400)).action is NextAction.RECONCILE
 
 
 def test_a_failed_precondition_asks_for_a_new_approval_with_its_evidence() -> None:
     """A created operation whose precondition failed is not to be sent as it is: the agent is
     told a new approval is needed and shown what the provider's lookup said."""
     evidence = {"trigger": "approval_age", "lookups": [{"path": "/v1/charges/ch_1"}]}
-    advice = next_action(operation(), dedup_window_seconds=None, precondition_failure=evidence)
+    advice = next_action(operation(), _rule(None), precondition_failure=evidence)
     assert (advice.action, advice.evidence) == (NextAction.NEW_APPROVAL_REQUIRED, evidence)
-    assert next_action(operation(), dedup_window_seconds=None).action is NextAction.SEND
+    assert next_action(operation(), _rule(None)).action is NextAction.SEND
 
 
 def test_a_failed_precondition_before_a_re_send_of_what_never_left_asks_for_a_new_approval() -> (
@@ -160,11 +168,11 @@ def test_a_failed_precondition_before_a_re_send_of_what_never_left_asks_for_a_ne
         last_outcome=LastOutcome.NOT_SENT,
         lease_until=PAST,
     )
-    advice = next_action(never_left, dedup_window_seconds=None, precondition_failure=evidence)
+    advice = next_action(never_left, _rule(None), precondition_failure=evidence)
     assert (advice.action, advice.evidence) == (NextAction.NEW_APPROVAL_REQUIRED, evidence)
-    assert next_action(never_left, dedup_window_seconds=None).action is NextAction.RETRY
+    assert next_action(never_left, _rule(None)).action is NextAction.RETRY
     may_have_left = replace(never_left, unsent_attempts=1)
-    advice = next_action(may_have_left, dedup_window_seconds=None, precondition_failure=evidence)
+    advice = next_action(may_have_left, _rule(None), precondition_failure=evidence)
     assert (advice.action, advice.evidence) == (NextAction.RETRY, None)
 
 
@@ -172,7 +180,7 @@ def test_a_failed_precondition_matters_only_while_nothing_was_sent() -> None:
     """Once dispatched or settled, the row's own state decides; the old evidence is not read."""
     evidence = {"lookups": []}
     op = operation(status=Status.DISPATCHED, lease_until=LIVE)
-    advice = next_action(op, dedup_window_seconds=None, precondition_failure=evidence)
+    advice = next_action(op, _rule(None), precondition_failure=evidence)
     assert (advice.action, advice.evidence) == (NextAction.WAIT, None)
 
 
@@ -195,29 +203,27 @@ def test_a_row_in_doubt_after_a_switch_is_never_told_plain_send(state: dict[str,
     provider first, whatever the provider's deduplication; never "nothing was sent yet"."""
     op = operation(lookup_before_send=SWITCH_SEEN, **state)
     for window in (None, 86400.0):
-        advice = next_action(op, dedup_window_seconds=window)
+        advice = next_action(op, _rule(window))
         assert advice.action is NextAction.RETRY
         assert "asks the provider first" in advice.reason
-    assert next_action(operation(), dedup_window_seconds=None).action is NextAction.SEND
+    assert next_action(operation(), _rule(None)).action is NextAction.SEND
 
 
 def test_a_row_in_doubt_waits_while_its_next_lookup_is_not_due() -> None:
     """A lookup that could not conclude yet (the grace since the switch) paces the agent."""
     op = operation(lookup_before_send=SWITCH_SEEN, next_reconcile_at=NOW + timedelta(seconds=2.5))
-    advice = next_action(op, dedup_window_seconds=None)
+    advice = next_action(op, _rule(None))
     assert (advice.action, advice.retry_after_seconds) == (NextAction.WAIT, 3)
     due = replace(op, next_reconcile_at=PAST)
-    assert next_action(due, dedup_window_seconds=None).action is NextAction.RETRY
+    assert next_action(due, _rule(None)).action is NextAction.RETRY
 
 
 def test_a_row_in_doubt_answers_by_its_settled_escalated_or_expired_state_first() -> None:
     """The mark adds a lookup before a send; it never hides what the row already says."""
     op = operation(lookup_before_send=SWITCH_SEEN)
     escalated = replace(op, escalated_at=PAST, escalation_reason="a human decides")
-    assert next_action(escalated, dedup_window_seconds=None).action is NextAction.ESCALATED
+    assert next_action(escalated, _rule(None)).action is NextAction.ESCALATED
     expired = replace(op, expires_at=PAST)
-    assert next_action(expired, dedup_window_seconds=None).action is (
-        NextAction.NEW_APPROVAL_REQUIRED
-    )
+    assert next_action(expired, _rule(None)).action is (NextAction.NEW_APPROVAL_REQUIRED)
     in_flight = replace(op, status=Status.DISPATCHED, attempts=1, lease_until=LIVE)
-    assert next_action(in_flight, dedup_window_seconds=None).action is NextAction.WAIT
+    assert next_action(in_flight, _rule(None)).action is NextAction.WAIT

@@ -13,7 +13,7 @@ import asyncpg
 import pytest_asyncio
 
 from proxy.store.queries import QUERIES
-from proxy.store.store import BudgetedClaim, BudgetSum, Store
+from proxy.store.store import BudgetedClaim, BudgetSum, Claim, Store
 from tests.support.operations import new_operation
 from tests.support.polling import until
 
@@ -47,12 +47,9 @@ async def _claim_waiting_for(
     await holder.execute("SELECT pg_advisory_lock(hashtextextended($1, 0))", BUDGET.lock_name)
     claim = asyncio.create_task(
         store.claim_within_budgets(
-            operation_id,
+            Claim(operation_id, owner="first", lease_seconds=lease_seconds, expected_attempts=0),
             [BUDGET],
             lambda spent: True,
-            owner="first",
-            lease_seconds=lease_seconds,
-            expected_attempts=0,
         )
     )
     began: datetime = await until(
@@ -108,7 +105,13 @@ async def test_a_claim_that_waited_past_its_lease_holds_a_live_lease_from_when_i
     first = (await claim).operation
     assert first is not None
     second = await store.claim(
-        "op_waited", owner="second", lease_seconds=30, expected_attempts=1, dedup_window_seconds=600
+        Claim(
+            "op_waited",
+            owner="second",
+            lease_seconds=30,
+            expected_attempts=1,
+            dedup_window_seconds=600,
+        )
     )
     assert second is None, "a second send of one approval while the first is in flight"
     assert first.dispatched_at is not None

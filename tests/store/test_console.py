@@ -15,7 +15,7 @@ from proxy.errors import StoreUnavailable
 from proxy.store import audit
 from proxy.store.console import ConsoleStore, StoredSession
 from proxy.store.metrics import OperationCounts, operation_counts
-from proxy.store.store import Store
+from proxy.store.store import Claim, Store
 from tests.support.operations import new_operation
 
 
@@ -31,7 +31,9 @@ async def store(database_url: str) -> AsyncIterator[Store]:
 async def _escalated(store: Store, operation_id: str) -> None:
     """A dispatched operation escalated to a human (its notice queued with it)."""
     await store.create(new_operation(operation_id), actor="test")
-    claimed = await store.claim(operation_id, owner="w", lease_seconds=30, expected_attempts=0)
+    claimed = await store.claim(
+        Claim(operation_id, owner="w", lease_seconds=30, expected_attempts=0)
+    )
     assert claimed is not None
     escalated = await store.escalate(operation_id, None, "unknown", {}, look_again_seconds=60)
     assert escalated is not None

@@ -22,7 +22,7 @@ from proxy.observe.auditlog.verify import verify
 from proxy.store.embedded import EmbeddedPostgres, start_embedded
 from proxy.store.migrate import migrate
 from proxy.store.operation import Status
-from proxy.store.store import ProviderAnswer, Store
+from proxy.store.store import Claim, ProviderAnswer, Store
 from tests.support.operations import new_operation
 from tests.support.polling import until
 
@@ -206,7 +206,7 @@ async def test_a_database_crash_keeps_every_claim_and_settle_that_returned(
             await store.create(new_operation(operation_id), "test")
         for operation_id in operations:
             claimed = await store.claim(
-                operation_id, owner="me", lease_seconds=30, expected_attempts=0
+                Claim(operation_id, owner="me", lease_seconds=30, expected_attempts=0)
             )
             assert claimed is not None
             assert await store.settle(operation_id, Status.CONFIRMED, answer, "me") is not None

@@ -14,7 +14,7 @@ import pytest_asyncio
 from proxy.errors import StoreUnavailable
 from proxy.store import queries
 from proxy.store.replication import Durability, ReplicationFacts, Standby, judge
-from proxy.store.store import Store
+from proxy.store.store import Claim, Store
 from tests.support.cluster import Cluster
 from tests.support.operations import new_operation
 
@@ -167,7 +167,9 @@ async def test_claim_waits_for_the_standby_whatever_the_database_says(cluster: C
         cluster.stop_standby()
         try:
             with pytest.raises(StoreUnavailable):
-                await store.claim("op_local", owner="me", lease_seconds=30, expected_attempts=0)
+                await store.claim(
+                    Claim("op_local", owner="me", lease_seconds=30, expected_attempts=0)
+                )
         finally:
             cluster.start_standby()
     finally:

@@ -13,7 +13,7 @@ import pytest_asyncio
 
 from proxy.store.mandates import MandateStore, OpenMandateLimits, OpenMandateUsed
 from proxy.store.operation import Operation, Status
-from proxy.store.store import BudgetSum, NewOperation, ProviderAnswer, Store
+from proxy.store.store import BudgetSum, Claim, NewOperation, ProviderAnswer, Store
 from tests.support.operations import NOW, new_operation, operation
 
 OPEN = "o" * 43  # an open mandate's digest
@@ -50,7 +50,7 @@ async def _confirmed_under_open_mandate(conn: asyncpg.Connection) -> int:
 
 
 async def _send_and_confirm(store: Store, operation_id: str) -> None:
-    assert await store.claim(operation_id, owner="a", lease_seconds=30, expected_attempts=0)
+    assert await store.claim(Claim(operation_id, owner="a", lease_seconds=30, expected_attempts=0))
     assert await store.settle(operation_id, Status.CONFIRMED, ANSWER, "a") is Status.CONFIRMED
 
 
@@ -84,7 +84,9 @@ async def test_an_operation_revoked_in_flight_still_counts_once_it_is_confirmed(
     mandates = MandateStore(store)
     first = await mandates.create(_under_open_mandate(1), "test", nonce=None, limits=LIMITS)
     assert isinstance(first, Operation)
-    assert await store.claim(first.operation_id, owner="a", lease_seconds=30, expected_attempts=0)
+    assert await store.claim(
+        Claim(first.operation_id, owner="a", lease_seconds=30, expected_attempts=0)
+    )
     assert await store.revoke(first.operation_id, "stop", "admin") is not None
     assert await store.settle(first.operation_id, Status.CONFIRMED, ANSWER, "a")
     second = await mandates.create(_under_open_mandate(2), "test", nonce=None, limits=LIMITS)
@@ -100,7 +102,9 @@ async def test_revoked_before_anything_was_sent_frees_the_open_mandate(store: St
     assert await store.revoke(first.operation_id, "not needed", "admin") is not None
     second = await mandates.create(_under_open_mandate(2), "test", nonce=None, limits=LIMITS)
     assert isinstance(second, Operation)
-    assert await store.claim(second.operation_id, owner="a", lease_seconds=30, expected_attempts=0)
+    assert await store.claim(
+        Claim(second.operation_id, owner="a", lease_seconds=30, expected_attempts=0)
+    )
     assert await store.end_attempt(second.operation_id, 1, "not_sent", None, "a")
     assert await store.revoke(second.operation_id, "not needed", "admin") is not None
     third = await mandates.create(_under_open_mandate(3), "test", nonce=None, limits=LIMITS)
@@ -112,7 +116,9 @@ async def test_a_settled_operation_cannot_be_revoked(store: Store) -> None:
     it un-sent something; the row stays unrevoked."""
     for operation_id, status in (("op_c", Status.CONFIRMED), ("op_f", Status.FAILED)):
         await store.create(new_operation(operation_id), actor="test")
-        assert await store.claim(operation_id, owner="a", lease_seconds=30, expected_attempts=0)
+        assert await store.claim(
+            Claim(operation_id, owner="a", lease_seconds=30, expected_attempts=0)
+        )
         assert await store.settle(operation_id, status, ANSWER, "a") is status
         assert await store.revoke(operation_id, "too late", "admin") is None
         settled = await store.load(operation_id)
@@ -128,7 +134,9 @@ async def test_the_tenant_budget_counts_what_may_have_left_whatever_its_approval
     for operation_id in ("op_in_flight", "op_unsent", "op_failed", "op_created"):
         await store.create(new_operation(operation_id), actor="test")
     for operation_id in ("op_in_flight", "op_unsent", "op_failed"):
-        assert await store.claim(operation_id, owner="a", lease_seconds=30, expected_attempts=0)
+        assert await store.claim(
+            Claim(operation_id, owner="a", lease_seconds=30, expected_attempts=0)
+        )
     assert await store.end_attempt("op_unsent", 1, "not_sent", None, "a")
     assert await store.settle("op_failed", Status.FAILED, ANSWER, "a") is Status.FAILED
     for operation_id in ("op_in_flight", "op_unsent"):

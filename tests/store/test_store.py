@@ -15,7 +15,7 @@ import pytest_asyncio
 from proxy.errors import IdempotencyKeyInUse, StoreUnavailable
 from proxy.store import queries
 from proxy.store.operation import Operation, Status
-from proxy.store.store import ProviderAnswer, Store, operation_from_record
+from proxy.store.store import Claim, ProviderAnswer, Store, operation_from_record
 from tests.support.operations import new_operation
 
 
@@ -33,7 +33,7 @@ async def test_concurrent_claims_have_exactly_one_winner(store: Store) -> None:
     await store.create(new_operation("op_race"), actor="test")
     results = await asyncio.gather(
         *(
-            store.claim("op_race", owner=f"r{i}", lease_seconds=30, expected_attempts=0)
+            store.claim(Claim("op_race", owner=f"r{i}", lease_seconds=30, expected_attempts=0))
             for i in range(20)
         )
     )
@@ -48,7 +48,7 @@ async def test_settle_only_from_dispatched_and_never_twice(store: Store) -> None
     await store.create(new_operation("op_settle"), actor="test")
     answer = ProviderAnswer(200, "re_1", "application/json", b"{}")
     assert await store.settle("op_settle", Status.CONFIRMED, answer, "test") is None
-    await store.claim("op_settle", owner="a", lease_seconds=30, expected_attempts=0)
+    await store.claim(Claim("op_settle", owner="a", lease_seconds=30, expected_attempts=0))
     assert await store.settle("op_settle", Status.CONFIRMED, answer, "test") is Status.CONFIRMED
     settled = await store.load("op_settle")
     assert settled is not None
@@ -62,7 +62,9 @@ async def test_settle_only_from_dispatched_and_never_twice(store: Store) -> None
 async def test_unknown_keeps_dispatched_and_only_the_lease_holder_releases(store: Store) -> None:
     """end_attempt leaves the row dispatched; a stale attempt number changes nothing."""
     await store.create(new_operation("op_unknown"), actor="test")
-    claimed = await store.claim("op_unknown", owner="a", lease_seconds=30, expected_attempts=0)
+    claimed = await store.claim(
+        Claim("op_unknown", owner="a", lease_seconds=30, expected_attempts=0)
+    )
     assert claimed is not None
     assert await store.end_attempt("op_unknown", 99, "unknown:timeout", None, "x") is None
     assert await store.end_attempt("op_unknown", 1, "unknown:timeout", None, "a") is (
@@ -73,9 +75,14 @@ async def test_unknown_keeps_dispatched_and_only_the_lease_holder_releases(store
     assert (released.status, released.last_outcome) == (Status.DISPATCHED, "unknown:timeout")
     assert not released.lease_is_live()
     # a re-send after an unknown outcome needs a provider that still deduplicates the key
-    assert await store.claim("op_unknown", owner="b", lease_seconds=30, expected_attempts=1) is None
+    assert (
+        await store.claim(Claim("op_unknown", owner="b", lease_seconds=30, expected_attempts=1))
+        is None
+    )
     again = await store.claim(
-        "op_unknown", owner="b", lease_seconds=30, expected_attempts=1, dedup_window_seconds=600
+        Claim(
+            "op_unknown", owner="b", lease_seconds=30, expected_attempts=1, dedup_window_seconds=600
+        )
     )
     assert again is not None
     assert again.attempts == 2
@@ -86,10 +93,16 @@ async def test_a_live_lease_blocks_a_resend_and_an_expired_one_does_not(
 ) -> None:
     """A crashed replica's claim expires: once its lease is past, a new attempt may claim."""
     await store.create(new_operation("op_lease"), actor="test")
-    await store.claim("op_lease", owner="crashed", lease_seconds=30, expected_attempts=0)
+    await store.claim(Claim("op_lease", owner="crashed", lease_seconds=30, expected_attempts=0))
     assert (
         await store.claim(
-            "op_lease", owner="b", lease_seconds=30, expected_attempts=1, dedup_window_seconds=600
+            Claim(
+                "op_lease",
+                owner="b",
+                lease_seconds=30,
+                expected_attempts=1,
+                dedup_window_seconds=600,
+            )
         )
         is None
     )
@@ -103,7 +116,13 @@ async def test_a_live_lease_blocks_a_resend_and_an_expired_one_does_not(
         await conn.close()
     assert (
         await store.claim(
-            "op_lease", owner="b", lease_seconds=30, expected_attempts=1, dedup_window_seconds=600
+            Claim(
+                "op_lease",
+                owner="b",
+                lease_seconds=30,
+                expected_attempts=1,
+                dedup_window_seconds=600,
+            )
         )
         is not None
     )
@@ -113,7 +132,10 @@ async def test_revoked_or_expired_rows_cannot_be_claimed(store: Store, database_
     """The claim itself re-checks the approval, with the database's clock."""
     await store.create(new_operation("op_revoked"), actor="test")
     await store.revoke("op_revoked", "no", "admin")
-    assert await store.claim("op_revoked", owner="a", lease_seconds=5, expected_attempts=0) is None
+    assert (
+        await store.claim(Claim("op_revoked", owner="a", lease_seconds=5, expected_attempts=0))
+        is None
+    )
     await store.create(new_operation("op_expired"), actor="test")
     conn = await asyncpg.connect(database_url)
     try:
@@ -122,16 +144,21 @@ async def test_revoked_or_expired_rows_cannot_be_claimed(store: Store, database_
         )
     finally:
         await conn.close()
-    assert await store.claim("op_expired", owner="a", lease_seconds=5, expected_attempts=0) is None
+    assert (
+        await store.claim(Claim("op_expired", owner="a", lease_seconds=5, expected_attempts=0))
+        is None
+    )
 
 
 async def test_transitions_and_their_events_commit_together(store: Store) -> None:
     """Every transition writes its event row in the same statement."""
     await store.create(new_operation("op_events"), actor="admin")
-    await store.claim("op_events", owner="a", lease_seconds=30, expected_attempts=0)
+    await store.claim(Claim("op_events", owner="a", lease_seconds=30, expected_attempts=0))
     await store.end_attempt("op_events", 1, "unknown:status", 500, "a")
     await store.claim(
-        "op_events", owner="b", lease_seconds=30, expected_attempts=1, dedup_window_seconds=600
+        Claim(
+            "op_events", owner="b", lease_seconds=30, expected_attempts=1, dedup_window_seconds=600
+        )
     )
     await store.settle("op_events", Status.CONFIRMED, ProviderAnswer(200, "re_9", None, b"{}"), "b")
     events = await store.events("op_events")
@@ -170,14 +197,16 @@ async def test_a_resend_claim_itself_rechecks_why_the_last_attempt_ended(store: 
     whose last attempt ended unknown on a provider that does not deduplicate: the statement,
     not the caller, holds the rule."""
     await store.create(new_operation("op_stale"), actor="test")
-    first = await store.claim("op_stale", owner="a", lease_seconds=30, expected_attempts=0)
+    first = await store.claim(Claim("op_stale", owner="a", lease_seconds=30, expected_attempts=0))
     assert first is not None
     await store.end_attempt("op_stale", 1, "unknown:timeout", None, "a")
-    stale = await store.claim("op_stale", owner="b", lease_seconds=30, expected_attempts=1)
+    stale = await store.claim(Claim("op_stale", owner="b", lease_seconds=30, expected_attempts=1))
     assert stale is None
     # within a deduplicating provider's retention of the key, the same re-send may go
     dedup = await store.claim(
-        "op_stale", owner="b", lease_seconds=30, expected_attempts=1, dedup_window_seconds=600
+        Claim(
+            "op_stale", owner="b", lease_seconds=30, expected_attempts=1, dedup_window_seconds=600
+        )
     )
     assert dedup is not None
     assert dedup.attempts == 2
@@ -186,9 +215,11 @@ async def test_a_resend_claim_itself_rechecks_why_the_last_attempt_ended(store: 
 async def test_a_resend_claim_after_not_sent_needs_no_deduplication(store: Store) -> None:
     """Nothing left on the last attempt: a re-send may claim whatever the provider does."""
     await store.create(new_operation("op_not_sent"), actor="test")
-    await store.claim("op_not_sent", owner="a", lease_seconds=30, expected_attempts=0)
+    await store.claim(Claim("op_not_sent", owner="a", lease_seconds=30, expected_attempts=0))
     await store.end_attempt("op_not_sent", 1, "not_sent", None, "a")
-    again = await store.claim("op_not_sent", owner="b", lease_seconds=30, expected_attempts=1)
+    again = await store.claim(
+        Claim("op_not_sent", owner="b", lease_seconds=30, expected_attempts=1)
+    )
     assert again is not None
     assert again.attempts == 2
 
@@ -200,13 +231,15 @@ async def test_a_stale_reconciliation_cannot_settle_after_a_newer_attempt(
     out and ended unknown. The reconciler's late 'no effect' must not settle the row failed:
     its lease is gone and an attempt started after its lookup began."""
     await store.create(new_operation("op_slow_lookup"), actor="test")
-    await store.claim("op_slow_lookup", owner="a", lease_seconds=30, expected_attempts=0)
+    await store.claim(Claim("op_slow_lookup", owner="a", lease_seconds=30, expected_attempts=0))
     await store.end_attempt("op_slow_lookup", 1, "not_sent", None, "a")
     taken = await store.claim_reconcile_one("op_slow_lookup", "reconciler", 30)
     assert taken is not None
     assert taken.attempts == 1
     await expire_reconcile_lease(database_url, "op_slow_lookup")
-    resent = await store.claim("op_slow_lookup", owner="b", lease_seconds=30, expected_attempts=1)
+    resent = await store.claim(
+        Claim("op_slow_lookup", owner="b", lease_seconds=30, expected_attempts=1)
+    )
     assert resent is not None
     await store.end_attempt("op_slow_lookup", 2, "unknown:timeout", None, "b")
     settled = await store.settle_reconciled(
@@ -227,17 +260,20 @@ async def test_a_stale_reconciliation_cannot_settle_after_a_newer_attempt(
 async def test_a_claim_waits_for_a_live_reconciliation(store: Store) -> None:
     """While a reconciliation holds the row, no attempt starts: its answer would be stale."""
     await store.create(new_operation("op_held"), actor="test")
-    await store.claim("op_held", owner="a", lease_seconds=30, expected_attempts=0)
+    await store.claim(Claim("op_held", owner="a", lease_seconds=30, expected_attempts=0))
     await store.end_attempt("op_held", 1, "not_sent", None, "a")
     assert await store.claim_reconcile_one("op_held", "reconciler", 30) is not None
-    assert await store.claim("op_held", owner="b", lease_seconds=30, expected_attempts=1) is None
+    assert (
+        await store.claim(Claim("op_held", owner="b", lease_seconds=30, expected_attempts=1))
+        is None
+    )
 
 
 async def test_on_demand_lookups_are_paced_per_operation(store: Store) -> None:
     """After an inconclusive try, no one may take the row for another lookup before the
     rule's retry time: an agent polling fast cannot multiply calls to the provider."""
     await store.create(new_operation("op_paced"), actor="test")
-    await store.claim("op_paced", owner="a", lease_seconds=30, expected_attempts=0)
+    await store.claim(Claim("op_paced", owner="a", lease_seconds=30, expected_attempts=0))
     await store.end_attempt("op_paced", 1, "unknown:timeout", None, "a")
     taken = await store.claim_reconcile_one("op_paced", "one", 30)
     assert taken is not None
@@ -300,7 +336,7 @@ async def test_a_claim_after_a_lookup_needs_the_row_unchanged_since(store: Store
     assert created is not None
     seen = created.updated_at
     claimed = await store.claim(
-        "op_pre", owner="a", lease_seconds=30, expected_attempts=0, unchanged_since=seen
+        Claim("op_pre", owner="a", lease_seconds=30, expected_attempts=0, unchanged_since=seen)
     )
     assert claimed is not None
     await store.create(new_operation("op_pre2"), actor="test")
@@ -308,7 +344,7 @@ async def test_a_claim_after_a_lookup_needs_the_row_unchanged_since(store: Store
     assert before is not None
     stale = before.updated_at - timedelta(microseconds=1)
     refused = await store.claim(
-        "op_pre2", owner="a", lease_seconds=30, expected_attempts=0, unchanged_since=stale
+        Claim("op_pre2", owner="a", lease_seconds=30, expected_attempts=0, unchanged_since=stale)
     )
     assert refused is None
 
@@ -320,7 +356,7 @@ async def test_a_failed_precondition_is_kept_while_nothing_of_the_operation_left
     failed precondition before the re-send is kept, and read back only until the next claim.
     Once an attempt may have left, none is kept."""
     await store.create(new_operation("op_pfr"), actor="test")
-    await store.claim("op_pfr", owner="a", lease_seconds=30, expected_attempts=0)
+    await store.claim(Claim("op_pfr", owner="a", lease_seconds=30, expected_attempts=0))
     assert not await store.record_precondition_failed("op_pfr", "test", {"n": 1})  # in flight
     await store.end_attempt("op_pfr", 1, "not_sent", None, "a")
     row = await store.load("op_pfr")
@@ -328,7 +364,7 @@ async def test_a_failed_precondition_is_kept_while_nothing_of_the_operation_left
     assert (row.attempts, row.unsent_attempts) == (1, 1)
     assert await store.record_precondition_failed("op_pfr", "test", {"n": 2})
     assert await store.precondition_failures(["op_pfr"]) == {"op_pfr": {"n": 2}}
-    await store.claim("op_pfr", owner="a", lease_seconds=30, expected_attempts=1)
+    await store.claim(Claim("op_pfr", owner="a", lease_seconds=30, expected_attempts=1))
     assert await store.precondition_failures(["op_pfr"]) == {}  # before this claim
     await store.end_attempt("op_pfr", 2, "unknown:timeout", None, "a")
     row = await store.load("op_pfr")
@@ -345,6 +381,6 @@ async def test_a_failed_precondition_is_kept_only_while_the_row_is_created(store
     assert await store.record_precondition_failed("op_pf", "test", {"n": 1})
     assert await store.record_precondition_failed("op_pf", "test", {"n": 2})
     assert await store.precondition_failures(["op_pf", "op_none"]) == {"op_pf": {"n": 2}}
-    await store.claim("op_pf", owner="a", lease_seconds=30, expected_attempts=0)
+    await store.claim(Claim("op_pf", owner="a", lease_seconds=30, expected_attempts=0))
     assert not await store.record_precondition_failed("op_pf", "test", {"n": 3})
     assert await store.precondition_failures(["op_pf"]) == {}

@@ -22,7 +22,7 @@ from proxy.gate.checks import decide_by_state
 from proxy.gate.decision import ClaimKind, Forward
 from proxy.policy.load import parse_policy_text
 from proxy.store.operation import LastOutcome, Operation, Status
-from proxy.store.store import ProviderAnswer, Store, TimelineSeen, see_timeline
+from proxy.store.store import Claim, ProviderAnswer, Store, TimelineSeen, see_timeline
 from tests.support.cluster import missing_reason, running_cluster
 from tests.support.operations import new_operation
 from tests.support.opgate import fault_policy
@@ -49,7 +49,9 @@ async def _seen(database_url: str) -> TimelineSeen:
 
 async def _dispatched(store: Store, operation_id: str, outcome: LastOutcome | None) -> None:
     await store.create(new_operation(operation_id), actor="test")
-    claimed = await store.claim(operation_id, owner="o", lease_seconds=30, expected_attempts=0)
+    claimed = await store.claim(
+        Claim(operation_id, owner="o", lease_seconds=30, expected_attempts=0)
+    )
     assert claimed is not None
     if outcome is not None:
         await store.end_attempt(operation_id, 1, outcome.value, None, "test")
@@ -154,14 +156,18 @@ async def test_a_row_in_doubt_is_claimed_only_after_its_lookup(
     clears the mark."""
     await store.create(new_operation("op_1"), actor="test")
     await _mark(store, database_url, "op_1")
-    assert await store.claim("op_1", owner="a", lease_seconds=30, expected_attempts=0) is None
+    assert (
+        await store.claim(Claim("op_1", owner="a", lease_seconds=30, expected_attempts=0)) is None
+    )
     assert await store.claim_reconcile_one("op_1", "r1", 30) is None
     taken = await store.claim_reconcile_one("op_1", "r1", 30, in_doubt=True)
     assert taken is not None
     assert taken.status is Status.CREATED
-    assert await store.claim("op_1", owner="a", lease_seconds=30, expected_attempts=0) is None
+    assert (
+        await store.claim(Claim("op_1", owner="a", lease_seconds=30, expected_attempts=0)) is None
+    )
     claimed_row = await store.claim(
-        "op_1", owner="a", lease_seconds=30, expected_attempts=0, after_lookup_by="r1"
+        Claim("op_1", owner="a", lease_seconds=30, expected_attempts=0, after_lookup_by="r1")
     )
     assert claimed_row is not None
     assert (claimed_row.status, claimed_row.attempts) == (Status.DISPATCHED, 1)
@@ -212,7 +218,7 @@ async def test_a_created_row_in_doubt_can_be_escalated_and_is_then_never_claimed
     # not even by a lookup's lease taken before the escalation
     assert (
         await store.claim(
-            "op_1", owner="a", lease_seconds=30, expected_attempts=0, after_lookup_by="r1"
+            Claim("op_1", owner="a", lease_seconds=30, expected_attempts=0, after_lookup_by="r1")
         )
         is None
     )
@@ -260,11 +266,13 @@ async def test_the_gate_asks_first_exactly_where_the_claim_refuses_to_go_unasked
             ClaimKind.RESEND,
         )
         claimed = await store.claim(
-            operation_id,
-            owner="a",
-            lease_seconds=30,
-            expected_attempts=op.attempts,
-            dedup_window_seconds=window,
+            Claim(
+                operation_id,
+                owner="a",
+                lease_seconds=30,
+                expected_attempts=op.attempts,
+                dedup_window_seconds=window,
+            )
         )
         outcomes[doubted] = (unasked, claimed is not None)
         if doubted:

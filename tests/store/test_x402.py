@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest_asyncio
 
-from proxy.store.store import Store
+from proxy.store.store import Claim, Store
 from proxy.store.x402 import SignedPayment, X402Payments
 from tests.support.operations import new_operation
 
@@ -46,7 +46,7 @@ async def test_a_payment_is_kept_only_for_a_dispatched_operation(store: Store) -
 async def test_racing_payments_keep_the_first_and_every_racer_sends_it(store: Store) -> None:
     """Twenty different payments racing for one operation: all twenty get the same one back."""
     await store.create(new_operation("op_x402_race"), actor="test")
-    await store.claim("op_x402_race", owner="a", lease_seconds=30, expected_attempts=0)
+    await store.claim(Claim("op_x402_race", owner="a", lease_seconds=30, expected_attempts=0))
     payments = X402Payments(store)
     racing = [dataclasses.replace(PAYMENT, header=f"payment-{i}") for i in range(20)]
     kept = await asyncio.gather(*(payments.keep("op_x402_race", p) for p in racing))
@@ -60,7 +60,7 @@ async def test_racing_payments_keep_the_first_and_every_racer_sends_it(store: St
 async def test_the_settlement_is_kept_once(store: Store) -> None:
     """A second settlement for the same payment does not overwrite the first."""
     await store.create(new_operation("op_x402_settle"), actor="test")
-    await store.claim("op_x402_settle", owner="a", lease_seconds=30, expected_attempts=0)
+    await store.claim(Claim("op_x402_settle", owner="a", lease_seconds=30, expected_attempts=0))
     payments = X402Payments(store)
     await payments.keep("op_x402_settle", PAYMENT)
     assert await payments.record_settlement("op_x402_settle", {"transaction": "0xa"})
