@@ -139,6 +139,51 @@ async def test_without_an_exporter_the_agents_trace_still_reaches_the_provider(
     assert (line["trace_id"], line["span_id"]) == (trace_id, parent_id)
 
 
+@pytest.mark.parametrize("exporting", [False, True], ids=["nothing exports", "an exporter"])
+async def test_a_request_without_a_traceparent_has_a_span_only_while_something_exports(
+    start_opgate: StartOpgate,
+    policy_dir: Path,
+    fault_provider: FaultProvider,
+    log_buffer: io.StringIO,
+    exporting: bool,
+) -> None:
+    """An agent request without a traceparent gets a span only while an exporter is attached:
+    then its SERVER span is exported and its trace reaches the provider and the log line;
+    with nothing exporting there is no trace to continue or send, so none of them has one."""
+    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False))
+    exporter = InMemorySpanExporter()
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        observability = gate.running.gateway.observability
+        assert observability is not None
+        if exporting:
+            observability.telemetry.add_span_processor(SimpleSpanProcessor(exporter))
+        op = await gate.approve()
+        status, _, _ = await gate.send(
+            "/fault/v1/refunds",
+            data="amount=500&currency=usd&charge=ch_1",
+            headers={"X-Operation-Id": op["operation_id"]},
+        )
+    assert status == 200
+    [received] = fault_provider.requests
+    [line] = [
+        json.loads(text)
+        for text in log_buffer.getvalue().splitlines()
+        if json.loads(text).get("event") == "request"
+    ]
+    servers = [s for s in exporter.get_finished_spans() if s.kind.name == "SERVER"]
+    if not exporting:
+        assert "traceparent" not in received.headers
+        assert line["trace_id"] is None  # the record's field: null
+        assert "span_id" not in line
+        assert servers == []
+        return
+    [server] = servers
+    assert server.context is not None
+    trace_id = format(server.context.trace_id, "032x")
+    assert received.headers["traceparent"].split("-")[1] == trace_id
+    assert (line["trace_id"], line["span_id"]) == (trace_id, format(server.context.span_id, "016x"))
+
+
 def test_client_spans_use_the_stable_http_conventions_unless_asked_for_both() -> None:
     """OTEL_SEMCONV_STABILITY_OPT_IN has its documented effect: stable by default (opgate's
     choice), both with http/dup. Pins the instrumentation's private mode names."""
