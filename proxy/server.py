@@ -179,11 +179,7 @@ async def running(
             raise
         credentials = CredentialSource(settings.secrets_dir)
         observability = Observability(settings, policy, credentials)
-        client = observability.instrument(
-            new_client_session(
-                observability.client_middlewares(), connector=reverse_connector(settings)
-            )
-        )
+        client = observability.instrument(new_client_session(connector=reverse_connector(settings)))
         gateway = Gateway(
             settings=settings,
             policy=policy,

@@ -148,13 +148,10 @@ class Observability:
         )
         self._sharing: asyncio.Task[None] | None = None
 
-    def client_middlewares(self) -> tuple[aiohttp.ClientMiddlewareType, ...]:
-        """For every egress session to providers: the latency histogram, the traceparent."""
-        return (self.telemetry.client_middleware(self._observe_upstream),)
-
     def instrument(self, session: aiohttp.ClientSession) -> aiohttp.ClientSession:
-        """``session`` gets CLIENT spans whenever something exports (telemetry.py)."""
-        return self.telemetry.instrument(session)
+        """``session``'s provider calls observed (the latency histogram, the traceparent), and
+        CLIENT spans on it whenever something exports (telemetry.py)."""
+        return self.telemetry.instrument(session, self._observe_upstream)
 
     def _observe_upstream(self, origin: str, outcome: str, seconds: float) -> None:
         self.upstream_seconds.observe(seconds, origin, outcome)

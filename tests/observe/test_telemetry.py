@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 import structlog
 from aiohttp import web
+from multidict import CIMultiDict
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from proxy.errors import ConfigurationError
-from proxy.gate.upstream import new_client_session
+from proxy.errors import ConfigurationError, UpstreamNotSent
+from proxy.gate.upstream import OutboundRequest, new_client_session, send
 from proxy.observe.logs import log_processors
 from proxy.observe.telemetry import Telemetry, tracer_provider_from_environment
 from tests.support.fault_provider import FaultProvider
@@ -197,10 +198,14 @@ def test_client_spans_use_the_stable_http_conventions_unless_asked_for_both() ->
     assert http_semconv_mode(dup) is _StabilityMode.HTTP_DUP
 
 
+def _outbound(url: str) -> OutboundRequest:
+    return OutboundRequest("GET", url, CIMultiDict(), b"", 5.0, 5.0, 1 << 20)
+
+
 async def test_provider_calls_carry_no_trace_config_until_something_exports() -> None:
-    """An egress session has no aiohttp trace config while nothing exports (its middleware
-    still times every call and passes the trace on); once a processor is attached, the same
-    session makes a CLIENT span per call."""
+    """An egress session has no aiohttp trace config while nothing exports (each call through
+    it is still timed, by origin and outcome, and passes the trace on); once a processor is
+    attached, the same session makes a CLIENT span per call."""
     app = web.Application()
     seen: list[str] = []
 
@@ -214,27 +219,36 @@ async def test_provider_calls_carry_no_trace_config_until_something_exports() ->
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     await web.SockSite(runner, sock).start()
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1/x"
+    origin = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    closed = socket.socket()  # bound, never listening: a connection to it is refused
+    closed.bind(("127.0.0.1", 0))
+    refused = f"http://127.0.0.1:{closed.getsockname()[1]}/v1/x"
     telemetry = Telemetry(tracer_provider_from_environment({}))
-    timed: list[str] = []
-    middleware = telemetry.client_middleware(lambda _origin, outcome, _s: timed.append(outcome))
-    session = telemetry.instrument(new_client_session((middleware,)))
+    timed: list[tuple[str, str]] = []
+    session = telemetry.instrument(
+        new_client_session(), lambda origin, outcome, _s: timed.append((origin, outcome))
+    )
     exporter = InMemorySpanExporter()
     try:
         with telemetry.tracer.start_as_current_span("opgate.agent_request"):
-            async with session.get(url) as response:
-                assert response.status == 200
+            assert (await send(session, _outbound(origin + "/v1/x?q=1"))).status == 200
+        with pytest.raises(UpstreamNotSent):
+            await send(session, _outbound(refused))
         assert session.trace_configs == []
         telemetry.add_span_processor(SimpleSpanProcessor(exporter))
         assert len(session.trace_configs) == 1
         with telemetry.tracer.start_as_current_span("opgate.agent_request"):
-            async with session.get(url) as response:
-                assert response.status == 200
+            assert (await send(session, _outbound(origin + "/v1/x"))).status == 200
     finally:
         await session.close()
         await runner.cleanup()
+        closed.close()
         telemetry.shutdown()
-    assert timed == ["answer", "answer"]
+    assert timed == [
+        (origin, "answer"),
+        (refused.removesuffix("/v1/x"), "error"),
+        (origin, "answer"),
+    ]
     kinds = sorted(span.kind.name for span in exporter.get_finished_spans())
     assert kinds == ["CLIENT", "INTERNAL"]
     [client] = [s for s in exporter.get_finished_spans() if s.kind.name == "CLIENT"]
