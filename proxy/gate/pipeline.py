@@ -701,6 +701,7 @@ async def _claim(
                 after_lookup_by=lookup_owner,
                 unchanged_since=unchanged_since,
                 actor=actor,
+                loaded=op,  # its params decoded once (store.operation_from_record)
             )
         else:
             made = await gw.store.claim_within_budgets(
@@ -714,6 +715,7 @@ async def _claim(
                 after_lookup_by=lookup_owner,
                 unchanged_since=unchanged_since,
                 actor=actor,
+                loaded=op,  # its params decoded once (store.operation_from_record)
             )
     except StoreUnavailable:  # it may have committed: the attempt after op.attempts
         _remember_cut_off(gw, CutOffClaim(op.operation_id, op.attempts + 1, owner))
