@@ -344,9 +344,8 @@ class Settings(BaseSettings):
     log_level: str = Field("info", description="The level of opgate's log lines.")
     event_loop: Literal["uvloop", "asyncio"] = Field(
         "uvloop",
-        description="The event loop the server runs on: `uvloop` (libuv's, in C: less CPU per "
-        "request, bench/README.md), or `asyncio` (the standard library's), to fall back to "
-        "where uvloop misbehaves.",
+        description="The event loop the server runs on: `uvloop` (libuv's, in C), or "
+        "`asyncio` (the standard library's), to fall back to where uvloop misbehaves.",
     )
     workers: Annotated[int, Field(ge=1, le=256)] | None = Field(
         None,
