@@ -83,11 +83,12 @@ def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
     """Every in-process test runs on the event loop a server process runs on (the setting
-    ``event_loop``: uvloop unless ``OPGATE_EVENT_LOOP`` says asyncio), so that forward mode's
-    tunnels, the listeners and the clients are tested on the loop they ship on."""
+    ``event_loop``: asyncio unless ``OPGATE_EVENT_LOOP`` says uvloop), so that forward mode's
+    tunnels, the listeners and the clients are tested on the loop they run on
+    (``OPGATE_EVENT_LOOP=uvloop ./dev test``: the in-process tests on uvloop)."""
     from proxy.server import event_loop_factory
 
-    name = os.environ.get("OPGATE_EVENT_LOOP", "uvloop")
+    name = os.environ.get("OPGATE_EVENT_LOOP", "asyncio")
     return {name: event_loop_factory(name)}
 
 
