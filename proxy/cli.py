@@ -240,7 +240,7 @@ def _serve(args: argparse.Namespace) -> int:
     from proxy.observe.observer import transparency_signer
     from proxy.policy.load import PolicyLoadError
     from proxy.policy.reload import load_validated_policy
-    from proxy.server import serve
+    from proxy.server import run_server
     from proxy.settings import Secrets
     from proxy.workers import effective_workers, run_supervisor
 
@@ -283,7 +283,7 @@ def _serve(args: argparse.Namespace) -> int:
             _forward_ca(settings)
         workers = effective_workers(settings)
         if workers == 1:
-            asyncio.run(serve(settings))
+            run_server(settings)
         else:
             return run_supervisor(settings, workers)
     except PolicyLoadError as exc:

@@ -13,7 +13,7 @@ import json
 import signal
 import socket
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -179,11 +179,7 @@ async def running(
             raise
         credentials = CredentialSource(settings.secrets_dir)
         observability = Observability(settings, policy, credentials)
-        client = observability.instrument(
-            new_client_session(
-                observability.client_middlewares(), connector=reverse_connector(settings)
-            )
-        )
+        client = observability.instrument(new_client_session(connector=reverse_connector(settings)))
         gateway = Gateway(
             settings=settings,
             policy=policy,
@@ -241,6 +237,7 @@ async def running(
                 forward_url=forward_url,
                 policy_version=policy.version,
                 providers=[p.provider for p in policy.providers],
+                event_loop=type(asyncio.get_running_loop()).__module__.partition(".")[0],
             )
             stop_background = asyncio.Event()
             background = asyncio.create_task(run_background(gateway, stop_background))
@@ -412,6 +409,21 @@ def freeze_what_started() -> None:
     gc.collect()
     gc.freeze()
     _log.info("opgate_startup_frozen", objects=gc.get_freeze_count())
+
+
+def run_server(settings: Settings, sockets: dict[str, socket.socket] | None = None) -> None:
+    """``serve`` on the event loop ``settings.event_loop`` names, until it returns."""
+    with asyncio.Runner(loop_factory=event_loop_factory(settings.event_loop)) as runner:
+        runner.run(serve(settings, sockets))
+
+
+def event_loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """A new event loop of the kind the ``event_loop`` setting names (the tests' loop too)."""
+    if name == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return asyncio.new_event_loop
 
 
 async def serve(settings: Settings, sockets: dict[str, socket.socket] | None = None) -> None:

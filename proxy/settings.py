@@ -342,6 +342,13 @@ class Settings(BaseSettings):
         None, description="The same per tenant. Per process."
     )
     log_level: str = Field("info", description="The level of opgate's log lines.")
+    event_loop: Literal["uvloop", "asyncio"] = Field(
+        "asyncio",
+        description="The event loop the server runs on: `asyncio` (the standard library's), "
+        "or `uvloop` (libuv's, in C). uvloop is not the default: on it, an agent that resets "
+        "its connection while its answer is written is sometimes not on record "
+        "(`answer_undelivered`) within a minute (bench/opgate-process-cpu.md).",
+    )
     workers: Annotated[int, Field(ge=1, le=256)] | None = Field(
         None,
         description="Worker processes sharing the ports (`--workers N`; none: one per core). "

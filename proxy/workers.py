@@ -28,7 +28,7 @@ from pathlib import Path
 
 import structlog
 
-from proxy.server import bind_listener, check_replication, serve
+from proxy.server import bind_listener, check_replication, run_server
 from proxy.settings import Settings
 
 _log = structlog.get_logger("opgate.workers")
@@ -158,7 +158,7 @@ def _fork_worker(
     )
     code = 0
     try:
-        asyncio.run(serve(worker_settings, sockets))
+        run_server(worker_settings, sockets)
     except BaseException:  # a worker reports and exits; the supervisor replaces it
         _log.exception("worker_failed", worker=index)
         code = 1

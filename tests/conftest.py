@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import signal
+from collections.abc import Callable, Mapping
 from types import FrameType
 
 import pytest
@@ -74,6 +77,19 @@ def _is_slow(item: pytest.Item) -> bool:
         or path.startswith(SLOW_MODULES)
         or bool(SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())))
     )
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """Every in-process test runs on the event loop a server process runs on (the setting
+    ``event_loop``: asyncio unless ``OPGATE_EVENT_LOOP`` says uvloop), so that forward mode's
+    tunnels, the listeners and the clients are tested on the loop they run on
+    (``OPGATE_EVENT_LOOP=uvloop ./dev test``: the in-process tests on uvloop)."""
+    from proxy.server import event_loop_factory
+
+    name = os.environ.get("OPGATE_EVENT_LOOP", "asyncio")
+    return {name: event_loop_factory(name)}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

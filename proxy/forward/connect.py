@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from typing import cast
 
 from aiohttp import web
 
@@ -128,8 +129,9 @@ class _Pipe(asyncio.Protocol):
         self._closed = closed
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream's transport: read and written. Not checked by isinstance: uvloop's
+        # transports have asyncio.Transport's methods without being its subclasses.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.received += len(data)
@@ -179,7 +181,7 @@ async def serve_pass_through(
     agent_transport = request.transport
     agent_side = _Pipe(closed)
     try:
-        if not isinstance(agent_transport, asyncio.Transport) or agent_transport.is_closing():
+        if agent_transport is None or agent_transport.is_closing():
             return
         agent_side.connection_made(agent_transport)
         agent_side.peer, upstream_side.peer = upstream, agent_transport

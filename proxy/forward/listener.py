@@ -119,9 +119,8 @@ def new_forward_client(gateway: Gateway, settings: Settings) -> aiohttp.ClientSe
         lambda host: allowed_classes_for_host(gateway.policy, settings.upstream_overrides, host),
     )
     observability = gateway.observability
+    # the same CLIENT span, traceparent and latency histogram as reverse mode (instrument)
     session = new_client_session(
-        # the same CLIENT span, traceparent and latency histogram as reverse mode
-        observability.client_middlewares() if observability is not None else (),
         connector=aiohttp.TCPConnector(
             limit=0, ssl=context, resolver=resolver, use_dns_cache=False
         ),

@@ -20,7 +20,10 @@ from dataclasses import dataclass
 from urllib.parse import quote, urlencode
 
 import aiohttp
+import yarl
+from multidict import CIMultiDict
 
+from proxy.observe.telemetry import UpstreamCall
 from proxy.policy.model import OAuth2ClientCredentials
 
 # A token answer is a small JSON object; anything larger is not one.
@@ -118,18 +121,23 @@ async def fetch_token(
         headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
     else:
         form |= {"client_id": client_id, "client_secret": client_secret}
+    url = yarl.URL(credential.token_url)
+    call = UpstreamCall(session, url)  # timed and traced as a provider call (telemetry.py)
     try:
         async with session.post(
-            credential.token_url,
+            url,
             data=urlencode(form),
-            headers=headers,
+            headers=call.headers(CIMultiDict(headers)),
             timeout=aiohttp.ClientTimeout(total=_FETCH_TIMEOUT_SECONDS),
             allow_redirects=False,
         ) as answer:
+            call.answered()
             body = await answer.content.read(_MAX_TOKEN_ANSWER_BYTES + 1)
             status = answer.status
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise TokenUnavailable(f"the token endpoint did not answer: {type(exc).__name__}") from exc
+    finally:
+        call.ended()
     if status != 200:
         raise TokenUnavailable(f"the token endpoint answered {status}")
     return read_token_answer(body)

@@ -696,10 +696,11 @@ async def _claim(
     )
     try:
         if budgets is None:  # the single unlocked statement
-            claimed = await gw.store.claim(claim)
+            # the loaded row's decoded params are reused (store.operation_from_record)
+            claimed = await gw.store.claim(claim, loaded=op)
         else:
             sums = [budget_sum(key) for key in budgets.keys]
-            made = await gw.store.claim_within_budgets(claim, sums, budgets.admits)
+            made = await gw.store.claim_within_budgets(claim, sums, budgets.admits, loaded=op)
     except StoreUnavailable:  # it may have committed: the attempt after op.attempts
         _remember_cut_off(gw, CutOffClaim(op.operation_id, op.attempts + 1, claim.owner))
         raise

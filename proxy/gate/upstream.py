@@ -10,10 +10,10 @@ without aiohttp's own re-send turned off.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import aiohttp
+import yarl
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.errors import (
@@ -23,6 +23,7 @@ from proxy.errors import (
     UpstreamTimeout,
     UpstreamTruncated,
 )
+from proxy.observe.telemetry import UpstreamCall
 
 
 @dataclass(frozen=True)
@@ -44,15 +45,10 @@ class UpstreamResponse:
     body: bytes
 
 
-def new_client_session(
-    middlewares: Sequence[aiohttp.ClientMiddlewareType] = (),
-    *,
-    connector: aiohttp.BaseConnector | None = None,
-) -> aiohttp.ClientSession:
+def new_client_session(*, connector: aiohttp.BaseConnector | None = None) -> aiohttp.ClientSession:
     """An egress session that sends each request at most once. ``connector`` replaces the
     default one (forward mode brings its own TLS context and checked resolver)."""
     session = aiohttp.ClientSession(
-        middlewares=middlewares,  # tracing and latency metrics (proxy/observe/telemetry.py)
         auto_decompress=False,
         # The agent's environment (HTTP_PROXY...) must not route opgate's own egress.
         trust_env=False,
@@ -80,16 +76,19 @@ async def send(session: aiohttp.ClientSession, outbound: OutboundRequest) -> Ups
     timeout = aiohttp.ClientTimeout(
         total=outbound.total_timeout, sock_connect=outbound.connect_timeout
     )
+    url = yarl.URL(outbound.url)  # as aiohttp makes it of the string, made once for both
+    call = UpstreamCall(session, url)  # its latency and traceparent (observe/telemetry.py)
     try:
         async with session.request(
             outbound.method,
-            outbound.url,
-            headers=outbound.headers,
+            url,
+            headers=call.headers(outbound.headers),
             data=outbound.body if outbound.body or outbound.method not in ("GET", "HEAD") else None,
             timeout=timeout,
             allow_redirects=False,
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
         ) as response:
+            call.answered()
             body = await _read_bounded(response, outbound.max_response_bytes)
             return UpstreamResponse(response.status, response.reason or "", response.headers, body)
     except aiohttp.ClientConnectorError as exc:
@@ -105,6 +104,8 @@ async def send(session: aiohttp.ClientSession, outbound: OutboundRequest) -> Ups
         raise UpstreamTimeout(f"no complete answer within {outbound.total_timeout}s") from exc
     except (aiohttp.ClientError, OSError) as exc:
         raise UpstreamDropped(f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        call.ended()
 
 
 async def _read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:

@@ -115,7 +115,8 @@ class AuditRecord:
     # into a `denials` record instead (aggregated: true).
     instance_seq: int | None = None
     aggregated: bool | None = None
-    # The request's W3C trace id (32 hex digits), set by the observer from the server span.
+    # The request's W3C trace id (32 hex digits), set by the observer from the server span;
+    # null without one (nothing exports and the agent sent no traceparent: telemetry.py).
     trace_id: str | None = None
 
     def fields(self) -> dict[str, Any]:

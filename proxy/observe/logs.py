@@ -1,11 +1,12 @@
 """structlog configuration: one JSON object per line on stdout.
 
 The audit line (one per agent request, audit.py) is the record's stored JSON with the line's
-own fields (level, time logged, trace ids) appended, written straight to stdout while the
+own fields (level, time logged, trace ids, run) appended, written straight to stdout while the
 configuration ``configure_logging`` installed is in force: the record is redacted and turned
-into JSON once, for the log line and the audit log alike. Under any other configuration (a
-test's capture, a deployment's own) the line goes through structlog's processors as every
-other line does.
+into JSON once, for the log line and the audit log alike, and the line's own fields are
+rendered directly, not by the processors (``_own_fields``: the same bytes). Under any other
+configuration (a test's capture, a deployment's own) the line goes through structlog's
+processors as every other line does.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, TextIO, cast
 
 import structlog
+from opentelemetry import trace
 
 from proxy.observe.auditlog.redact import redact_log_line
 from proxy.observe.sinks import GuardedStream
@@ -74,7 +78,7 @@ class _Installed:
 
     config: tuple[Any, ...]  # processors, wrapper class, logger factory: compared by identity
     line_fields: list[Any]
-    printer: structlog.PrintLogger
+    printer: LineLogger
     info_enabled: bool
 
 
@@ -88,8 +92,11 @@ def configure_logging(level: str = "info") -> None:
     wrapper = structlog.make_filtering_bound_logger(threshold)
     # Guarded: a log sink that fails (EPIPE, ENOSPC) is counted and fails readiness, and never
     # raises into whoever logs (sinks.py).
-    # (GuardedStream has what print needs of a TextIO: write and flush.)
-    factory = structlog.PrintLoggerFactory(cast(TextIO, GuardedStream(sys.stdout)))
+    printer = LineLogger(cast(TextIO, GuardedStream(sys.stdout)))
+
+    def factory(*args: Any) -> LineLogger:
+        return printer
+
     structlog.configure(
         processors=processors,
         wrapper_class=wrapper,
@@ -99,7 +106,7 @@ def configure_logging(level: str = "info") -> None:
     _installed = _Installed(
         config=(processors, wrapper, factory),
         line_fields=processors[:-2],  # log_processors(): then the redaction, the renderer
-        printer=factory(),
+        printer=printer,
         info_enabled=threshold <= logging.INFO,
     )
 
@@ -118,9 +125,59 @@ def prerendered_writer(config: Mapping[str, Any]) -> PrerenderedWriter | None:
         return _filtered_out
 
     def write(record_json: str, fields: Mapping[str, Any]) -> None:
-        installed.printer.msg(with_line_fields(record_json, fields, installed.line_fields))
+        if structlog.contextvars.get_contextvars():  # opgate binds none; whoever does: theirs
+            installed.printer.msg(with_line_fields(record_json, fields, installed.line_fields))
+            return
+        own = _own_fields(fields)
+        if not own:
+            line = record_json
+        elif record_json == "{}":
+            line = "{" + own + "}"
+        else:
+            line = record_json[:-1] + "," + own + "}"
+        installed.printer.msg(line)
 
     return write
+
+
+def _own_fields(fields: Mapping[str, Any]) -> str:
+    """The line's own fields as ``_line_fields``' processors add them to an info line without
+    bound context variables, rendered as ``with_line_fields`` renders them (``"name":value``,
+    comma-separated, in the processors' order, those the record has left out), without
+    running the processors or the JSON encoder: this is every request's work. The same bytes
+    (tests/observe/test_logs.py compares them over many records)."""
+    own: list[str] = []
+    if "level" not in fields:
+        own.append('"level":"info"')
+    if "logged_at" not in fields:  # TimeStamper(fmt="iso", utc=True)'s stamp
+        own.append('"logged_at":"' + datetime.now(UTC).isoformat().replace("+00:00", "Z") + '"')
+    context = trace.get_current_span().get_span_context()
+    if context.is_valid:  # add_trace_ids
+        if "trace_id" not in fields:
+            own.append(f'"trace_id":"{context.trace_id:032x}"')
+        if "span_id" not in fields:
+            own.append(f'"span_id":"{context.span_id:016x}"')
+    if _run_id is not None and "run_id" not in fields:
+        own.append('"run_id":' + json.dumps(_run_id))
+    return ",".join(own)
+
+
+class LineLogger:
+    """What ``structlog.PrintLogger`` is to a stream (each line, then a newline, then a flush,
+    under a lock), with the line and its newline in one write. One for the process: the audit
+    line's writer writes through it too, so no two lines interleave whichever thread writes."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def msg(self, message: str) -> None:
+        with self._lock:
+            self._stream.write(message + "\n")
+            self._stream.flush()
+
+    log = debug = info = warn = warning = msg
+    fatal = failure = err = error = critical = exception = msg
 
 
 def _filtered_out(record_json: str, fields: Mapping[str, Any]) -> None:

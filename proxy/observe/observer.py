@@ -148,13 +148,10 @@ class Observability:
         )
         self._sharing: asyncio.Task[None] | None = None
 
-    def client_middlewares(self) -> tuple[aiohttp.ClientMiddlewareType, ...]:
-        """For every egress session to providers: the latency histogram, the traceparent."""
-        return (self.telemetry.client_middleware(self._observe_upstream),)
-
     def instrument(self, session: aiohttp.ClientSession) -> aiohttp.ClientSession:
-        """``session`` gets CLIENT spans whenever something exports (telemetry.py)."""
-        return self.telemetry.instrument(session)
+        """``session``'s provider calls observed (the latency histogram, the traceparent), and
+        CLIENT spans on it whenever something exports (telemetry.py)."""
+        return self.telemetry.instrument(session, self._observe_upstream)
 
     def _observe_upstream(self, origin: str, outcome: str, seconds: float) -> None:
         self.upstream_seconds.observe(seconds, origin, outcome)
@@ -509,24 +506,28 @@ def _name_trace(fields: dict[str, Any]) -> None:
 
 @web.middleware
 async def observe_agent_request(request: web.Request, handler: Any) -> web.StreamResponse:
-    """The SERVER span of an agent request, continuing the agent's W3C trace if it sent one."""
+    """The SERVER span of an agent request, continuing the agent's W3C trace if it sent one;
+    no span at all where there is no trace to continue and nowhere to send one."""
     observability = request.app.get(OBSERVABILITY)
     if observability is None:
         response: web.StreamResponse = await handler(request)
         return response
     telemetry = observability.telemetry
-    with telemetry.server_span(
-        telemetry.agent_context(request.headers), lambda: _server_attributes(request)
-    ) as span:
-        token = REQUEST_OBSERVER.set(observability)
-        try:
+    token = REQUEST_OBSERVER.set(observability)
+    try:
+        if not telemetry.traces(request.headers):
             response = await handler(request)
-            span.set_attribute("http.response.status_code", response.status)
-            if response.status >= 500:  # includes every unknown outcome (502, 504)
-                span.set_status(SpanStatus(StatusCode.ERROR))
-            return response
-        finally:
-            REQUEST_OBSERVER.reset(token)
+        else:
+            with telemetry.server_span(
+                telemetry.agent_context(request.headers), lambda: _server_attributes(request)
+            ) as span:
+                response = await handler(request)
+                span.set_attribute("http.response.status_code", response.status)
+                if response.status >= 500:  # includes every unknown outcome (502, 504)
+                    span.set_status(SpanStatus(StatusCode.ERROR))
+    finally:
+        REQUEST_OBSERVER.reset(token)
+    return response
 
 
 def _server_attributes(request: web.Request) -> dict[str, str | int]:

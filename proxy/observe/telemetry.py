@@ -1,17 +1,19 @@
 """OpenTelemetry tracing: one server span per agent request, a client span per provider call.
 
-Off by default: spans are made (so that log lines carry trace and span ids, and the provider
-receives a child ``traceparent``) but exported nowhere until ``OTEL_TRACES_EXPORTER`` names an
-exporter: ``console``, or ``otlp`` (HTTP/protobuf, configured by the standard
-``OTEL_EXPORTER_OTLP_*`` variables; needs the ``opgate[otlp]`` extra). Each opgate instance has
-its own ``TracerProvider``; nothing is set globally, so in-process instances (tests) stay apart.
+Off by default: exported nowhere until ``OTEL_TRACES_EXPORTER`` names an exporter: ``console``,
+or ``otlp`` (HTTP/protobuf, configured by the standard ``OTEL_EXPORTER_OTLP_*`` variables;
+needs the ``opgate[otlp]`` extra). Each opgate instance has its own ``TracerProvider``; nothing
+is set globally, so in-process instances (tests) stay apart.
 
-While nothing exports, spans are not recorded unless the agent's own traceparent says its trace
-is sampled (``_RecordWhileExporting``): a non-recording span still has valid ids (for the log
-lines and the provider's ``traceparent``) but none of a recorded span's cost, which is most of
-what tracing costs per request. Attaching a processor (an exporter) turns recording on, and
-puts the aiohttp client instrumentation (CLIENT spans) on the egress sessions: until then they
-carry no trace config at all, only ``client_middleware`` (latency, traceparent).
+While nothing exports, a request whose agent sent no ``traceparent`` gets no span at all
+(``Telemetry.traces``); one that continues the agent's trace gets a span (so that its log lines
+carry the trace and span ids, and the provider receives a child ``traceparent``), recorded only
+if the agent's traceparent says its trace is sampled (``_RecordWhileExporting``): a
+non-recording span still has valid ids but none of a recorded span's cost. Attaching a
+processor (an exporter) turns recording on for every request, and puts the aiohttp client
+instrumentation (CLIENT spans) on the egress sessions: until then they carry no trace config
+at all. A provider call's latency and (while nothing exports) its ``traceparent`` are
+``UpstreamCall``'s, observed inline by ``gate.upstream.send``.
 
 Only W3C ``traceparent``/``tracestate`` are read from the agent: baggage is not, so an agent
 cannot smuggle headers to the provider through the instrumentation's propagation.
@@ -22,11 +24,13 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import aiohttp
 import yarl
+from multidict import CIMultiDict
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.instrumentation._semconv import OTEL_SEMCONV_STABILITY_OPT_IN, _StabilityMode
@@ -145,34 +149,16 @@ class Telemetry:
             self.provider.sampler.exporting = True
         self._start_client_spans()
 
-    def client_middleware(self, on_upstream_done: _UpstreamDone) -> aiohttp.ClientMiddlewareType:
-        """What every provider call passes through: its latency until the answer's headers for
-        the histogram (by origin, ``answer`` or ``error``) and, while nothing exports, the
-        current (server) span's ``traceparent``, so the agent's trace and its sampled flag
-        still reach the provider. (While something exports, the CLIENT span's instrumentation
-        injects its own.) A middleware, not a trace config: aiohttp makes a Trace per config
-        per request and sends ~10 signals through each, ~15 us per call against ~3 here."""
-
-        async def observe(
-            request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
-        ) -> aiohttp.ClientResponse:
-            if not self.exporting:
-                propagate.inject(request.headers)
-            origin, started = str(request.url.origin()), time.monotonic()
-            try:
-                response = await handler(request)
-            except BaseException:  # a timeout arrives as a cancellation
-                on_upstream_done(origin, "error", time.monotonic() - started)
-                raise
-            on_upstream_done(origin, "answer", time.monotonic() - started)
-            return response
-
-        return observe
-
-    def instrument(self, session: aiohttp.ClientSession) -> aiohttp.ClientSession:
-        """The aiohttp client instrumentation (a CLIENT span per provider call, its own
-        ``traceparent`` injected) on ``session``, from the moment something exports: until
-        then ``session`` has no trace config at all, since a span would be dropped anyway."""
+    def instrument(
+        self, session: aiohttp.ClientSession, on_upstream_done: _UpstreamDone
+    ) -> aiohttp.ClientSession:
+        """Every call ``gate.upstream.send`` makes through ``session`` is observed inline
+        (``UpstreamCall``: its latency until the answer's headers, the current span's
+        traceparent), and the aiohttp client instrumentation (a CLIENT span per provider call,
+        its own ``traceparent`` injected) goes on ``session`` from the moment something
+        exports: until then ``session`` has no trace config at all, since a span would be
+        dropped anyway."""
+        _UPSTREAM_OBSERVERS[session] = _UpstreamObserver(self, on_upstream_done)
         self._traced_sessions.append(session.trace_configs)  # read by aiohttp per request
         if self.exporting:
             self._start_client_spans()
@@ -226,12 +212,83 @@ class Telemetry:
         with trace.use_span(NonRecordingSpan(context), end_on_exit=False) as span:
             yield span
 
+    def traces(self, headers: Mapping[str, str]) -> bool:
+        """Whether an agent request gets a span: while something exports, or when the agent
+        sent a ``traceparent`` (its trace continues, to the provider and in the log lines).
+        Otherwise there is no trace to continue and nowhere to send a new one, and the
+        request goes without: no span, no trace ids in its record and log line, no
+        ``traceparent`` to the provider (~12% of opgate's CPU per approved operation,
+        bench/README.md)."""
+        return self.exporting or "traceparent" in headers
+
     def agent_context(self, headers: Mapping[str, str]) -> otel_context.Context:
         """The agent's trace context from its traceparent/tracestate, if it sent a valid one."""
         return _AGENT_PROPAGATOR.extract(headers)
 
     def shutdown(self) -> None:
         self.provider.shutdown()
+
+
+class _UpstreamObserver:
+    """What calls through one instrumented egress session report to (``Telemetry.instrument``)."""
+
+    __slots__ = ("done", "telemetry")
+
+    def __init__(self, telemetry: Telemetry, done: _UpstreamDone) -> None:
+        self.telemetry, self.done = telemetry, done
+
+
+# Each instrumented session's observer; a session closed and dropped leaves with its entry.
+_UPSTREAM_OBSERVERS: weakref.WeakKeyDictionary[aiohttp.ClientSession, _UpstreamObserver] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+class UpstreamCall:
+    """One provider call, observed inline by ``gate.upstream.send`` rather than by an aiohttp
+    client middleware (aiohttp builds a middleware chain for every request: ~6% of opgate's
+    CPU per approved operation, bench/README.md). Its latency until the answer's headers goes
+    to the histogram (by origin, ``answer`` or ``error``) and, while nothing exports, the
+    current span's ``traceparent`` (the agent's trace and its sampled flag) to the provider.
+    (While something exports, the CLIENT span's instrumentation injects its own.)"""
+
+    __slots__ = ("_observer", "_started", "_url")
+
+    def __init__(self, session: aiohttp.ClientSession, url: yarl.URL) -> None:
+        self._observer = _UPSTREAM_OBSERVERS.get(session)  # None: reported already, or never
+        self._url = url
+        self._started = time.monotonic()
+
+    def headers(self, headers: CIMultiDict[str]) -> CIMultiDict[str]:
+        """``headers`` as they are sent: with the current span's ``traceparent`` while
+        nothing exports and a span is current (a copy then; the caller's are left as given)."""
+        observer = self._observer
+        if (
+            observer is None
+            or observer.telemetry.exporting
+            or not trace.get_current_span().get_span_context().is_valid
+        ):
+            return headers
+        sent = CIMultiDict(headers)
+        propagate.inject(sent)
+        return sent
+
+    def answered(self) -> None:
+        """The answer's headers have arrived."""
+        self._report("answer")
+
+    def ended(self) -> None:
+        """The call is over: an ``error`` if no answer's headers arrived (whatever was raised:
+        a timeout arrives as a cancellation)."""
+        if self._observer is not None:
+            self._report("error")
+
+    def _report(self, outcome: str) -> None:
+        observer = self._observer
+        if observer is not None:
+            self._observer = None  # once per call
+            elapsed = time.monotonic() - self._started
+            observer.done(str(self._url.origin()), outcome, elapsed)
 
 
 def _tag_operation(span: trace.Span, params: aiohttp.TraceRequestStartParams) -> None:

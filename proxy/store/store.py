@@ -277,9 +277,11 @@ class Store:
                 raise StoreUnavailable(str(exc) or type(exc).__name__) from exc
             raise
 
-    async def _one(self, query: str, **values: Any) -> Operation | None:
+    async def _one(
+        self, query: str, loaded: Operation | None = None, /, **values: Any
+    ) -> Operation | None:
         record = await self._run(lambda conn: queries.fetchrow(conn, query, **values))
-        return None if record is None else operation_from_record(record)
+        return None if record is None else operation_from_record(record, loaded)
 
     async def _status(self, query: str, **values: Any) -> Status | None:
         value = await self._run(lambda conn: queries.fetchval(conn, query, **values))
@@ -339,14 +341,19 @@ class Store:
             return None
         return ApprovalKeyRecord(record["operation_id"], record["fingerprint"])
 
-    async def claim(self, claim: Claim) -> Operation | None:
+    async def claim(self, claim: Claim, loaded: Operation | None = None) -> Operation | None:
         """The claim, or None: the statement itself decides whether a re-send may go
-        (queries.sql ``claim_operation``)."""
+        (queries.sql ``claim_operation``). ``loaded``: the row as the caller loaded it, whose
+        decoded parameters are reused (``operation_from_record``)."""
         self._refuse_while_not_durable()
-        return await self._one("claim_operation", **claim.arguments())
+        return await self._one("claim_operation", loaded, **claim.arguments())
 
     async def claim_within_budgets(
-        self, claim: Claim, sums: Sequence[BudgetSum], admit: Callable[[list[int]], bool]
+        self,
+        claim: Claim,
+        sums: Sequence[BudgetSum],
+        admit: Callable[[list[int]], bool],
+        loaded: Operation | None = None,
     ) -> BudgetedClaim:
         """``claim`` in one transaction that first takes each budget's lock (in name order:
         two claims never wait on each other crosswise), then sums what each budget has spent,
@@ -363,7 +370,7 @@ class Store:
                 if not admit(spent):
                     return BudgetedClaim(spent, False, None)
                 record = await queries.fetchrow(conn, "claim_operation", **claim.arguments())
-            claimed = None if record is None else operation_from_record(record)
+            claimed = None if record is None else operation_from_record(record, loaded)
             return BudgetedClaim(spent, True, claimed)
 
         return await self._run(claim_under_locks)
@@ -918,17 +925,30 @@ _OPERATION_FIELDS = tuple(f.name for f in fields(Operation))
 _new_operation = object.__new__
 
 
-def operation_from_record(record: asyncpg.Record) -> Operation:
+# Where an Operation keeps the JSON texts its path_params and params were decoded from (not a
+# field: no comparison, copy or API sees it).
+_DECODED_FROM = "_decoded_from"
+
+
+def operation_from_record(record: asyncpg.Record, loaded: Operation | None = None) -> Operation:
     """The row's columns named as ``Operation``'s fields (other columns are not the checks'
     business), built without the frozen dataclass's ``__init__``: forty ``object.__setattr__``
     calls were half of this conversion's cost, which runs on each of a request's store calls.
-    The same fields and values as ``Operation(**...)`` (tests/store/test_store.py)."""
+    The same fields and values as ``Operation(**...)`` (tests/store/test_store.py).
+
+    ``loaded``: the same row as read earlier by the same request (the claim's row after the
+    load's): where its JSON texts are the very texts of ``record``, its decoded path_params and
+    params are taken instead of decoding them again (one decode per request)."""
     op = _new_operation(Operation)
     values = vars(op)
     for name in _OPERATION_FIELDS:
         values[name] = record[name]
-    values["path_params"] = json.loads(values["path_params"])
-    values["params"] = json.loads(values["params"])
+    texts = (values["path_params"], values["params"])
+    if loaded is not None and vars(loaded).get(_DECODED_FROM) == texts:
+        values["path_params"], values["params"] = loaded.path_params, loaded.params
+    else:
+        values["path_params"], values["params"] = json.loads(texts[0]), json.loads(texts[1])
+    values[_DECODED_FROM] = texts
     values["status"] = Status(values["status"])
     return op
 

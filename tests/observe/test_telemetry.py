@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 import structlog
 from aiohttp import web
+from multidict import CIMultiDict
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from proxy.errors import ConfigurationError
-from proxy.gate.upstream import new_client_session
+from proxy.errors import ConfigurationError, UpstreamNotSent
+from proxy.gate.upstream import OutboundRequest, new_client_session, send
 from proxy.observe.logs import log_processors
 from proxy.observe.telemetry import Telemetry, tracer_provider_from_environment
 from tests.support.fault_provider import FaultProvider
@@ -139,6 +140,51 @@ async def test_without_an_exporter_the_agents_trace_still_reaches_the_provider(
     assert (line["trace_id"], line["span_id"]) == (trace_id, parent_id)
 
 
+@pytest.mark.parametrize("exporting", [False, True], ids=["nothing exports", "an exporter"])
+async def test_a_request_without_a_traceparent_has_a_span_only_while_something_exports(
+    start_opgate: StartOpgate,
+    policy_dir: Path,
+    fault_provider: FaultProvider,
+    log_buffer: io.StringIO,
+    exporting: bool,
+) -> None:
+    """An agent request without a traceparent gets a span only while an exporter is attached:
+    then its SERVER span is exported and its trace reaches the provider and the log line;
+    with nothing exporting there is no trace to continue or send, so none of them has one."""
+    (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=False))
+    exporter = InMemorySpanExporter()
+    async with start_opgate(upstream_overrides={"fault": fault_provider.url}) as gate:
+        observability = gate.running.gateway.observability
+        assert observability is not None
+        if exporting:
+            observability.telemetry.add_span_processor(SimpleSpanProcessor(exporter))
+        op = await gate.approve()
+        status, _, _ = await gate.send(
+            "/fault/v1/refunds",
+            data="amount=500&currency=usd&charge=ch_1",
+            headers={"X-Operation-Id": op["operation_id"]},
+        )
+    assert status == 200
+    [received] = fault_provider.requests
+    [line] = [
+        json.loads(text)
+        for text in log_buffer.getvalue().splitlines()
+        if json.loads(text).get("event") == "request"
+    ]
+    servers = [s for s in exporter.get_finished_spans() if s.kind.name == "SERVER"]
+    if not exporting:
+        assert "traceparent" not in received.headers
+        assert line["trace_id"] is None  # the record's field: null
+        assert "span_id" not in line
+        assert servers == []
+        return
+    [server] = servers
+    assert server.context is not None
+    trace_id = format(server.context.trace_id, "032x")
+    assert received.headers["traceparent"].split("-")[1] == trace_id
+    assert (line["trace_id"], line["span_id"]) == (trace_id, format(server.context.span_id, "016x"))
+
+
 def test_client_spans_use_the_stable_http_conventions_unless_asked_for_both() -> None:
     """OTEL_SEMCONV_STABILITY_OPT_IN has its documented effect: stable by default (opgate's
     choice), both with http/dup. Pins the instrumentation's private mode names."""
@@ -152,10 +198,14 @@ def test_client_spans_use_the_stable_http_conventions_unless_asked_for_both() ->
     assert http_semconv_mode(dup) is _StabilityMode.HTTP_DUP
 
 
+def _outbound(url: str) -> OutboundRequest:
+    return OutboundRequest("GET", url, CIMultiDict(), b"", 5.0, 5.0, 1 << 20)
+
+
 async def test_provider_calls_carry_no_trace_config_until_something_exports() -> None:
-    """An egress session has no aiohttp trace config while nothing exports (its middleware
-    still times every call and passes the trace on); once a processor is attached, the same
-    session makes a CLIENT span per call."""
+    """An egress session has no aiohttp trace config while nothing exports (each call through
+    it is still timed, by origin and outcome, and passes the trace on); once a processor is
+    attached, the same session makes a CLIENT span per call."""
     app = web.Application()
     seen: list[str] = []
 
@@ -169,27 +219,36 @@ async def test_provider_calls_carry_no_trace_config_until_something_exports() ->
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     await web.SockSite(runner, sock).start()
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1/x"
+    origin = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    closed = socket.socket()  # bound, never listening: a connection to it is refused
+    closed.bind(("127.0.0.1", 0))
+    refused = f"http://127.0.0.1:{closed.getsockname()[1]}/v1/x"
     telemetry = Telemetry(tracer_provider_from_environment({}))
-    timed: list[str] = []
-    middleware = telemetry.client_middleware(lambda _origin, outcome, _s: timed.append(outcome))
-    session = telemetry.instrument(new_client_session((middleware,)))
+    timed: list[tuple[str, str]] = []
+    session = telemetry.instrument(
+        new_client_session(), lambda origin, outcome, _s: timed.append((origin, outcome))
+    )
     exporter = InMemorySpanExporter()
     try:
         with telemetry.tracer.start_as_current_span("opgate.agent_request"):
-            async with session.get(url) as response:
-                assert response.status == 200
+            assert (await send(session, _outbound(origin + "/v1/x?q=1"))).status == 200
+        with pytest.raises(UpstreamNotSent):
+            await send(session, _outbound(refused))
         assert session.trace_configs == []
         telemetry.add_span_processor(SimpleSpanProcessor(exporter))
         assert len(session.trace_configs) == 1
         with telemetry.tracer.start_as_current_span("opgate.agent_request"):
-            async with session.get(url) as response:
-                assert response.status == 200
+            assert (await send(session, _outbound(origin + "/v1/x"))).status == 200
     finally:
         await session.close()
         await runner.cleanup()
+        closed.close()
         telemetry.shutdown()
-    assert timed == ["answer", "answer"]
+    assert timed == [
+        (origin, "answer"),
+        (refused.removesuffix("/v1/x"), "error"),
+        (origin, "answer"),
+    ]
     kinds = sorted(span.kind.name for span in exporter.get_finished_spans())
     assert kinds == ["CLIENT", "INTERNAL"]
     [client] = [s for s in exporter.get_finished_spans() if s.kind.name == "CLIENT"]

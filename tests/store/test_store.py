@@ -300,9 +300,36 @@ async def test_a_row_becomes_the_operation_its_dataclass_would_build(
         | {"path_params": {}, "params": {"charge": "ch_1"}, "status": Status.CREATED}
     )
     assert op == built
-    assert vars(op).keys() == set(names)
+    assert vars(op).keys() == {*names, "_decoded_from"}  # and the texts it was decoded from
     assert isinstance(op.status, Status)
     assert op.params == {"charge": "ch_1"}
+
+
+async def test_a_claim_decodes_the_rows_json_once_per_request(
+    store: Store, database_url: str
+) -> None:
+    """The claim's row takes the load's decoded path_params and params when its JSON texts are
+    the load's, and decodes its own when they differ (never the load's values for other text)."""
+    await store.create(new_operation("op_once"), actor="test")
+    loaded = await store.load("op_once")
+    assert loaded is not None
+    claimed = await store.claim(
+        Claim("op_once", owner="a", lease_seconds=30, expected_attempts=0), loaded=loaded
+    )
+    assert claimed is not None
+    assert claimed.params is loaded.params
+    assert claimed.path_params is loaded.path_params
+    conn = await asyncpg.connect(database_url)
+    try:
+        row = await queries.fetchrow(conn, "load_operation", operation_id="op_once")
+    finally:
+        await conn.close()
+    assert row is not None
+    changed = dict(row) | {"params": '{"charge": "ch_2"}'}
+    other = operation_from_record(changed, loaded)  # type: ignore[arg-type]
+    assert other.params == {"charge": "ch_2"}
+    assert other.path_params == loaded.path_params
+    assert other.path_params is not loaded.path_params
 
 
 async def test_a_full_pool_still_fails_closed_after_the_acquire_timeout(database_url: str) -> None:
