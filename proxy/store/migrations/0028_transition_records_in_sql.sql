@@ -16,9 +16,12 @@
 -- (proxy/observe/auditlog/chain.py, unchanged). tests/store/test_transition_records_in_sql.py
 -- compares both functions' records on the same inputs.
 --
--- opgate_audit_operation (0022) stays, unused, for a process of the previous release while an
--- upgrade rolls (it writes the same records) and for that test; opgate_audit_hash stays for
--- the other chains (request streams, proposals, policy loads) and anyone who calls it by hand.
+-- opgate_audit_operation (0022) stays, unused (the trigger is the table's, so every process
+-- writes through the new function from this migration on): that test compares with it.
+-- opgate_audit_hash stays for the other chains (request streams, proposals, policy loads) and
+-- anyone who calls it by hand. The record's policy_version is still read from audit_instances
+-- (one index lookup per record): passing it as a parameter of every transition statement
+-- measured no difference (bench/transition-records-in-sql.md).
 
 -- The encoded field of opgate_audit_hash: its length (4 bytes, big-endian), then its bytes.
 -- SQL and IMMUTABLE: PostgreSQL inlines it, which repeats its argument; so a record's
