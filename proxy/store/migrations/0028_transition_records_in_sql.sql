@@ -13,8 +13,9 @@
 -- hash, then each field as a 4-byte big-endian length and its UTF-8 bytes; no field of an
 -- operation's record is ever NULL here, the stream and operation id being the row's key):
 -- chains written before this migration go on, and `opgate audit verify` checks them alike
--- (proxy/observe/auditlog/chain.py, unchanged). tests/store/test_transition_records_in_sql.py
--- compares both functions' records on the same inputs.
+-- (proxy/observe/auditlog/chain.py, its code unchanged).
+-- tests/store/test_transition_records_in_sql.py compares both functions' records on the same
+-- inputs.
 --
 -- opgate_audit_operation (0022) stays, unused (the trigger is the table's, so every process
 -- writes through the new function from this migration on): that test compares with it.
