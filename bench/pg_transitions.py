@@ -3,7 +3,8 @@
 One client, prepared statements, autocommit, on a scratch database migrated up to ``--upto``
 (so one sitting can compare two schemas: the migrations before and after a change). For each
 of ``--operations`` fresh operations: create (not counted), then load, claim and settle, the
-statements of an approved operation's first send; then ``--records`` request records
+statements of an approved operation's first send (with ``--request-record``, the settle carries
+the request's record as opgate's does: migration 0022); then ``--records`` request records
 appended in batches of ``--batch``, as the audit writer does. Reports the backend's CPU from
 /proc (user + system, so the WAL flush of each commit counts) per operation and per record.
 
@@ -18,6 +19,7 @@ import asyncio
 import json
 import os
 import secrets
+import statistics
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -66,6 +68,9 @@ async def measure(
     batch: int,
     settings: dict[str, str],
     untriggered: bool,
+    request_record: bool,
+    against: str | None = None,
+    blocks: int = 1,
 ) -> dict[str, float]:
     conn = await asyncpg.connect(
         target, server_settings={"opgate.instance_id": "bench", **settings}
@@ -108,8 +113,8 @@ async def measure(
         load = await conn.prepare(QUERIES["load_operation"].sql)
         claim = await conn.prepare(QUERIES["claim_operation"].sql)
         settle = await conn.prepare(QUERIES["settle_operation"].sql)
-        spent = {"load": 0.0, "claim": 0.0, "settle": 0.0}
-        for operation_id in ids:
+
+        async def send(operation_id: str, spent: dict[str, float]) -> None:
             at = backend_cpu(pid)
             await load.fetchrow(operation_id)
             after_load = backend_cpu(pid)
@@ -139,7 +144,7 @@ async def measure(
                         "content_type": "application/json",
                         "body": b"{}",
                         "actor": "bench",
-                        "request": None,
+                        "request": _request_record(operation_id) if request_record else None,
                     }
                 )
             )
@@ -147,6 +152,53 @@ async def measure(
             spent["load"] += after_load - at
             spent["claim"] += after_claim - after_load
             spent["settle"] += backend_cpu(pid) - after_claim
+
+        spent = {"load": 0.0, "claim": 0.0, "settle": 0.0}
+        if against is None:
+            for operation_id in ids:
+                await send(operation_id, spent)
+        else:
+            # the same statements, blocks alternating between the trigger function the
+            # migrations installed (B) and ``against`` (A), A B B A..., on one connection
+            installed = await conn.fetchval(
+                "SELECT tgfoid::regproc::text FROM pg_trigger WHERE tgname = 'operations_audit'"
+            )
+            sides = {"A": against, "B": installed}
+            per_side = {side: {"load": 0.0, "claim": 0.0, "settle": 0.0} for side in sides}
+            ratios = []
+            size = operations // blocks
+            for block in range(blocks):
+                side = "AB"[(block + block // 2) % 2]  # A B B A A B B A...
+                await conn.execute(
+                    "CREATE OR REPLACE TRIGGER operations_audit BEFORE INSERT OR UPDATE ON"
+                    " operations FOR EACH ROW WHEN (NEW.audit_event IS NOT NULL)"
+                    f" EXECUTE FUNCTION {sides[side]}()"
+                )
+                block_spent = {"load": 0.0, "claim": 0.0, "settle": 0.0}
+                for operation_id in ids[block * size : (block + 1) * size]:
+                    await send(operation_id, block_spent)
+                for name, value in block_spent.items():
+                    per_side[side][name] += value
+                ratios.append((side, sum(block_spent.values())))
+            # each pair of blocks (A B, then B A) is one A/B: a drift falls on both alike
+            pairs = [
+                dict(pair)["B"] / dict(pair)["A"]
+                for pair in zip(ratios[0::2], ratios[1::2], strict=True)
+            ]
+            half = size * blocks / 2
+            return {
+                **{
+                    f"{side}_{name}_us": value / half * 1e6
+                    for side in sides
+                    for name, value in per_side[side].items()
+                },
+                "A_per_operation_us": sum(per_side["A"].values()) / half * 1e6,
+                "B_per_operation_us": sum(per_side["B"].values()) / half * 1e6,
+                "B/A": sum(per_side["B"].values()) / sum(per_side["A"].values()),
+                "B/A per pair, median": statistics.median(pairs),
+                "B/A per pair, min": min(pairs),
+                "B/A per pair, max": max(pairs),
+            }
         per_operation = sum(spent.values()) / operations
         record = {
             "schema_version": 1,
@@ -172,6 +224,41 @@ async def measure(
         await conn.close()
 
 
+def _request_record(operation_id: str) -> str:
+    """An approved operation's request record, of opgate's shape and size (docs/audit.md)."""
+    return json.dumps(
+        {
+            "schema_version": 1,
+            "event": "request",
+            "request_id": secrets.token_hex(8),
+            "time": datetime.now(UTC).isoformat(),
+            "listener": "agent",
+            "source": "127.0.0.1",
+            "method": "POST",
+            "path": "/bench/v1/charges",
+            "path_sha256": None,
+            "query_sha256": None,
+            "agent_id": "agent",
+            "tenant": "t",
+            "operation_id": operation_id,
+            "provider": "stripe",
+            "action": "charge",
+            "rule": "charge",
+            "decision": "allow",
+            "reason": None,
+            "response_status": 200,
+            "provider_status": 200,
+            "attempt": 1,
+            "body_sha256": secrets.token_hex(32),
+            "policy_version": "sha256:" + "0" * 64,
+            "instance_id": "bench",
+            "instance_seq": None,
+            "latency_ms": 12.5,
+            "upstream_ms": 10.1,
+        }
+    )
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", required=True)
@@ -182,6 +269,16 @@ async def main() -> None:
     parser.add_argument(
         "--setting", action="append", default=[], help="NAME=VALUE, a server setting (analysis)"
     )
+    parser.add_argument(
+        "--request-record", action="store_true", help="the settle carries the request's record"
+    )
+    parser.add_argument(
+        "--against",
+        metavar="FUNCTION",
+        help="A/B in one sitting: blocks of operations alternate between the installed"
+        " transition trigger function (B) and this one (A), e.g. opgate_audit_operation",
+    )
+    parser.add_argument("--blocks", type=int, default=16, help="with --against: A B B A...")
     parser.add_argument("--sql", action="append", default=[], help="run after the migrations")
     parser.add_argument(
         "--no-transition-records", action="store_true", help="analysis: the trigger disabled"
@@ -197,6 +294,9 @@ async def main() -> None:
             args.batch,
             settings,
             args.no_transition_records,
+            args.request_record,
+            args.against,
+            args.blocks,
         )
     finally:
         admin = await asyncpg.connect(args.dsn)
@@ -204,7 +304,7 @@ async def main() -> None:
             await admin.execute(f'DROP DATABASE "{name}"')
         finally:
             await admin.close()
-    print(json.dumps({"upto": args.upto, **{k: round(v, 1) for k, v in result.items()}}))
+    print(json.dumps({"upto": args.upto, **{k: round(v, 3) for k, v in result.items()}}))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """The audit chain's arithmetic, pure: record hashes, checkpoint MACs, and the verifier's rules.
 
 The record hash is computed by PostgreSQL (``opgate_audit_hash``: migration 0003, the same
-encoding in PL/pgSQL since 0004) when a record is appended, and recomputed here, independently,
-when it is verified. The two encodings must stay identical;
-``tests/observe/test_auditlog_chain.py`` and ``tests/store/test_migrate.py`` check them
+encoding in PL/pgSQL since 0004; an operation's records by one SQL expression each in its
+trigger since 0028) when a record is appended, and recomputed here, independently, when it is
+verified. The encodings must stay identical; ``tests/observe/test_auditlog_chain.py``,
+``tests/store/test_migrate.py`` and ``tests/store/test_transition_records_in_sql.py`` check them
 against each other.
 """
 
