@@ -27,6 +27,7 @@ import pytest
 import pytest_asyncio
 
 from tests.support.cluster import Cluster, missing_reason, running_cluster
+from tests.support.failover import approve, recovery_view, send_approved
 from tests.support.fault_provider import FaultProvider
 from tests.support.killable_opgate import REPO, KillableOpgate, spawn_opgate
 from tests.support.opgate import ADMIN_TOKEN, AGENT_TOKEN, fault_policy, process_env
@@ -144,57 +145,6 @@ async def test_asynchronous_standby_refuses_start_unless_accepted(
         async with opgate_process(accepted) as gate:
             status, body = await readyz(http, gate.ops_url)
         assert (status, body["replication"]) == (200, "asynchronous"), body
-
-
-async def approve(http: aiohttp.ClientSession, ops_url: str, index: int) -> str:
-    """A refund approved through the operations API; its operation id (answered 201)."""
-    async with http.post(
-        f"{ops_url}/v1/operations",
-        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-        json={
-            "tenant": "t1",
-            "provider": "fault",
-            "action": "refund.create",
-            "amount": 100 + index,
-            "currency": "usd",
-            "params": {"charge": f"ch_{uuid.uuid4().hex[:10]}"},
-            "approval_ref": f"T-{index}",
-            "approved_by": "failover",
-            "ttl_seconds": 600,
-        },
-        timeout=aiohttp.ClientTimeout(total=10),
-    ) as answer:
-        payload: dict[str, Any] = await answer.json(content_type=None)
-        assert answer.status == 201, payload
-        return str(payload["operation_id"])
-
-
-async def recovery_view(
-    http: aiohttp.ClientSession, agent_url: str, operation_id: str
-) -> tuple[int, dict[str, Any]]:
-    async with http.get(
-        f"{agent_url}/_opgate/v1/operations/{operation_id}",
-        headers={"Authorization": f"Bearer {AGENT_TOKEN}"},
-        timeout=aiohttp.ClientTimeout(total=10),
-    ) as answer:
-        body: dict[str, Any] = await answer.json(content_type=None)
-        return answer.status, body
-
-
-async def send_approved(
-    http: aiohttp.ClientSession, agent_url: str, request: dict[str, Any]
-) -> tuple[int, dict[str, Any]]:
-    """One send of the approved request as the recovery read gives it."""
-    async with http.request(
-        request["method"],
-        agent_url + request["path"],
-        data=request.get("form"),
-        json=request.get("json"),
-        headers={**request["headers"], "Authorization": f"Bearer {AGENT_TOKEN}"},
-        timeout=aiohttp.ClientTimeout(total=30),
-    ) as answer:
-        body: dict[str, Any] = await answer.json(content_type=None)
-        return answer.status, body
 
 
 async def follow_recovery(agent_url: str, operation_id: str) -> tuple[int, dict[str, Any]]:

@@ -275,7 +275,8 @@ async def test_the_gate_asks_first_exactly_where_the_claim_refuses_to_go_unasked
 
 async def test_a_promoted_standby_puts_what_was_unsettled_in_doubt() -> None:
     """A real switch: a primary with a streaming standby, operations created and claimed,
-    the primary crashed, the standby promoted; the first connection to it marks them."""
+    the primary crashed, the standby promoted; no replication judgement ever witnessed the
+    synchronous standby (proxy/store/promotion.py), so the first connection to it marks them."""
     reason = missing_reason()
     if reason is not None:
         pytest.skip(reason)
