@@ -166,14 +166,15 @@ class TimelineSeen:
     marked: int | None  # operations put in doubt now (None: this connection recorded nothing)
 
 
-async def see_timeline(conn: asyncpg.Connection) -> TimelineSeen:
+async def see_timeline(conn: asyncpg.Connection, *, prove: bool = False) -> TimelineSeen:
     """Record the timeline ``conn`` writes on, marking the operations a switch put in doubt,
-    unless the switch provably lost no acknowledged claim (proxy/store/promotion.py).
-    Nothing on a standby: it refuses the statement (one that writes, even nothing), and a
-    connection to one must still open, to be refused by what uses it (``ping``)."""
+    unless ``prove`` and the switch provably lost no acknowledged claim
+    (proxy/store/promotion.py). Nothing on a standby: it refuses the statement (one that
+    writes, even nothing), and a connection to one must still open, to be refused by what uses
+    it (``ping``)."""
     if await queries.fetchval(conn, "ping"):
         return TimelineSeen(None, None, None)
-    proof = await _switch_proof(conn)
+    proof = await _switch_proof(conn, prove)
     record = await queries.fetchrow(
         conn, "timeline_seen", unmarked_because=proof.why if proof and proof.nothing_lost else None
     )
@@ -193,7 +194,7 @@ async def see_timeline(conn: asyncpg.Connection) -> TimelineSeen:
     return seen
 
 
-async def _switch_proof(conn: asyncpg.Connection) -> Proof | None:
+async def _switch_proof(conn: asyncpg.Connection, prove_it: bool) -> Proof | None:
     """Whether a switch this connection sees lost no acknowledged claim; None where it sees
     none (the timeline recorded already, or the first one ever)."""
     row = await queries.fetchrow(conn, "timeline_facts")
@@ -201,6 +202,8 @@ async def _switch_proof(conn: asyncpg.Connection) -> Proof | None:
     current, previous = row["current_timeline"], row["previous_timeline"]
     if current is None or previous is None or current <= previous:
         return None
+    if not prove_it:
+        return Proof(False, _NOT_PROVED)
     witness = None
     if row["standby_names"] is not None:
         witness = SyncWitness(
@@ -213,12 +216,23 @@ async def _switch_proof(conn: asyncpg.Connection) -> Proof | None:
     return prove(SwitchFacts(current, previous, witness, row["streamed"], row["primary_conninfo"]))
 
 
-async def _see_timeline_first(conn: asyncpg.Connection) -> None:
-    """Every new pooled connection, before its first use. After a failover every connection
-    is new (the old primary's died with it), so no claim on a new timeline can precede the
-    marking of the operations that the lost timeline may have sent; a periodic check could
-    come after one."""
-    await see_timeline(conn)
+# Where the proof is not asked for: a process that accepts asynchronous replication
+# (accept_async_replication) serves while standbys lag, for as long as they do, so the last
+# witness a promoted standby received says nothing of what was acknowledged after it; and
+# tools (the CLI) that do not know the setting.
+_NOT_PROVED = "not proved here (asynchronous replication accepted, or not a server)"
+
+
+def _see_timeline_first(prove: bool) -> Callable[[asyncpg.Connection], Awaitable[None]]:
+    """What every new pooled connection does before its first use. After a failover every
+    connection is new (the old primary's died with it), so no claim on a new timeline can
+    precede the marking of the operations that the lost timeline may have sent; a periodic
+    check could come after one."""
+
+    async def see(conn: asyncpg.Connection) -> None:
+        await see_timeline(conn, prove=prove)
+
+    return see
 
 
 async def _witnessed_facts(conn: asyncpg.Connection) -> ReplicationFacts:
@@ -263,7 +277,11 @@ class Store:
         statement_timeout_ms: int = 5000,
         instance_id: str | None = None,
         statement_cache_size: int = 100,
+        prove_promotions: bool = False,
     ) -> Store:
+        """``prove_promotions``: a switch of timeline that provably lost no acknowledged claim
+        marks nothing (proxy/store/promotion.py); only for a server that refuses asynchronous
+        replication (see ``_NOT_PROVED``)."""
         # opgate.instance_id: read by the audit trigger (migration 0003) so that each
         # transition's audit record names the instance and the policy set that wrote it.
         settings = {"application_name": "opgate", "opgate.instance_id": instance_id or ""}
@@ -273,7 +291,7 @@ class Store:
                 min_size=min_size,
                 max_size=max_size,
                 reset=_reset_connection,
-                init=_see_timeline_first,
+                init=_see_timeline_first(prove_promotions),
                 timeout=acquire_timeout,
                 command_timeout=statement_timeout_ms / 1000,
                 server_settings=settings,

@@ -130,4 +130,4 @@ async def test_an_asynchronous_promotion_still_marks(
     ] * 2, answers
     assert len(fault_provider.effects) == 1
     assert [(s["operations_in_doubt"], s["nothing_lost"]) for s in switched] == [(2, False)]
-    assert "no standby was needed" in switched[0]["proof"]
+    assert "asynchronous replication accepted" in switched[0]["proof"]
