@@ -136,8 +136,11 @@ def required_standbys(standby_names: str) -> frozenset[str]:
     if tokens is None or not tokens:
         return frozenset()
     count = 1
-    if tokens[0][0] == "word" and tokens[0][1].upper() in ("FIRST", "ANY") and len(tokens) > 1:
+    keyword = tokens[0][0] == "word" and tokens[0][1].upper() in ("FIRST", "ANY")
+    if keyword:
         tokens = tokens[1:]
+        if not tokens or tokens[0][0] != "word" or not tokens[0][1].isdigit():
+            return frozenset()  # FIRST and ANY take a number of standbys
     if tokens[0][0] == "word" and tokens[0][1].isdigit() and len(tokens) > 1:
         if tokens[1] != ("punct", "(") or tokens[-1] != ("punct", ")"):
             return frozenset()

@@ -33,6 +33,8 @@ from proxy.store.promotion import SwitchFacts, SyncWitness, prove, required_stan
         ("FIRST 1 (a", set()),  # unreadable: nothing proven
         ("a,, b", set()),
         ("FIRST (a)", set()),
+        ("ANY a", set()),
+        ("FIRST", set()),
     ],
 )
 def test_required_standbys(names: str, required: set[str]) -> None:
