@@ -171,6 +171,7 @@ async def running(
             statement_timeout_ms=settings.statement_timeout_ms,
             instance_id=settings.instance_id,
             statement_cache_size=settings.database_statement_cache_size,
+            prove_promotions=not settings.accept_async_replication,
         )
         try:
             started_with = await _judge_replication(store, settings)

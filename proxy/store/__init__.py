@@ -6,7 +6,8 @@ the asyncpg ``Store`` of ``store`` (transactions, error translation) and its
 next call), the ``embedded`` server for development, ``operation`` and ``proposal``, the rows as
 the store returns them, ``faults``, which errors mean the store cannot be reached or used (one
 classification for every caller that runs SQL), ``dsn``, whether a database URL follows the
-primary, ``replication``, whether a commit survives a failover, ``readiness``, the
+primary, ``replication``, whether a commit survives a failover, ``promotion``, whether a
+promotion can have lost an acknowledged claim (the proof), ``readiness``, the
 connection ``/readyz`` checks on (outside the pool, under a deadline), and the statements of
 the rooms above, one module per job: ``audit`` (the audit log's appends, checkpoints and reads),
 ``transparency`` (the Merkle tree's leaves, nodes, signed checkpoints and cosignatures),

@@ -80,10 +80,11 @@ SELECT k.operation_id, k.fingerprint FROM approval_keys k
 -- timeline this primary writes on, recorded the first time it is greater than every one
 -- recorded before, and then, in the same statement, every operation still created or dispatched
 -- marked `lookup_before_send` (migration 0014): it may have been claimed and sent on the timeline
--- that a failover lost, so it is looked up at the provider before its next send. The current
--- timeline is the first 8 hex digits of the current WAL file's name: pg_control_checkpoint()
--- shows the new one only after the next checkpoint. Only on a primary: a standby refuses any
--- statement that writes, even one that writes nothing, so the caller asks `ping` first.
+-- that a failover lost, so it is looked up at the provider before its next send; unless
+-- unmarked_because is given: the proof (proxy/store/promotion.py, from timeline_facts) that
+-- this switch lost no acknowledged claim, recorded with the timeline instead. Only on a
+-- primary: a standby refuses any statement that writes, even one that writes nothing, so the
+-- caller asks `ping` first.
 -- The first timeline ever recorded marks nothing (no switch was seen). Safe when several
 -- processes see the switch at once: the second insert of the same timeline waits for the
 -- first's commit and inserts nothing, so it marks nothing either; a row created on the new
@@ -91,18 +92,18 @@ SELECT k.operation_id, k.fingerprint FROM approval_keys k
 -- Returns the current timeline (NULL on a standby), the last one recorded before, and how
 -- many operations were marked now (NULL: no new timeline was recorded by this statement).
 WITH current_timeline AS (
-    SELECT CASE WHEN pg_is_in_recovery() THEN NULL
-                ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int
-           END AS timeline_id
+    SELECT opgate_current_timeline() AS timeline_id
 ), last_seen AS (
     SELECT max(timeline_id) AS timeline_id FROM timelines
 ), doubted AS (
     SELECT o.operation_id, o.status FROM operations o, current_timeline c, last_seen l
      WHERE l.timeline_id IS NOT NULL AND c.timeline_id > l.timeline_id
+       AND %(unmarked_because)s::text IS NULL
        AND opgate_unsettled(o.status) AND o.lookup_before_send IS NULL
 ), recorded AS (
-    INSERT INTO timelines (timeline_id, marked)
-    SELECT c.timeline_id, (SELECT count(*) FROM doubted)
+    INSERT INTO timelines (timeline_id, marked, unmarked_because)
+    SELECT c.timeline_id, (SELECT count(*) FROM doubted),
+           CASE WHEN l.timeline_id IS NOT NULL THEN %(unmarked_because)s::text END
       FROM current_timeline c, last_seen l
      WHERE c.timeline_id IS NOT NULL AND (l.timeline_id IS NULL OR c.timeline_id > l.timeline_id)
     ON CONFLICT (timeline_id) DO NOTHING
@@ -126,6 +127,46 @@ WITH current_timeline AS (
 SELECT c.timeline_id AS current_timeline, l.timeline_id AS previous_timeline,
        (SELECT marked FROM recorded) AS marked
   FROM current_timeline c, last_seen l;
+
+-- name: timeline_facts
+-- What a new connection reads before timeline_seen, for the proof that a switch lost no
+-- acknowledged claim (proxy/store/promotion.py): the timeline this server writes on (NULL on
+-- a standby), the greatest one recorded before, the last synchronous witness of that one this
+-- server has (record_sync_witness), whether it received its WAL by streaming
+-- (pg_last_wal_receive_lsn() keeps its value after a promotion), and its primary_conninfo
+-- (pg_settings shows no row for it to a role without pg_read_all_settings: NULL, not an
+-- error).
+WITH current_timeline AS (
+    SELECT opgate_current_timeline() AS timeline_id
+), last_seen AS (
+    SELECT max(timeline_id) AS timeline_id FROM timelines
+)
+SELECT c.timeline_id AS current_timeline, l.timeline_id AS previous_timeline,
+       pg_last_wal_receive_lsn() IS NOT NULL AS streamed,
+       (SELECT nullif(setting, '') FROM pg_settings WHERE name = 'primary_conninfo')
+           AS primary_conninfo,
+       w.standby_names, w.wal_senders, w.statement_timeout, w.recorded_at AS witnessed_at
+  FROM current_timeline c CROSS JOIN last_seen l
+  LEFT JOIN sync_witness w ON w.timeline_id = l.timeline_id;
+
+-- name: record_sync_witness
+-- At every replication judgement on a primary: its synchronous_standby_names, the
+-- application_name of each WAL sender connected now, and the statement_timeout opgate's
+-- connections get from the server (its role's, its database's), for the timeline it writes on
+-- (migration 0030). A promoted standby reads the last one it received to prove that it confirmed every
+-- commit (timeline_facts). Committed without waiting for a standby (local): the proof needs
+-- only the last witness the standby has, and a standby missing must not hang the judgement.
+INSERT INTO sync_witness (timeline_id, standby_names, wal_senders, statement_timeout,
+                          recorded_at, instance_id)
+SELECT opgate_current_timeline(), current_setting('synchronous_standby_names'),
+       coalesce((SELECT array_agg(application_name ORDER BY application_name)
+                   FROM pg_stat_replication), '{}'),
+       current_setting('statement_timeout'), now(),
+       nullif(current_setting('opgate.instance_id', true), '')
+ WHERE set_config('synchronous_commit', 'local', true) <> ''
+ON CONFLICT (timeline_id) DO UPDATE
+   SET standby_names = EXCLUDED.standby_names, wal_senders = EXCLUDED.wal_senders,
+       statement_timeout = EXCLUDED.statement_timeout, recorded_at = EXCLUDED.recorded_at, instance_id = EXCLUDED.instance_id;
 
 -- name: claim_operation
 -- created -> dispatched, or a new attempt of a dispatched operation. Takes the in-flight lease

@@ -21,6 +21,7 @@ from proxy.store import queries
 from proxy.store.connections import Connections
 from proxy.store.faults import is_unavailable
 from proxy.store.operation import Operation, Status
+from proxy.store.promotion import Proof, SwitchFacts, SyncWitness, prove
 from proxy.store.proposal import PendingProposals, Proposal
 from proxy.store.readiness import ReadinessConnection
 from proxy.store.replication import ReplicationFacts, Verdict, facts_from_row, judge
@@ -166,30 +167,86 @@ class TimelineSeen:
     marked: int | None  # operations put in doubt now (None: this connection recorded nothing)
 
 
-async def see_timeline(conn: asyncpg.Connection) -> TimelineSeen:
-    """Record the timeline ``conn`` writes on, marking the operations a switch put in doubt.
-    Nothing on a standby: it refuses the statement (one that writes, even nothing), and a
-    connection to one must still open, to be refused by what uses it (``ping``)."""
+async def see_timeline(conn: asyncpg.Connection, *, prove: bool = False) -> TimelineSeen:
+    """Record the timeline ``conn`` writes on, marking the operations a switch put in doubt,
+    unless ``prove`` and the switch provably lost no acknowledged claim
+    (proxy/store/promotion.py). Nothing on a standby: it refuses the statement (one that
+    writes, even nothing), and a connection to one must still open, to be refused by what uses
+    it (``ping``)."""
     if await queries.fetchval(conn, "ping"):
         return TimelineSeen(None, None, None)
-    record = await queries.fetchrow(conn, "timeline_seen")
+    proof = await _switch_proof(conn, prove)
+    record = await queries.fetchrow(
+        conn, "timeline_seen", unmarked_because=proof.why if proof and proof.nothing_lost else None
+    )
     assert record is not None  # one row always
-    return TimelineSeen(record["current_timeline"], record["previous_timeline"], record["marked"])
-
-
-async def _see_timeline_first(conn: asyncpg.Connection) -> None:
-    """Every new pooled connection, before its first use. After a failover every connection
-    is new (the old primary's died with it), so no claim on a new timeline can precede the
-    marking of the operations that the lost timeline may have sent; a periodic check could
-    come after one."""
-    seen = await see_timeline(conn)
-    if seen.marked is not None and seen.previous is not None:
-        _log.warning(
+    seen = TimelineSeen(record["current_timeline"], record["previous_timeline"], record["marked"])
+    if seen.marked is not None and seen.previous is not None and proof is not None:
+        # This connection recorded the switch: say what was done about it, once.
+        say = _log.warning if seen.marked else _log.info
+        say(
             "timeline_switched",
             timeline=seen.current,
             previous_timeline=seen.previous,
             operations_in_doubt=seen.marked,
+            nothing_lost=proof.nothing_lost,
+            proof=proof.why,
         )
+    return seen
+
+
+async def _switch_proof(conn: asyncpg.Connection, prove_it: bool) -> Proof | None:
+    """Whether a switch this connection sees lost no acknowledged claim; None where it sees
+    none (the timeline recorded already, or the first one ever)."""
+    row = await queries.fetchrow(conn, "timeline_facts")
+    assert row is not None  # one row always
+    current, previous = row["current_timeline"], row["previous_timeline"]
+    if current is None or previous is None or current <= previous:
+        return None
+    if not prove_it:
+        return Proof(False, _NOT_PROVED)
+    witness = None
+    if row["standby_names"] is not None:
+        witness = SyncWitness(
+            previous,
+            row["standby_names"],
+            tuple(row["wal_senders"]),
+            row["statement_timeout"],
+            row["witnessed_at"],
+        )
+    return prove(SwitchFacts(current, previous, witness, row["streamed"], row["primary_conninfo"]))
+
+
+# Where the proof is not asked for: a process that accepts asynchronous replication
+# (accept_async_replication) serves while standbys lag, for as long as they do, so the last
+# witness a promoted standby received says nothing of what was acknowledged after it; and
+# tools (the CLI) that do not know the setting.
+_NOT_PROVED = "not proved here (asynchronous replication accepted, or not a server)"
+
+
+def _see_timeline_first(prove: bool) -> Callable[[asyncpg.Connection], Awaitable[None]]:
+    """What every new pooled connection does before its first use. After a failover every
+    connection is new (the old primary's died with it), so no claim on a new timeline can
+    precede the marking of the operations that the lost timeline may have sent; a periodic
+    check could come after one."""
+
+    async def see(conn: asyncpg.Connection) -> None:
+        await see_timeline(conn, prove=prove)
+
+    return see
+
+
+async def _witnessed_facts(conn: asyncpg.Connection) -> ReplicationFacts:
+    """The replication facts (queries.sql ``replication_state``) and, on a primary, their
+    witness for a later promotion (``record_sync_witness``: what proxy/store/promotion.py
+    proves from)."""
+    row = await queries.fetchrow(conn, "replication_state")
+    assert row is not None  # one row always
+    if not row["in_recovery"]:
+        await queries.execute(conn, "record_sync_witness")
+    return facts_from_row(
+        row["in_recovery"], row["standby_names"], row["synchronous_commit"], row["standbys"]
+    )
 
 
 async def _reset_connection(conn: asyncpg.Connection) -> None:
@@ -221,7 +278,11 @@ class Store:
         statement_timeout_ms: int = 5000,
         instance_id: str | None = None,
         statement_cache_size: int = 100,
+        prove_promotions: bool = False,
     ) -> Store:
+        """``prove_promotions``: a switch of timeline that provably lost no acknowledged claim
+        marks nothing (proxy/store/promotion.py); only for a server that refuses asynchronous
+        replication (see ``_NOT_PROVED``)."""
         # opgate.instance_id: read by the audit trigger (migration 0003) so that each
         # transition's audit record names the instance and the policy set that wrote it.
         settings = {"application_name": "opgate", "opgate.instance_id": instance_id or ""}
@@ -231,7 +292,7 @@ class Store:
                 min_size=min_size,
                 max_size=max_size,
                 reset=_reset_connection,
-                init=_see_timeline_first,
+                init=_see_timeline_first(prove_promotions),
                 timeout=acquire_timeout,
                 command_timeout=statement_timeout_ms / 1000,
                 server_settings=settings,
@@ -807,12 +868,8 @@ class Store:
 
     async def replication_facts(self) -> ReplicationFacts:
         """Whether commits here are replicated before they are acknowledged
-        (proxy/store/replication.py judges them)."""
-        row = await self._run(lambda conn: queries.fetchrow(conn, "replication_state"))
-        assert row is not None  # one row always
-        return facts_from_row(
-            row["in_recovery"], row["standby_names"], row["synchronous_commit"], row["standbys"]
-        )
+        (proxy/store/replication.py judges them); on a primary, witnessed for a promotion."""
+        return await self._run(_witnessed_facts)
 
     async def commit_heartbeat(self, timeout_seconds: float) -> None:
         """Commit a transaction as a claim commits (queries.sql ``commit_heartbeat``); raises
@@ -875,16 +932,8 @@ class Store:
         within ``budget_seconds``: claims are refused while the verdict says so, taken again
         once it no longer does. StoreUnavailable if the database did not answer (the verdict
         before stands)."""
-
-        async def facts(conn: asyncpg.Connection) -> ReplicationFacts:
-            row = await queries.fetchrow(conn, "replication_state")
-            assert row is not None  # one row always
-            return facts_from_row(
-                row["in_recovery"], row["standby_names"], row["synchronous_commit"], row["standbys"]
-            )
-
         try:
-            read = await self._readiness.run(facts, budget_seconds)
+            read = await self._readiness.run(_witnessed_facts, budget_seconds)
         except TimeoutError as exc:
             raise StoreUnavailable(f"no answer within {budget_seconds:g} s") from exc
         except Exception as exc:

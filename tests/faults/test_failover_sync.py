@@ -5,11 +5,18 @@ Readiness and start-up follow the replication (no sync standby: /readyz 503; asy
 standbys: no start unless accepted), and a primary killed mid-stream then a standby promoted
 makes no second effect and loses no approval. One failover round in CI;
 ``OPGATE_FAILOVER_ROUNDS=N`` runs N.
+
+The soak (docs/running-ha.md, not in CI): ``OPGATE_STANDBY_OUTAGES=M`` adds M rounds in which
+the synchronous standby is stopped for a while instead (claims hang, are cut off, and must
+not be burned), and ``OPGATE_FAILOVER_GRACES=1,5,60`` runs every round once per rule grace
+(default 0.5 s). The figures (``-s``) count doubles, lost and burned approvals, 500s, and the
+sends answered 409 reconcile_required per failover.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -27,6 +34,7 @@ import pytest
 import pytest_asyncio
 
 from tests.support.cluster import Cluster, missing_reason, running_cluster
+from tests.support.failover import approve, recovery_view, send_approved
 from tests.support.fault_provider import FaultProvider
 from tests.support.killable_opgate import REPO, KillableOpgate, spawn_opgate
 from tests.support.opgate import ADMIN_TOKEN, AGENT_TOKEN, fault_policy, process_env
@@ -35,6 +43,9 @@ from tests.support.polling import until
 from tests.support.recovery_agent import EXIT_DONE, follow
 
 ROUNDS = int(os.environ.get("OPGATE_FAILOVER_ROUNDS", "1"))
+OUTAGES = int(os.environ.get("OPGATE_STANDBY_OUTAGES", "0"))
+GRACES = [float(g) for g in os.environ.get("OPGATE_FAILOVER_GRACES", "0.5").split(",")]
+STANDBY_OUTAGE_SECONDS = 6.0  # longer than the 5 s statement timeout: claims are cut off
 AGENTS = 12
 EFFECTS_BEFORE_KILL = 15  # the primary dies mid-stream: after this many refunds of the round
 EFFECTS_AFTER_PROMOTION = 15  # and opgate must go on serving on the promoted standby
@@ -43,10 +54,15 @@ OUTAGE_SECONDS = 0.5  # how long no primary exists: a failover's gap, not a sync
 
 @pytest.fixture
 def policies(tmp_path: Path) -> Path:
-    directory = tmp_path / "policies"
+    return _policies(tmp_path / "policies", grace_seconds=0.5)
+
+
+def _policies(directory: Path, grace_seconds: float) -> Path:
     directory.mkdir()
     (directory / "fault.yaml").write_text(
-        fault_policy(deduplicates=False, total_timeout=2, grace_seconds=0.5, max_attempts=4)
+        fault_policy(
+            deduplicates=False, total_timeout=2, grace_seconds=grace_seconds, max_attempts=4
+        )
     )
     return directory
 
@@ -146,57 +162,6 @@ async def test_asynchronous_standby_refuses_start_unless_accepted(
         assert (status, body["replication"]) == (200, "asynchronous"), body
 
 
-async def approve(http: aiohttp.ClientSession, ops_url: str, index: int) -> str:
-    """A refund approved through the operations API; its operation id (answered 201)."""
-    async with http.post(
-        f"{ops_url}/v1/operations",
-        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-        json={
-            "tenant": "t1",
-            "provider": "fault",
-            "action": "refund.create",
-            "amount": 100 + index,
-            "currency": "usd",
-            "params": {"charge": f"ch_{uuid.uuid4().hex[:10]}"},
-            "approval_ref": f"T-{index}",
-            "approved_by": "failover",
-            "ttl_seconds": 600,
-        },
-        timeout=aiohttp.ClientTimeout(total=10),
-    ) as answer:
-        payload: dict[str, Any] = await answer.json(content_type=None)
-        assert answer.status == 201, payload
-        return str(payload["operation_id"])
-
-
-async def recovery_view(
-    http: aiohttp.ClientSession, agent_url: str, operation_id: str
-) -> tuple[int, dict[str, Any]]:
-    async with http.get(
-        f"{agent_url}/_opgate/v1/operations/{operation_id}",
-        headers={"Authorization": f"Bearer {AGENT_TOKEN}"},
-        timeout=aiohttp.ClientTimeout(total=10),
-    ) as answer:
-        body: dict[str, Any] = await answer.json(content_type=None)
-        return answer.status, body
-
-
-async def send_approved(
-    http: aiohttp.ClientSession, agent_url: str, request: dict[str, Any]
-) -> tuple[int, dict[str, Any]]:
-    """One send of the approved request as the recovery read gives it."""
-    async with http.request(
-        request["method"],
-        agent_url + request["path"],
-        data=request.get("form"),
-        json=request.get("json"),
-        headers={**request["headers"], "Authorization": f"Bearer {AGENT_TOKEN}"},
-        timeout=aiohttp.ClientTimeout(total=30),
-    ) as answer:
-        body: dict[str, Any] = await answer.json(content_type=None)
-        return answer.status, body
-
-
 async def follow_recovery(agent_url: str, operation_id: str) -> tuple[int, dict[str, Any]]:
     """A replacement agent process (tests/support/recovery_agent.py): its exit code and view."""
     process = await asyncio.create_subprocess_exec(
@@ -252,6 +217,8 @@ async def test_claim_cut_off_at_its_commit_is_sent_once_after_recovery(
 class Round:
     """What one failover round saw, at the provider, in the database and in every answer."""
 
+    kind: str = "failover"  # or "standby_outage"
+    grace_seconds: float = 0.5
     approved: list[str] = field(default_factory=list)  # answered 201
     answers: Counter[tuple[str, int]] = field(default_factory=Counter)  # (kind, status)
     lost_approvals: list[str] = field(default_factory=list)
@@ -261,6 +228,10 @@ class Round:
     seconds: float = 0.0
     claims_cut_off: int = 0  # claims whose statement failed with the connection (503)
     cut_off_released: int = 0  # of them, committed after all: released as not_sent
+    answered_reconcile_required: int = 0  # sends answered 409 reconcile_required
+    marked: int = 0  # operations the switch put in doubt (timeline_switched)
+    recovery_seconds: float = 0.0  # the replacement agents, until every approval ended
+    burned: list[str] = field(default_factory=list)  # ended needing a new approval, unsent
 
     @property
     def status_500(self) -> int:
@@ -313,11 +284,17 @@ async def load_agent(gate: KillableOpgate, index: int, stop: asyncio.Event, seen
 
 
 async def failover_round(
-    policies: Path, fault_provider: FaultProvider, logs: Path, number: int
+    policies: Path,
+    fault_provider: FaultProvider,
+    logs: Path,
+    number: int,
+    kind: str = "failover",
+    grace_seconds: float = 0.5,
 ) -> Round:
     """Agents at work on a synchronous primary + standby; the primary killed mid-stream, the
-    standby promoted; the agents go on; then replacement agents recover every approval."""
-    seen, began = Round(), time.monotonic()
+    standby promoted (or, ``standby_outage``, the standby stopped for a while and started
+    again); the agents go on; then replacement agents recover every approval."""
+    seen, began = Round(kind, grace_seconds), time.monotonic()
     with running_cluster(sync=True) as fresh:
         dsn = await fresh.create_database("opgate")
         env = process_env(
@@ -342,9 +319,14 @@ async def failover_round(
                     "refunds flow before the kill",
                     30,
                 )
-                fresh.kill_primary()
-                await asyncio.sleep(OUTAGE_SECONDS)  # the failover's gap (see OUTAGE_SECONDS)
-                fresh.promote()
+                if kind == "failover":
+                    fresh.kill_primary()
+                    await asyncio.sleep(OUTAGE_SECONDS)  # the failover's gap (OUTAGE_SECONDS)
+                    fresh.promote()
+                else:
+                    await asyncio.to_thread(fresh.stop_standby)
+                    await asyncio.sleep(STANDBY_OUTAGE_SECONDS)  # the outage, not a sync
+                    await asyncio.to_thread(fresh.start_standby)
                 promoted_at = len(fault_provider.effects)
                 await until(
                     lambda: len(fault_provider.effects) >= promoted_at + EFFECTS_AFTER_PROMOTION,
@@ -354,8 +336,9 @@ async def failover_round(
             finally:
                 stop.set()
                 await asyncio.gather(*agents)
-            present = await _present(fresh.standby.dsn("opgate"), seen.approved)
+            present = await _present(fresh.dsn("opgate"), seen.approved)
             seen.lost_approvals = [op for op in seen.approved if op not in present]
+            recovery_began = time.monotonic()
             endings = await asyncio.gather(
                 *(
                     asyncio.to_thread(follow, gate.agent_url, AGENT_TOKEN, op)
@@ -363,22 +346,49 @@ async def failover_round(
                     if op in present
                 )
             )
+            seen.recovery_seconds = time.monotonic() - recovery_began
             seen.endings = Counter(
                 "confirmed" if code == EXIT_DONE and view["operation"]["status"] == "confirmed"
                 else str(view["next_action"])
                 for code, view in endings
             )  # fmt: skip
+            sent = {e.operation_id for e in fault_provider.effects}
+            unsent = {op for op in seen.approved if op not in sent}
+            seen.burned = [
+                str(view["operation"]["operation_id"])
+                for _, view in endings
+                if view["next_action"] == "new_approval_required"
+                and view["operation"]["operation_id"] in unsent
+            ]
         finally:
             await gate.stop()
         log = await asyncio.to_thread((logs / f"opgate-round-{number}.log").read_text)
         seen.claims_cut_off = log.count('"event": "claim_cut_off"')
         seen.cut_off_released = log.count('"event": "claim_cut_off_released"')
+        seen.answered_reconcile_required = _answered(log, 409, "reconcile_required")
+        seen.marked = sum(
+            json.loads(line).get("operations_in_doubt", 0)
+            for line in log.splitlines()
+            if '"timeline_switched"' in line
+        )
         seen.audit_verify = await _verify_audit(env)
     ours = set(seen.approved)
     effects = Counter(e.operation_id for e in fault_provider.effects if e.operation_id in ours)
     seen.double_effects = {op: n for op, n in effects.items() if n > 1}
     seen.seconds = time.monotonic() - began
     return seen
+
+
+def _answered(log: str, status: int, reason: str) -> int:
+    """Requests the log's canonical records say were answered ``status`` for ``reason``."""
+    count = 0
+    for line in log.splitlines():
+        if reason not in line:
+            continue
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            count += record.get("response_status") == status and record.get("reason") == reason
+    return count
 
 
 async def _present(dsn: str, operation_ids: list[str]) -> set[str]:
@@ -411,35 +421,64 @@ async def _verify_audit(env: dict[str, str]) -> int:
 
 
 async def test_failover_with_synchronous_replication_sends_each_operation_at_most_once(
-    policies: Path, fault_provider: FaultProvider, tmp_path: Path
+    fault_provider: FaultProvider, tmp_path: Path
 ) -> None:
-    """Primary killed mid-stream, standby promoted: no second effect at a provider that does not
-    deduplicate, no approval answered 201 lost, no 500, every approval recovered to confirmed,
-    and the audit chain verifies (OPGATE_FAILOVER_ROUNDS rounds; one in CI)."""
+    """Primary killed mid-stream, standby promoted (or the standby stopped and started again):
+    no second effect at a provider that does not deduplicate, no approval answered 201 lost or
+    burned, no 500, every approval recovered to confirmed, and the audit chain verifies
+    (OPGATE_FAILOVER_ROUNDS, OPGATE_STANDBY_OUTAGES, OPGATE_FAILOVER_GRACES: one failover in
+    CI)."""
     reason = missing_reason()
     if reason is not None:
         pytest.skip(reason)
     fault_provider.answer_delay_seconds = 0.05  # the kill lands between claims and answers
-    rounds = []
+    rounds: list[Round] = []
     began = time.monotonic()
-    for number in range(ROUNDS):
-        rounds.append(await failover_round(policies, fault_provider, tmp_path, number))
+    for grace in GRACES:
+        policy_dir = _policies(tmp_path / f"policies-{grace:g}", grace_seconds=grace)
+        for kind, count in (("failover", ROUNDS), ("standby_outage", OUTAGES)):
+            for _ in range(count):
+                number = len(rounds)
+                rounds.append(
+                    await failover_round(policy_dir, fault_provider, tmp_path, number, kind, grace)
+                )
+    failovers = [r for r in rounds if r.kind == "failover"]
     figures = {
-        "rounds": len(rounds),
+        "failovers": len(failovers),
+        "standby_outages": len(rounds) - len(failovers),
+        "graces": GRACES,
         "approvals": sum(len(r.approved) for r in rounds),
         "double_effects": sum(len(r.double_effects) for r in rounds),
         "lost_approvals": sum(len(r.lost_approvals) for r in rounds),
+        "burned_approvals": sum(len(r.burned) for r in rounds),
         "answers_503": sum(r.status_503 for r in rounds),
         "answers_500": sum(r.status_500 for r in rounds),
         "endings": dict(sum((r.endings for r in rounds), Counter())),
         "audit_verify_failures": sum(1 for r in rounds if r.audit_verify != 0),
         "claims_cut_off": sum(r.claims_cut_off for r in rounds),
         "cut_off_released_not_sent": sum(r.cut_off_released for r in rounds),
+        "reconcile_required_409_per_failover": {
+            f"{grace:g}": [
+                r.answered_reconcile_required for r in failovers if r.grace_seconds == grace
+            ]
+            for grace in GRACES
+        },
+        "marked_per_failover": [r.marked for r in failovers],
+        "recovery_seconds_per_failover": {
+            f"{grace:g}": [
+                round(r.recovery_seconds, 1) for r in failovers if r.grace_seconds == grace
+            ]
+            for grace in GRACES
+        },
+        "reconcile_required_409_in_outages": sum(
+            r.answered_reconcile_required for r in rounds if r.kind != "failover"
+        ),
         "seconds": round(time.monotonic() - began, 1),
     }
     print(f"\nfailover figures: {json.dumps(figures)}")
     assert figures["double_effects"] == 0, [r.double_effects for r in rounds]
     assert figures["lost_approvals"] == 0, [r.lost_approvals for r in rounds]
+    assert figures["burned_approvals"] == 0, [r.burned for r in rounds]
     assert figures["answers_500"] == 0, [dict(r.answers) for r in rounds]
     assert set(figures["endings"]) == {"confirmed"}, figures
     assert figures["audit_verify_failures"] == 0, figures

@@ -129,16 +129,22 @@ async def test_an_operation_the_provider_does_not_have_is_sent_after_the_lookup(
 async def test_a_rule_without_lookups_escalates_after_a_real_failover(
     start_opgate: StartOpgate, policy_dir: Path, fault_provider: FaultProvider
 ) -> None:
-    """A promoted standby: the operation approved before it may have been sent, nothing can
-    ask the provider, so its send is refused and it is escalated to a human, even though the
-    policy says the provider deduplicates; nothing reaches the provider."""
+    """A promoted asynchronous standby (accepted): the operation approved before it may have
+    been sent, nothing can ask the provider, so its send is refused and it is escalated to a
+    human, even though the policy says the provider deduplicates; nothing reaches the
+    provider. (A synchronous standby that every commit needed marks nothing:
+    tests/faults/test_failover_no_stall.py.)"""
     reason = missing_reason()
     if reason is not None:
         pytest.skip(reason)
     (policy_dir / "fault.yaml").write_text(fault_policy(deduplicates=True))
-    with running_cluster(sync=True) as cluster:
+    with running_cluster(sync=False) as cluster:
         dsn = await cluster.create_database()
-        overrides = {"upstream_overrides": {"fault": fault_provider.url}, "database_url": dsn}
+        overrides = {
+            "upstream_overrides": {"fault": fault_provider.url},
+            "database_url": dsn,
+            "accept_async_replication": True,
+        }
         async with start_opgate(**overrides) as gate:
             op = await gate.approve()
             await asyncio.to_thread(cluster.kill_primary)

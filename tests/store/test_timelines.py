@@ -111,6 +111,35 @@ async def test_a_greater_timeline_marks_what_was_unsettled_once(
     assert switched["detail"] == {"timeline": current, "previous_timeline": current - 1}
 
 
+async def test_a_witness_on_a_server_that_never_streamed_proves_nothing(
+    store: Store, database_url: str
+) -> None:
+    """A witness of the previous timeline naming a required standby, read by a server asked
+    to prove the switch: this server never received WAL by streaming (it was not that
+    standby), so it marks, and keeps no proof sentence."""
+    await store.create(new_operation("op_witnessed"), actor="test")
+    current = await pretend_the_last_timeline_was_lower(database_url)
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(
+            "INSERT INTO sync_witness (timeline_id, standby_names, wal_senders,"
+            " statement_timeout, recorded_at) VALUES ($1, 'opgate_standby',"
+            " '{opgate_standby}', '0', now())",
+            current - 1,
+        )
+        seen = await see_timeline(conn, prove=True)
+        kept = await conn.fetchval(
+            "SELECT unmarked_because FROM timelines WHERE timeline_id = $1", current
+        )
+    finally:
+        await conn.close()
+    assert seen.marked == 1
+    assert kept is None
+    op = await store.load("op_witnessed")
+    assert op is not None
+    assert op.lookup_before_send is not None
+
+
 async def test_opgate_processes_seeing_the_switch_at_once_mark_once(
     store: Store, database_url: str
 ) -> None:
@@ -283,7 +312,8 @@ async def test_the_gate_asks_first_exactly_where_the_claim_refuses_to_go_unasked
 
 async def test_a_promoted_standby_puts_what_was_unsettled_in_doubt() -> None:
     """A real switch: a primary with a streaming standby, operations created and claimed,
-    the primary crashed, the standby promoted; the first connection to it marks them."""
+    the primary crashed, the standby promoted; no replication judgement ever witnessed the
+    synchronous standby (proxy/store/promotion.py), so the first connection to it marks them."""
     reason = missing_reason()
     if reason is not None:
         pytest.skip(reason)
