@@ -79,17 +79,26 @@ def _is_slow(item: pytest.Item) -> bool:
     )
 
 
-def pytest_asyncio_loop_factories(
-    config: pytest.Config, item: pytest.Item
-) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
-    """Every in-process test runs on the event loop a server process runs on (the setting
-    ``event_loop``: asyncio unless ``OPGATE_EVENT_LOOP`` says uvloop), so that forward mode's
-    tunnels, the listeners and the clients are tested on the loop they run on
-    (``OPGATE_EVENT_LOOP=uvloop ./dev test``: the in-process tests on uvloop)."""
+if os.environ.get("OPGATE_EVENT_LOOP", "asyncio") != "asyncio":
+    # Only when asked for: with this hook pytest-asyncio parametrizes a session fixture with
+    # the loop factory for async tests only, so a synchronous test that uses an async fixture
+    # (database_url) between two async ones tore down every session fixture above it ("The
+    # fixture value for 'pg_template' is not available"). Without it the suite runs on
+    # asyncio's own loop, which is the server's default (``event_loop: asyncio``).
+
+    def pytest_asyncio_loop_factories(
+        config: pytest.Config, item: pytest.Item
+    ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+        """Every in-process test runs on the event loop ``OPGATE_EVENT_LOOP`` names, so that
+        forward mode's tunnels, the listeners and the clients are tested on the loop a server
+        would run on (``OPGATE_EVENT_LOOP=uvloop ./dev test``)."""
+        return _LOOP_FACTORIES
+
     from proxy.server import event_loop_factory
 
-    name = os.environ.get("OPGATE_EVENT_LOOP", "asyncio")
-    return {name: event_loop_factory(name)}
+    _LOOP_FACTORIES = {
+        os.environ["OPGATE_EVENT_LOOP"]: event_loop_factory(os.environ["OPGATE_EVENT_LOOP"])
+    }
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
