@@ -38,6 +38,7 @@ from tests.support.mandates import (
     closed_payment,
     digest,
     high_s,
+    identity,
     open_checkout,
     open_mandate,
     present_under,
@@ -322,7 +323,7 @@ async def test_every_refusal_is_a_code_with_a_signed_error_receipt(
             )
         )["mandate"]
         assert kept is not None, "the refused presentation is not kept"
-        assert (kept["digest"], kept["presentation"]) == (digest(final_jwt), presented)
+        assert (kept["digest"], kept["presentation"]) == (identity(final_jwt), presented)
         assert kept["issuer_jwks"] == (PERSON.jwks if known_kid else None)
         assert claims["reference"] == kept["reference"]
     finally:
@@ -611,9 +612,9 @@ async def test_a_refused_checkout_mandate_is_kept_with_the_refusal(
         record = await kept()
         assert record is not None
         mandate = record["mandate"]
-        assert (mandate["digest"], mandate["presentation"]) == (digest(paid.split("~")[0]), paid)
+        assert (mandate["digest"], mandate["presentation"]) == (identity(paid.split("~")[0]), paid)
         assert mandate["checkout"]["presentation"] == checkout
-        assert mandate["checkout"]["digest"] == digest(checkout.split("~")[0])
+        assert mandate["checkout"]["digest"] == identity(checkout.split("~")[0])
         assert mandate["checkout"]["issuer_jwks"] == PERSON.jwks
     finally:
         await conn.close()
@@ -650,7 +651,7 @@ async def test_a_refused_presentation_is_kept_as_the_redaction_settings_say(
         record = await kept()
         assert record is not None
         mandate = record["mandate"]
-        assert mandate["digest"] == digest(expired.split("~")[0])
+        assert mandate["digest"] == identity(expired.split("~")[0])
         assert (mandate["presentation"], mandate["issuer_jwks"]) == ("[REDACTED]", PERSON.jwks)
     finally:
         await conn.close()
@@ -798,7 +799,7 @@ async def test_a_revoked_mandates_twin_is_refused_as_revoked(gate: Opgate) -> No
         open_token, AGENT, closed_payment(), aud=AUDIENCE, nonce=await issued_nonce(gate, gate.http)
     )
     _, answer = await present(gate, gate.http, first)
-    await revoke(gate, digest(open_token.split("~", 1)[0]))
+    await revoke(gate, identity(open_token.split("~", 1)[0]))
     second = present_under(
         twin(open_token),
         AGENT,

@@ -37,7 +37,7 @@ def _with_s(jwt: str, high: bool | None) -> str:
     raw = base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4))
     r, s = raw[:32], int.from_bytes(raw[32:], "big")
     flipped = P256_ORDER - s
-    if high is not None and (s > P256_ORDER // 2) == high:
+    if high is not None and (s > P256_ORDER // 2) == high:  # already as asked
         flipped = s
     return f"{head}.{payload}.{b64url(r + flipped.to_bytes(32, 'big'))}"
 
@@ -53,6 +53,14 @@ def high_s(token: str) -> str:
     """``token`` spelled with its issuer-signed JWT's S above n/2 (itself or its twin)."""
     jwt, rest = token.split("~", 1)
     return f"{_with_s(jwt, True)}~{rest}"
+
+
+def identity(jwt: str) -> str:
+    """A mandate's identity as opgate keys it: the digest of its issuer-signed JWT spelled with
+    the low S; a JWT whose signature is not 64 bytes has one text, whose digest it is."""
+    signature = jwt.split(".")[-1]
+    raw = base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4))
+    return digest(_with_s(jwt, False)) if len(raw) == 64 else digest(jwt)
 
 
 def disclosure(name: str | None, value: Any) -> str:
