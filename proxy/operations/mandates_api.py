@@ -56,6 +56,7 @@ from proxy.mandates.chain import (
     verify_presentation,
 )
 from proxy.mandates.checkout import checkout_of
+from proxy.mandates.identity import MandateIdentity, mandate_identity
 from proxy.mandates.receipts import (
     ReceiptInvalid,
     public_jwks,
@@ -63,7 +64,7 @@ from proxy.mandates.receipts import (
     receipt_claims,
     sign_receipt,
 )
-from proxy.mandates.sdjwt import ClaimWithheld, SdJwtExpired, SdJwtInvalid, b64url_digest
+from proxy.mandates.sdjwt import ClaimWithheld, SdJwtExpired, SdJwtInvalid
 from proxy.observe.audit import AuditRecord, Decision
 from proxy.operations.agent_body import read_agent_body
 from proxy.operations.api import read_document
@@ -85,7 +86,6 @@ from proxy.store.mandates import (
 )
 from proxy.store.operation import Operation, Status
 from proxy.store.store import NewOperation
-from proxy.transparency import jws
 
 MANDATES_PREFIX = "/_opgate/v1/mandates"
 JWKS_PATH = "/.well-known/jwks.json"
@@ -168,35 +168,6 @@ class Presentation(BaseModel):
     action: Annotated[str, Field(min_length=1, max_length=128)]
     path_params: dict[str, str] = Field(default_factory=dict)
     params: dict[str, JsonValue] = Field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class MandateIdentity:
-    """A mandate's identity (``digest``), and the digest a record made before it was keyed by
-    its identity may hold instead (``twin``)."""
-
-    # base64url SHA-256 of the issuer-signed JWT's canonical (low-S) text: one value for the
-    # JWT and its twin (R, n - S), which anyone holding it can make and the verifier accepts
-    digest: str
-    # of the other (high-S) text: until this release a mandate was keyed by the digest of its
-    # text as presented, so an operation approved, an open mandate's use or a revocation made
-    # then under a high-S text is found under this one (no migration rewrote them)
-    twin: str
-
-    @property
-    def spellings(self) -> tuple[str, str]:
-        return self.digest, self.twin
-
-
-def mandate_identity(issuer_signed_jwt: str) -> MandateIdentity:
-    """A mandate's identity, the same whichever of its disclosures a presentation reveals and
-    whichever of its signature's two texts it carries (proxy/transparency/jws.py). A JWT whose
-    signature does not read (a refused presentation, kept for the record) has one text only."""
-    try:
-        canonical = jws.low_s(issuer_signed_jwt)
-    except jws.JwsInvalid:
-        return MandateIdentity(b64url_digest(issuer_signed_jwt), b64url_digest(issuer_signed_jwt))
-    return MandateIdentity(b64url_digest(canonical), b64url_digest(jws.twin(canonical)))
 
 
 def mandate_digest(issuer_signed_jwt: str) -> str:
