@@ -1331,7 +1331,7 @@ SELECT a.stream, a.seq, a.at, a.kind, a.operation_id, a.record::text AS record, 
 -- name: mandate_open_use
 -- How many operations one open mandate approved, under any of its digests (open_digests: its
 -- identity, and the digest of its other signature text, under which an earlier release
--- counted it: MandateIdentity, proxy/operations/mandates_api.py), and their amounts' sum,
+-- counted it: MandateIdentity, proxy/mandates/identity.py), and their amounts' sum,
 -- counting every one that spends (opgate_spends, migration 0024): all but those that failed, or
 -- were revoked before anything of them was sent; one revoked after it may have been sent still
 -- counts. AP2's occurrences and budget. Run after budget_lock on the open mandate, in the same
