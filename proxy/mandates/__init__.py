@@ -3,7 +3,8 @@ boundary and read as the approval of exactly one operation. ``sdjwt`` verifies o
 9901), ``chain`` a presentation (one mandate, or an open mandate and the agent's closed one
 under it), ``ap2`` reads the verified claims as terms or a refusal, ``checkout`` reads a Checkout
 Mandate as the checkout a payment is bound to (its constraints evaluated), ``receipts`` signs
-opgate's answers. All pure; every signature is checked by opgate's one JWS verifier
+opgate's answers, ``identity`` is the digest that keys a mandate (one for it and its
+signature's twin). All pure; every signature is checked by opgate's one JWS verifier
 (proxy/transparency/jws.py).
 
 May import: policy, transparency. Imported by: operations.

@@ -56,6 +56,7 @@ from proxy.mandates.chain import (
     verify_presentation,
 )
 from proxy.mandates.checkout import checkout_of
+from proxy.mandates.identity import MandateIdentity, mandate_identity
 from proxy.mandates.receipts import (
     ReceiptInvalid,
     public_jwks,
@@ -63,7 +64,7 @@ from proxy.mandates.receipts import (
     receipt_claims,
     sign_receipt,
 )
-from proxy.mandates.sdjwt import ClaimWithheld, SdJwtExpired, SdJwtInvalid, b64url_digest
+from proxy.mandates.sdjwt import ClaimWithheld, SdJwtExpired, SdJwtInvalid
 from proxy.observe.audit import AuditRecord, Decision
 from proxy.operations.agent_body import read_agent_body
 from proxy.operations.api import read_document
@@ -170,9 +171,8 @@ class Presentation(BaseModel):
 
 
 def mandate_digest(issuer_signed_jwt: str) -> str:
-    """A mandate's identity: base64url SHA-256 of its issuer-signed JWT, the same whichever of
-    its disclosures a presentation reveals."""
-    return b64url_digest(issuer_signed_jwt)
+    """A mandate's identity, as a digest: ``mandate_identity(...).digest``."""
+    return mandate_identity(issuer_signed_jwt).digest
 
 
 def kept_presentation(
@@ -305,8 +305,8 @@ async def _present(
     if isinstance(verified, Refused):
         return _refuse(record, trust, verified.reason, verified.detail, reference, **verified.named)
     issuer = issuers[verified.issuer]
-    digest = mandate_digest(verified.closed_jwt)
-    open_digest = None if verified.closed is None else mandate_digest(verified.root_jwt)
+    closed_id = mandate_identity(verified.closed_jwt)
+    open_id = None if verified.closed is None else mandate_identity(verified.root_jwt)
     checkout = _checkout(presentation.checkout_mandate, keys, expect, verified)
     if isinstance(checkout, Refused):
         return _refuse(
@@ -334,9 +334,10 @@ async def _present(
         return _refuse(
             record, trust, params.reason, params.detail, verified.reference, **params.named
         )
-    revoked = await MandateStore(gw.store).revoked([d for d in (digest, open_digest) if d])
-    if revoked:
+    spellings = [*closed_id.spellings, *(open_id.spellings if open_id else ())]
+    if await MandateStore(gw.store).revoked(spellings):
         return _refuse(record, trust, Reason.MANDATE_REVOKED, "revoked", verified.reference)
+    digest, open_digest = await _keyed_as(gw, closed_id, open_id)
     planned = _plan(gw, agent, presentation, terms, params, digest, open_digest)
     if isinstance(planned, list):
         record.provider = (
@@ -356,7 +357,7 @@ async def _present(
         detail = id_rule(IdKind.NONCE)
         return _refuse(record, trust, Reason.MANDATE_NONCE_UNKNOWN, detail, verified.reference)
     nonce_use = None if nonce is None else NonceUse(nonce, agent.tenant, agent.agent_id)
-    created = await _create(gw, planned, terms, open_digest, nonce_use)
+    created = await _create(gw, planned, terms, open_id, nonce_use)
     if isinstance(created, Refused):
         return _refuse(record, trust, created.reason, created.detail, verified.reference)
     op, status = created
@@ -393,6 +394,22 @@ def _approved_params(
         terms, rule.mandate.carried(), presentation.params, rule.mandate.absent
     )
     return Refused.of(params) if isinstance(params, MandateRefusal) else params
+
+
+async def _keyed_as(
+    gw: Gateway, closed: MandateIdentity, open_mandate: MandateIdentity | None
+) -> tuple[str, str | None]:
+    """The digests the mandate's operation is keyed by (its closed mandate's, its open
+    mandate's): its identities, unless it was approved under its twin's digest (by a release
+    that keyed a mandate by its text as presented), whose operation is then the one answered."""
+    open_digest = None if open_mandate is None else open_mandate.digest
+    before = await gw.store.load(_operation_id(closed.twin))
+    if before is None or not before.approval_ref.startswith("ap2:"):
+        return closed.digest, open_digest
+    _, _, named_open = before.approval_ref.partition(";open:")
+    if open_mandate is not None and named_open in open_mandate.spellings:
+        open_digest = named_open
+    return closed.twin, open_digest
 
 
 def _plan(
@@ -473,16 +490,16 @@ async def _create(
     gw: Gateway,
     planned: NewOperation,
     terms: MandateTerms,
-    open_digest: str | None,
+    open_mandate: MandateIdentity | None,
     nonce: NonceUse | None,
 ) -> tuple[Operation, int] | Refused:
     """The operation (created: 201; the mandate's earlier one: 200), or why not (a reason and
     its sentence). The nonce is consumed in the transaction that creates the row."""
     actor = planned.approved_by
     limits = None
-    if terms.open_use is not None and open_digest is not None:
+    if terms.open_use is not None and open_mandate is not None:
         limits = OpenMandateLimits(
-            open_digest, terms.open_use.max_occurrences, terms.open_use.budget_max
+            open_mandate.spellings, terms.open_use.max_occurrences, terms.open_use.budget_max
         )
     try:
         outcome = await MandateStore(gw.store).create(planned, actor, nonce=nonce, limits=limits)

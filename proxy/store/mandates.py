@@ -50,7 +50,9 @@ class NonceUse:
 
 @dataclass(frozen=True, slots=True)
 class OpenMandateLimits:
-    digest: str
+    # the open mandate's digests: its identity first (its lock's name), then any other under
+    # which its earlier uses were counted; every one of them counts
+    digests: tuple[str, ...]
     max_occurrences: int
     budget_max: int | None  # minor units, in the closed mandate's currency
 
@@ -157,10 +159,10 @@ async def _within_open_mandate(
     """Nothing if the open mandate allows ``new`` (or ``new`` exists: a replay of this closed
     mandate, its operation unchanged); else ``_Refused`` with its use so far. Takes the open
     mandate's lock first, so that the count sees every creation before it."""
-    await queries.execute(conn, "budget_lock", lock_name=f"ap2-open:{limits.digest}")
+    await queries.execute(conn, "budget_lock", lock_name=f"ap2-open:{limits.digests[0]}")
     if await queries.fetchrow(conn, "load_operation", operation_id=new.operation_id):
         return
-    use = await queries.fetchrow(conn, "mandate_open_use", open_digest=limits.digest)
+    use = await queries.fetchrow(conn, "mandate_open_use", open_digests=list(limits.digests))
     assert use is not None  # an aggregate: always one row
     occurrences, spent = int(use["occurrences"]), int(use["spent"])
     over_budget = limits.budget_max is not None and spent + (new.amount or 0) > limits.budget_max

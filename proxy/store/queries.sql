@@ -1371,14 +1371,17 @@ SELECT a.stream, a.seq, a.at, a.kind, a.operation_id, a.record::text AS record, 
 -- ========================================================================= end transparency
 
 -- name: mandate_open_use
--- How many operations one open mandate (open_digest) approved, and their amounts' sum, counting
--- every one that spends (opgate_spends, migration 0024): all but those that failed, or were
--- revoked before anything of them was sent; one revoked after it may have been sent still
+-- How many operations one open mandate approved, under any of its digests (open_digests: its
+-- identity, and the digest of its other signature text, under which an earlier release
+-- counted it: MandateIdentity, proxy/mandates/identity.py), and their amounts' sum,
+-- counting every one that spends (opgate_spends, migration 0024): all but those that failed, or
+-- were revoked before anything of them was sent; one revoked after it may have been sent still
 -- counts. AP2's occurrences and budget. Run after budget_lock on the open mandate, in the same
 -- transaction.
 SELECT count(*) AS occurrences, coalesce(sum(amount), 0)::bigint AS spent
 FROM operations
-WHERE approval_ref LIKE 'ap2:%;open:%' AND split_part(approval_ref, ';open:', 2) = %(open_digest)s
+WHERE approval_ref LIKE 'ap2:%;open:%'
+  AND split_part(approval_ref, ';open:', 2) = ANY(%(open_digests)s::text[])
   AND opgate_spends(status, attempts, unsent_attempts, revoked_at, lookup_before_send);
 
 -- name: mandates_revoked

@@ -23,13 +23,16 @@ Each refusal is ``JwsInvalid`` with a sentence naming the rule; nothing is repai
 ECDSA signatures are malleable: when (R, S) verifies, so does (R, n - S), and RFC 7518 does not
 ask for the low S. Refusing the high one would refuse half of every issuer's genuine tokens, so
 both are accepted: a token's text is therefore not its identity (anyone holding it can make a
-second valid text of it); what is signed (``header.payload``) is.
+second valid text of it); what is signed (``header.payload``) is. Where a token's text keys a
+record (a mandate's digest), it is keyed by ``identity``: the digest of its canonical text, the
+one whose S is the lower of S and n - S, which a token and its twin share.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -216,3 +219,38 @@ def verify(compact: str, jwk: Mapping[str, Any]) -> Jws:
     except InvalidSignature as exc:
         raise SignatureMismatch("the signature does not verify") from exc
     return Jws(protected, payload)
+
+
+def low_s(compact: str) -> str:
+    """``compact`` with its signature's S replaced by min(S, n - S): the canonical text of a
+    token and of its twin (R, n - S). Reads only the signature (64 bytes of canonical base64url,
+    R and S in 1..n-1) and verifies nothing; else JwsInvalid."""
+    return _spelled(compact, high=False)
+
+
+def twin(compact: str) -> str:
+    """The other valid text of ``compact``: its signature (R, n - S). Verifies nothing."""
+    return _spelled(compact, high=None)
+
+
+def identity(compact: str) -> str:
+    """base64url SHA-256 of ``low_s(compact)``: one value for a token and its twin, and a
+    different one for tokens that differ in anything else. Verifies nothing; else JwsInvalid."""
+    return b64url_encode(hashlib.sha256(low_s(compact).encode("ascii")).digest())
+
+
+def _spelled(compact: str, *, high: bool | None) -> str:
+    # high None: S flipped; False: the low S kept or made
+    if not compact.isascii():
+        raise JwsInvalid("not a compact JWS (not ASCII)")
+    header_b64, payload_b64, signature_b64 = _segments(compact)
+    signature = b64url_decode(signature_b64, "the JWS signature")
+    if len(signature) != 64:
+        raise JwsInvalid("the signature is not 64 bytes (R || S, RFC 7518 section 3.4)")
+    r, s = int.from_bytes(signature[:32], "big"), int.from_bytes(signature[32:], "big")
+    if not (0 < r < P256_ORDER and 0 < s < P256_ORDER):
+        raise JwsInvalid("the signature's R or S is out of range")
+    other = P256_ORDER - s
+    chosen = other if high is None else min(s, other)
+    spelled = b64url_encode(signature[:32] + chosen.to_bytes(32, "big"))
+    return f"{header_b64}.{payload_b64}.{spelled}"

@@ -21,8 +21,11 @@ from tests.support.mandates import (
     closed_mandate,
     closed_payment,
     digest,
+    high_s,
+    identity,
     open_mandate,
     present_under,
+    twin,
 )
 
 OP = "op_evidence"
@@ -153,3 +156,32 @@ def test_mandates_are_checked_against_the_approvals_digests_and_the_issuers_keys
     assert check_mandate(chained, digest(agents_jwt), other)[0] == (
         f"is not under the open mandate the approval names ({other})"
     )
+
+
+def test_a_mandate_is_proven_under_either_of_its_signature_texts() -> None:
+    """A presentation proves an approval whose digests are those of its own texts (a record
+    made before a mandate was keyed by its low-S identity) or of its twin's (its identity
+    now); the digest of another mandate, or of another open mandate, still proves nothing."""
+    closed = high_s(closed_mandate(PERSON))
+    jwt = closed.split("~")[0]
+    for presented in (closed, twin(closed)):
+        mandate = {"presentation": presented, "issuer": "surface", "issuer_jwks": PERSON.jwks}
+        for named in (digest(jwt), identity(jwt)):
+            assert check_mandate(mandate, named, None)[0] is None, (presented, named)
+        other = identity(closed_mandate(PERSON).split("~")[0])
+        assert check_mandate(mandate, other, None)[0] == (
+            f"is not the mandate the approval names ({other})"
+        )
+
+    open_token = high_s(open_mandate(PERSON, AGENT, []))
+    open_jwt = open_token.split("~")[0]
+    for root in (open_token, twin(open_token)):
+        chain = present_under(root, AGENT, closed_payment(), aud="opgate.test")
+        agents_jwt = chain.split("~~")[1].split("~")[0]
+        chained = {"presentation": chain, "issuer": "surface", "issuer_jwks": PERSON.jwks}
+        for named_open in (digest(open_jwt), identity(open_jwt)):
+            assert check_mandate(chained, identity(agents_jwt), named_open)[0] is None
+        other = identity(open_mandate(PERSON, AGENT, []).split("~")[0])
+        assert check_mandate(chained, identity(agents_jwt), other)[0] == (
+            f"is not under the open mandate the approval names ({other})"
+        )

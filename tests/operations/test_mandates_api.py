@@ -18,6 +18,7 @@ import pytest_asyncio
 from joserfc import jws
 from joserfc.jwk import ECKey, KeySet
 
+from proxy.operations import mandates_api
 from tests.support.fault_provider import FaultProvider
 from tests.support.mandate_gate import (
     AUDIENCE,
@@ -36,9 +37,12 @@ from tests.support.mandates import (
     closed_mandate,
     closed_payment,
     digest,
+    high_s,
+    identity,
     open_checkout,
     open_mandate,
     present_under,
+    twin,
 )
 from tests.support.opgate import (
     AGENT_TOKEN,
@@ -319,7 +323,7 @@ async def test_every_refusal_is_a_code_with_a_signed_error_receipt(
             )
         )["mandate"]
         assert kept is not None, "the refused presentation is not kept"
-        assert (kept["digest"], kept["presentation"]) == (digest(final_jwt), presented)
+        assert (kept["digest"], kept["presentation"]) == (identity(final_jwt), presented)
         assert kept["issuer_jwks"] == (PERSON.jwks if known_kid else None)
         assert claims["reference"] == kept["reference"]
     finally:
@@ -608,9 +612,9 @@ async def test_a_refused_checkout_mandate_is_kept_with_the_refusal(
         record = await kept()
         assert record is not None
         mandate = record["mandate"]
-        assert (mandate["digest"], mandate["presentation"]) == (digest(paid.split("~")[0]), paid)
+        assert (mandate["digest"], mandate["presentation"]) == (identity(paid.split("~")[0]), paid)
         assert mandate["checkout"]["presentation"] == checkout
-        assert mandate["checkout"]["digest"] == digest(checkout.split("~")[0])
+        assert mandate["checkout"]["digest"] == identity(checkout.split("~")[0])
         assert mandate["checkout"]["issuer_jwks"] == PERSON.jwks
     finally:
         await conn.close()
@@ -647,7 +651,7 @@ async def test_a_refused_presentation_is_kept_as_the_redaction_settings_say(
         record = await kept()
         assert record is not None
         mandate = record["mandate"]
-        assert mandate["digest"] == digest(expired.split("~")[0])
+        assert mandate["digest"] == identity(expired.split("~")[0])
         assert (mandate["presentation"], mandate["issuer_jwks"]) == ("[REDACTED]", PERSON.jwks)
     finally:
         await conn.close()
@@ -724,3 +728,142 @@ async def test_a_nonce_no_issued_one_can_be_is_refused_before_the_store(gate: Op
     issued = await issued_nonce(gate, gate.http)
     accepted = present_under(open_token, AGENT, closed_payment(), aud=AUDIENCE, nonce=issued)
     assert (await present(gate, gate.http, accepted))[0] == 201
+
+
+async def revoke(gate: Opgate, mandate_digest: str) -> dict[str, Any]:
+    """The operations API's answer to revoking the mandate ``mandate_digest``."""
+    async with gate.http.post(
+        f"{gate.ops_url}/v1/mandates/{mandate_digest}/revoke",
+        json={"reason": "the person withdrew consent"},
+        headers=admin_headers(),
+    ) as response:
+        assert response.status == 200
+        revoked: dict[str, Any] = await response.json()
+        return revoked
+
+
+def operation_id(answer: dict[str, Any]) -> str:
+    value: str = answer["operation"]["operation"]["operation_id"]
+    return value
+
+
+async def test_a_closed_mandates_twin_is_the_same_operation(
+    gate: Opgate, fault_provider: FaultProvider
+) -> None:
+    """The twin of a presented closed mandate (its signature (R, n - S)) is answered as the
+    mandate replayed: the same operation (200), never a second payment."""
+    mandate = closed_mandate(PERSON)
+    status, first = await present(gate, gate.http, mandate)
+    assert status == 201, first
+    assert await send_exactly(gate, gate.http, first["operation"]["request"]) == 200
+    status, again = await present(gate, gate.http, twin(mandate))
+    assert status == 200, again
+    assert operation_id(again) == operation_id(first)
+    assert again["mandate_digest"] == first["mandate_digest"]
+    assert len(fault_provider.effects) == 1
+
+
+async def test_an_open_mandates_twin_gets_no_fresh_budget(gate: Opgate) -> None:
+    """A closed mandate under the twin of an open mandate counts against the open mandate's
+    occurrences: without agent_recurrence, the second payment is refused mandate_exhausted."""
+    open_token = open_mandate(PERSON, AGENT, [])
+    first = present_under(
+        open_token, AGENT, closed_payment(), aud=AUDIENCE, nonce=await issued_nonce(gate, gate.http)
+    )
+    second = present_under(
+        twin(open_token),
+        AGENT,
+        closed_payment(),
+        aud=AUDIENCE,
+        nonce=await issued_nonce(gate, gate.http),
+    )
+    assert (await present(gate, gate.http, first))[0] == 201
+    status, refused = await present(gate, gate.http, second)
+    assert (status, refused.get("code")) == (403, "mandate_exhausted"), refused
+
+
+async def test_a_revoked_mandates_twin_is_refused_as_revoked(gate: Opgate) -> None:
+    """Revoked by the digest opgate answered, a mandate's twin is refused mandate_revoked, and
+    so is a closed mandate under the twin of a revoked open mandate."""
+    mandate = closed_mandate(PERSON)
+    _, answer = await present(gate, gate.http, mandate)
+    await revoke(gate, answer["mandate_digest"])
+    status, refused = await present(gate, gate.http, twin(mandate))
+    assert (status, refused.get("code")) == (403, "mandate_revoked"), refused
+
+    recurring = [
+        {"type": "payment.agent_recurrence", "frequency": "ON_DEMAND", "max_occurrences": 5}
+    ]
+    open_token = open_mandate(PERSON, AGENT, recurring)
+    first = present_under(
+        open_token, AGENT, closed_payment(), aud=AUDIENCE, nonce=await issued_nonce(gate, gate.http)
+    )
+    _, answer = await present(gate, gate.http, first)
+    await revoke(gate, identity(open_token.split("~", 1)[0]))
+    second = present_under(
+        twin(open_token),
+        AGENT,
+        closed_payment(),
+        aud=AUDIENCE,
+        nonce=await issued_nonce(gate, gate.http),
+    )
+    status, refused = await present(gate, gate.http, second)
+    assert (status, refused.get("code")) == (403, "mandate_revoked"), refused
+
+
+def _as_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    """opgate keying a mandate as it did before its identity was its low-S form: by the digest
+    of its text as presented (and of that text only)."""
+
+    def presented_text(issuer_signed_jwt: str) -> mandates_api.MandateIdentity:
+        return mandates_api.MandateIdentity(digest(issuer_signed_jwt), digest(issuer_signed_jwt))
+
+    monkeypatch.setattr(mandates_api, "mandate_identity", presented_text, raising=False)
+
+
+async def test_records_made_under_a_high_s_spelling_still_hold(
+    gate: Opgate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operation approved, and a revocation made, under the digest of a high-S text (as
+    opgate keyed them before) hold for its low-S twin: the same operation, then revoked."""
+    mandate = high_s(closed_mandate(PERSON))
+    _as_before(monkeypatch)
+    status, before = await present(gate, gate.http, mandate)
+    assert status == 201, before
+    assert before["mandate_digest"] == digest(mandate.split("~", 1)[0])
+    monkeypatch.undo()
+
+    status, again = await present(gate, gate.http, twin(mandate))
+    assert status == 200, again
+    assert operation_id(again) == operation_id(before)
+    status, again = await present(gate, gate.http, mandate)
+    assert status == 200, again
+    assert operation_id(again) == operation_id(before)
+
+    revoked = await revoke(gate, before["mandate_digest"])
+    assert revoked["operations"] == [operation_id(before)]
+    status, refused = await present(gate, gate.http, twin(mandate))
+    assert (status, refused.get("code")) == (403, "mandate_revoked"), refused
+
+
+async def test_an_open_mandates_uses_under_a_high_s_spelling_still_count(
+    gate: Opgate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Uses of an open mandate counted under the digest of its high-S text (as opgate counted
+    them before) count for its low-S twin: without agent_recurrence, no second payment."""
+    open_token = high_s(open_mandate(PERSON, AGENT, []))
+    first = present_under(
+        open_token, AGENT, closed_payment(), aud=AUDIENCE, nonce=await issued_nonce(gate, gate.http)
+    )
+    _as_before(monkeypatch)
+    assert (await present(gate, gate.http, first))[0] == 201
+    monkeypatch.undo()
+    second = present_under(
+        twin(open_token),
+        AGENT,
+        closed_payment(),
+        aud=AUDIENCE,
+        nonce=await issued_nonce(gate, gate.http),
+    )
+    status, refused = await present(gate, gate.http, second)
+    assert (status, refused.get("code")) == (403, "mandate_exhausted"), refused

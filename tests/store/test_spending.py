@@ -18,7 +18,7 @@ from tests.support.operations import NOW, new_operation, operation
 
 OPEN = "o" * 43  # an open mandate's digest
 BUDGET = 1000
-LIMITS = OpenMandateLimits(OPEN, max_occurrences=10, budget_max=BUDGET)
+LIMITS = OpenMandateLimits((OPEN,), max_occurrences=10, budget_max=BUDGET)
 ANSWER = ProviderAnswer(200, "pi_1", "application/json", b"{}")
 
 

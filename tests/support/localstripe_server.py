@@ -197,6 +197,15 @@ async def list_refunds(
     return refunds
 
 
+async def list_payment_intents(base_url: str) -> list[dict[str, Any]]:
+    """Return every payment intent localstripe holds (at most 100), read straight from it."""
+    page = await _request(base_url, "GET", "/v1/payment_intents", query={"limit": "100"})
+    intents: list[dict[str, Any]] = page["data"]
+    if page.get("has_more"):
+        raise AssertionError("more than 100 payment intents; paginate")
+    return intents
+
+
 async def _serve_until_stopped(port: int) -> None:
     async with serve_localstripe(port) as url:
         # the first line says where: the worked example's shell, and a test, read it

@@ -26,6 +26,43 @@ def digest(text: str) -> str:
     return b64url(hashlib.sha256(text.encode("ascii")).digest())
 
 
+# The order of P-256's base point (SEC 2 section 2.4.2): an ECDSA signature (R, S) and (R, n - S)
+# both verify, so every ES256 token has a second valid text (its twin)
+P256_ORDER = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
+
+
+def _with_s(jwt: str, high: bool | None) -> str:
+    """``jwt`` with its signature's S flipped (``high`` None), or made high or low."""
+    head, payload, signature = jwt.split(".")
+    raw = base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4))
+    r, s = raw[:32], int.from_bytes(raw[32:], "big")
+    flipped = P256_ORDER - s
+    if high is not None and (s > P256_ORDER // 2) == high:  # already as asked
+        flipped = s
+    return f"{head}.{payload}.{b64url(r + flipped.to_bytes(32, 'big'))}"
+
+
+def twin(token: str) -> str:
+    """``token`` (an SD-JWT, ``<jwt>~...``) with its issuer-signed JWT's signature (R, n - S):
+    the same claims signed by the same key, a different text anyone holding it can make."""
+    jwt, rest = token.split("~", 1)
+    return f"{_with_s(jwt, None)}~{rest}"
+
+
+def high_s(token: str) -> str:
+    """``token`` spelled with its issuer-signed JWT's S above n/2 (itself or its twin)."""
+    jwt, rest = token.split("~", 1)
+    return f"{_with_s(jwt, True)}~{rest}"
+
+
+def identity(jwt: str) -> str:
+    """A mandate's identity as opgate keys it: the digest of its issuer-signed JWT spelled with
+    the low S; a JWT whose signature is not 64 bytes has one text, whose digest it is."""
+    signature = jwt.split(".")[-1]
+    raw = base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4))
+    return digest(_with_s(jwt, False)) if len(raw) == 64 else digest(jwt)
+
+
 def disclosure(name: str | None, value: Any) -> str:
     salt = b64url(secrets.token_bytes(16))
     parts = [salt, value] if name is None else [salt, name, value]

@@ -276,3 +276,57 @@ def test_a_signature_has_a_second_valid_text() -> None:
     original = signed(RFC_HEADER, RFC_PAYLOAD, raw)
     assert twin != original
     assert jws.verify(twin, RFC_PUBLIC_JWK) == jws.verify(original, RFC_PUBLIC_JWK)
+
+
+def test_the_rfc_example_and_its_twin_have_one_identity() -> None:
+    """RFC 7515 A.3's token is spelled with the high S: its canonical text is its twin's, whose
+    S is n - S; both have the identity pinned here (a known answer, so that the canonical form
+    cannot change on both sides of this test unnoticed)."""
+    twin = jws.twin(RFC_JWS)
+    assert jws.low_s(RFC_JWS) == twin == jws.low_s(twin)
+    assert jws.twin(twin) == RFC_JWS
+    assert jws.identity(RFC_JWS) == jws.identity(twin)
+    assert jws.identity(RFC_JWS) == "0WF1cZ9FpfwIjB2VczBAl2OJMVo_Rzn-qAGlFiNMUdE"
+    assert int.from_bytes(jws.b64url_decode(twin.split(".")[2], "s")[32:], "big") <= N // 2
+    assert jws.verify(twin, RFC_PUBLIC_JWK) == jws.verify(RFC_JWS, RFC_PUBLIC_JWK)
+
+
+@given(st.binary(min_size=1, max_size=64))
+def test_a_token_and_its_twin_have_one_identity(payload: bytes) -> None:
+    """Whichever of its two texts is given, a signed token has one identity, and its canonical
+    text is the one of the two whose S is at most n / 2."""
+    original = token({"alg": "ES256"}, payload)
+    twin = jws.twin(original)
+    assert twin != original
+    assert jws.identity(original) == jws.identity(twin)
+    assert jws.low_s(original) in (original, twin)
+    assert int.from_bytes(jws.b64url_decode(jws.low_s(twin).split(".")[2], "s")[32:], "big") <= (
+        N // 2
+    )
+
+
+@given(st.binary(min_size=1, max_size=64), st.binary(min_size=1, max_size=64))
+def test_two_different_tokens_never_share_an_identity(first: bytes, second: bytes) -> None:
+    """Tokens that differ in what is signed, or only in their signature's R (two signatures of
+    one payload), have different identities: only a token's twin shares its identity."""
+    one, other = token({"alg": "ES256"}, first), token({"alg": "ES256"}, second)
+    resigned = token({"alg": "ES256"}, first)  # ECDSA's fresh k: another R
+    assert jws.identity(one) != jws.identity(resigned)
+    if first != second:
+        assert jws.identity(one) != jws.identity(other)
+        assert jws.identity(one) != jws.identity(jws.twin(other))
+
+
+@pytest.mark.parametrize(
+    ("signature", "words"),
+    [
+        (b"", "64 bytes"),
+        (bytes(32) + (1).to_bytes(32, "big"), "out of range"),
+        (b"\x01" * 32 + N.to_bytes(32, "big"), "out of range"),
+    ],
+    ids=["empty", "zero-r", "s-is-n"],
+)
+def test_a_signature_that_does_not_read_has_no_identity(signature: bytes, words: str) -> None:
+    """A signature that is not R || S in range is refused, never given an identity."""
+    with pytest.raises(jws.JwsInvalid, match=words):
+        jws.identity(signed(RFC_HEADER, RFC_PAYLOAD, signature))

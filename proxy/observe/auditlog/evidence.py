@@ -166,9 +166,9 @@ def check_mandate(
     segments = presentation.split(_CHAIN_SEPARATOR)
     root_jwt = segments[0].split("~", 1)[0]
     closed_jwt = segments[-1].split("~", 1)[0]
-    if _b64url_sha256(closed_jwt) != digest:
+    if digest not in _spellings(closed_jwt):
         return f"is not the mandate the approval names ({digest})", ""
-    if open_digest is not None and _b64url_sha256(root_jwt) != open_digest:
+    if open_digest is not None and open_digest not in _spellings(root_jwt):
         return f"is not under the open mandate the approval names ({open_digest})", ""
     kid, problem = _verify_es256(root_jwt, mandate.get("issuer_jwks"))
     if problem is not None:
@@ -184,6 +184,17 @@ def _thumbprint(jwks: Mapping[str, Any], kid: str | None) -> str:
     members = {name: jwk[name] for name in ("crv", "kty", "x", "y")}
     canonical = json.dumps(members, separators=(",", ":"), sort_keys=True)
     return _b64url_sha256(canonical)
+
+
+def _spellings(jwt: str) -> tuple[str, ...]:
+    """The digests an approval may name a mandate's JWT by: its identity (the digest of its
+    low-S text, jws.identity) and the digest of its other text, under which a release before
+    the identity keyed the mandate presented that way; both its texts are the one mandate,
+    signed once. A JWT whose signature does not read has one text."""
+    try:
+        return _b64url_sha256(jwt), _b64url_sha256(jws.twin(jwt))
+    except jws.JwsInvalid:
+        return (_b64url_sha256(jwt),)
 
 
 def _b64url_sha256(text: str) -> str:
