@@ -468,23 +468,29 @@ async def _forward(
 async def _send_and_record(
     gw: Gateway, target: Target, ready: ReadyToSend, sending: RequestOutcome, progress: Progress
 ) -> RequestOutcome:
-    # 6. forward
-    try:
-        client = gw.egress_client(target.forwarded)  # forward mode: addresses are re-checked
-        answered: UpstreamResponse | UpstreamError = await upstream.send(client, ready.outbound)
-    except UpstreamError as exc:
-        answered = exc
+    # 6. forward; 6b. a rule whose upstream asks an x402 payment: paid once for the operation,
+    # the payment kept on it before it leaves (gate/x402_pay.py); a refusal is shown, the answer
+    # still classified (or settled as the payment's evidence says: ``paid_as``). Before the
+    # headers are filtered: the payment is negotiated in headers the agent may not see.
+    client = gw.egress_client(target.forwarded)  # forward mode: addresses are re-checked
     op = ready.claimed
-    # 6b. an upstream asking an x402 payment: paid once for the operation, the payment kept on
-    # it before it leaves (gate/x402_pay.py); a refusal is shown, the answer still classified.
-    # Before the headers are filtered: the payment is negotiated in headers the agent may not see.
-    payment_refused = None
-    if op is not None and target.rule.x402 is not None and x402_pay.asks_payment(answered):
-        assert isinstance(answered, UpstreamResponse)
-        paid = await x402_pay.pay(
-            gw.store, gw.credentials, client, target.rule.x402, op, ready.outbound, answered
+    payment_refused, paid_as = None, None
+    if op is not None and target.rule.x402 is not None:
+        paid = await x402_pay.send(
+            gw.store,
+            gw.credentials,
+            client,
+            target.rule.x402,
+            op,
+            ready.outbound,
+            target.headers,
         )
-        answered, payment_refused = paid.answered, paid.refusal
+        answered, payment_refused, paid_as = paid.answered, paid.refusal, paid.settled_as
+    else:
+        try:
+            answered = await upstream.send(client, ready.outbound)
+        except UpstreamError as exc:
+            answered = exc
     if isinstance(answered, UpstreamResponse):  # only what the agent may see is kept
         answered, echoes = _shown_headers(target.provider, answered, ready.credential)
         sending = sending.updated(credential_echoes=echoes)
@@ -505,6 +511,8 @@ async def _send_and_record(
         provider_status = answered.status
         classification = target.provider.classification_for(target.rule)
         classified = classify_answer(classification, answered.status, answered.body)
+    if paid_as is not None:  # 6b's evidence decides: paid (answer lost), or never done (402)
+        classified = paid_as
 
     # 8. record the outcome, and in the same statement the request's record (9. audit): the
     # outcome as it will be once that statement has committed

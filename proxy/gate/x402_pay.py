@@ -1,11 +1,16 @@
-"""Stage 6b: an upstream that answers 402 with x402 v2, paid once for the operation.
+"""Stage 6 for a rule whose upstream answers 402 with x402 v2: paid once for the operation.
 
-Read the challenge strictly; if the operation has a stored payment, re-send it, never another;
-else choose the one requirement its approval covers (none: refuse, nothing signed), sign the
+If the operation has a stored payment, send it again as stored, never another. If the agent
+pays (``payer: agent``), its own ``PAYMENT-SIGNATURE`` is read strictly, checked against the
+approval and bound to the operation by its nonce (the first bound is the only one: another is
+``payment_authorization_mismatch``), and an unpaid request's 402 reaches the agent. If opgate
+pays: read the challenge strictly; choose the one requirement its approval covers (none: refuse, nothing signed), sign the
 EIP-3009 authorization whose nonce the operation id derives, keep it on the operation BEFORE it
 leaves (the first kept wins: another replica's is sent instead of ours), send it with
-``PAYMENT-SIGNATURE``, and keep the ``PAYMENT-RESPONSE`` settlement. The protocol's parsing and
-signing are pure (proxy/x402/); the store and the send are here.
+``PAYMENT-SIGNATURE``, and keep the ``PAYMENT-RESPONSE`` settlement. A stored payment refused
+because its nonce is used was paid before: the row settles confirmed, its answer lost
+(``x402_paid_answer_lost``). The protocol's parsing and signing are pure (proxy/x402/); the
+store and the send are here.
 
 The SDK (the optional extra ``opgate[x402]``) is imported only when a rule declares ``x402``.
 """
@@ -13,18 +18,22 @@ The SDK (the optional extra ``opgate[x402]``) is imported only when a rule decla
 from __future__ import annotations
 
 import contextlib
+import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.errors import StoreUnavailable, UpstreamError
+from proxy.errors import StoreUnavailable, UpstreamError, UpstreamNotSent
 from proxy.gate import upstream
+from proxy.gate.classify import Classified, Settled, Unknown
 from proxy.gate.decision import Deny
 from proxy.gate.reasons import Reason
 from proxy.gate.upstream import OutboundRequest, UpstreamResponse
 from proxy.policy.model import X402_TERMS, X402Payment
+from proxy.store.operation import LastOutcome, Status
 from proxy.store.x402 import SignedPayment, StoredPayment, X402Payments
 
 if TYPE_CHECKING:
@@ -33,7 +42,7 @@ if TYPE_CHECKING:
     from proxy.gate.credentials import CredentialSource
     from proxy.store.operation import Operation
     from proxy.store.store import Store
-    from proxy.x402.choice import Approval
+    from proxy.x402.choice import Accepted, Approval
 
 PAYMENT_REQUIRED = "PAYMENT-REQUIRED"
 PAYMENT_SIGNATURE = "PAYMENT-SIGNATURE"
@@ -44,15 +53,58 @@ _NONCE_USED = "invalid_exact_evm_nonce_already_used"
 
 @dataclass(frozen=True)
 class Paid:
-    """What the paid request came to: the upstream's answer, or a refusal (``answered`` then
-    is what was last received, kept for the record)."""
+    """What the request of an x402 rule came to: the upstream's answer, or a refusal
+    (``answered`` then is what was last received, kept for the record); ``settled_as``: how the
+    row settles whatever the policy's classification says (None: as it says)."""
 
     answered: UpstreamResponse | UpstreamError
     refusal: Deny | None = None
+    settled_as: Classified | None = None
 
 
 def asks_payment(answered: UpstreamResponse | UpstreamError) -> bool:
     return isinstance(answered, UpstreamResponse) and answered.status == 402
+
+
+async def send(
+    store: Store,
+    credentials: CredentialSource,
+    client: aiohttp.ClientSession,
+    terms: X402Payment,
+    op: Operation,
+    outbound: OutboundRequest,
+    agent_headers: Mapping[str, str],
+) -> Paid:
+    """Stage 6 for a rule that declares ``x402``: send ``outbound`` for ``op``, with the
+    operation's one payment if it has one (the agent's own, if the agent pays and offers one
+    that fits and binds), else unpaid, and pay a 402 once if opgate pays."""
+    payments = X402Payments(store)
+    try:
+        stored = await payments.stored(op.operation_id)
+        offered = agent_headers.get(PAYMENT_SIGNATURE) if terms.payer == "agent" else None
+        if offered is not None:
+            bound = await _bind_offered(payments, terms, op, offered, stored)
+            if isinstance(bound, Deny):
+                return Paid(UpstreamNotSent("the agent's payment was refused"), bound)
+            stored = bound
+    except StoreUnavailable as exc:  # nothing is sent that is not kept first
+        return Paid(
+            UpstreamNotSent("no payment could be read or kept"),
+            Deny(Reason.STORE_UNAVAILABLE, f"nothing was sent: {exc}"),
+        )
+    if stored is not None:  # the operation's one payment, as stored, never another
+        return await _send_paid(payments, client, op, outbound, stored)
+    try:
+        first = await upstream.send(client, outbound)
+    except UpstreamError as exc:
+        return Paid(exc)
+    if not asks_payment(first):
+        return Paid(first)
+    if terms.payer == "agent":
+        # The 402 reaches the agent, which pays with its own PAYMENT-SIGNATURE: the provider
+        # did nothing for an unpaid request, so the attempt ends as if never sent.
+        return Paid(first, settled_as=Unknown(LastOutcome.NOT_SENT))
+    return await pay(store, credentials, client, terms, op, outbound, first)
 
 
 async def pay(
@@ -72,6 +124,17 @@ async def pay(
         return Paid(first, Deny(Reason.STORE_UNAVAILABLE, f"no payment was sent: {exc}"))
     if isinstance(stored, Deny):
         return Paid(first, stored)
+    return await _send_paid(payments, client, op, outbound, stored)
+
+
+async def _send_paid(
+    payments: X402Payments,
+    client: aiohttp.ClientSession,
+    op: Operation,
+    outbound: OutboundRequest,
+    stored: StoredPayment,
+) -> Paid:
+    """Send ``outbound`` with the stored payment, and read what it came to."""
     headers = CIMultiDict(outbound.headers)
     headers[PAYMENT_SIGNATURE] = stored.header
     try:
@@ -82,9 +145,68 @@ async def pay(
         return Paid(exc)  # unknown: the row stays dispatched, the payment kept for a re-send
     if isinstance(answered, UpstreamResponse):
         if answered.status == 402:
-            return Paid(answered, _refused(stored, answered))
+            return _refused(stored, answered)
         await _keep_settlement(payments, op.operation_id, answered)
     return Paid(answered)
+
+
+async def _bind_offered(
+    payments: X402Payments,
+    terms: X402Payment,
+    op: Operation,
+    header: str,
+    stored: StoredPayment | None,
+) -> StoredPayment | Deny:
+    """The agent's payment, checked against the approval and bound to the operation by its
+    nonce: the first one bound is the operation's only one."""
+    from proxy.x402.offered import check_offered, offered_digest, read_offered
+    from proxy.x402.refusal import Refused, Why
+
+    digest = offered_digest(header)
+    if stored is not None:
+        if stored.payload_sha256 == digest:
+            return stored  # the same authorization: sent again as it was bound
+        return Deny(
+            Reason.PAYMENT_AUTHORIZATION_MISMATCH,
+            "the operation is bound to another payment authorization",
+            extra={"payment_sha256": stored.payload_sha256, "nonce": stored.nonce},
+        )
+    payload = read_offered(header)
+    if isinstance(payload, Refused):
+        return Deny(Reason.X402_PAYMENT_INVALID, payload.detail)
+    approval = _approval(op)
+    if approval is None:
+        return Deny(Reason.X402_NOT_APPROVED, "the operation approves no x402 payment terms")
+    checked = check_offered(payload, approval, _accepted(terms), int(time.time()))
+    if isinstance(checked, Refused):
+        reason = (
+            Reason.X402_NOT_APPROVED
+            if checked.why is Why.NOT_APPROVED
+            else Reason.X402_PAYMENT_INVALID
+        )
+        return Deny(reason, checked.detail)
+    signed = SignedPayment(
+        header=header.strip(),
+        payload_sha256=digest,
+        nonce=checked.nonce,
+        payer=checked.payer,
+        pay_to=checked.pay_to,
+        amount=checked.amount,
+        asset=checked.asset,
+        network=checked.network,
+        valid_before=checked.valid_before,
+        payer_kind="agent",
+    )
+    kept = await payments.keep(op.operation_id, signed)
+    if kept is None:
+        return Deny(Reason.X402_PAYMENT_REFUSED, "the operation is no longer dispatched")
+    if kept.payload_sha256 != digest:  # another request bound another one first
+        return Deny(
+            Reason.PAYMENT_AUTHORIZATION_MISMATCH,
+            "the operation is bound to another payment authorization",
+            extra={"payment_sha256": kept.payload_sha256, "nonce": kept.nonce},
+        )
+    return kept
 
 
 async def _payment_to_send(
@@ -121,7 +243,7 @@ def _sign(
             signature_header,
         )
         from proxy.x402.challenge import read_payment_required
-        from proxy.x402.choice import Accepted, choose
+        from proxy.x402.choice import choose
         from proxy.x402.refusal import Refused, Why
     except ImportError:
         return Deny(Reason.CREDENTIAL_UNAVAILABLE, "opgate[x402] is not installed")
@@ -134,12 +256,7 @@ def _sign(
     approval = _approval(op)
     if approval is None:
         return Deny(Reason.X402_NOT_APPROVED, "the operation approves no x402 payment terms")
-    accepted = Accepted(
-        frozenset(terms.schemes),
-        frozenset(terms.networks),
-        frozenset(asset.lower() for asset in terms.assets),
-    )
-    chosen = choose(required, approval, accepted)
+    chosen = choose(required, approval, _accepted(terms))
     if isinstance(chosen, Refused):
         reason = (
             Reason.X402_NOT_APPROVED
@@ -147,6 +264,7 @@ def _sign(
             else Reason.X402_CHALLENGE_INVALID
         )
         return Deny(reason, chosen.detail)
+    assert terms.wallet_secret is not None  # the policy requires it where opgate pays
     key = credentials.secret(terms.wallet_secret)
     if key is None:
         return Deny(
@@ -171,6 +289,17 @@ def _sign(
     )
 
 
+def _accepted(terms: X402Payment) -> Accepted:
+    """What the rule lets the operation pay with (its own configuration, never the 402's)."""
+    from proxy.x402.choice import Accepted
+
+    return Accepted(
+        frozenset(terms.schemes),
+        frozenset(terms.networks),
+        frozenset(asset.lower() for asset in terms.assets),
+    )
+
+
 def _approval(op: Operation) -> Approval | None:
     """The payment terms the operation's approval names (policy X402_TERMS), or None if one
     is missing or not text: "not shown" is not "not limited"."""
@@ -186,9 +315,12 @@ def _approval(op: Operation) -> Approval | None:
     return Approval(resource, int(max_amount), asset, network, pay_to)
 
 
-def _refused(stored: StoredPayment, answered: UpstreamResponse) -> Deny:
-    """The upstream answered the paid request with another 402: why, as far as the protocol
-    says (its PAYMENT-REQUIRED's ``error``, compared with known codes, never echoed)."""
+def _refused(stored: StoredPayment, answered: UpstreamResponse) -> Paid:
+    """The upstream answered the paid request with another 402. If it says the payment's nonce
+    is used (its PAYMENT-REQUIRED's ``error``, compared with the known code, never echoed), the
+    operation's one payment was settled before and its answer lost: the row settles confirmed
+    with opgate's problem as its answer, and nothing is ever signed for it again. Otherwise the
+    payment is refused, and the row's outcome stays unknown."""
     nonce_used = False
     header = answered.headers.get(PAYMENT_REQUIRED)
     if header is not None:
@@ -197,20 +329,30 @@ def _refused(stored: StoredPayment, answered: UpstreamResponse) -> Deny:
 
         required = read_payment_required(header)
         nonce_used = not isinstance(required, Refused) and required.error == _NONCE_USED
-    detail = (
-        "the provider says the payment's nonce is used: the operation was paid before"
-        if nonce_used
-        else "the provider answered the paid request with another 402"
+    evidence = {**stored.evidence(), "nonce_used": nonce_used, "refused_with": 402}
+    if not nonce_used:
+        refusal = Deny(
+            Reason.X402_PAYMENT_REFUSED,
+            "the provider answered the paid request with another 402",
+            extra=evidence,
+        )
+        return Paid(answered, refusal)
+    refusal = Deny(
+        Reason.X402_PAID_ANSWER_LOST,
+        "the provider says the payment's nonce is used: the operation was paid before, and "
+        "its answer was lost",
+        extra=evidence,
     )
-    return Deny(
-        Reason.X402_PAYMENT_REFUSED,
-        detail,
-        extra={
-            "nonce_used": nonce_used,
-            "nonce": stored.nonce,
-            "payment_sha256": stored.payload_sha256,
-        },
+    body = json.dumps(
+        {"code": refusal.reason.value, "detail": refusal.detail, **evidence}, sort_keys=True
+    ).encode()
+    lost = UpstreamResponse(
+        status=502,
+        reason="Bad Gateway",
+        headers=CIMultiDictProxy(CIMultiDict({"Content-Type": "application/problem+json"})),
+        body=body,
     )
+    return Paid(lost, refusal, settled_as=Settled(Status.CONFIRMED, None))
 
 
 async def _keep_settlement(
