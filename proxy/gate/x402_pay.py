@@ -4,13 +4,13 @@ If the operation has a stored payment, send it again as stored, never another. I
 pays (``payer: agent``), its own ``PAYMENT-SIGNATURE`` is read strictly, checked against the
 approval and bound to the operation by its nonce (the first bound is the only one: another is
 ``payment_authorization_mismatch``), and an unpaid request's 402 reaches the agent. If opgate
-pays: read the challenge strictly; choose the one requirement its approval covers (none: refuse, nothing signed), sign the
-EIP-3009 authorization whose nonce the operation id derives, keep it on the operation BEFORE it
-leaves (the first kept wins: another replica's is sent instead of ours), send it with
-``PAYMENT-SIGNATURE``, and keep the ``PAYMENT-RESPONSE`` settlement. A stored payment refused
-because its nonce is used was paid before: the row settles confirmed, its answer lost
-(``x402_paid_answer_lost``). The protocol's parsing and signing are pure (proxy/x402/); the
-store and the send are here.
+pays: read the challenge strictly; choose the one requirement its approval covers (none:
+refuse, nothing signed); sign the EIP-3009 authorization whose nonce the operation id derives;
+keep it on the operation BEFORE it leaves (the first kept wins: another replica's is sent
+instead of ours); send it with ``PAYMENT-SIGNATURE``, and keep the ``PAYMENT-RESPONSE``
+settlement. A stored payment refused because its nonce is used was paid before: the row
+settles confirmed, its answer lost (``x402_paid_answer_lost``). The protocol's parsing and
+signing are pure (proxy/x402/); the store and the send are here.
 
 The SDK (the optional extra ``opgate[x402]``) is imported only when a rule declares ``x402``.
 """
