@@ -517,7 +517,7 @@ async def _send_and_record(
     # 8. record the outcome, and in the same statement the request's record (9. audit): the
     # outcome as it will be once that statement has committed
     outcome = sending.updated(provider_answer=answered, provider_status=provider_status)
-    if isinstance(classified, Unknown):
+    if isinstance(classified, Unknown) and paid_as is None:  # 6b's 402 for the agent: shown
         outcome = outcome.updated(decision=Decision.ERROR, unsettled=classified.outcome)
     if payment_refused is not None:
         outcome = outcome.updated(refusal=payment_refused)
