@@ -420,12 +420,16 @@ class X402Payment(Strict):
     nonce. Either way by one of ``schemes`` on one of ``networks`` (CAIP-2) in one of
     ``assets`` (token contracts). ``chain_rpc_secret``: the secret holding a JSON-RPC URL of
     the network's chain, where reconciliation reads an unknown payment's nonce state
-    (``authorizationState``). What one operation may pay (resource, maximum amount, asset,
+    (``authorizationState``); ``expiry_margin_seconds`` after its validBefore, an unused nonce
+    proves the payment unpaid. What one operation may pay (resource, maximum amount, asset,
     network, payee) is approved per operation, in its params named by ``X402_TERMS``."""
 
     payer: Literal["opgate", "agent"] = "opgate"
     wallet_secret: Annotated[str, Field(pattern=_SECRET_NAME)] | None = None
     chain_rpc_secret: Annotated[str, Field(pattern=_SECRET_NAME)] | None = None
+    # After an authorization's validBefore, how long until its unused nonce proves it unpaid
+    # (the chain's block time and a node answering from an older block; docs/x402.md)
+    expiry_margin_seconds: Annotated[int, Field(ge=0, le=3600)] = 120
     schemes: Annotated[list[Literal["exact"]], Field(min_length=1)] = Field(
         default_factory=lambda: list[Literal["exact"]](["exact"])
     )

@@ -4,8 +4,8 @@ every EIP-3009 token). Pure: proxy/recovery/x402_state.py asks the chain and act
 
 - the nonce is used: the authorization (the only one with that nonce the token can accept)
   was settled: the operation was paid;
-- the nonce is unused after the authorization's ``validBefore`` (with a margin for the
-  chain's clock and a lagging node): it can never settle: provably not paid;
+- the nonce is unused after the authorization's ``validBefore`` (and a margin for the chain's
+  clock and a lagging node): it can never settle: provably not paid;
 - anything else (unused and still valid): not known yet, it may still be settled.
 """
 
@@ -17,9 +17,6 @@ from typing import Any
 
 # keccak256("authorizationState(address,bytes32)")[:4]; a known answer in the tests
 AUTHORIZATION_STATE_SELECTOR = "e94a0102"
-# After validBefore, how long before an unused nonce is taken as never usable: block times
-# are the validator's clock, and a node may answer from a block some seconds old.
-EXPIRY_MARGIN_SECONDS = 120
 _WORD = re.compile(r"0x[0-9a-fA-F]{64}")
 
 
@@ -56,10 +53,12 @@ def read_nonce_used(answer: Any) -> bool | None:
     return None if value > 1 else value == 1
 
 
-def judge(used: bool, valid_before: int, now: int) -> NonceVerdict:
-    """What the nonce's state proves at ``now`` (unix seconds)."""
+def judge(used: bool, valid_before: int, now: int, margin: int) -> NonceVerdict:
+    """What the nonce's state, read after ``now`` (unix seconds), proves. ``margin``: seconds
+    after validBefore before an unused nonce is taken as never usable (block times are the
+    validator's clock, and a node may answer from a block some seconds old)."""
     if used:
         return NonceVerdict.PAID
-    if now > valid_before + EXPIRY_MARGIN_SECONDS:
+    if now > valid_before + margin:
         return NonceVerdict.NOT_PAID
     return NonceVerdict.OPEN

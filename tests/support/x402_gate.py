@@ -17,7 +17,11 @@ REPORT = "/paid/report"
 
 
 def paid_policy(
-    *, deduplicates: bool = False, payer: str = "opgate", chain_rpc: bool = False
+    *,
+    deduplicates: bool = False,
+    payer: str = "opgate",
+    chain_rpc: bool = False,
+    expiry_margin: int | None = None,
 ) -> str:
     """The paid API's policy; ``deduplicates``: opgate may re-send an operation whose outcome
     is unknown (the paid API keeps no keys: the re-send is where a second payment could come);
@@ -26,6 +30,8 @@ def paid_policy(
     dedup = "true, retention_seconds: 86400" if deduplicates else "false"
     wallet = "wallet_secret: paid_wallet" if payer == "opgate" else "payer: agent"
     rpc = "\n" + " " * 14 + "chain_rpc_secret: paid_rpc" if chain_rpc else ""
+    if expiry_margin is not None:  # seconds after validBefore: an unused nonce proves unpaid
+        rpc += "\n" + " " * 14 + f"expiry_margin_seconds: {expiry_margin}"
     return textwrap.dedent(f"""\
         version: 1
         provider: paid
