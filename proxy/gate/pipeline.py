@@ -117,6 +117,7 @@ class RequestOutcome:
     attempt: int | None = None  # the attempt this request claimed
     would_deny: str | None = None  # shadow mode: the code an enforcing rule would refuse with
     evidence: dict[str, Any] | None = None  # the precondition lookups and what they read
+    payment: dict[str, Any] | None = None  # the x402 payment sent for it (x402_pay.Paid)
     sent_sha256: str | None = None  # the bytes that left for the provider, hashed
     provider_answer: UpstreamResponse | UpstreamError | None = None
     provider_status: int | None = None  # the provider's status (an operation's, a read's)
@@ -486,6 +487,7 @@ async def _send_and_record(
             target.headers,
         )
         answered, payment_refused, paid_as = paid.answered, paid.refusal, paid.settled_as
+        sending = sending.updated(payment=paid.evidence)
     else:
         try:
             answered = await upstream.send(client, ready.outbound)
@@ -815,6 +817,7 @@ def audited(
     record.attempt = outcome.attempt
     record.would_deny = outcome.would_deny
     record.precondition = outcome.evidence
+    record.payment = outcome.payment
     record.provider_status = outcome.provider_status
     record.forwarded_body_sha256 = outcome.sent_sha256
     record.provider_answer_sha256 = _answer_sha256(outcome)

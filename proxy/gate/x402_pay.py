@@ -22,7 +22,7 @@ import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -60,6 +60,7 @@ class Paid:
     answered: UpstreamResponse | UpstreamError
     refusal: Deny | None = None
     settled_as: Classified | None = None
+    evidence: dict[str, Any] | None = None  # the payment sent (StoredPayment.evidence)
 
 
 def asks_payment(answered: UpstreamResponse | UpstreamError) -> bool:
@@ -137,17 +138,17 @@ async def _send_paid(
     """Send ``outbound`` with the stored payment, and read what it came to."""
     headers = CIMultiDict(outbound.headers)
     headers[PAYMENT_SIGNATURE] = stored.header
+    evidence = stored.evidence()
     try:
-        answered: UpstreamResponse | UpstreamError = await upstream.send(
-            client, replace(outbound, headers=headers)
-        )
-    except UpstreamError as exc:
-        return Paid(exc)  # unknown: the row stays dispatched, the payment kept for a re-send
-    if isinstance(answered, UpstreamResponse):
-        if answered.status == 402:
-            return _refused(stored, answered)
-        await _keep_settlement(payments, op.operation_id, answered)
-    return Paid(answered)
+        answered = await upstream.send(client, replace(outbound, headers=headers))
+    except UpstreamError as exc:  # unknown: the row stays dispatched, the payment kept
+        return Paid(exc, evidence=evidence)
+    if answered.status == 402:
+        return _refused(stored, answered)
+    transaction = await _keep_settlement(payments, op.operation_id, answered)
+    if transaction is not None:
+        evidence["settlement_transaction"] = transaction
+    return Paid(answered, evidence=evidence)
 
 
 async def _bind_offered(
@@ -336,7 +337,7 @@ def _refused(stored: StoredPayment, answered: UpstreamResponse) -> Paid:
             "the provider answered the paid request with another 402",
             extra=evidence,
         )
-        return Paid(answered, refusal)
+        return Paid(answered, refusal, evidence=stored.evidence())
     refusal = Deny(
         Reason.X402_PAID_ANSWER_LOST,
         "the provider says the payment's nonce is used: the operation was paid before, and "
@@ -352,22 +353,26 @@ def _refused(stored: StoredPayment, answered: UpstreamResponse) -> Paid:
         headers=CIMultiDictProxy(CIMultiDict({"Content-Type": "application/problem+json"})),
         body=body,
     )
-    return Paid(lost, refusal, settled_as=Settled(Status.CONFIRMED, None))
+    return Paid(
+        lost, refusal, settled_as=Settled(Status.CONFIRMED, None), evidence=stored.evidence()
+    )
 
 
 async def _keep_settlement(
     payments: X402Payments, operation_id: str, answered: UpstreamResponse
-) -> None:
+) -> str | None:
+    """Keep the answer's PAYMENT-RESPONSE with the payment; its transaction, if it names one."""
     from proxy.x402.refusal import Refused
     from proxy.x402.settlement import read_payment_response
 
     header = answered.headers.get(PAYMENT_RESPONSE)
     if header is None:
-        return
+        return None
     settlement = read_payment_response(header)
     if isinstance(settlement, Refused):
-        return
+        return None
     # The answer is the agent's whatever the store does: a settlement not kept here is still in
     # the answer the operation's row keeps, and the token's state says it was paid.
     with contextlib.suppress(StoreUnavailable):
         await payments.record_settlement(operation_id, settlement.model_dump(by_alias=True))
+    return settlement.transaction or None

@@ -14,6 +14,7 @@ import pytest_asyncio
 from aiohttp import web
 
 from proxy.x402.authorization import operation_nonce
+from tests.support.auditlog import flushed, stored_requests
 from tests.support.opgate import AGENT_TOKEN, SECOND_AGENT_TOKEN, Opgate, StartOpgate, problem
 from tests.support.x402_gate import REPORT, WALLET, approve_purchase, paid_policy
 from tests.support.x402_ledger import Ledger
@@ -80,6 +81,20 @@ async def test_an_approved_purchase_is_paid_once_and_its_settlement_kept(
         await conn.close()
     assert kept["nonce"] == operation_nonce(op["operation_id"])
     assert json.loads(kept["settlement"])["transaction"] == settled.tx_hash
+    await flushed(gate)
+    [record] = [
+        r
+        for r in await stored_requests(gate.running.gateway.settings.database_url)
+        if r.get("operation_id") == op["operation_id"]
+    ]
+    payment = record["payment"]  # the evidence: paid once, to whom, how much, which transfer
+    assert (payment["nonce"], payment["pay_to"], payment["amount"]) == (
+        operation_nonce(op["operation_id"]),
+        PAYEE,
+        str(PRICE),
+    )
+    assert (payment["paid_by"], payment["settlement_transaction"]) == ("opgate", settled.tx_hash)
+    assert len(payment["payment_sha256"]) == 64
 
 
 async def test_issue_3438_through_opgate_settles_once_whoever_retries(
