@@ -123,9 +123,9 @@ class AuditRecord:
     trace_id: str | None = None
 
     def fields(self) -> dict[str, Any]:
-        # Every field is a scalar or (precondition, mandate, payment) a dict never changed once set: a shallow
-        # copy is what asdict's recursive copy would give, at a fraction of its cost (this
-        # runs once per request).
+        # Every field is a scalar or (precondition, mandate, payment) a dict never changed once
+        # set: a shallow copy is what asdict's recursive copy would give, at a fraction of its
+        # cost (this runs once per request).
         data = dict(vars(self))
         data.pop("started_monotonic")
         data["latency_ms"] = round((time.monotonic() - self.started_monotonic) * 1000, 3)
