@@ -275,7 +275,10 @@ def _sign(
         account = Account.from_key(key)
     except ValueError:
         return Deny(Reason.CREDENTIAL_UNAVAILABLE, f"secret {terms.wallet_secret!r} is not a key")
-    payload = sign_payment(account, chosen, required.resource, op.operation_id, int(time.time()))
+    now = int(time.time())
+    payload = sign_payment(
+        account, chosen, required.resource, op.operation_id, now, required.extensions
+    )
     signature = signature_header(payload)
     return SignedPayment(
         header=signature,
