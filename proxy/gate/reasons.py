@@ -439,9 +439,9 @@ REASONS: dict[Reason, ReasonInfo] = {
     Reason.X402_PAYMENT_REFUSED: ReasonInfo(
         502,
         "The provider refused the operation's payment",
-        "opgate sent the one payment it signed for this operation and will never sign another. "
-        "If nonce_used is true the payment was settled before: the operation was paid and its "
-        "answer lost. Ask opgate for the operation's status; do not pay it another way.",
+        "opgate sent the operation's one payment and will never sign another; the payment's "
+        "evidence is attached. Ask opgate for the operation's status; do not pay it another "
+        "way.",
     ),
     Reason.X402_PAID_ANSWER_LOST: ReasonInfo(
         502,
