@@ -7,7 +7,7 @@ lose an answer after settlement (``lose_answers``), the failure of x402 issue #3
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +34,10 @@ class PaidApi:
     lose_answers: int = 0  # answers still to lose after settling
     drop_payments: int = 0  # paid requests still to drop on arrival: nothing verified or settled
     max_timeout_seconds: int = 300  # the requirement's maxTimeoutSeconds (validBefore's bound)
+    # called (then the connection dropped) when a paid request arrives, before anything is
+    # verified; or once it has settled, before the answer: where a test SIGKILLs its client
+    crash_on_arrival: Callable[[], Awaitable[None]] | None = None
+    crash_after_settlement: Callable[[], Awaitable[None]] | None = None
     next_pay_to: str | None = None  # the payee after the next unpaid 402 (a swap)
     served: int = 0
     base: str = ""
@@ -112,8 +116,11 @@ async def paid_api(ledger: Ledger) -> AsyncIterator[PaidApi]:
         header = request.headers.get("PAYMENT-SIGNATURE")
         if header is not None:
             state.payment_headers_seen.append(header)
-            if state.drop_payments > 0:  # lost on the way in: the server never saw it
-                state.drop_payments -= 1
+            crash, state.crash_on_arrival = state.crash_on_arrival, None
+            if crash is not None:
+                await crash()
+            if crash is not None or state.drop_payments > 0:  # lost on the way in: not seen
+                state.drop_payments = max(0, state.drop_payments - 1)
                 assert request.transport is not None
                 request.transport.abort()
                 return web.Response()
@@ -140,8 +147,11 @@ async def paid_api(ledger: Ledger) -> AsyncIterator[PaidApi]:
         if not settled.success:
             assert settled.response is not None
             return _json(settled.response.body, settled.response.status, settled.response.headers)
-        if state.lose_answers > 0:  # paid, and the answer never reaches the client
-            state.lose_answers -= 1
+        crash, state.crash_after_settlement = state.crash_after_settlement, None
+        if crash is not None:
+            await crash()
+        if crash is not None or state.lose_answers > 0:  # paid, the answer never reaches it
+            state.lose_answers = max(0, state.lose_answers - 1)
             assert request.transport is not None
             request.transport.abort()
             return web.Response()
