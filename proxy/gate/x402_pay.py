@@ -119,12 +119,16 @@ async def pay(
 ) -> Paid:
     """Pay ``first`` (a 402) for ``op`` and send ``outbound`` again with the payment."""
     payments = X402Payments(store)
+    # Refused before a payment left, the unpaid request's 402 is all the provider said: it did
+    # nothing without payment, so the attempt ends as never sent (the approval decides again).
+    unpaid = Unknown(LastOutcome.NOT_SENT)
     try:
         stored = await _payment_to_send(payments, credentials, terms, op, first)
     except StoreUnavailable as exc:  # nothing is sent that is not kept first
-        return Paid(first, Deny(Reason.STORE_UNAVAILABLE, f"no payment was sent: {exc}"))
+        refusal = Deny(Reason.STORE_UNAVAILABLE, f"no payment was sent: {exc}")
+        return Paid(first, refusal, settled_as=unpaid)
     if isinstance(stored, Deny):
-        return Paid(first, stored)
+        return Paid(first, stored, settled_as=unpaid)
     return await _send_paid(payments, client, op, outbound, stored)
 
 

@@ -176,6 +176,8 @@ async def test_a_402_beyond_the_approval_is_refused_and_nothing_is_signed(
         refused = problem(body)
         assert (status, refused["code"]) == (403, "x402_not_approved"), refused
         assert why in refused["detail"]
+        row = await gate.operation(op["operation_id"])  # nothing left paid: never sent
+        assert (row["status"], row["last_outcome"]) == ("dispatched", "not_sent")
     assert api.payment_headers_seen == []
     assert ledger.settlements == []
 
