@@ -37,7 +37,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     # the operations listener's sign-in and answers, shared by what it serves
     "admin": {"gate"} | BASE,
     "forward": SERVES,
-    "recovery": SERVES,
+    # reconciliation reads an x402 payment's nonce state (recovery/x402_state.py)
+    "recovery": SERVES | {"x402"},
     "authoring": {"admin"} | SERVES,
     "operations": {"admin", "mandates", "recovery"} | SERVES,
     "proposals": {"operations", "admin", "recovery"} | SERVES,

@@ -208,9 +208,23 @@ MEANINGS: dict[Reason, str] = {
         "Nothing was signed (docs/x402.md)."
     ),
     Reason.X402_PAYMENT_REFUSED: (
-        "The provider answered opgate's one payment for the operation with another 402. "
-        "`nonce_used: true`: the payment was settled before (paid, answer lost). opgate never "
-        "signs a second payment for the operation (docs/x402.md)."
+        "The provider answered the operation's one payment with another 402, not saying its "
+        "nonce is used; the payment's evidence is attached. opgate never signs a second "
+        "payment for the operation (docs/x402.md)."
+    ),
+    Reason.X402_PAID_ANSWER_LOST: (
+        "The provider refused the operation's stored payment because its nonce is used, or "
+        "reconciliation read the nonce used on the chain: the operation was paid and its answer "
+        "lost. It is settled confirmed with this answer and the payment's evidence (digest, "
+        "nonce, payer, payTo, amount); nothing is signed again (docs/x402.md)."
+    ),
+    Reason.X402_PAYMENT_INVALID: (
+        "The agent's own PAYMENT-SIGNATURE (rule `x402.payer: agent`) is not an x402 v2 exact "
+        "EIP-3009 payment signed by its payer: nothing was sent (docs/x402.md)."
+    ),
+    Reason.PAYMENT_AUTHORIZATION_MISMATCH: (
+        "The agent sent another payment authorization than the one bound to the operation (its "
+        "first, by nonce): nothing was sent; the bound one's digest and nonce are attached."
     ),
     Reason.PRECONDITION_FAILED: (
         "The rule's preconditions (a lookup at the provider before the send) no longer hold: "

@@ -118,6 +118,7 @@ class RequestOutcome:
     attempt: int | None = None  # the attempt this request claimed
     would_deny: str | None = None  # shadow mode: the code an enforcing rule would refuse with
     evidence: dict[str, Any] | None = None  # the precondition lookups and what they read
+    payment: dict[str, Any] | None = None  # the x402 payment sent for it (x402_pay.Paid)
     sent_sha256: str | None = None  # the bytes that left for the provider, hashed
     provider_answer: UpstreamResponse | UpstreamError | None = None
     provider_status: int | None = None  # the provider's status (an operation's, a read's)
@@ -466,23 +467,30 @@ async def _forward(
 async def _send_and_record(
     gw: Gateway, target: Target, ready: ReadyToSend, sending: RequestOutcome, progress: Progress
 ) -> RequestOutcome:
-    # 5. forward
-    try:
-        client = gw.egress_client(target.forwarded)  # forward mode: addresses are re-checked
-        answered: UpstreamResponse | UpstreamError = await upstream.send(client, ready.outbound)
-    except UpstreamError as exc:
-        answered = exc
+    # 5. forward; 5b. a rule whose upstream asks an x402 payment: paid once for the operation,
+    # the payment kept on it before it leaves (gate/x402_pay.py); a refusal is shown, the answer
+    # still classified (or settled as the payment's evidence says: ``paid_as``). Before the
+    # headers are filtered: the payment is negotiated in headers the agent may not see.
+    client = gw.egress_client(target.forwarded)  # forward mode: addresses are re-checked
     op = ready.claimed
-    # 5b. an upstream asking an x402 payment: paid once for the operation, the payment kept on
-    # it before it leaves (gate/x402_pay.py); a refusal is shown, the answer still classified.
-    # Before the headers are filtered: the payment is negotiated in headers the agent may not see.
-    payment_refused = None
-    if op is not None and target.rule.x402 is not None and x402_pay.asks_payment(answered):
-        assert isinstance(answered, UpstreamResponse)
-        paid = await x402_pay.pay(
-            gw.store, gw.credentials, client, target.rule.x402, op, ready.outbound, answered
+    payment_refused, paid_as = None, None
+    if op is not None and target.rule.x402 is not None:
+        paid = await x402_pay.send(
+            gw.store,
+            gw.credentials,
+            client,
+            target.rule.x402,
+            op,
+            ready.outbound,
+            target.headers,
         )
-        answered, payment_refused = paid.answered, paid.refusal
+        answered, payment_refused, paid_as = paid.answered, paid.refusal, paid.settled_as
+        sending = sending.updated(payment=paid.evidence)
+    else:
+        try:
+            answered = await upstream.send(client, ready.outbound)
+        except UpstreamError as exc:
+            answered = exc
     if isinstance(answered, UpstreamResponse):  # only what the agent may see is kept
         answered, echoes = _shown_headers(target.provider, answered, ready.credential)
         sending = sending.updated(credential_echoes=echoes)
@@ -503,11 +511,13 @@ async def _send_and_record(
         provider_status = answered.status
         classification = target.provider.classification_for(target.rule)
         classified = classify_answer(classification, answered.status, answered.body)
+    if paid_as is not None:  # 5b's evidence decides: paid (answer lost), or never done (402)
+        classified = paid_as
 
     # 7. record the outcome, and in the same statement the request's record (8. audit): the
     # outcome as it will be once that statement has committed
     outcome = sending.updated(provider_answer=answered, provider_status=provider_status)
-    if isinstance(classified, Unknown):
+    if isinstance(classified, Unknown) and paid_as is None:  # 5b's 402 for the agent: shown
         outcome = outcome.updated(decision=Decision.ERROR, unsettled=classified.outcome)
     if payment_refused is not None:
         outcome = outcome.updated(refusal=payment_refused)
@@ -811,6 +821,7 @@ def audited(
     record.attempt = outcome.attempt
     record.would_deny = outcome.would_deny
     record.precondition = outcome.evidence
+    record.payment = outcome.payment
     record.provider_status = outcome.provider_status
     record.forwarded_body_sha256 = outcome.sent_sha256
     record.provider_answer_sha256 = _answer_sha256(outcome)

@@ -81,6 +81,9 @@ class Reason(StrEnum):
     X402_CHALLENGE_INVALID = "x402_challenge_invalid"
     X402_NOT_APPROVED = "x402_not_approved"
     X402_PAYMENT_REFUSED = "x402_payment_refused"
+    X402_PAID_ANSWER_LOST = "x402_paid_answer_lost"
+    X402_PAYMENT_INVALID = "x402_payment_invalid"
+    PAYMENT_AUTHORIZATION_MISMATCH = "payment_authorization_mismatch"
     # limits
     AGENT_CONCURRENCY_EXCEEDED = "agent_concurrency_exceeded"
     RATE_LIMITED = "rate_limited"
@@ -444,9 +447,28 @@ REASONS: dict[Reason, ReasonInfo] = {
     Reason.X402_PAYMENT_REFUSED: ReasonInfo(
         502,
         "The provider refused the operation's payment",
-        "opgate sent the one payment it signed for this operation and will never sign another. "
-        "If nonce_used is true the payment was settled before: the operation was paid and its "
-        "answer lost. Ask opgate for the operation's status; do not pay it another way.",
+        "opgate sent the operation's one payment and will never sign another; the payment's "
+        "evidence is attached. Ask opgate for the operation's status; do not pay it another "
+        "way.",
+    ),
+    Reason.X402_PAID_ANSWER_LOST: ReasonInfo(
+        502,
+        "The operation was paid and the provider's answer to it was lost",
+        "The operation is settled as paid: its one payment's nonce is used (the evidence is "
+        "attached) and opgate will never pay it again. The provider's answer cannot be "
+        "recovered through opgate; ask the provider or the operator for it.",
+    ),
+    Reason.X402_PAYMENT_INVALID: ReasonInfo(
+        400,
+        "The agent's PAYMENT-SIGNATURE is not a payment opgate can read",
+        "Nothing was sent. Send an x402 version 2 exact EIP-3009 payment, base64 JSON, signed "
+        "by its payer, or send the request without one.",
+    ),
+    Reason.PAYMENT_AUTHORIZATION_MISMATCH: ReasonInfo(
+        422,
+        "The operation is bound to another payment authorization",
+        "Nothing was sent. The operation's first authorization is its only one: send that one "
+        "again (the same PAYMENT-SIGNATURE), or ask opgate for the operation's status.",
     ),
     Reason.AGENT_CONCURRENCY_EXCEEDED: ReasonInfo(
         429,

@@ -1,10 +1,15 @@
-"""Stage 5b: an upstream that answers 402 with x402 v2, paid once for the operation.
+"""Stage 5b for a rule whose upstream answers 402 with x402 v2: paid once for the operation.
 
-Read the challenge strictly; if the operation has a stored payment, re-send it, never another;
-else choose the one requirement its approval covers (none: refuse, nothing signed), sign the
-EIP-3009 authorization whose nonce the operation id derives, keep it on the operation BEFORE it
-leaves (the first kept wins: another replica's is sent instead of ours), send it with
-``PAYMENT-SIGNATURE``, and keep the ``PAYMENT-RESPONSE`` settlement. The protocol's parsing and
+If the operation has a stored payment, send it again as stored, never another. If the agent
+pays (``payer: agent``), its own ``PAYMENT-SIGNATURE`` is read strictly, checked against the
+approval and bound to the operation by its nonce (the first bound is the only one: another is
+``payment_authorization_mismatch``), and an unpaid request's 402 reaches the agent. If opgate
+pays: read the challenge strictly; choose the one requirement its approval covers (none:
+refuse, nothing signed); sign the EIP-3009 authorization whose nonce the operation id derives;
+keep it on the operation BEFORE it leaves (the first kept wins: another replica's is sent
+instead of ours); send it with ``PAYMENT-SIGNATURE``, and keep the ``PAYMENT-RESPONSE``
+settlement. A stored payment refused because its nonce is used was paid before: the row
+settles confirmed, its answer lost (``x402_paid_answer_lost``). The protocol's parsing and
 signing are pure (proxy/x402/); the store and the send are here.
 
 The SDK (the optional extra ``opgate[x402]``) is imported only when a rule declares ``x402``.
@@ -13,18 +18,22 @@ The SDK (the optional extra ``opgate[x402]``) is imported only when a rule decla
 from __future__ import annotations
 
 import contextlib
+import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.errors import StoreUnavailable, UpstreamError
+from proxy.errors import StoreUnavailable, UpstreamError, UpstreamNotSent
 from proxy.gate import upstream
+from proxy.gate.classify import Classified, Settled, Unknown
 from proxy.gate.decision import Deny
 from proxy.gate.reasons import Reason
 from proxy.gate.upstream import OutboundRequest, UpstreamResponse
 from proxy.policy.model import X402_TERMS, X402Payment
+from proxy.store.operation import LastOutcome, Status
 from proxy.store.x402 import SignedPayment, StoredPayment, X402Payments
 
 if TYPE_CHECKING:
@@ -33,7 +42,7 @@ if TYPE_CHECKING:
     from proxy.gate.credentials import CredentialSource
     from proxy.store.operation import Operation
     from proxy.store.store import Store
-    from proxy.x402.choice import Approval
+    from proxy.x402.choice import Accepted, Approval
 
 PAYMENT_REQUIRED = "PAYMENT-REQUIRED"
 PAYMENT_SIGNATURE = "PAYMENT-SIGNATURE"
@@ -44,15 +53,59 @@ _NONCE_USED = "invalid_exact_evm_nonce_already_used"
 
 @dataclass(frozen=True)
 class Paid:
-    """What the paid request came to: the upstream's answer, or a refusal (``answered`` then
-    is what was last received, kept for the record)."""
+    """What the request of an x402 rule came to: the upstream's answer, or a refusal
+    (``answered`` then is what was last received, kept for the record); ``settled_as``: how the
+    row settles whatever the policy's classification says (None: as it says)."""
 
     answered: UpstreamResponse | UpstreamError
     refusal: Deny | None = None
+    settled_as: Classified | None = None
+    evidence: dict[str, Any] | None = None  # the payment sent (StoredPayment.evidence)
 
 
 def asks_payment(answered: UpstreamResponse | UpstreamError) -> bool:
     return isinstance(answered, UpstreamResponse) and answered.status == 402
+
+
+async def send(
+    store: Store,
+    credentials: CredentialSource,
+    client: aiohttp.ClientSession,
+    terms: X402Payment,
+    op: Operation,
+    outbound: OutboundRequest,
+    agent_headers: Mapping[str, str],
+) -> Paid:
+    """Stage 5b for a rule that declares ``x402``: send ``outbound`` for ``op``, with the
+    operation's one payment if it has one (the agent's own, if the agent pays and offers one
+    that fits and binds), else unpaid, and pay a 402 once if opgate pays."""
+    payments = X402Payments(store)
+    try:
+        stored = await payments.stored(op.operation_id)
+        offered = agent_headers.get(PAYMENT_SIGNATURE) if terms.payer == "agent" else None
+        if offered is not None:
+            bound = await _bind_offered(payments, terms, op, offered, stored)
+            if isinstance(bound, Deny):
+                return Paid(UpstreamNotSent("the agent's payment was refused"), bound)
+            stored = bound
+    except StoreUnavailable as exc:  # nothing is sent that is not kept first
+        return Paid(
+            UpstreamNotSent("no payment could be read or kept"),
+            Deny(Reason.STORE_UNAVAILABLE, f"nothing was sent: {exc}"),
+        )
+    if stored is not None:  # the operation's one payment, as stored, never another
+        return await _send_paid(payments, client, op, outbound, stored)
+    try:
+        first = await upstream.send(client, outbound)
+    except UpstreamError as exc:
+        return Paid(exc)
+    if not asks_payment(first):
+        return Paid(first)
+    if terms.payer == "agent":
+        # The 402 reaches the agent, which pays with its own PAYMENT-SIGNATURE: the provider
+        # did nothing for an unpaid request, so the attempt ends as if never sent.
+        return Paid(first, settled_as=Unknown(LastOutcome.NOT_SENT))
+    return await pay(store, credentials, client, terms, op, outbound, first)
 
 
 async def pay(
@@ -66,25 +119,99 @@ async def pay(
 ) -> Paid:
     """Pay ``first`` (a 402) for ``op`` and send ``outbound`` again with the payment."""
     payments = X402Payments(store)
+    # Refused before a payment left, the unpaid request's 402 is all the provider said: it did
+    # nothing without payment, so the attempt ends as never sent (the approval decides again).
+    unpaid = Unknown(LastOutcome.NOT_SENT)
     try:
         stored = await _payment_to_send(payments, credentials, terms, op, first)
     except StoreUnavailable as exc:  # nothing is sent that is not kept first
-        return Paid(first, Deny(Reason.STORE_UNAVAILABLE, f"no payment was sent: {exc}"))
+        refusal = Deny(Reason.STORE_UNAVAILABLE, f"no payment was sent: {exc}")
+        return Paid(first, refusal, settled_as=unpaid)
     if isinstance(stored, Deny):
-        return Paid(first, stored)
+        return Paid(first, stored, settled_as=unpaid)
+    return await _send_paid(payments, client, op, outbound, stored)
+
+
+async def _send_paid(
+    payments: X402Payments,
+    client: aiohttp.ClientSession,
+    op: Operation,
+    outbound: OutboundRequest,
+    stored: StoredPayment,
+) -> Paid:
+    """Send ``outbound`` with the stored payment, and read what it came to."""
     headers = CIMultiDict(outbound.headers)
     headers[PAYMENT_SIGNATURE] = stored.header
+    evidence = stored.evidence()
     try:
-        answered: UpstreamResponse | UpstreamError = await upstream.send(
-            client, replace(outbound, headers=headers)
+        answered = await upstream.send(client, replace(outbound, headers=headers))
+    except UpstreamError as exc:  # unknown: the row stays dispatched, the payment kept
+        return Paid(exc, evidence=evidence)
+    if answered.status == 402:
+        return _refused(stored, answered)
+    transaction = await _keep_settlement(payments, op.operation_id, answered)
+    if transaction is not None:
+        evidence["settlement_transaction"] = transaction
+    return Paid(answered, evidence=evidence)
+
+
+async def _bind_offered(
+    payments: X402Payments,
+    terms: X402Payment,
+    op: Operation,
+    header: str,
+    stored: StoredPayment | None,
+) -> StoredPayment | Deny:
+    """The agent's payment, checked against the approval and bound to the operation by its
+    nonce: the first one bound is the operation's only one."""
+    from proxy.x402.offered import check_offered, offered_digest, read_offered
+    from proxy.x402.refusal import Refused, Why
+
+    digest = offered_digest(header)
+    if stored is not None:
+        if stored.payload_sha256 == digest:
+            return stored  # the same authorization: sent again as it was bound
+        return Deny(
+            Reason.PAYMENT_AUTHORIZATION_MISMATCH,
+            "the operation is bound to another payment authorization",
+            extra={"payment_sha256": stored.payload_sha256, "nonce": stored.nonce},
         )
-    except UpstreamError as exc:
-        return Paid(exc)  # unknown: the row stays dispatched, the payment kept for a re-send
-    if isinstance(answered, UpstreamResponse):
-        if answered.status == 402:
-            return Paid(answered, _refused(stored, answered))
-        await _keep_settlement(payments, op.operation_id, answered)
-    return Paid(answered)
+    payload = read_offered(header)
+    if isinstance(payload, Refused):
+        return Deny(Reason.X402_PAYMENT_INVALID, payload.detail)
+    approval = _approval(op)
+    if approval is None:
+        return Deny(Reason.X402_NOT_APPROVED, "the operation approves no x402 payment terms")
+    checked = check_offered(payload, approval, _accepted(terms), int(time.time()))
+    if isinstance(checked, Refused):
+        reason = (
+            Reason.X402_NOT_APPROVED
+            if checked.why is Why.NOT_APPROVED
+            else Reason.X402_PAYMENT_INVALID
+        )
+        return Deny(reason, checked.detail)
+    signed = SignedPayment(
+        header=header.strip(),
+        payload_sha256=digest,
+        nonce=checked.nonce,
+        payer=checked.payer,
+        pay_to=checked.pay_to,
+        amount=checked.amount,
+        asset=checked.asset,
+        network=checked.network,
+        valid_before=checked.valid_before,
+        payer_kind="agent",
+    )
+    kept = await payments.keep(op.operation_id, signed)
+    if kept is None:
+        return Deny(Reason.X402_PAYMENT_REFUSED, "the operation is no longer dispatched")
+    if kept.payload_sha256 != digest:  # another request bound another one first
+        return Deny(
+            Reason.PAYMENT_AUTHORIZATION_MISMATCH,
+            "the operation is bound to another payment authorization",
+            extra={"payment_sha256": kept.payload_sha256, "nonce": kept.nonce},
+        )
+    return kept
 
 
 async def _payment_to_send(
@@ -121,7 +248,7 @@ def _sign(
             signature_header,
         )
         from proxy.x402.challenge import read_payment_required
-        from proxy.x402.choice import Accepted, choose
+        from proxy.x402.choice import choose
         from proxy.x402.refusal import Refused, Why
     except ImportError:
         return Deny(Reason.CREDENTIAL_UNAVAILABLE, "opgate[x402] is not installed")
@@ -134,12 +261,7 @@ def _sign(
     approval = _approval(op)
     if approval is None:
         return Deny(Reason.X402_NOT_APPROVED, "the operation approves no x402 payment terms")
-    accepted = Accepted(
-        frozenset(terms.schemes),
-        frozenset(terms.networks),
-        frozenset(asset.lower() for asset in terms.assets),
-    )
-    chosen = choose(required, approval, accepted)
+    chosen = choose(required, approval, _accepted(terms))
     if isinstance(chosen, Refused):
         reason = (
             Reason.X402_NOT_APPROVED
@@ -147,6 +269,7 @@ def _sign(
             else Reason.X402_CHALLENGE_INVALID
         )
         return Deny(reason, chosen.detail)
+    assert terms.wallet_secret is not None  # the policy requires it where opgate pays
     key = credentials.secret(terms.wallet_secret)
     if key is None:
         return Deny(
@@ -156,7 +279,10 @@ def _sign(
         account = Account.from_key(key)
     except ValueError:
         return Deny(Reason.CREDENTIAL_UNAVAILABLE, f"secret {terms.wallet_secret!r} is not a key")
-    payload = sign_payment(account, chosen, required.resource, op.operation_id, int(time.time()))
+    now = int(time.time())
+    payload = sign_payment(
+        account, chosen, required.resource, op.operation_id, now, required.extensions
+    )
     signature = signature_header(payload)
     return SignedPayment(
         header=signature,
@@ -168,6 +294,17 @@ def _sign(
         asset=chosen.asset,
         network=str(chosen.network),
         valid_before=int(payload.payload["authorization"]["validBefore"]),
+    )
+
+
+def _accepted(terms: X402Payment) -> Accepted:
+    """What the rule lets the operation pay with (its own configuration, never the 402's)."""
+    from proxy.x402.choice import Accepted
+
+    return Accepted(
+        frozenset(terms.schemes),
+        frozenset(terms.networks),
+        frozenset(asset.lower() for asset in terms.assets),
     )
 
 
@@ -186,9 +323,12 @@ def _approval(op: Operation) -> Approval | None:
     return Approval(resource, int(max_amount), asset, network, pay_to)
 
 
-def _refused(stored: StoredPayment, answered: UpstreamResponse) -> Deny:
-    """The upstream answered the paid request with another 402: why, as far as the protocol
-    says (its PAYMENT-REQUIRED's ``error``, compared with known codes, never echoed)."""
+def _refused(stored: StoredPayment, answered: UpstreamResponse) -> Paid:
+    """The upstream answered the paid request with another 402. If it says the payment's nonce
+    is used (its PAYMENT-REQUIRED's ``error``, compared with the known code, never echoed), the
+    operation's one payment was settled before and its answer lost: the row settles confirmed
+    with opgate's problem as its answer, and nothing is ever signed for it again. Otherwise the
+    payment is refused, and the row's outcome stays unknown."""
     nonce_used = False
     header = answered.headers.get(PAYMENT_REQUIRED)
     if header is not None:
@@ -197,35 +337,49 @@ def _refused(stored: StoredPayment, answered: UpstreamResponse) -> Deny:
 
         required = read_payment_required(header)
         nonce_used = not isinstance(required, Refused) and required.error == _NONCE_USED
-    detail = (
-        "the provider says the payment's nonce is used: the operation was paid before"
-        if nonce_used
-        else "the provider answered the paid request with another 402"
+    evidence = {**stored.evidence(), "nonce_used": nonce_used, "refused_with": 402}
+    if not nonce_used:
+        refusal = Deny(
+            Reason.X402_PAYMENT_REFUSED,
+            "the provider answered the paid request with another 402",
+            extra=evidence,
+        )
+        return Paid(answered, refusal, evidence=stored.evidence())
+    refusal = Deny(
+        Reason.X402_PAID_ANSWER_LOST,
+        "the provider says the payment's nonce is used: the operation was paid before, and "
+        "its answer was lost",
+        extra=evidence,
     )
-    return Deny(
-        Reason.X402_PAYMENT_REFUSED,
-        detail,
-        extra={
-            "nonce_used": nonce_used,
-            "nonce": stored.nonce,
-            "payment_sha256": stored.payload_sha256,
-        },
+    body = json.dumps(
+        {"code": refusal.reason.value, "detail": refusal.detail, **evidence}, sort_keys=True
+    ).encode()
+    lost = UpstreamResponse(
+        status=502,
+        reason="Bad Gateway",
+        headers=CIMultiDictProxy(CIMultiDict({"Content-Type": "application/problem+json"})),
+        body=body,
+    )
+    return Paid(
+        lost, refusal, settled_as=Settled(Status.CONFIRMED, None), evidence=stored.evidence()
     )
 
 
 async def _keep_settlement(
     payments: X402Payments, operation_id: str, answered: UpstreamResponse
-) -> None:
+) -> str | None:
+    """Keep the answer's PAYMENT-RESPONSE with the payment; its transaction, if it names one."""
     from proxy.x402.refusal import Refused
     from proxy.x402.settlement import read_payment_response
 
     header = answered.headers.get(PAYMENT_RESPONSE)
     if header is None:
-        return
+        return None
     settlement = read_payment_response(header)
     if isinstance(settlement, Refused):
-        return
+        return None
     # The answer is the agent's whatever the store does: a settlement not kept here is still in
     # the answer the operation's row keeps, and the token's state says it was paid.
     with contextlib.suppress(StoreUnavailable):
         await payments.record_settlement(operation_id, settlement.model_dump(by_alias=True))
+    return settlement.transaction or None

@@ -102,6 +102,10 @@ class AuditRecord:
     # issuer, the presentation as received (disclosures included) and the issuer's public keys
     # then trusted, so that a dispute can be answered later without opgate. Set once.
     mandate: dict[str, Any] | None = None
+    # An x402 payment sent for the operation (proxy/gate/x402_pay.py): its payload's digest,
+    # nonce, payer, payee, amount, asset, network, validBefore, who signed it and the
+    # settlement's transaction once the provider reported one. Null when none was sent.
+    payment: dict[str, Any] | None = None
     # Forward-proxy mode (listener "forward"): the host:port the agent addressed; for a CONNECT
     # record, how it was tunnelled ("inspected" or "pass_through") and, for pass-through, the
     # bytes each way (nothing else about an opaque tunnel is known).
@@ -120,9 +124,9 @@ class AuditRecord:
     trace_id: str | None = None
 
     def fields(self) -> dict[str, Any]:
-        # Every field is a scalar or (precondition) a dict never changed once set: a shallow
-        # copy is what asdict's recursive copy would give, at a fraction of its cost (this
-        # runs once per request).
+        # Every field is a scalar or (precondition, mandate, payment) a dict never changed once
+        # set: a shallow copy is what asdict's recursive copy would give, at a fraction of its
+        # cost (this runs once per request).
         data = dict(vars(self))
         data.pop("started_monotonic")
         data["latency_ms"] = round((time.monotonic() - self.started_monotonic) * 1000, 3)

@@ -412,14 +412,24 @@ PAYEE_IS_ACCOUNT = "account"
 
 
 class X402Payment(Strict):
-    """This call's upstream may answer 402 with x402 v2 (``PAYMENT-REQUIRED``), and opgate pays
-    it for the operation (docs/x402.md): with the wallet whose private key is the secret
-    ``wallet_secret`` (read like a provider credential's, never from a policy), by one of
-    ``schemes`` on one of ``networks`` (CAIP-2) in one of ``assets`` (token contracts). What
-    one operation may pay (resource, maximum amount, asset, network, payee) is approved per
-    operation, in its params named by ``X402_TERMS``."""
+    """This call's upstream may answer 402 with x402 v2 (``PAYMENT-REQUIRED``), paid once per
+    operation (docs/x402.md). ``payer: opgate`` (the default): opgate pays with the wallet
+    whose private key is the secret ``wallet_secret`` (read like a provider credential's, never
+    from a policy); the agent holds no key. ``payer: agent``: the agent's own
+    ``PAYMENT-SIGNATURE`` is checked against the approval and bound to the operation by its
+    nonce. Either way by one of ``schemes`` on one of ``networks`` (CAIP-2) in one of
+    ``assets`` (token contracts). ``chain_rpc_secret``: the secret holding a JSON-RPC URL of
+    the network's chain, where reconciliation reads an unknown payment's nonce state
+    (``authorizationState``); ``expiry_margin_seconds`` after its validBefore, an unused nonce
+    proves the payment unpaid. What one operation may pay (resource, maximum amount, asset,
+    network, payee) is approved per operation, in its params named by ``X402_TERMS``."""
 
-    wallet_secret: Annotated[str, Field(pattern=_SECRET_NAME)]
+    payer: Literal["opgate", "agent"] = "opgate"
+    wallet_secret: Annotated[str, Field(pattern=_SECRET_NAME)] | None = None
+    chain_rpc_secret: Annotated[str, Field(pattern=_SECRET_NAME)] | None = None
+    # After an authorization's validBefore, how long until its unused nonce proves it unpaid
+    # (the chain's block time and a node answering from an older block; docs/x402.md)
+    expiry_margin_seconds: Annotated[int, Field(ge=0, le=3600)] = 120
     schemes: Annotated[list[Literal["exact"]], Field(min_length=1)] = Field(
         default_factory=lambda: list[Literal["exact"]](["exact"])
     )
@@ -429,6 +439,14 @@ class X402Payment(Strict):
     assets: Annotated[
         list[Annotated[str, Field(pattern=r"^0x[0-9a-fA-F]{40}$")]], Field(min_length=1)
     ]
+
+    @model_validator(mode="after")
+    def _wallet_only_where_opgate_pays(self) -> X402Payment:
+        if self.payer == "opgate" and self.wallet_secret is None:
+            raise ValueError("x402 with `payer: opgate` needs `wallet_secret`")
+        if self.payer == "agent" and self.wallet_secret is not None:
+            raise ValueError("x402 with `payer: agent` has no `wallet_secret`: the agent signs")
+        return self
 
 
 # The approved params of an operation whose rule declares ``x402``: what it may pay. They are
@@ -606,7 +624,8 @@ DEFAULT_RESPONSE_HEADERS = (
     "Last-Modified",
     "Link",
     "Location",
-    "Payment-Response",  # x402: the settlement of the payment opgate made (docs/x402.md)
+    "Payment-Required",  # x402: what the provider asks, for an agent that pays (payer: agent)
+    "Payment-Response",  # x402: the settlement of the operation's payment (docs/x402.md)
     "RateLimit",
     "RateLimit-*",
     "Request-Id",

@@ -36,6 +36,7 @@ from proxy.gate.lookup import (
     lookup_lease_seconds,
 )
 from proxy.policy.set import PolicySet
+from proxy.recovery.x402_state import payment_of, reconcile_payment
 from proxy.runtime import Gateway
 from proxy.store.operation import LastOutcome, Operation, Status
 from proxy.store.store import ProviderAnswer
@@ -103,6 +104,10 @@ async def reconcile_claimed(gw: Gateway, op: Operation, owner: str) -> Operation
         return await store.reconcile_inconclusive(
             op.operation_id, owner, until_expiry, evidence, expected_attempts=attempts
         )
+    paying = rule.x402 if rule is not None else None
+    payment = await payment_of(gw, op) if paying is not None else None
+    if paying is not None and payment is not None:  # its nonce is the evidence (x402_state.py)
+        return await reconcile_payment(gw, paying, op, payment, owner, evidence)
     if provider is None or reconcile is None:
         dedup_window = provider.dedup_window_for(rule) if provider is not None else None
         if op.key_deduplicated(dedup_window) and op.approval_stands():

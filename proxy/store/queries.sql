@@ -1435,32 +1435,62 @@ SELECT expires_at <= now() AS expired, used_for
  WHERE nonce = %(nonce)s AND tenant = %(tenant)s AND agent_id = %(agent_id)s;
 
 -- name: store_payment
--- Keep the payment signed for a dispatched operation, before it leaves (proxy/gate/x402_pay.py).
--- The first one kept wins: if a payment is stored already (another attempt, another replica),
--- nothing is written and no row is returned; the caller then sends the stored one
--- (stored_payment), never its own.
+-- Keep the payment for a dispatched operation, before it leaves (proxy/gate/x402_pay.py): the
+-- one opgate signed (payer_kind opgate), or the agent's own, bound by its nonce (agent). The
+-- first one kept wins: if a live (unreleased) payment is stored already (another attempt,
+-- another replica), nothing is written and no row is returned; the caller then sends the stored
+-- one (stored_payment), never its own.
 INSERT INTO x402_payments (operation_id, header, payload_sha256, nonce, payer, pay_to, amount,
-                           asset, network, valid_before)
+                           asset, network, valid_before, payer_kind)
 SELECT operation_id, %(header)s, %(payload_sha256)s, %(nonce)s, %(payer)s, %(pay_to)s,
-       %(amount)s::numeric, %(asset)s, %(network)s, %(valid_before)s
+       %(amount)s::numeric, %(asset)s, %(network)s, %(valid_before)s, %(payer_kind)s
   FROM operations
  WHERE operation_id = %(operation_id)s
    AND status = 'dispatched'
-ON CONFLICT (operation_id) DO NOTHING
+ON CONFLICT (operation_id) WHERE released_at IS NULL DO NOTHING
 RETURNING header;
 
 -- name: stored_payment
--- The payment stored for an operation, if any: its header, and its settlement once read.
-SELECT header, payload_sha256, nonce, pay_to, amount::text AS amount, asset, network,
-       valid_before, settlement
+-- The live payment stored for an operation, if any: its header and terms, and its settlement
+-- once read. A released payment (proven unpaid: release_unpaid_payment) is not sent again.
+SELECT header, payload_sha256, nonce, payer, pay_to, amount::text AS amount, asset, network,
+       valid_before, payer_kind, settlement
   FROM x402_payments
- WHERE operation_id = %(operation_id)s;
+ WHERE operation_id = %(operation_id)s AND released_at IS NULL;
 
 -- name: record_payment_settlement
 -- The upstream's PAYMENT-RESPONSE for the stored payment, kept once: a later answer (a replay
 -- of the same settlement) does not overwrite the first. Returns the operation id if written.
 UPDATE x402_payments
    SET settlement = %(settlement)s::jsonb, settled_at = now()
- WHERE operation_id = %(operation_id)s
+ WHERE operation_id = %(operation_id)s AND released_at IS NULL
    AND settled_at IS NULL
 RETURNING operation_id;
+
+-- name: release_unpaid_payment
+-- Reconciliation proved the operation's live payment unpaid (its nonce unused after its
+-- validBefore: proxy/recovery/x402_state.py): the payment is released, and the attempt that
+-- sent it ends as never sent, so that the operation may be claimed once more and pay with a
+-- new authorization. Only by the holder (owner) of a live reconciliation lease, for the attempt
+-- it looked at (expected_attempts), and for the payment it judged (nonce). Returns the
+-- operation id, or nothing if any of that no longer holds.
+WITH released AS (
+    UPDATE operations
+       SET last_outcome = 'not_sent', reconcile_owner = NULL, reconcile_lease_until = NULL,
+           reconcile_attempts = reconcile_attempts + 1, updated_at = clock_timestamp(),
+           audit_event = jsonb_build_object('event', 'reconcile_inconclusive',
+                                            'actor', %(owner)s::text,
+                                            'detail', %(evidence)s::jsonb)
+     WHERE operation_id = %(operation_id)s AND reconcile_owner = %(owner)s
+       AND status = 'dispatched' AND reconcile_lease_until > clock_timestamp()
+       AND attempts = %(expected_attempts)s AND opgate_lease_free_v2(lease_until)
+       AND EXISTS (SELECT 1 FROM x402_payments p
+                    WHERE p.operation_id = %(operation_id)s AND p.released_at IS NULL
+                      AND p.nonce = %(nonce)s)
+    RETURNING operation_id
+)
+UPDATE x402_payments p
+   SET released_at = clock_timestamp(), released_evidence = %(evidence)s::jsonb
+  FROM released r
+ WHERE p.operation_id = r.operation_id AND p.released_at IS NULL
+RETURNING p.operation_id;

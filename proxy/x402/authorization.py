@@ -11,8 +11,14 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from typing import Any
 
 from eth_account.signers.local import LocalAccount
+from x402.extensions.payment_identifier import (
+    PAYMENT_IDENTIFIER,
+    append_payment_identifier_to_extensions,
+)
+from x402.extensions.payment_identifier.utils import is_valid_payment_id
 from x402.mechanisms.evm.eip712 import build_typed_data_for_signing
 from x402.mechanisms.evm.signers import EthAccountSigner
 from x402.mechanisms.evm.types import (
@@ -37,9 +43,13 @@ def sign_payment(
     resource: ResourceInfo | None,
     operation_id: str,
     now: int,
+    advertised: dict[str, Any] | None = None,
 ) -> PaymentPayload:
     """The signed payload paying ``requirement`` for ``operation_id``, valid from now for the
-    requirement's ``maxTimeoutSeconds`` (bounded by choice.MAX_TIMEOUT_SECONDS)."""
+    requirement's ``maxTimeoutSeconds`` (bounded by choice.MAX_TIMEOUT_SECONDS). Where the
+    challenge's extensions (``advertised``) declare ``payment-identifier``, its id is the
+    operation id: a server that keeps it answers the operation's retry from its record. No
+    other extension is echoed: opgate endorses only what it reads."""
     authorization = ExactEIP3009Authorization(
         from_address=account.address,
         to=requirement.pay_to,
@@ -62,7 +72,27 @@ def sign_payment(
     }
     signature = EthAccountSigner(account).sign_typed_data(domain, fields, primary_type, message)
     inner = ExactEIP3009Payload(authorization=authorization, signature="0x" + signature.hex())
-    return PaymentPayload(payload=inner.to_dict(), accepted=requirement, resource=resource)
+    return PaymentPayload(
+        payload=inner.to_dict(),
+        accepted=requirement,
+        resource=resource,
+        extensions=payment_identifier(advertised or {}, operation_id),
+    )
+
+
+def payment_identifier(advertised: dict[str, Any], operation_id: str) -> dict[str, Any] | None:
+    """The ``payment-identifier`` extension carrying the operation id, if the server declared
+    it (the SDK's own reading of the declaration) and the id is one the extension allows
+    (16-128 of ``[A-Za-z0-9_-]``); else None: the nonce alone binds the payment."""
+    if PAYMENT_IDENTIFIER not in advertised or not is_valid_payment_id(operation_id):
+        return None
+    declared = {PAYMENT_IDENTIFIER: advertised[PAYMENT_IDENTIFIER]}
+    append_payment_identifier_to_extensions(declared, operation_id)  # only if well formed
+    extension = declared[PAYMENT_IDENTIFIER]
+    info = extension.get("info") if isinstance(extension, dict) else None
+    if not isinstance(info, dict) or info.get("id") != operation_id:
+        return None
+    return declared
 
 
 def signature_header(payload: PaymentPayload) -> str:

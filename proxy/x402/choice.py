@@ -46,17 +46,17 @@ def choose(
     misses: list[str] = []
     fitting: list[PaymentRequirements] = []
     for requirement in required.accepts:
-        miss = _miss(requirement, approval, accepted)
-        if miss is None:
+        missed = miss(requirement, approval, accepted)
+        if missed is None:
             fitting.append(requirement)
         else:
-            misses.append(miss)
+            misses.append(missed)
     if not fitting:
         return Refused(Why.NOT_APPROVED, "no requirement fits the approval: " + "; ".join(misses))
     return min(fitting, key=lambda requirement: int(requirement.amount))
 
 
-def _miss(requirement: PaymentRequirements, approval: Approval, accepted: Accepted) -> str | None:
+def miss(requirement: PaymentRequirements, approval: Approval, accepted: Accepted) -> str | None:
     """Why ``requirement`` does not fit, or None: the first term it breaks."""
     if requirement.scheme != "exact" or requirement.scheme not in accepted.schemes:
         return "scheme not accepted"

@@ -68,3 +68,36 @@ async def test_the_settlement_is_kept_once(store: Store) -> None:
     stored = await payments.stored("op_x402_settle")
     assert stored is not None
     assert stored.settlement == {"transaction": "0xa"}
+
+
+async def test_a_payment_is_released_only_by_the_lease_holder_for_its_nonce(store: Store) -> None:
+    """Released by the reconciliation lease's holder, for the nonce it judged and the attempt
+    it saw: then the operation keeps a new payment; any other release changes nothing."""
+    await store.create(new_operation("op_x402_release"), actor="test")
+    await store.claim("op_x402_release", owner="a", lease_seconds=30, expected_attempts=0)
+    payments = X402Payments(store)
+    await payments.keep("op_x402_release", PAYMENT)
+    await store.end_attempt("op_x402_release", 1, "unknown:dropped", None, "test")
+    claimed = await store.claim_reconcile_one("op_x402_release", "r", 30)
+    assert claimed is not None
+    evidence = {"verdict": "not_paid"}
+    for owner, nonce, attempts in (("other", PAYMENT.nonce, 1), ("r", "0x" + "99" * 32, 1)):
+        released = await payments.release_unpaid(
+            "op_x402_release", owner, nonce, evidence, expected_attempts=attempts
+        )
+        assert released is False
+    assert not await payments.release_unpaid(
+        "op_x402_release", "r", PAYMENT.nonce, evidence, expected_attempts=2
+    )
+    assert await payments.release_unpaid(
+        "op_x402_release", "r", PAYMENT.nonce, evidence, expected_attempts=1
+    )
+    assert await payments.stored("op_x402_release") is None
+    row = await store.load("op_x402_release")
+    assert row is not None
+    assert row.last_outcome == "not_sent"
+    await store.claim("op_x402_release", owner="b", lease_seconds=30, expected_attempts=1)
+    second = dataclasses.replace(PAYMENT, header="second")
+    kept = await payments.keep("op_x402_release", second)
+    assert kept is not None
+    assert kept.header == "second"

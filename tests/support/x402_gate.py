@@ -16,10 +16,22 @@ WALLET = Account.from_key("0x" + "4f" * 32)  # opgate's wallet in the tests; age
 REPORT = "/paid/report"
 
 
-def paid_policy(*, deduplicates: bool = False) -> str:
+def paid_policy(
+    *,
+    deduplicates: bool = False,
+    payer: str = "opgate",
+    chain_rpc: bool = False,
+    expiry_margin: int | None = None,
+) -> str:
     """The paid API's policy; ``deduplicates``: opgate may re-send an operation whose outcome
-    is unknown (the paid API keeps no keys: the re-send is where a second payment could come)."""
+    is unknown (the paid API keeps no keys: the re-send is where a second payment could come);
+    ``payer``: who signs (opgate with its wallet, or the agent); ``chain_rpc``: reconciliation
+    reads nonces from the chain whose JSON-RPC URL is the secret ``paid_rpc``."""
     dedup = "true, retention_seconds: 86400" if deduplicates else "false"
+    wallet = "wallet_secret: paid_wallet" if payer == "opgate" else "payer: agent"
+    rpc = "\n" + " " * 14 + "chain_rpc_secret: paid_rpc" if chain_rpc else ""
+    if expiry_margin is not None:  # seconds after validBefore: an unused nonce proves unpaid
+        rpc += "\n" + " " * 14 + f"expiry_margin_seconds: {expiry_margin}"
     return textwrap.dedent(f"""\
         version: 1
         provider: paid
@@ -33,7 +45,7 @@ def paid_policy(*, deduplicates: bool = False) -> str:
             path: /report
             body: none
             x402:
-              wallet_secret: paid_wallet
+              {wallet}{rpc}
               networks: ["{NETWORK}"]
               assets: ["{TOKEN}"]
         """)

@@ -7,7 +7,7 @@ lose an answer after settlement (``lose_answers``), the failure of x402 issue #3
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +32,12 @@ class PaidApi:
     ledger: Ledger
     pay_to: str = PAYEE
     lose_answers: int = 0  # answers still to lose after settling
+    drop_payments: int = 0  # paid requests still to drop on arrival: nothing verified or settled
+    max_timeout_seconds: int = 300  # the requirement's maxTimeoutSeconds (validBefore's bound)
+    # called (then the connection dropped) when a paid request arrives, before anything is
+    # verified; or once it has settled, before the answer: where a test SIGKILLs its client
+    crash_on_arrival: Callable[[], Awaitable[None]] | None = None
+    crash_after_settlement: Callable[[], Awaitable[None]] | None = None
     next_pay_to: str | None = None  # the payee after the next unpaid 402 (a swap)
     served: int = 0
     base: str = ""
@@ -84,32 +90,47 @@ async def paid_api(ledger: Ledger) -> AsyncIterator[PaidApi]:
     state = PaidApi(ledger)
     facilitator = register_exact_evm_facilitator(x402Facilitator(), ledger, networks=NETWORK)
     server = register_exact_evm_server(x402ResourceServer(facilitator), networks=NETWORK)
-    option = PaymentOption(
-        scheme="exact",
-        pay_to=lambda _context: state.pay_to,
-        price=AssetAmount(
-            amount=str(PRICE),
-            asset=TOKEN,
-            extra={"name": TOKEN_NAME, "version": TOKEN_VERSION},
-        ),
-        network=NETWORK,
-        max_timeout_seconds=300,
-    )
-    routes = {"GET /report": RouteConfig(accepts=option, description="a paid report")}
-    http_server = x402HTTPResourceServer(server, routes)
-    http_server.initialize()
+    built: dict[int, x402HTTPResourceServer] = {}
+
+    def http_server() -> x402HTTPResourceServer:
+        """The SDK's HTTP server for the requirement as the knobs say now."""
+        timeout = state.max_timeout_seconds
+        if timeout not in built:
+            option = PaymentOption(
+                scheme="exact",
+                pay_to=lambda _context: state.pay_to,
+                price=AssetAmount(
+                    amount=str(PRICE),
+                    asset=TOKEN,
+                    extra={"name": TOKEN_NAME, "version": TOKEN_VERSION},
+                ),
+                network=NETWORK,
+                max_timeout_seconds=timeout,
+            )
+            routes = {"GET /report": RouteConfig(accepts=option, description="a paid report")}
+            built[timeout] = x402HTTPResourceServer(server, routes)
+            built[timeout].initialize()
+        return built[timeout]
 
     async def report(request: web.Request) -> web.StreamResponse:
         header = request.headers.get("PAYMENT-SIGNATURE")
         if header is not None:
             state.payment_headers_seen.append(header)
+            crash, state.crash_on_arrival = state.crash_on_arrival, None
+            if crash is not None:
+                await crash()
+            if crash is not None or state.drop_payments > 0:  # lost on the way in: not seen
+                state.drop_payments = max(0, state.drop_payments - 1)
+                assert request.transport is not None
+                request.transport.abort()
+                return web.Response()
         context = HTTPRequestContext(
             adapter=_Adapter(request),
             path=request.path,
             method=request.method,
             payment_header=header,
         )
-        result = await http_server.process_http_request(context)
+        result = await http_server().process_http_request(context)
         if result.type == "payment-error":
             assert result.response is not None
             if header is None and state.next_pay_to is not None:
@@ -117,7 +138,7 @@ async def paid_api(ledger: Ledger) -> AsyncIterator[PaidApi]:
             return _json(result.response.body, result.response.status, result.response.headers)
         assert result.type == "payment-verified"
         state.served += 1  # the handler ran
-        settled = await http_server.process_settlement(
+        settled = await http_server().process_settlement(
             result.payment_payload,
             result.payment_requirements,
             context=context,
@@ -126,8 +147,11 @@ async def paid_api(ledger: Ledger) -> AsyncIterator[PaidApi]:
         if not settled.success:
             assert settled.response is not None
             return _json(settled.response.body, settled.response.status, settled.response.headers)
-        if state.lose_answers > 0:  # paid, and the answer never reaches the client
-            state.lose_answers -= 1
+        crash, state.crash_after_settlement = state.crash_after_settlement, None
+        if crash is not None:
+            await crash()
+        if crash is not None or state.lose_answers > 0:  # paid, the answer never reaches it
+            state.lose_answers = max(0, state.lose_answers - 1)
             assert request.transport is not None
             request.transport.abort()
             return web.Response()

@@ -7,11 +7,20 @@ import base64
 import json
 
 from eth_account import Account
+from x402.extensions.payment_identifier import (
+    PAYMENT_IDENTIFIER,
+    declare_payment_identifier_extension,
+)
 from x402.mechanisms.evm.eip712 import hash_eip3009_authorization
 from x402.mechanisms.evm.types import ExactEIP3009Authorization
 from x402.schemas import PaymentRequired
 
-from proxy.x402.authorization import operation_nonce, sign_payment, signature_header
+from proxy.x402.authorization import (
+    operation_nonce,
+    payment_identifier,
+    sign_payment,
+    signature_header,
+)
 from tests.support.x402_ledger import CHAIN_ID, TOKEN, TOKEN_NAME, TOKEN_VERSION
 from tests.support.x402_minting import challenge
 
@@ -52,3 +61,21 @@ def test_the_signed_payload_carries_the_operations_nonce_and_the_wallets_signatu
     )
     signature = bytes.fromhex(sent["payload"]["signature"].removeprefix("0x"))
     assert Account._recover_hash(digest, signature=signature) == WALLET.address
+
+
+def test_the_payment_identifier_is_the_operation_id_where_the_server_declares_it() -> None:
+    """A challenge declaring payment-identifier (the SDK's own declaration) gets the operation
+    id as its id; a challenge without it, or an id the extension does not allow, gets none."""
+    declared = {PAYMENT_IDENTIFIER: declare_payment_identifier_extension()}
+    required = PaymentRequired.model_validate(challenge(extensions=declared))
+    [requirement] = required.accepts
+    operation_id = "op_0123456789abcdef01234567"
+    payload = sign_payment(
+        WALLET, requirement, required.resource, operation_id, 1_000, required.extensions
+    )
+    sent = json.loads(base64.b64decode(signature_header(payload)))
+    assert sent["extensions"][PAYMENT_IDENTIFIER]["info"]["id"] == operation_id
+    bare = sign_payment(WALLET, requirement, required.resource, operation_id, 1_000, None)
+    assert "extensions" not in json.loads(base64.b64decode(signature_header(bare)))
+    assert payment_identifier(declared, "op_short") is None  # under 16 characters
+    assert payment_identifier({PAYMENT_IDENTIFIER: "not a declaration"}, operation_id) is None

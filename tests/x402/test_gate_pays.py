@@ -14,6 +14,7 @@ import pytest_asyncio
 from aiohttp import web
 
 from proxy.x402.authorization import operation_nonce
+from tests.support.auditlog import flushed, stored_requests
 from tests.support.opgate import AGENT_TOKEN, SECOND_AGENT_TOKEN, Opgate, StartOpgate, problem
 from tests.support.x402_gate import REPORT, WALLET, approve_purchase, paid_policy
 from tests.support.x402_ledger import Ledger
@@ -80,6 +81,20 @@ async def test_an_approved_purchase_is_paid_once_and_its_settlement_kept(
         await conn.close()
     assert kept["nonce"] == operation_nonce(op["operation_id"])
     assert json.loads(kept["settlement"])["transaction"] == settled.tx_hash
+    await flushed(gate)
+    [record] = [
+        r
+        for r in await stored_requests(gate.running.gateway.settings.database_url)
+        if r.get("operation_id") == op["operation_id"]
+    ]
+    payment = record["payment"]  # the evidence: paid once, to whom, how much, which transfer
+    assert (payment["nonce"], payment["pay_to"], payment["amount"]) == (
+        operation_nonce(op["operation_id"]),
+        PAYEE,
+        str(PRICE),
+    )
+    assert (payment["paid_by"], payment["settlement_transaction"]) == ("opgate", settled.tx_hash)
+    assert len(payment["payment_sha256"]) == 64
 
 
 async def test_issue_3438_through_opgate_settles_once_whoever_retries(
@@ -98,7 +113,7 @@ async def test_issue_3438_through_opgate_settles_once_whoever_retries(
     assert len(api.payment_headers_seen) == 1
 
 
-async def test_a_resend_carries_the_stored_payment_and_learns_it_was_paid(
+async def test_a_resend_carries_the_stored_payment_and_settles_it_paid_with_its_answer_lost(
     start_opgate: StartOpgate,
     policy_dir: Path,
     api: PaidApi,
@@ -106,7 +121,9 @@ async def test_a_resend_carries_the_stored_payment_and_learns_it_was_paid(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Where opgate may re-send (a deduplicating provider), the re-send carries the stored
-    payment, byte for byte; the token refuses its used nonce, and opgate says it was paid."""
+    payment, byte for byte; the token refuses its used nonce, so the operation was paid: it is
+    settled confirmed with its answer lost, the agent is told so with the evidence, and a later
+    request is answered from the row without sending or signing anything."""
     monkeypatch.setenv("OPGATE_SECRET_PAID_WALLET", WALLET.key.hex())
     (policy_dir / "paid.yaml").write_text(paid_policy(deduplicates=True))
     async with start_opgate(upstream_overrides={"paid": api.base}) as gate:
@@ -115,10 +132,15 @@ async def test_a_resend_carries_the_stored_payment_and_learns_it_was_paid(
         status, _, body = await buy(gate, op["operation_id"])
         assert (status, problem(body)["code"]) == (502, "outcome_unknown")
         status, _, body = await buy(gate, op["operation_id"], token=SECOND_AGENT_TOKEN)
-        refused = problem(body)
-        assert (status, refused["code"]) == (502, "x402_payment_refused"), refused
-        assert refused["nonce_used"] is True
-        assert refused["nonce"] == operation_nonce(op["operation_id"])
+        lost = problem(body)
+        assert (status, lost["code"]) == (502, "x402_paid_answer_lost"), lost
+        assert lost["nonce_used"] is True
+        assert lost["nonce"] == operation_nonce(op["operation_id"])
+        assert (lost["pay_to"], lost["amount"]) == (PAYEE, str(PRICE))
+        assert lost["payer"] == WALLET.address
+        status, headers, body = await buy(gate, op["operation_id"])
+        assert (status, headers["X-Operation-Status"]) == (502, "confirmed")
+        assert json.loads(body)["code"] == "x402_paid_answer_lost"
     first, again = api.payment_headers_seen
     assert first == again  # the same authorization, never a second one
     assert len(ledger.settlements) == 1
@@ -154,6 +176,8 @@ async def test_a_402_beyond_the_approval_is_refused_and_nothing_is_signed(
         refused = problem(body)
         assert (status, refused["code"]) == (403, "x402_not_approved"), refused
         assert why in refused["detail"]
+        row = await gate.operation(op["operation_id"])  # nothing left paid: never sent
+        assert (row["status"], row["last_outcome"]) == ("dispatched", "not_sent")
     assert api.payment_headers_seen == []
     assert ledger.settlements == []
 
