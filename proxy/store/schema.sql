@@ -1,5 +1,5 @@
 -- opgate's current schema: what the migrations in proxy/store/migrations/ build, up
--- to 0027_failover.sql. GENERATED, do not edit; it is never run. Rewrite it with
+-- to 0030_sync_witness.sql. GENERATED, do not edit; it is never run. Rewrite it with
 --     .venv/bin/python -m proxy.store.schema
 -- (tests/store/test_schema.py fails when it differs from what the migrations build).
 
@@ -252,10 +252,21 @@ CREATE TABLE revoked_mandates (
     CONSTRAINT revoked_mandates_pkey PRIMARY KEY (digest)
 );
 
+CREATE TABLE sync_witness (
+    timeline_id integer NOT NULL,
+    standby_names text NOT NULL,
+    wal_senders text[] NOT NULL,
+    statement_timeout text NOT NULL,
+    recorded_at timestamp with time zone NOT NULL,
+    instance_id text,
+    CONSTRAINT sync_witness_pkey PRIMARY KEY (timeline_id)
+);
+
 CREATE TABLE timelines (
     timeline_id integer NOT NULL,
     seen_at timestamp with time zone DEFAULT now() NOT NULL,
     marked integer DEFAULT 0 NOT NULL,
+    unmarked_because text,
     CONSTRAINT timelines_pkey PRIMARY KEY (timeline_id)
 );
 
@@ -331,9 +342,14 @@ CREATE TABLE x402_payments (
     signed_at timestamp with time zone DEFAULT now() NOT NULL,
     settlement jsonb,
     settled_at timestamp with time zone,
-    CONSTRAINT x402_payments_pkey PRIMARY KEY (operation_id),
+    payment_id bigint NOT NULL,
+    payer_kind text DEFAULT 'opgate'::text NOT NULL,
+    released_at timestamp with time zone,
+    released_evidence jsonb,
+    CONSTRAINT x402_payments_pkey PRIMARY KEY (payment_id),
     CONSTRAINT x402_payments_operation_id_fkey FOREIGN KEY (operation_id) REFERENCES operations(operation_id),
-    CONSTRAINT x402_payments_amount_check CHECK ((amount >= (0)::numeric))
+    CONSTRAINT x402_payments_amount_check CHECK ((amount >= (0)::numeric)),
+    CONSTRAINT x402_payments_payer_kind_check CHECK ((payer_kind = ANY (ARRAY['opgate'::text, 'agent'::text])))
 );
 
 
@@ -346,6 +362,8 @@ CREATE SEQUENCE escalation_notifications_notification_id_seq AS bigint START 1 I
     OWNED BY escalation_notifications.notification_id;
 CREATE SEQUENCE proposal_events_event_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1
     OWNED BY proposal_events.event_id;
+CREATE SEQUENCE x402_payments_payment_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1
+    OWNED BY x402_payments.payment_id;
 
 -- --------------------------------------------------------------------------------------- indexes
 
@@ -367,6 +385,7 @@ CREATE INDEX proposals_pending ON proposals USING btree (created_at) WHERE (stat
 CREATE INDEX proposals_pending_by_agent ON proposals USING btree (tenant, agent_id, expires_at) WHERE (status = 'pending'::text);
 CREATE INDEX proposals_withdrawn ON proposals USING btree (decided_at) WHERE (status = 'withdrawn'::text);
 CREATE INDEX transparency_heads_bucket ON transparency_heads USING btree (bucket);
+CREATE UNIQUE INDEX x402_payments_one_live ON x402_payments USING btree (operation_id) WHERE (released_at IS NULL);
 
 -- ----------------------------------------------------------------------------------------- views
 
@@ -549,6 +568,12 @@ AS $function$
            END
 $function$;
 
+CREATE OR REPLACE FUNCTION opgate_audit_field_v2(encoded bytea)
+ RETURNS bytea
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$ SELECT int4send(octet_length($1)) || $1 $function$;
+
 CREATE OR REPLACE FUNCTION opgate_audit_hash(prev bytea, stream text, seq bigint, at timestamp with time zone, kind text, operation_id text, record jsonb)
  RETURNS bytea
  LANGUAGE plpgsql
@@ -654,6 +679,109 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION opgate_audit_operation_v2()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    instance  text := nullif(current_setting('opgate.instance_id', true), '');
+    version   text;
+    at_now    timestamptz := now();
+    -- the fields every record of this operation's stream shares, encoded once: the stream
+    -- and the operation id (the same text), and the time in microseconds
+    id_field  bytea := opgate_audit_field_v2(convert_to(NEW.operation_id, 'UTF8'));
+    at_field  bytea := opgate_audit_field_v2(
+                           convert_to(((extract(epoch FROM at_now) * 1000000)::bigint)::text,
+                                      'UTF8'));
+    detail    jsonb := coalesce(NEW.audit_event -> 'detail', '{}'::jsonb);
+    before    text;
+    prev      bytea;
+    record    jsonb;
+    encoded   bytea;
+    request_seq  bigint;
+    request_hash bytea;
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        -- a repeated id: the INSERT's ON CONFLICT DO NOTHING (or its unique violation) follows,
+        -- and no record is written for a creation that does not happen
+        IF EXISTS (SELECT 1 FROM operations o WHERE o.operation_id = NEW.operation_id) THEN
+            NEW.audit_event := NULL;
+            RETURN NEW;
+        END IF;
+        prev := '\x0000000000000000000000000000000000000000000000000000000000000000';
+        NEW.audit_seq := 1;
+        detail := jsonb_build_object(
+            'approval_ref', NEW.approval_ref, 'supersedes', NEW.supersedes,
+            'approved_by', NEW.approved_by, 'tenant', NEW.tenant, 'agent_id', NEW.agent_id,
+            'provider', NEW.provider, 'action', NEW.action,
+            'target', jsonb_build_object('method', NEW.method, 'path', NEW.path),
+            'path_params', NEW.path_params, 'amount', NEW.amount, 'currency', NEW.currency,
+            'params', NEW.params, 'expires_at', to_jsonb(NEW.expires_at),
+            'idempotency_key_sha256',
+            encode(sha256(convert_to(NEW.idempotency_key, 'UTF8')), 'hex')) || detail;
+    ELSE
+        prev := OLD.audit_hash;
+        before := OLD.status;
+        NEW.audit_seq := OLD.audit_seq + 1;
+    END IF;
+    SELECT policy_version INTO version FROM audit_instances WHERE instance_id = instance;
+    record := jsonb_build_object(
+        'schema_version', 1,
+        'time', to_jsonb(at_now),
+        'event', NEW.audit_event ->> 'event',
+        'event_id', nextval('audit_event_ids'),
+        'operation_id', NEW.operation_id,
+        'status_before', before,
+        'status_after', NEW.status,
+        'actor', NEW.audit_event ->> 'actor',
+        'detail', detail,
+        'instance_id', instance,
+        'policy_version', version);
+    -- opgate_audit_hash(prev, id, seq, at, 'transition', id, record), in one expression
+    encoded := convert_to(record::text, 'UTF8');
+    NEW.audit_hash := sha256(
+        '\x6f70676174652d61756469742d7631'::bytea  -- 'opgate-audit-v1'
+        || prev || id_field
+        || opgate_audit_field_v2(convert_to(NEW.audit_seq::text, 'UTF8')) || at_field
+        || '\x0000000a7472616e736974696f6e'::bytea  -- the field 'transition'
+        || id_field || opgate_audit_field_v2(encoded));
+    NEW.audit_event := NULL;
+    -- a seq of its own: audit_log's chaining trigger (0010) leaves the row as it is
+    IF TG_OP = 'INSERT' THEN
+        -- two creations of one id racing: the second waits for the first's commit here, and
+        -- then writes nothing (its INSERT then conflicts in turn)
+        INSERT INTO audit_log (stream, seq, at, kind, operation_id, record, prev_hash, hash)
+        VALUES (NEW.operation_id, 1, at_now, 'transition', NEW.operation_id, record, prev,
+                NEW.audit_hash)
+        ON CONFLICT (stream, seq) DO NOTHING;
+    ELSIF NEW.audit_request IS NULL THEN
+        INSERT INTO audit_log (stream, seq, at, kind, operation_id, record, prev_hash, hash)
+        VALUES (NEW.operation_id, NEW.audit_seq, at_now, 'transition', NEW.operation_id, record,
+                prev, NEW.audit_hash);
+    ELSE
+        -- 0022: the request whose outcome this transition records, chained after it; both
+        -- records in one INSERT
+        request_seq := NEW.audit_seq + 1;
+        encoded := convert_to(NEW.audit_request::text, 'UTF8');
+        request_hash := sha256(
+            '\x6f70676174652d61756469742d7631'::bytea
+            || NEW.audit_hash || id_field
+            || opgate_audit_field_v2(convert_to(request_seq::text, 'UTF8')) || at_field
+            || '\x0000000772657175657374'::bytea  -- the field 'request'
+            || id_field || opgate_audit_field_v2(encoded));
+        INSERT INTO audit_log (stream, seq, at, kind, operation_id, record, prev_hash, hash)
+        VALUES (NEW.operation_id, NEW.audit_seq, at_now, 'transition', NEW.operation_id, record,
+                prev, NEW.audit_hash),
+               (NEW.operation_id, request_seq, at_now, 'request', NEW.operation_id,
+                NEW.audit_request, NEW.audit_hash, request_hash);
+        NEW.audit_seq := request_seq;
+        NEW.audit_hash := request_hash;
+        NEW.audit_request := NULL;
+    END IF;
+    RETURN NEW;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION opgate_audit_proposal()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -718,6 +846,15 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION opgate_current_timeline()
+ RETURNS integer
+ LANGUAGE sql
+AS $function$
+    SELECT CASE WHEN pg_is_in_recovery() THEN NULL
+                ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int
+           END
+    $function$;
+
 CREATE OR REPLACE FUNCTION opgate_lease_free(lease_until timestamp with time zone)
  RETURNS boolean
  LANGUAGE sql
@@ -758,5 +895,5 @@ AS $function$ SELECT $1 IN ('created', 'dispatched') $function$;
 -- -------------------------------------------------------------------------------------- triggers
 
 CREATE TRIGGER audit_log_chain BEFORE INSERT ON audit_log FOR EACH ROW WHEN ((new.seq = 0)) EXECUTE FUNCTION opgate_audit_chain();
-CREATE TRIGGER operations_audit BEFORE INSERT OR UPDATE ON operations FOR EACH ROW WHEN ((new.audit_event IS NOT NULL)) EXECUTE FUNCTION opgate_audit_operation();
+CREATE TRIGGER operations_audit BEFORE INSERT OR UPDATE ON operations FOR EACH ROW WHEN ((new.audit_event IS NOT NULL)) EXECUTE FUNCTION opgate_audit_operation_v2();
 CREATE TRIGGER proposal_events_audit AFTER INSERT ON proposal_events FOR EACH ROW EXECUTE FUNCTION opgate_audit_proposal();
