@@ -467,10 +467,11 @@ async def _forward(
 async def _send_and_record(
     gw: Gateway, target: Target, ready: ReadyToSend, sending: RequestOutcome, progress: Progress
 ) -> RequestOutcome:
-    # 5. forward; 5b. a rule whose upstream asks an x402 payment: paid once for the operation,
-    # the payment kept on it before it leaves (gate/x402_pay.py); a refusal is shown, the answer
-    # still classified (or settled as the payment's evidence says: ``paid_as``). Before the
-    # headers are filtered: the payment is negotiated in headers the agent may not see.
+    # 5. forward (5b for a rule whose upstream asks an x402 payment, in its place)
+    # 5b. x402: paid once for the operation, the payment kept on it before it leaves
+    # (gate/x402_pay.py); a refusal is shown, the answer still classified (or settled as the
+    # payment's evidence says: ``paid_as``). Before the headers are filtered: the payment is
+    # negotiated in headers the agent may not see.
     client = gw.egress_client(target.forwarded)  # forward mode: addresses are re-checked
     op = ready.claimed
     payment_refused, paid_as = None, None

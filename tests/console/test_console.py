@@ -249,10 +249,17 @@ async def test_filters_and_escaping(console_gate: Opgate) -> None:
 async def test_the_timeline_shows_requests_with_trace_links(console_gate: Opgate) -> None:
     """An operation sent through opgate: its timeline shows the transitions, the request
     record (decision, agent, attempt, provider status) with its trace id linked by
-    trace_url_template, and the provider's stored answer."""
+    trace_url_template, and the provider's stored answer. The agent sends trace context: with
+    no exporter configured, a request that brings none has no span and no trace id."""
     op = await console_gate.approve()
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
     status, _, _ = await console_gate.send(
-        "/fault/v1/refunds", data=GOOD_BODY, headers={"X-Operation-Id": op["operation_id"]}
+        "/fault/v1/refunds",
+        data=GOOD_BODY,
+        headers={
+            "X-Operation-Id": op["operation_id"],
+            "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01",
+        },
     )
     assert status == 200
     await console_gate.running.gateway.observability.writer.flush()  # type: ignore[union-attr]
@@ -266,7 +273,7 @@ async def test_the_timeline_shows_requests_with_trace_links(console_gate: Opgate
     assert "allow" in requests_table
     assert "agent-a" in requests_table
     links = re.findall(r'href="https://jaeger\.example/trace/([0-9a-f]{32})"', requests_table)
-    assert len(links) == 1
+    assert links == [trace_id]
     transitions = html.split('id="transitions"')[1].split("</table>")[0]
     for event in ("created", "claimed", "confirmed"):
         assert f"<td>{event}</td>" in transitions

@@ -292,7 +292,7 @@ async def test_chains_of_today_go_on_and_verify_after_migration_0028(
     before = await conn.fetchval("SELECT count(*) FROM audit_log")
 
     applied = await migrate(dsn)
-    assert applied == [28]
+    assert applied[0] == 28  # and the migrations after it
 
     await _settle(conn, "op_later")  # a chain begun at 0027, continued at 0028
     await _claim(conn, "op_unknown", 1)  # a re-send within the provider's dedup window

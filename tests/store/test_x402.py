@@ -74,7 +74,7 @@ async def test_a_payment_is_released_only_by_the_lease_holder_for_its_nonce(stor
     """Released by the reconciliation lease's holder, for the nonce it judged and the attempt
     it saw: then the operation keeps a new payment; any other release changes nothing."""
     await store.create(new_operation("op_x402_release"), actor="test")
-    await store.claim("op_x402_release", owner="a", lease_seconds=30, expected_attempts=0)
+    await store.claim(Claim("op_x402_release", owner="a", lease_seconds=30, expected_attempts=0))
     payments = X402Payments(store)
     await payments.keep("op_x402_release", PAYMENT)
     await store.end_attempt("op_x402_release", 1, "unknown:dropped", None, "test")
@@ -96,7 +96,7 @@ async def test_a_payment_is_released_only_by_the_lease_holder_for_its_nonce(stor
     row = await store.load("op_x402_release")
     assert row is not None
     assert row.last_outcome == "not_sent"
-    await store.claim("op_x402_release", owner="b", lease_seconds=30, expected_attempts=1)
+    await store.claim(Claim("op_x402_release", owner="b", lease_seconds=30, expected_attempts=1))
     second = dataclasses.replace(PAYMENT, header="second")
     kept = await payments.keep("op_x402_release", second)
     assert kept is not None
