@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import shutil
 import sys
 import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -176,10 +177,13 @@ def _sequence(seq: asyncpg.Record) -> str:
     return text + ";"
 
 
-async def schema_of_migrations(server_dsn: str) -> str:
-    """Build a scratch database on ``server_dsn``'s server from every migration, dump it, drop
-    it. The role must be allowed to create databases."""
-    name = f"opgate_schema_{uuid.uuid4().hex[:12]}"
+@contextlib.asynccontextmanager
+async def migrated_scratch_database(
+    server_dsn: str, prefix: str = "opgate_schema"
+) -> AsyncIterator[asyncpg.Connection]:
+    """A connection to a scratch database on ``server_dsn``'s server, built from every
+    migration, dropped on the way out. The role must be allowed to create databases."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     admin = await asyncpg.connect(server_dsn)
     try:
         await admin.execute(f'CREATE DATABASE "{name}"')
@@ -188,13 +192,20 @@ async def schema_of_migrations(server_dsn: str) -> str:
             await migrate(dsn)
             conn = await asyncpg.connect(dsn)
             try:
-                return await dump_schema(conn)
+                yield conn
             finally:
                 await conn.close()
         finally:
             await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await admin.close()
+
+
+async def schema_of_migrations(server_dsn: str) -> str:
+    """Build a scratch database on ``server_dsn``'s server from every migration, dump it, drop
+    it."""
+    async with migrated_scratch_database(server_dsn) as conn:
+        return await dump_schema(conn)
 
 
 def _generate(server_dsn: str | None) -> str:

@@ -203,12 +203,7 @@ def verify(compact: str, jwk: Mapping[str, Any]) -> Jws:
     if not payload_b64:  # the detached form (RFC 7515 appendix F) signs what is not here
         raise JwsInvalid("the JWS payload is empty")
     payload = b64url_decode(payload_b64, "the JWS payload")
-    signature = b64url_decode(signature_b64, "the JWS signature")
-    if len(signature) != 64:
-        raise JwsInvalid("the signature is not 64 bytes (R || S, RFC 7518 section 3.4)")
-    r, s = int.from_bytes(signature[:32], "big"), int.from_bytes(signature[32:], "big")
-    if not (0 < r < P256_ORDER and 0 < s < P256_ORDER):
-        raise JwsInvalid("the signature's R or S is out of range")
+    r, s = _signature(signature_b64)
     key = public_key(jwk)
     try:
         key.verify(
@@ -225,12 +220,12 @@ def low_s(compact: str) -> str:
     """``compact`` with its signature's S replaced by min(S, n - S): the canonical text of a
     token and of its twin (R, n - S). Reads only the signature (64 bytes of canonical base64url,
     R and S in 1..n-1) and verifies nothing; else JwsInvalid."""
-    return _spelled(compact, high=False)
+    return _spelled(compact, flip=False)
 
 
 def twin(compact: str) -> str:
     """The other valid text of ``compact``: its signature (R, n - S). Verifies nothing."""
-    return _spelled(compact, high=None)
+    return _spelled(compact, flip=True)
 
 
 def identity(compact: str) -> str:
@@ -239,18 +234,25 @@ def identity(compact: str) -> str:
     return b64url_encode(hashlib.sha256(low_s(compact).encode("ascii")).digest())
 
 
-def _spelled(compact: str, *, high: bool | None) -> str:
-    # high None: S flipped; False: the low S kept or made
+def _spelled(compact: str, *, flip: bool) -> str:
+    # flip: S becomes n - S (the twin); else the low S is kept or made (the canonical text)
     if not compact.isascii():
         raise JwsInvalid("not a compact JWS (not ASCII)")
     header_b64, payload_b64, signature_b64 = _segments(compact)
+    r, s = _signature(signature_b64)
+    other = P256_ORDER - s
+    chosen = other if flip else min(s, other)
+    spelled = b64url_encode(r.to_bytes(32, "big") + chosen.to_bytes(32, "big"))
+    return f"{header_b64}.{payload_b64}.{spelled}"
+
+
+def _signature(signature_b64: str) -> tuple[int, int]:
+    """R and S of an ES256 signature: 64 bytes of canonical base64url, each in 1..n-1; else
+    JwsInvalid (one reading for verifying and for spelling a token's twin)."""
     signature = b64url_decode(signature_b64, "the JWS signature")
     if len(signature) != 64:
         raise JwsInvalid("the signature is not 64 bytes (R || S, RFC 7518 section 3.4)")
     r, s = int.from_bytes(signature[:32], "big"), int.from_bytes(signature[32:], "big")
     if not (0 < r < P256_ORDER and 0 < s < P256_ORDER):
         raise JwsInvalid("the signature's R or S is out of range")
-    other = P256_ORDER - s
-    chosen = other if high is None else min(s, other)
-    spelled = b64url_encode(signature[:32] + chosen.to_bytes(32, "big"))
-    return f"{header_b64}.{payload_b64}.{spelled}"
+    return r, s

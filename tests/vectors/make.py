@@ -16,11 +16,9 @@ import asyncio
 import base64
 import hashlib
 import json
-import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import asyncpg
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import (
@@ -33,10 +31,9 @@ from joserfc.jwk import ECKey
 from proxy.mandates.receipts import key_id, public_jwks, receipt_claims, sign_receipt
 from proxy.observe.auditlog.chain import GENESIS, Head, checkpoint_mac, heads_json, record_hash
 from proxy.observe.auditlog.integrator import record_leaf
-from proxy.store.migrate import migrate
+from proxy.store.schema import migrated_scratch_database
 from proxy.transparency import heads, merkle, note
 from proxy.transparency.checkpoint import Checkpoint
-from tests.support.postgres import dsn_for_database
 from tests.support.vectors import VECTORS, build_bundle
 
 ORIGIN = "opgate.vectors/audit"
@@ -239,22 +236,8 @@ def bundle_inputs() -> dict[str, Any]:
 
 
 async def bundle_vector(server_dsn: str) -> str:
-    name = f"opgate_vectors_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(server_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        try:
-            dsn = dsn_for_database(server_dsn, name)
-            await migrate(dsn)
-            conn = await asyncpg.connect(dsn)
-            try:
-                return await build_bundle(conn, bundle_inputs())
-            finally:
-                await conn.close()
-        finally:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+    async with migrated_scratch_database(server_dsn, "opgate_vectors") as conn:
+        return await build_bundle(conn, bundle_inputs())
 
 
 def receipt() -> dict[str, Any]:
