@@ -103,7 +103,11 @@ async def send(session: aiohttp.ClientSession, outbound: OutboundRequest) -> Ups
     except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
         raise UpstreamTimeout(f"no complete answer within {outbound.total_timeout}s") from exc
     except (aiohttp.ClientError, OSError) as exc:
-        raise UpstreamDropped(f"{type(exc).__name__}: {exc}") from exc
+        # aiohttp's text can quote what the upstream sent (a header line it could not parse):
+        # the agent is told which failure, never those bytes (they stay on the chained cause)
+        raise UpstreamDropped(
+            f"the connection ended without a complete answer ({type(exc).__name__})"
+        ) from exc
     finally:
         call.ended()
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import asyncio
 import socket
 from pathlib import Path
 
@@ -100,3 +101,31 @@ def _names_client_session(func: ast.expr) -> bool:
     if isinstance(func, ast.Attribute):
         return func.attr == "ClientSession"
     return isinstance(func, ast.Name) and func.id == "ClientSession"
+
+
+async def test_an_unreadable_answer_is_unknown_and_its_bytes_are_not_repeated() -> None:
+    """An answer aiohttp cannot parse (here a header past its 8190-byte line limit) leaves the
+    outcome unknown, and the error opgate tells the agent names the failure without repeating
+    a byte of what the upstream sent."""
+    marker = "UPSTREAM-BYTES-" * 700  # one header line of about 10 KB
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        head = f"HTTP/1.1 402 Payment Required\r\nPayment-Required: {marker}\r\n"
+        writer.write(head.encode() + b"Content-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    session = new_client_session()
+    try:
+        with pytest.raises(UpstreamDropped) as raised:
+            await upstream.send(session, outbound("POST", f"http://127.0.0.1:{port}/v1/pay"))
+    finally:
+        await session.close()
+        server.close()
+        await server.wait_closed()
+    told = str(raised.value)
+    assert "UPSTREAM-BYTES" not in told, told[:200]
+    assert len(told) < 200, told[:200]
