@@ -12,7 +12,6 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
@@ -20,15 +19,13 @@ import pytest_asyncio
 
 from proxy.x402.authorization import operation_nonce
 from tests.support.killable_opgate import KillableOpgate, spawn_opgate
-from tests.support.opgate import AGENT_TOKEN, admin_headers, process_env
 from tests.support.x402_chain_rpc import ChainRpc, chain_rpc
-from tests.support.x402_gate import REPORT, WALLET, paid_policy, terms
+from tests.support.x402_gate import WALLET
 from tests.support.x402_ledger import Ledger
+from tests.support.x402_processes import approve, buy, env_for, finish_as_a_replacement
 from tests.support.x402_server import PRICE, PaidApi, paid_api
 
 RUNS = 3  # per window
-HANG_GUARD_SECONDS = 90.0
-AGENT = {"Authorization": f"Bearer {AGENT_TOKEN}"}
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -54,78 +51,6 @@ async def node(ledger: Ledger) -> AsyncIterator[ChainRpc]:
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(trust_env=False) as session:
         yield session
-
-
-def env_for(database_url: str, tmp_path: Path, api: PaidApi, node: ChainRpc) -> dict[str, str]:
-    """A process's settings: the paid API's policy with a 3 s provider timeout (the killed
-    process's lease lapses 3.5 s after its claim), reconciliation reading the node."""
-    policy_dir = tmp_path / "policies"
-    policy_dir.mkdir(exist_ok=True)
-    policy = paid_policy(chain_rpc=True, expiry_margin=0).replace(
-        "classify:", "timeouts: {total_seconds: 3}\nclassify:"
-    )
-    (policy_dir / "paid.yaml").write_text(policy)
-    return process_env(
-        database_url,
-        policy_dir,
-        {"paid": api.base},
-        OPGATE_SECRET_PAID_WALLET=WALLET.key.hex(),
-        OPGATE_SECRET_PAID_RPC=node.url,
-        OPGATE_LEASE_MARGIN_SECONDS="0.5",
-    )
-
-
-async def approve(http: aiohttp.ClientSession, gate: KillableOpgate, api: PaidApi) -> str:
-    body = {
-        "tenant": "t1",
-        "provider": "paid",
-        "action": "report.buy",
-        "params": terms(f"{api.base}/report"),
-        "approval_ref": "ticket-x402",
-        "approved_by": "alice@example.com",
-        "ttl_seconds": 600,
-    }
-    async with http.post(
-        f"{gate.ops_url}/v1/operations", json=body, headers=admin_headers()
-    ) as response:
-        created: dict[str, Any] = await response.json(content_type=None)
-        assert response.status == 201, created
-    operation_id: str = created["operation_id"]
-    return operation_id
-
-
-async def buy(
-    http: aiohttp.ClientSession, gate: KillableOpgate, operation_id: str
-) -> tuple[int, dict[str, Any]]:
-    """The agent's request; a dropped connection (its opgate killed) is (0, {})."""
-    try:
-        async with http.get(
-            f"{gate.agent_url}{REPORT}",
-            headers={"X-Operation-Id": operation_id, "Proxy-Authorization": AGENT["Authorization"]},
-        ) as response:
-            return response.status, await response.json(content_type=None)
-    except aiohttp.ClientError:
-        return 0, {}
-
-
-async def finish_as_a_replacement(
-    http: aiohttp.ClientSession, gate: KillableOpgate, operation_id: str
-) -> dict[str, Any]:
-    """A replacement agent with only the operation id: it reads the operation (which
-    reconciles it when due) and sends it when told to, until it is settled."""
-    deadline = time.monotonic() + HANG_GUARD_SECONDS
-    while True:
-        assert time.monotonic() < deadline, "the operation was not settled in time"
-        async with http.get(
-            f"{gate.agent_url}/_opgate/v1/operations/{operation_id}", headers=AGENT
-        ) as response:
-            view: dict[str, Any] = await response.json()
-            assert response.status == 200, view
-        if view["operation"]["status"] in ("confirmed", "failed"):
-            return view
-        if view["next_action"] in ("send", "retry"):
-            await buy(http, gate, operation_id)
-        await asyncio.sleep(0.25)  # polling the recovery read, bounded by the deadline
 
 
 @pytest.mark.parametrize("window", ["killed_on_arrival", "killed_after_settlement", "lost"])
@@ -162,7 +87,7 @@ async def test_every_crash_window_settles_each_operation_exactly_once(
                 api.crash_after_settlement = kill
             else:
                 api.lose_answers = 1
-            status, answered = await buy(http, gate, operation_id)
+            status, answered, _ = await buy(http, gate, operation_id)
             api.max_timeout_seconds = 300
             if window == "lost":
                 assert status == 502
