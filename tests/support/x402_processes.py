@@ -10,6 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from eth_account import Account
+from eth_account.signers.local import LocalAccount
+from x402 import x402Client
+from x402.http.utils import (
+    decode_payment_required_header,
+    decode_payment_signature_header,
+    encode_payment_signature_header,
+)
+from x402.mechanisms.evm.exact import register_exact_evm_client
+from x402.schemas import PaymentRequired
 
 from tests.support.killable_opgate import KillableOpgate
 from tests.support.opgate import AGENT_TOKEN, admin_headers, process_env
@@ -19,6 +29,7 @@ from tests.support.x402_server import PaidApi
 
 HANG_GUARD_SECONDS = 90.0
 AGENT = {"Authorization": f"Bearer {AGENT_TOKEN}"}
+AGENT_WALLET: LocalAccount = Account.from_key("0x" + "5a" * 32)  # the agent's own key
 
 
 def env_for(
@@ -104,3 +115,24 @@ async def finish_as_a_replacement(
         if view["next_action"] in ("send", "retry"):
             await buy(http, gate, operation_id)
         await asyncio.sleep(0.25)  # polling the recovery read, bounded by the deadline
+
+
+async def agent_payments(
+    http: aiohttp.ClientSession, gate: KillableOpgate, operation_id: str, count: int
+) -> list[str]:
+    """The agent's own payments for the operation: the 402 that reaches it through opgate,
+    paid ``count`` times by the SDK's client with the agent's wallet (each with a fresh random
+    nonce, as the SDK mints one per payment)."""
+    status, _, headers = await buy(http, gate, operation_id)
+    assert status == 402, headers
+    required = decode_payment_required_header(headers["PAYMENT-REQUIRED"])
+    assert isinstance(required, PaymentRequired)
+    client = register_exact_evm_client(x402Client(), AGENT_WALLET)
+    payloads = [await client.create_payment_payload(required) for _ in range(count)]
+    return [encode_payment_signature_header(payload) for payload in payloads]
+
+
+def nonce_of(header: str) -> str:
+    payload = decode_payment_signature_header(header)
+    nonce: str = payload.payload["authorization"]["nonce"]
+    return nonce.lower()

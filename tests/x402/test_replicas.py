@@ -19,27 +19,23 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from eth_account import Account
-from eth_account.signers.local import LocalAccount
-from x402 import x402Client
-from x402.http.utils import (
-    decode_payment_required_header,
-    decode_payment_signature_header,
-    encode_payment_signature_header,
-)
-from x402.mechanisms.evm.exact import register_exact_evm_client
-from x402.schemas import PaymentRequired
 
 from proxy.x402.authorization import operation_nonce
-from tests.support.killable_opgate import KillableOpgate, spawn_opgate
+from tests.support.killable_opgate import spawn_opgate
 from tests.support.x402_chain_rpc import ChainRpc, chain_rpc
 from tests.support.x402_gate import WALLET
 from tests.support.x402_ledger import Ledger
-from tests.support.x402_processes import approve, buy, env_for
+from tests.support.x402_processes import (
+    AGENT_WALLET,
+    agent_payments,
+    approve,
+    buy,
+    env_for,
+    nonce_of,
+)
 from tests.support.x402_server import PRICE, PaidApi, paid_api
 
 OPERATIONS = 10  # per mode, each raced by the two replicas
-AGENT_WALLET: LocalAccount = Account.from_key("0x" + "5a" * 32)  # the agent's own key
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -66,27 +62,6 @@ async def node(ledger: Ledger) -> AsyncIterator[ChainRpc]:
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(trust_env=False) as session:
         yield session
-
-
-async def agent_payments(
-    http: aiohttp.ClientSession, gate: KillableOpgate, operation_id: str, count: int
-) -> list[str]:
-    """The agent's own payments for the operation: the 402 that reaches it through opgate,
-    paid ``count`` times by the SDK's client with the agent's wallet (each with a fresh random
-    nonce, as the SDK mints one per payment)."""
-    status, _, headers = await buy(http, gate, operation_id)
-    assert status == 402, headers
-    required = decode_payment_required_header(headers["PAYMENT-REQUIRED"])
-    assert isinstance(required, PaymentRequired)
-    client = register_exact_evm_client(x402Client(), AGENT_WALLET)
-    payloads = [await client.create_payment_payload(required) for _ in range(count)]
-    return [encode_payment_signature_header(payload) for payload in payloads]
-
-
-def nonce_of(header: str) -> str:
-    payload = decode_payment_signature_header(header)
-    nonce: str = payload.payload["authorization"]["nonce"]
-    return nonce.lower()
 
 
 def lost_the_race(answer: tuple[int, dict[str, Any], dict[str, str]]) -> str:
