@@ -63,7 +63,16 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-@pytest.mark.parametrize("window", ["killed_on_arrival", "killed_after_settlement", "lost"])
+@pytest.mark.parametrize(
+    "window",
+    [
+        "killed_on_arrival",
+        "killed_after_settlement",
+        "lost",
+        "killed_after_settlement_kept_by_payment_id",
+        "lost_kept_by_payment_id",
+    ],
+)
 async def test_every_crash_window_settles_each_operation_exactly_once(
     database_url: str,
     tmp_path: Path,
@@ -75,8 +84,12 @@ async def test_every_crash_window_settles_each_operation_exactly_once(
 ) -> None:
     """RUNS operations, each hit by ``window``, each finished by a replacement process and a
     replacement agent: the ledger holds exactly one settlement per operation, each under the
-    operation's own nonce, and nothing else."""
+    operation's own nonce, and nothing else. ``..._kept_by_payment_id``: the paid API keeps
+    its answers by the payment-identifier extension's id, and the operation is settled with
+    its own answer, recovered by sending the kept payment again (x402_answer_recovered);
+    otherwise a paid operation whose answer was lost is settled x402_paid_answer_lost."""
     env = env_for(database_url, tmp_path, api, node)
+    api.payment_ids = window.endswith("_kept_by_payment_id")
     logs = tmp_path / "opgate.log"
     gate = await spawn_opgate(env, logs)
     operations: list[str] = []
@@ -93,13 +106,13 @@ async def test_every_crash_window_settles_each_operation_exactly_once(
                 # the paid request arrives and is never read: its authorization (valid 1 s)
                 # must expire unused before reconciliation may release it
                 api.max_timeout_seconds, api.crash_on_arrival = 1, kill
-            elif window == "killed_after_settlement":
+            elif window.startswith("killed_after_settlement"):
                 api.crash_after_settlement = kill
             else:
                 api.lose_answers = 1
             status, answered, _ = await buy(http, gate, operation_id)
             api.max_timeout_seconds = 300
-            if window == "lost":
+            if window.startswith("lost"):
                 assert status == 502
             else:
                 # killed mid-request (the agent's connection dropped as it died)
@@ -108,6 +121,10 @@ async def test_every_crash_window_settles_each_operation_exactly_once(
                 gate = await spawn_opgate(env, logs)  # the replacement process
             view = await finish_as_a_replacement(http, gate, operation_id)
             assert view["operation"]["status"] == "confirmed", view
+            if window != "killed_on_arrival":
+                assert view["operation"]["settled_reason"] == (
+                    "x402_answer_recovered" if api.payment_ids else "x402_paid_answer_lost"
+                ), view
     finally:
         await gate.stop()
     paid = Counter("0x" + s.nonce.hex() for s in ledger.settlements)
