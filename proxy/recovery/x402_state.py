@@ -4,8 +4,8 @@ with ``eth_call`` from the node whose URL is the rule's ``chain_rpc_secret``).
 
 - the nonce is used: the operation's one payment settled. Where that payment carries a
   ``payment-identifier`` id (the server declared the extension), it is sent again as stored
-  and the server's kept answer, classified as the policy says, settles the operation
-  (``x402_answer_recovered``); otherwise, or if none comes, the operation was paid and its
+  and the server's kept answer, if the rule classifies it confirmed, settles the operation
+  with it (``x402_answer_recovered``); otherwise, or if none comes, the operation was paid and its
   answer lost: confirmed (``x402_paid_answer_lost``), with the evidence;
 - the nonce is unused after the authorization's validBefore (and a margin): that
   authorization can never settle: its payment is released and the attempt ends as never sent,
@@ -113,8 +113,9 @@ async def reconcile_payment(
 async def _kept_answer(
     gw: Gateway, op: Operation, stored: StoredPayment
 ) -> tuple[Status, ProviderAnswer, dict[str, Any]] | None:
-    """The paid operation's answer as the server kept it under its payment id, classified by
-    the rule (None: nothing to ask for, no answer, or one the policy does not settle on)."""
+    """The paid operation's answer as the server kept it under its payment id, if the rule
+    classifies it confirmed (None: nothing to ask for, no answer, or another answer: the
+    token's used nonce, not the server's word, says the operation was paid)."""
     provider = gw.policy.provider_named(op.provider)
     rule = provider.rule_named(op.action) if provider is not None else None
     if provider is None or rule is None:
@@ -127,8 +128,8 @@ async def _kept_answer(
         return None
     payment_id, answered = asked
     classified = classify_answer(provider.classification_for(rule), answered.status, answered.body)
-    if not isinstance(classified, Settled):
-        return None
+    if not isinstance(classified, Settled) or classified.status is not Status.CONFIRMED:
+        return None  # the nonce says paid: only an answer the rule confirms is taken
     answer = ProviderAnswer(
         answered.status,
         classified.object_id,

@@ -124,34 +124,39 @@ async def test_the_paid_api_fixture_answers_a_repeated_payment_id_from_what_it_k
     assert (len(ledger.settlements), api.served, api.replayed) == (1, 1, 1)
 
 
-@pytest.mark.parametrize("declared", [True, False], ids=["payment_id", "no_payment_id"])
+@pytest.mark.parametrize("server", ["keeps_answers", "no_extension", "forgot_its_answers"])
 async def test_a_lost_paid_answer_is_recovered_where_the_server_keeps_it_by_payment_id(
-    gate: Opgate, api: PaidApi, ledger: Ledger, node: ChainRpc, declared: bool
+    gate: Opgate, api: PaidApi, ledger: Ledger, node: ChainRpc, server: str
 ) -> None:
     """Paid, its answer lost: the nonce is used, so the operation was paid. Where the server
     declared payment-identifier, reconciliation re-sends the operation's stored payment (the
     same bytes, its id the operation id) and the server answers from what it kept: the
     operation is confirmed with the provider's own answer (``x402_answer_recovered``) and the
-    agent gets it. Without the extension: confirmed as paid with its answer lost, as before.
-    Either way: one settlement, one authorization, nothing signed again."""
-    api.payment_ids = declared
+    agent gets it. Without the extension nothing is re-sent, and a server that declared it but
+    kept nothing refuses the re-sent payment (its nonce is used): confirmed as paid with its
+    answer lost, as before. Every way: one settlement, one authorization, nothing signed
+    again."""
+    api.payment_ids = server != "no_extension"
     op = await approve_purchase(gate, f"{api.base}/report")
     operation_id = op["operation_id"]
     api.lose_answers = 1
     status, _, body = await buy(gate, operation_id)
     assert (status, problem(body)["code"]) == (502, "outcome_unknown")
+    if server == "forgot_its_answers":
+        api.kept_answers.clear()
     row = await reconcile(gate, operation_id)
     status, headers, body = await buy(gate, operation_id)
     assert headers["X-Operation-Status"] == "confirmed"
-    if declared:
+    if server == "keeps_answers":
         assert (row["status"], row["settled_reason"]) == ("confirmed", "x402_answer_recovered")
         assert (status, body) == (200, b'{"report": "ok"}')
         assert api.replayed == 1
-        assert len(set(api.payment_headers_seen)) == 1  # the stored payment, re-sent as it was
-        assert len(api.payment_headers_seen) == 2
     else:
         assert (row["status"], row["settled_reason"]) == ("confirmed", "x402_paid_answer_lost")
         assert (status, problem(body)["code"]) == (502, "x402_paid_answer_lost")
-        assert (api.replayed, len(api.payment_headers_seen)) == (0, 1)
+        assert api.replayed == 0
+    # the stored payment, re-sent as it was where the server declared the extension
+    assert len(set(api.payment_headers_seen)) == 1
+    assert len(api.payment_headers_seen) == (1 if server == "no_extension" else 2)
     assert ["0x" + s.nonce.hex() for s in ledger.settlements] == [operation_nonce(operation_id)]
     assert api.served == 1
