@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 import signal
 
+import aiohttp
+
 from proxy.cli import main
 from proxy.gate import upstream
 
@@ -23,7 +25,7 @@ _send = upstream.send
 
 
 async def _killed_before_paid_send(
-    session: upstream.aiohttp.ClientSession, outbound: upstream.OutboundRequest
+    session: aiohttp.ClientSession, outbound: upstream.OutboundRequest
 ) -> upstream.UpstreamResponse:
     if "PAYMENT-SIGNATURE" in outbound.headers:
         os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, exactly like a crashed host
