@@ -216,7 +216,10 @@ MEANINGS: dict[Reason, str] = {
         "The provider refused the operation's stored payment because its nonce is used, or "
         "reconciliation read the nonce used on the chain: the operation was paid and its answer "
         "lost. It is settled confirmed with this answer and the payment's evidence (digest, "
-        "nonce, payer, payTo, amount); nothing is signed again (docs/x402.md)."
+        "nonce, payer, payTo, amount); nothing is signed again. Where the provider declared "
+        "the payment-identifier extension, reconciliation first sends the stored payment again "
+        "and settles with the answer the provider kept under its id (settled_reason "
+        "`x402_answer_recovered`) instead (docs/x402.md)."
     ),
     Reason.X402_PAYMENT_INVALID: (
         "The agent's own PAYMENT-SIGNATURE (rule `x402.payer: agent`) is not an x402 v2 exact "

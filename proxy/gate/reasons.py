@@ -455,8 +455,9 @@ REASONS: dict[Reason, ReasonInfo] = {
         502,
         "The operation was paid and the provider's answer to it was lost",
         "The operation is settled as paid: its one payment's nonce is used (the evidence is "
-        "attached) and opgate will never pay it again. The provider's answer cannot be "
-        "recovered through opgate; ask the provider or the operator for it.",
+        "attached) and opgate will never pay it again. The provider did not keep its answer "
+        "under the payment-identifier extension, so it cannot be recovered through opgate; "
+        "ask the provider or the operator for it.",
     ),
     Reason.X402_PAYMENT_INVALID: ReasonInfo(
         400,

@@ -9,8 +9,10 @@ refuse, nothing signed); sign the EIP-3009 authorization whose nonce the operati
 keep it on the operation BEFORE it leaves (the first kept wins: another replica's is sent
 instead of ours); send it with ``PAYMENT-SIGNATURE``, and keep the ``PAYMENT-RESPONSE``
 settlement. A stored payment refused because its nonce is used was paid before: the row
-settles confirmed, its answer lost (``x402_paid_answer_lost``). The protocol's parsing and
-signing are pure (proxy/x402/); the store and the send are here.
+settles confirmed, its answer lost (``x402_paid_answer_lost``), unless the server keeps its
+answers by the ``payment-identifier`` extension's id: then the stored payment, sent again as
+it is, brings back its answer (``recover_answer``, which reconciliation calls). The protocol's
+parsing and signing are pure (proxy/x402/); the store and the send are here.
 
 The SDK (the optional extra ``opgate[x402]``) is imported only when a rule declares ``x402``.
 """
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     import aiohttp
 
     from proxy.gate.credentials import CredentialSource
+    from proxy.policy.model import Provider, Rule
     from proxy.store.operation import Operation
     from proxy.store.store import Store
     from proxy.x402.choice import Accepted, Approval
@@ -153,6 +156,59 @@ async def _send_paid(
     if transaction is not None:
         evidence["settlement_transaction"] = transaction
     return Paid(answered, evidence=evidence)
+
+
+async def recover_answer(
+    store: Store,
+    credentials: CredentialSource,
+    client: aiohttp.ClientSession,
+    provider: Provider,
+    rule: Rule,
+    base: str,
+    op: Operation,
+    stored: StoredPayment,
+) -> tuple[str, UpstreamResponse] | None:
+    """The answer the server kept for ``op``'s paid request, with the payment id it is kept
+    under; None: there is none to ask for, or none came.
+
+    Only where the stored payment carries a ``payment-identifier`` id (opgate puts the
+    operation id there when the server declared the extension) is it sent again: as stored,
+    byte for byte, with the operation's idempotency key, to the operation's path. A server
+    that honours the extension looks the id up before it verifies and answers from what it
+    kept; one that does not refuses the payment, whose nonce the token has used: nothing can
+    settle twice, and nothing is signed. A 402 is no answer; any other is the server's."""
+    from proxy.gate.credentials import provider_credential
+    from proxy.x402.offered import payment_id_of
+
+    payment_id = payment_id_of(stored.header)
+    if payment_id is None:
+        return None
+    credential = await provider_credential(credentials, client, provider, base)
+    if isinstance(credential, Deny):
+        return None
+    headers: CIMultiDict[str] = CIMultiDict(credential)
+    headers["X-Operation-Id"] = op.operation_id
+    key_header = provider.key_header(rule)
+    if key_header is not None:
+        headers[key_header] = op.idempotency_key
+    headers[PAYMENT_SIGNATURE] = stored.header
+    outbound = OutboundRequest(
+        method=rule.method,
+        url=base + op.path,
+        headers=headers,
+        body=b"",
+        connect_timeout=provider.timeouts.connect_seconds,
+        total_timeout=provider.timeouts.total_seconds,
+        max_response_bytes=provider.limits.max_response_body_bytes,
+    )
+    try:
+        answered = await upstream.send(client, outbound)
+    except UpstreamError:
+        return None
+    if answered.status == 402:
+        return None
+    await _keep_settlement(X402Payments(store), op.operation_id, answered)
+    return payment_id, answered
 
 
 async def _bind_offered(

@@ -2,7 +2,10 @@
 evidence: the EIP-3009 nonce's state on the chain (``authorizationState(payer, nonce)``, read
 with ``eth_call`` from the node whose URL is the rule's ``chain_rpc_secret``).
 
-- the nonce is used: the operation's one payment settled; the operation was paid and its
+- the nonce is used: the operation's one payment settled. Where that payment carries a
+  ``payment-identifier`` id (the server declared the extension), it is sent again as stored
+  and the server's kept answer, if the rule classifies it confirmed, settles the operation
+  with it (``x402_answer_recovered``); otherwise, or if none comes, the operation was paid and its
   answer lost: confirmed (``x402_paid_answer_lost``), with the evidence;
 - the nonce is unused after the authorization's validBefore (and a margin): that
   authorization can never settle: its payment is released and the attempt ends as never sent,
@@ -23,6 +26,8 @@ from typing import Any
 
 import aiohttp
 
+from proxy.gate.classify import Settled, classify_answer
+from proxy.gate.x402_pay import recover_answer
 from proxy.policy.model import X402Payment
 from proxy.runtime import Gateway
 from proxy.store.operation import Operation, Status
@@ -34,6 +39,7 @@ _ESCALATED_LOOK_AGAIN_SECONDS = 3600.0
 _ESCALATE_AFTER_TRIES = 5
 _RETRY_SECONDS = 30.0
 PAID_ANSWER_LOST = "x402_paid_answer_lost"
+ANSWER_RECOVERED = "x402_answer_recovered"
 
 
 async def payment_of(gw: Gateway, op: Operation) -> StoredPayment | None:
@@ -71,6 +77,19 @@ async def reconcile_payment(
     verdict = judge(used, stored.valid_before, now, terms.expiry_margin_seconds)
     evidence["x402"].update(nonce_used=used, judged_at=now, verdict=verdict.value)
     if verdict is NonceVerdict.PAID:
+        recovered = await _kept_answer(gw, op, stored)
+        if recovered is not None:
+            status, answer, found = recovered
+            evidence["x402"]["answer_recovered"] = found
+            return await gw.store.settle_reconciled(
+                op.operation_id,
+                owner,
+                status,
+                ANSWER_RECOVERED,
+                answer,
+                evidence,
+                expected_attempts=op.attempts,
+            )
         return await gw.store.settle_reconciled(
             op.operation_id,
             owner,
@@ -89,6 +108,35 @@ async def reconcile_payment(
     return await gw.store.reconcile_inconclusive(
         op.operation_id, owner, float(max(wait, 1)), evidence, expected_attempts=op.attempts
     )
+
+
+async def _kept_answer(
+    gw: Gateway, op: Operation, stored: StoredPayment
+) -> tuple[Status, ProviderAnswer, dict[str, Any]] | None:
+    """The paid operation's answer as the server kept it under its payment id, if the rule
+    classifies it confirmed (None: nothing to ask for, no answer, or another answer: the
+    token's used nonce, not the server's word, says the operation was paid)."""
+    provider = gw.policy.provider_named(op.provider)
+    rule = provider.rule_named(op.action) if provider is not None else None
+    if provider is None or rule is None:
+        return None
+    base = gw.upstream_base(provider.provider, provider.upstream)
+    asked = await recover_answer(
+        gw.store, gw.credentials, gw.client, provider, rule, base, op, stored
+    )
+    if asked is None:
+        return None
+    payment_id, answered = asked
+    classified = classify_answer(provider.classification_for(rule), answered.status, answered.body)
+    if not isinstance(classified, Settled) or classified.status is not Status.CONFIRMED:
+        return None  # the nonce says paid: only an answer the rule confirms is taken
+    answer = ProviderAnswer(
+        answered.status,
+        classified.object_id,
+        answered.headers.get("Content-Type"),
+        answered.body,
+    )
+    return classified.status, answer, {"payment_id": payment_id, "status": answered.status}
 
 
 def paid_answer_lost(evidence: dict[str, Any]) -> ProviderAnswer:

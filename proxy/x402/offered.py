@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from eth_account import Account
 from eth_keys.exceptions import BadSignature
 from pydantic import ValidationError
+from x402.extensions.payment_identifier import extract_payment_identifier
 from x402.mechanisms.evm.eip712 import hash_eip3009_authorization
 from x402.mechanisms.evm.types import ExactEIP3009Authorization
 from x402.mechanisms.evm.utils import get_evm_chain_id
@@ -61,6 +62,15 @@ def read_offered(header: str) -> PaymentPayload | Refused:
         return PaymentPayload.model_validate(document)
     except ValidationError:
         return Refused(Why.MALFORMED, "PAYMENT-SIGNATURE does not have the protocol's fields")
+
+
+def payment_id_of(header: str) -> str | None:
+    """The ``payment-identifier`` id a payment carries (None: none, or not one the extension
+    allows): the key under which a server that declared the extension keeps its answer."""
+    payload = read_offered(header)
+    if isinstance(payload, Refused):
+        return None
+    return extract_payment_identifier(payload)
 
 
 def check_offered(

@@ -47,8 +47,12 @@ class KillableOpgate:
             raise AssertionError("opgate did not stop within 30 s of SIGTERM") from None
 
 
-async def spawn_opgate(env: dict[str, str], log_path: Path) -> KillableOpgate:
-    """Start opgate with ``env`` (OPGATE_* settings) and wait until it is ready."""
+async def spawn_opgate(
+    env: dict[str, str], log_path: Path, module: str = "proxy"
+) -> KillableOpgate:
+    """Start opgate with ``env`` (OPGATE_* settings) and wait until it is ready. ``module``:
+    what ``python -m`` runs (a test-support entry point that adds a fault point, e.g.
+    tests/support/opgate_killed_before_paid_send.py)."""
     agent_port, ops_port = free_port(), free_port()
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")}
     full_env.update(env)
@@ -60,7 +64,7 @@ async def spawn_opgate(env: dict[str, str], log_path: Path) -> KillableOpgate:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "proxy",
+            module,
             "serve",
             cwd=REPO,
             env=full_env,

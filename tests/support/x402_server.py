@@ -3,10 +3,19 @@
 loopback, over the SDK's ``exact`` EVM facilitator and the in-memory token (x402_ledger). It
 verifies, runs the handler, settles, then answers, as the SDK's middleware does; and it can
 lose an answer after settlement (``lose_answers``), the failure of x402 issue #3438.
+
+With ``payment_ids`` on, it also supports the ``payment-identifier`` extension as its spec
+(x402-foundation/x402 ``specs/extensions/payment_identifier.md``) describes, which the SDK's
+server declares but does not act on: the 402 declares it; a paid request's id is looked up
+before anything is verified; the answer is kept as it was sent (``PAYMENT-RESPONSE``
+included) under the id, bound to the exact payload; a repeat with the same id and payload is
+answered from it without verifying or settling again; the same id with another payload is
+409; a repeat while the first is still being served waits for the first's answer.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -14,8 +23,14 @@ from typing import Any
 
 from aiohttp import web
 from x402 import x402Facilitator, x402ResourceServer
+from x402.extensions.payment_identifier import (
+    PAYMENT_IDENTIFIER,
+    declare_payment_identifier_extension,
+    extract_payment_identifier,
+)
 from x402.http import x402HTTPResourceServer
 from x402.http.types import HTTPRequestContext, PaymentOption, RouteConfig
+from x402.http.utils import decode_payment_signature_header
 from x402.mechanisms.evm.exact import register_exact_evm_facilitator, register_exact_evm_server
 from x402.schemas import AssetAmount
 
@@ -39,9 +54,20 @@ class PaidApi:
     crash_on_arrival: Callable[[], Awaitable[None]] | None = None
     crash_after_settlement: Callable[[], Awaitable[None]] | None = None
     next_pay_to: str | None = None  # the payee after the next unpaid 402 (a swap)
+    payment_ids: bool = False  # the payment-identifier extension declared and honoured
     served: int = 0
+    replayed: int = 0  # paid requests answered from a kept answer (payment-identifier)
     base: str = ""
     payment_headers_seen: list[str] = field(default_factory=list)
+    # payment id -> (the exact PAYMENT-SIGNATURE, its answer once sent: status, body, headers)
+    kept_answers: dict[str, tuple[str, asyncio.Future[_Answer]]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Answer:
+    status: int
+    body: Any
+    headers: dict[str, str]
 
 
 class _Adapter:
@@ -90,12 +116,12 @@ async def paid_api(ledger: Ledger) -> AsyncIterator[PaidApi]:
     state = PaidApi(ledger)
     facilitator = register_exact_evm_facilitator(x402Facilitator(), ledger, networks=NETWORK)
     server = register_exact_evm_server(x402ResourceServer(facilitator), networks=NETWORK)
-    built: dict[int, x402HTTPResourceServer] = {}
+    built: dict[tuple[int, bool], x402HTTPResourceServer] = {}
 
     def http_server() -> x402HTTPResourceServer:
         """The SDK's HTTP server for the requirement as the knobs say now."""
-        timeout = state.max_timeout_seconds
-        if timeout not in built:
+        timeout, payment_ids = state.max_timeout_seconds, state.payment_ids
+        if (timeout, payment_ids) not in built:
             option = PaymentOption(
                 scheme="exact",
                 pay_to=lambda _context: state.pay_to,
@@ -107,13 +133,52 @@ async def paid_api(ledger: Ledger) -> AsyncIterator[PaidApi]:
                 network=NETWORK,
                 max_timeout_seconds=timeout,
             )
-            routes = {"GET /report": RouteConfig(accepts=option, description="a paid report")}
-            built[timeout] = x402HTTPResourceServer(server, routes)
-            built[timeout].initialize()
-        return built[timeout]
+            extensions = (
+                {PAYMENT_IDENTIFIER: declare_payment_identifier_extension()}
+                if payment_ids
+                else None
+            )
+            route = RouteConfig(accepts=option, description="a paid report", extensions=extensions)
+            built[timeout, payment_ids] = x402HTTPResourceServer(server, {"GET /report": route})
+            built[timeout, payment_ids].initialize()
+        return built[timeout, payment_ids]
+
+    def payment_id(header: str) -> str | None:
+        """The payment-identifier id the paid request carries (None: none, or not honoured)."""
+        if not state.payment_ids:
+            return None
+        try:
+            payload = decode_payment_signature_header(header)
+        except ValueError:
+            return None
+        if getattr(payload, "x402_version", 2) != 2:
+            return None
+        return extract_payment_identifier(payload)  # type: ignore[arg-type]
+
+    async def from_kept(header: str, kept_id: str) -> web.StreamResponse | None:
+        """The answer kept under the id (waiting for it if the first is still being served),
+        a 409 for another payload under the id, or None: the id is new."""
+        kept = state.kept_answers.get(kept_id)
+        if kept is None:
+            return None
+        first_header, answer = kept
+        if first_header != header:
+            return web.json_response(
+                {"error": "payment id reused with another payload"}, status=409
+            )
+        try:
+            sent = await asyncio.shield(answer)
+        except asyncio.CancelledError:
+            if not answer.cancelled():
+                raise
+            # the first ended unanswered (its payment refused): nothing is kept to answer with
+            return web.json_response({"error": "not answered yet; retry"}, status=409)
+        state.replayed += 1
+        return _json(sent.body, sent.status, sent.headers)
 
     async def report(request: web.Request) -> web.StreamResponse:
         header = request.headers.get("PAYMENT-SIGNATURE")
+        kept_id: str | None = None
         if header is not None:
             state.payment_headers_seen.append(header)
             crash, state.crash_on_arrival = state.crash_on_arrival, None
@@ -124,6 +189,22 @@ async def paid_api(ledger: Ledger) -> AsyncIterator[PaidApi]:
                 assert request.transport is not None
                 request.transport.abort()
                 return web.Response()
+            kept_id = payment_id(header)
+            if kept_id is not None:  # looked up before anything is verified
+                replay = await from_kept(header, kept_id)
+                if replay is not None:
+                    return replay
+                pending: asyncio.Future[_Answer] = asyncio.get_running_loop().create_future()
+                state.kept_answers[kept_id] = (header, pending)
+        try:
+            return await serve(request, header, kept_id)
+        finally:
+            if kept_id is not None and not state.kept_answers[kept_id][1].done():
+                state.kept_answers.pop(kept_id)[1].cancel()  # unanswered: the id stays new
+
+    async def serve(
+        request: web.Request, header: str | None, kept_id: str | None
+    ) -> web.StreamResponse:
         context = HTTPRequestContext(
             adapter=_Adapter(request),
             path=request.path,
@@ -147,6 +228,9 @@ async def paid_api(ledger: Ledger) -> AsyncIterator[PaidApi]:
         if not settled.success:
             assert settled.response is not None
             return _json(settled.response.body, settled.response.status, settled.response.headers)
+        answer = _Answer(200, {"report": "ok"}, dict(settled.headers))
+        if kept_id is not None:  # kept as it is sent, before it can be lost on the way
+            state.kept_answers[kept_id][1].set_result(answer)
         crash, state.crash_after_settlement = state.crash_after_settlement, None
         if crash is not None:
             await crash()
@@ -155,7 +239,7 @@ async def paid_api(ledger: Ledger) -> AsyncIterator[PaidApi]:
             assert request.transport is not None
             request.transport.abort()
             return web.Response()
-        return web.json_response({"report": "ok"}, headers=settled.headers)
+        return _json(answer.body, answer.status, answer.headers)
 
     app = web.Application()
     app.router.add_get("/report", report)

@@ -12,23 +12,30 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import aiohttp
+import asyncpg
 import pytest
 import pytest_asyncio
 
 from proxy.x402.authorization import operation_nonce
 from tests.support.killable_opgate import KillableOpgate, spawn_opgate
-from tests.support.opgate import AGENT_TOKEN, admin_headers, process_env
 from tests.support.x402_chain_rpc import ChainRpc, chain_rpc
-from tests.support.x402_gate import REPORT, WALLET, paid_policy, terms
+from tests.support.x402_gate import WALLET
 from tests.support.x402_ledger import Ledger
+from tests.support.x402_processes import (
+    AGENT_WALLET,
+    agent_payments,
+    approve,
+    buy,
+    env_for,
+    finish_as_a_replacement,
+    nonce_of,
+)
 from tests.support.x402_server import PRICE, PaidApi, paid_api
 
 RUNS = 3  # per window
-HANG_GUARD_SECONDS = 90.0
-AGENT = {"Authorization": f"Bearer {AGENT_TOKEN}"}
+KILLED_BEFORE_PAID_SEND = "tests.support.opgate_killed_before_paid_send"
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -56,79 +63,16 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-def env_for(database_url: str, tmp_path: Path, api: PaidApi, node: ChainRpc) -> dict[str, str]:
-    """A process's settings: the paid API's policy with a 3 s provider timeout (the killed
-    process's lease lapses 3.5 s after its claim), reconciliation reading the node."""
-    policy_dir = tmp_path / "policies"
-    policy_dir.mkdir(exist_ok=True)
-    policy = paid_policy(chain_rpc=True, expiry_margin=0).replace(
-        "classify:", "timeouts: {total_seconds: 3}\nclassify:"
-    )
-    (policy_dir / "paid.yaml").write_text(policy)
-    return process_env(
-        database_url,
-        policy_dir,
-        {"paid": api.base},
-        OPGATE_SECRET_PAID_WALLET=WALLET.key.hex(),
-        OPGATE_SECRET_PAID_RPC=node.url,
-        OPGATE_LEASE_MARGIN_SECONDS="0.5",
-    )
-
-
-async def approve(http: aiohttp.ClientSession, gate: KillableOpgate, api: PaidApi) -> str:
-    body = {
-        "tenant": "t1",
-        "provider": "paid",
-        "action": "report.buy",
-        "params": terms(f"{api.base}/report"),
-        "approval_ref": "ticket-x402",
-        "approved_by": "alice@example.com",
-        "ttl_seconds": 600,
-    }
-    async with http.post(
-        f"{gate.ops_url}/v1/operations", json=body, headers=admin_headers()
-    ) as response:
-        created: dict[str, Any] = await response.json(content_type=None)
-        assert response.status == 201, created
-    operation_id: str = created["operation_id"]
-    return operation_id
-
-
-async def buy(
-    http: aiohttp.ClientSession, gate: KillableOpgate, operation_id: str
-) -> tuple[int, dict[str, Any]]:
-    """The agent's request; a dropped connection (its opgate killed) is (0, {})."""
-    try:
-        async with http.get(
-            f"{gate.agent_url}{REPORT}",
-            headers={"X-Operation-Id": operation_id, "Proxy-Authorization": AGENT["Authorization"]},
-        ) as response:
-            return response.status, await response.json(content_type=None)
-    except aiohttp.ClientError:
-        return 0, {}
-
-
-async def finish_as_a_replacement(
-    http: aiohttp.ClientSession, gate: KillableOpgate, operation_id: str
-) -> dict[str, Any]:
-    """A replacement agent with only the operation id: it reads the operation (which
-    reconciles it when due) and sends it when told to, until it is settled."""
-    deadline = time.monotonic() + HANG_GUARD_SECONDS
-    while True:
-        assert time.monotonic() < deadline, "the operation was not settled in time"
-        async with http.get(
-            f"{gate.agent_url}/_opgate/v1/operations/{operation_id}", headers=AGENT
-        ) as response:
-            view: dict[str, Any] = await response.json()
-            assert response.status == 200, view
-        if view["operation"]["status"] in ("confirmed", "failed"):
-            return view
-        if view["next_action"] in ("send", "retry"):
-            await buy(http, gate, operation_id)
-        await asyncio.sleep(0.25)  # polling the recovery read, bounded by the deadline
-
-
-@pytest.mark.parametrize("window", ["killed_on_arrival", "killed_after_settlement", "lost"])
+@pytest.mark.parametrize(
+    "window",
+    [
+        "killed_on_arrival",
+        "killed_after_settlement",
+        "lost",
+        "killed_after_settlement_kept_by_payment_id",
+        "lost_kept_by_payment_id",
+    ],
+)
 async def test_every_crash_window_settles_each_operation_exactly_once(
     database_url: str,
     tmp_path: Path,
@@ -140,8 +84,12 @@ async def test_every_crash_window_settles_each_operation_exactly_once(
 ) -> None:
     """RUNS operations, each hit by ``window``, each finished by a replacement process and a
     replacement agent: the ledger holds exactly one settlement per operation, each under the
-    operation's own nonce, and nothing else."""
+    operation's own nonce, and nothing else. ``..._kept_by_payment_id``: the paid API keeps
+    its answers by the payment-identifier extension's id, and the operation is settled with
+    its own answer, recovered by sending the kept payment again (x402_answer_recovered);
+    otherwise a paid operation whose answer was lost is settled x402_paid_answer_lost."""
     env = env_for(database_url, tmp_path, api, node)
+    api.payment_ids = window.endswith("_kept_by_payment_id")
     logs = tmp_path / "opgate.log"
     gate = await spawn_opgate(env, logs)
     operations: list[str] = []
@@ -158,13 +106,13 @@ async def test_every_crash_window_settles_each_operation_exactly_once(
                 # the paid request arrives and is never read: its authorization (valid 1 s)
                 # must expire unused before reconciliation may release it
                 api.max_timeout_seconds, api.crash_on_arrival = 1, kill
-            elif window == "killed_after_settlement":
+            elif window.startswith("killed_after_settlement"):
                 api.crash_after_settlement = kill
             else:
                 api.lose_answers = 1
-            status, answered = await buy(http, gate, operation_id)
+            status, answered, _ = await buy(http, gate, operation_id)
             api.max_timeout_seconds = 300
-            if window == "lost":
+            if window.startswith("lost"):
                 assert status == 502
             else:
                 # killed mid-request (the agent's connection dropped as it died)
@@ -173,8 +121,98 @@ async def test_every_crash_window_settles_each_operation_exactly_once(
                 gate = await spawn_opgate(env, logs)  # the replacement process
             view = await finish_as_a_replacement(http, gate, operation_id)
             assert view["operation"]["status"] == "confirmed", view
+            if window != "killed_on_arrival":
+                assert view["operation"]["settled_reason"] == (
+                    "x402_answer_recovered" if api.payment_ids else "x402_paid_answer_lost"
+                ), view
     finally:
         await gate.stop()
     paid = Counter("0x" + s.nonce.hex() for s in ledger.settlements)
     expected = {operation_nonce(operation_id): 1 for operation_id in operations}
     assert dict(paid) == expected
+
+
+async def kept_header(database_url: str, operation_id: str) -> str | None:
+    """The payment kept on the operation's row (None: none)."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        header: str | None = await conn.fetchval(
+            "SELECT header FROM x402_payments WHERE operation_id = $1", operation_id
+        )
+        return header
+    finally:
+        await conn.close()
+
+
+@pytest.mark.parametrize(
+    ("payer", "window"),
+    [
+        ("opgate", "resent_as_stored"),
+        ("agent", "resent_as_stored"),
+        ("opgate", "released_after_expiry"),
+    ],
+)
+async def test_killed_between_keeping_the_payment_and_sending_it(
+    database_url: str,
+    tmp_path: Path,
+    api: PaidApi,
+    ledger: Ledger,
+    node: ChainRpc,
+    http: aiohttp.ClientSession,
+    payer: str,
+    window: str,
+) -> None:
+    """RUNS operations, each with opgate SIGKILLed once the signed payment is committed to the
+    operation's row and before the paid request leaves (the test-support entry point
+    opgate_killed_before_paid_send), then finished by a replacement process and a replacement
+    agent holding only the operation id: one settlement per operation in the ledger.
+    ``resent_as_stored`` (a policy that lets opgate re-send an unknown outcome): the paid API
+    receives the kept payment, byte for byte, and no other. ``released_after_expiry`` (the
+    default policy): the kept authorization (valid 1 s) expires unused, reconciliation proves
+    it unpaid and releases it, and the one new authorization has the operation's same nonce."""
+    ledger.fund(AGENT_WALLET.address, 100 * PRICE)
+    env = env_for(
+        database_url, tmp_path, api, node, payer=payer, deduplicates=window == "resent_as_stored"
+    )
+    logs = tmp_path / "opgate.log"
+    operations: list[str] = []
+    kept: dict[str, str] = {}
+    for _ in range(RUNS):
+        gate = await spawn_opgate(env, logs, module=KILLED_BEFORE_PAID_SEND)
+        try:
+            operation_id = await approve(http, gate, api)
+            operations.append(operation_id)
+            payment = None
+            if payer == "agent":
+                [payment] = await agent_payments(http, gate, operation_id, 1)
+            if window == "released_after_expiry":
+                api.max_timeout_seconds = 1  # its authorization is valid for 1 s
+            sent_before = len(api.payment_headers_seen)
+            assert await buy(http, gate, operation_id, payment) == (0, {}, {})
+            assert await asyncio.wait_for(gate.process.wait(), 30) == -9
+        finally:
+            await gate.kill()
+        api.max_timeout_seconds = 300
+        assert len(api.payment_headers_seen) == sent_before  # nothing left before the kill
+        header = await kept_header(database_url, operation_id)
+        assert header is not None  # kept before the kill
+        assert payment is None or header == payment
+        kept[operation_id] = header
+        replacement = await spawn_opgate(env, logs)
+        try:
+            view = await finish_as_a_replacement(http, replacement, operation_id)
+        finally:
+            await replacement.stop()
+        assert view["operation"]["status"] == "confirmed", view
+    settled = Counter("0x" + s.nonce.hex() for s in ledger.settlements)
+    nonces = {op: nonce_of(header) for op, header in kept.items()}
+    assert settled == Counter(nonces.values())
+    assert set(settled.values()) == {1}
+    if payer == "opgate":
+        assert nonces == {op: operation_nonce(op) for op in operations}
+    if window == "resent_as_stored":  # the kept payment, as kept, and nothing else
+        assert api.payment_headers_seen == [kept[op] for op in operations]
+    else:  # one new authorization per operation, under the same nonce as the kept one
+        assert len(api.payment_headers_seen) == RUNS
+        assert [nonce_of(h) for h in api.payment_headers_seen] == [nonces[op] for op in operations]
+        assert not set(api.payment_headers_seen) & set(kept.values())
