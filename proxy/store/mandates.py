@@ -6,6 +6,7 @@ number of processes together never use a nonce twice nor exceed an open mandate.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -50,11 +51,14 @@ class NonceUse:
 
 @dataclass(frozen=True, slots=True)
 class OpenMandateLimits:
+    """An open mandate, as its uses are counted under its lock and judged."""
+
     # the open mandate's digests: its identity first (its lock's name), then any other under
     # which its earlier uses were counted; every one of them counts
     digests: tuple[str, ...]
-    max_occurrences: int
-    budget_max: int | None  # minor units, in the closed mandate's currency
+    # whether it allows one more use (pure; the mandate's own constraints: proxy/mandates/ap2.py
+    # OpenMandateUse.allows), given its uses so far, what they spent, and the new use's amount
+    allows: Callable[[int, int, int | None], bool]
 
 
 class MandateStore:
@@ -120,7 +124,9 @@ class MandateStore:
             return await _open_mandate_use(conn, limits, new)
 
         def admit(used: OpenMandateUsed | None) -> bool:
-            return used is None or _allows(limits, used, new.amount)
+            if used is None or limits is None:  # no open mandate, or a replay
+                return True
+            return limits.allows(used.occurrences, used.spent, new.amount)
 
         async def create(
             conn: asyncpg.Connection,
@@ -177,11 +183,3 @@ async def _open_mandate_use(
     use = await queries.fetchrow(conn, "mandate_open_use", open_digests=list(limits.digests))
     assert use is not None  # an aggregate: always one row
     return OpenMandateUsed(int(use["occurrences"]), int(use["spent"]))
-
-
-def _allows(limits: OpenMandateLimits | None, used: OpenMandateUsed, amount: int | None) -> bool:
-    """Whether the open mandate allows one more use of ``amount`` after ``used``."""
-    if limits is None:
-        return True
-    over_budget = limits.budget_max is not None and used.spent + (amount or 0) > limits.budget_max
-    return used.occurrences < limits.max_occurrences and not over_budget

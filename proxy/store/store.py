@@ -21,7 +21,7 @@ from proxy.store import queries
 from proxy.store.connections import Connections
 from proxy.store.faults import is_unavailable
 from proxy.store.locks import LockKey, LockKind, lock_count_insert
-from proxy.store.operation import Operation, Status
+from proxy.store.operation import Approval, Approved, Operation, Status
 from proxy.store.promotion import Proof, SwitchFacts, SyncWitness, prove
 from proxy.store.proposal import PendingProposals, Proposal
 from proxy.store.readiness import ReadinessConnection
@@ -32,22 +32,10 @@ _log = structlog.get_logger("opgate.store")
 
 
 @dataclass(frozen=True)
-class NewOperation:
-    operation_id: str
-    tenant: str
-    agent_id: str | None
-    provider: str
-    action: str
-    method: str
-    path: str
-    path_params: dict[str, str]
-    amount: int | None
-    currency: str | None
-    params: dict[str, Any]
-    idempotency_key: str
-    approval_ref: str
-    approved_by: str
-    expires_at: datetime
+class NewOperation(Approved):
+    """The row to insert: the approval as given (queries.sql ``create_operation``'s
+    parameters but the actor: ``operation_values``), and the operation it replaces, if any."""
+
     supersedes: str | None = None
 
 
@@ -748,19 +736,8 @@ class Store:
         the other, so together they never pass the caps."""
         op = new.operation
         values = {
+            **_values(op, _APPROVAL_FIELDS),
             "proposal_id": new.proposal_id,
-            "operation_id": op.operation_id,
-            "tenant": op.tenant,
-            "agent_id": op.agent_id,
-            "provider": op.provider,
-            "action": op.action,
-            "method": op.method,
-            "path": op.path,
-            "path_params": _jsonb(op.path_params),
-            "amount": op.amount,
-            "currency": op.currency,
-            "params": _jsonb(op.params),
-            "idempotency_key": op.idempotency_key,
             "reason": new.reason,
             "approval_seconds": new.approval_seconds,
             "pending_seconds": new.pending_seconds,
@@ -1021,53 +998,26 @@ def operation_from_record(record: asyncpg.Record, loaded: Operation | None = Non
 
 
 def proposal_from_record(record: asyncpg.Record) -> Proposal:
-    return Proposal(
-        proposal_id=record["proposal_id"],
-        operation_id=record["operation_id"],
-        tenant=record["tenant"],
-        agent_id=record["agent_id"],
-        provider=record["provider"],
-        action=record["action"],
-        method=record["method"],
-        path=record["path"],
-        path_params=json.loads(record["path_params"]),
-        amount=record["amount"],
-        currency=record["currency"],
-        params=json.loads(record["params"]),
-        idempotency_key=record["idempotency_key"],
-        reason=record["reason"],
-        approval_seconds=record["approval_seconds"],
-        status=record["status"],
-        expires_at=record["expires_at"],
-        decided_at=record["decided_at"],
-        decided_by=record["decided_by"],
-        decision_note=record["decision_note"],
-        created_at=record["created_at"],
-        read_at=record["read_at"],
-        declined_twin=record["declined_twin"],
-    )
+    values = {name: record[name] for name in _PROPOSAL_FIELDS}
+    values["path_params"] = json.loads(values["path_params"])
+    values["params"] = json.loads(values["params"])
+    return Proposal(**values)
+
+
+_APPROVAL_FIELDS = tuple(f.name for f in fields(Approval))
+_NEW_OPERATION_FIELDS = tuple(f.name for f in fields(NewOperation))
+_PROPOSAL_FIELDS = tuple(f.name for f in fields(Proposal))
+
+
+def _values(approval: Approval, names: Sequence[str]) -> dict[str, Any]:
+    """The named fields of ``approval`` as a statement's parameters (each dict a jsonb)."""
+    values = {name: getattr(approval, name) for name in names}
+    return {name: _jsonb(v) if isinstance(v, dict) else v for name, v in values.items()}
 
 
 def operation_values(new: NewOperation) -> dict[str, Any]:
     """queries.sql ``create_operation``'s parameters but the actor: the approval as written."""
-    return {
-        "operation_id": new.operation_id,
-        "tenant": new.tenant,
-        "agent_id": new.agent_id,
-        "provider": new.provider,
-        "action": new.action,
-        "method": new.method,
-        "path": new.path,
-        "path_params": _jsonb(new.path_params),
-        "amount": new.amount,
-        "currency": new.currency,
-        "params": _jsonb(new.params),
-        "idempotency_key": new.idempotency_key,
-        "approval_ref": new.approval_ref,
-        "approved_by": new.approved_by,
-        "expires_at": new.expires_at,
-        "supersedes": new.supersedes,
-    }
+    return _values(new, _NEW_OPERATION_FIELDS)
 
 
 def _jsonb(value: Any) -> str:
