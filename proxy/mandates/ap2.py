@@ -81,6 +81,13 @@ class OpenMandateUse:
     max_occurrences: int
     budget_max: int | None  # minor units of the closed mandate's currency
 
+    def allows(self, occurrences: int, spent: int, amount: int | None) -> bool:
+        """Whether one more use of ``amount`` is within the open mandate, after
+        ``occurrences`` uses that spent ``spent`` (counted under its lock: the store's
+        ``OpenMandateLimits``). Pure."""
+        over_budget = self.budget_max is not None and spent + (amount or 0) > self.budget_max
+        return occurrences < self.max_occurrences and not over_budget
+
 
 @dataclass(frozen=True, slots=True)
 class MandateTerms:

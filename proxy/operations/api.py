@@ -259,7 +259,7 @@ async def create_operation(request: web.Request) -> web.Response:
     )
     if isinstance(room, Deny):  # advisory: the claim is what holds the budget
         existing = await gateway.store.load(planned.operation_id)
-        if existing is not None and same_approval(planned, existing.to_public()):
+        if existing is not None and same_approval(planned, existing):
             return web.json_response(existing.to_public(), status=200)  # a repeat, as below
         return admin_problem(403, room.reason.value, room.detail, **(room.extra or {}))
     try:
@@ -273,7 +273,7 @@ async def create_operation(request: web.Request) -> web.Response:
         if key is not None and (repeat := await _keyed_repeat(gateway, key, fingerprint)):
             return repeat  # its twin under the same Idempotency-Key, committed first
         existing = await gateway.store.load(planned.operation_id)
-        if existing is not None and same_approval(planned, existing.to_public()):
+        if existing is not None and same_approval(planned, existing):
             return web.json_response(existing.to_public(), status=200)
         return admin_problem(
             409, "idempotency_key_in_use", "another operation of this provider holds that key"
@@ -289,7 +289,7 @@ async def create_operation(request: web.Request) -> web.Response:
     if key is not None and (repeat := await _keyed_repeat(gateway, key, fingerprint)):
         return repeat
     existing = await gateway.store.load(planned.operation_id)
-    if existing is not None and same_approval(planned, existing.to_public()):
+    if existing is not None and same_approval(planned, existing):
         return web.json_response(existing.to_public(), status=200)
     return admin_problem(
         409, "operation_exists", f"{planned.operation_id} exists with a different approval"

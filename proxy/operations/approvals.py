@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import secrets
+from dataclasses import fields
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
@@ -32,7 +33,7 @@ from proxy.policy.approved import approved_fields
 from proxy.policy.budgets import budget_problems
 from proxy.policy.model import X402_TERMS, BodyKind, OperationRequirement, Provider, Rule
 from proxy.policy.set import PolicySet
-from proxy.store.operation import Operation, Status
+from proxy.store.operation import Approval, Approved, Operation, Status
 from proxy.store.store import NewOperation
 
 _ID = NEW_OPERATION_ID  # the ids opgate creates and accepts to create (proxy/gate/ids.py)
@@ -278,20 +279,39 @@ def supersession_problem(new: NewOperation, old: Operation | None) -> str | None
     )
 
 
-def same_approval(new: NewOperation, existing: dict[str, Any]) -> bool:
+# What a repeated create (the same operation_id) must ask for again to be a repeat: the request
+# (its key aside: one left out is generated anew) and the approval's reference. Who approved
+# it and until when may differ (a ttl runs from each create).
+REPEATED_FIELDS = (
+    "tenant",
+    "agent_id",
+    "provider",
+    "action",
+    "path",
+    "amount",
+    "currency",
+    "params",
+    "approval_ref",
+)
+
+
+def same_approval(new: Approved, existing: Approved) -> bool:
     """Whether a repeated create (same operation_id) asks for what the row already holds."""
-    target = existing["target"]
-    return bool(
-        new.tenant == existing["tenant"]
-        and new.agent_id == existing["agent_id"]
-        and new.provider == existing["provider"]
-        and new.action == existing["action"]
-        and new.path == target["path"]
-        and new.amount == existing["amount"]
-        and new.currency == existing["currency"]
-        and new.params == existing["params"]
-        and new.approval_ref == existing["approval"]["ref"]
-    )
+    return all(getattr(new, name) == getattr(existing, name) for name in REPEATED_FIELDS)
+
+
+# The approval's fields that its request does not name: the rule's (its method, and its path
+# rendered from path_params).
+FROM_THE_RULE = frozenset({"method", "path"})
+
+
+def request_for(approval: Approval, **given: Any) -> OperationRequest:
+    """The request that asks for ``approval`` again (unvalidated: the approval was), with
+    ``given``: what an approval adds (approval_ref, approved_by, its expiry, supersedes)."""
+    names = [f.name for f in fields(Approval) if f.name not in FROM_THE_RULE]
+    values = {name: getattr(approval, name) for name in names}
+    values["path_params"], values["params"] = dict(approval.path_params), dict(approval.params)
+    return OperationRequest.model_construct(**values, **given)
 
 
 def holds_nul(value: Any) -> bool:

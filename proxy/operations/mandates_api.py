@@ -498,9 +498,7 @@ async def _create(
     actor = planned.approved_by
     limits = None
     if terms.open_use is not None and open_mandate is not None:
-        limits = OpenMandateLimits(
-            open_mandate.spellings, terms.open_use.max_occurrences, terms.open_use.budget_max
-        )
+        limits = OpenMandateLimits(open_mandate.spellings, terms.open_use.allows)
     try:
         outcome = await MandateStore(gw.store).create(planned, actor, nonce=nonce, limits=limits)
         if isinstance(outcome, OpenMandateUsed):
@@ -520,7 +518,7 @@ async def _create(
         _log.info("mandate_operation_created", operation_id=created.operation_id)
         return created, 201
     existing = await gw.store.load(planned.operation_id)
-    if existing is not None and same_approval(planned, existing.to_public()):
+    if existing is not None and same_approval(planned, existing):
         return existing, 200  # the same mandate again: the same operation, never a second
     return Refused.because(Reason.MANDATE_MISMATCH)
 

@@ -35,9 +35,8 @@ from proxy.proposals.rules import (
 )
 from proxy.runtime import Gateway
 from proxy.settings import Settings
-from proxy.store.operation import Operation
+from proxy.store.operation import Approval, Operation
 from proxy.store.proposal import PendingProposals, Proposal, ProposalState
-from proxy.store.store import NewOperation
 
 _log = structlog.get_logger("opgate.proposals")
 
@@ -55,9 +54,7 @@ class Refusal:
     retry_after: int | None = None  # seconds, where asking again later may be answered otherwise
 
 
-async def spend_limits_problem(
-    gw: Gateway, planned: NewOperation | Proposal, *, at: str
-) -> Refusal | None:
+async def spend_limits_problem(gw: Gateway, planned: Approval, *, at: str) -> Refusal | None:
     """The limits no approval may exceed (spend budgets, checked early at proposal and at
     approval time; ``at`` says which), or None when the operation is within them. Budgets are
     enforced atomically when a request claims its operation; this early check only refuses

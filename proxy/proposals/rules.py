@@ -24,7 +24,12 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from proxy.admin.access import Approver
 from proxy.gate.checks import Agent
-from proxy.operations.approvals import OperationRequest, plan_operation, validation_errors
+from proxy.operations.approvals import (
+    OperationRequest,
+    plan_operation,
+    request_for,
+    validation_errors,
+)
 from proxy.policy.set import PolicySet
 from proxy.recovery.api import proposal_request
 from proxy.recovery.next_action import NextAction
@@ -118,17 +123,8 @@ def replan_problems(proposal: Proposal, policy: PolicySet, now: datetime) -> lis
     """Why the proposal could no longer be sent under the policy loaded now (it may have
     changed since the proposal was made): approving it would create an operation no request
     can carry. Empty: it still can, as the exact same request."""
-    approval = OperationRequest.model_construct(
-        operation_id=proposal.operation_id,
-        tenant=proposal.tenant,
-        agent_id=proposal.agent_id,
-        provider=proposal.provider,
-        action=proposal.action,
-        path_params=dict(proposal.path_params),
-        amount=proposal.amount,
-        currency=proposal.currency,
-        params=dict(proposal.params),
-        idempotency_key=proposal.idempotency_key,
+    approval = request_for(
+        proposal,
         approval_ref=proposal.proposal_id,
         approved_by="proposal",
         expires_at=now + timedelta(seconds=proposal.approval_seconds),

@@ -6,14 +6,15 @@ number of processes together never use a nonce twice nor exceed an open mandate.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
 import asyncpg
 
-from proxy.errors import AlreadySuperseded, IdempotencyKeyInUse
 from proxy.store import queries
+from proxy.store.locks import LockKey, LockKind, lock_count_insert
 from proxy.store.operation import Operation
 from proxy.store.store import (
     NewOperation,
@@ -50,11 +51,14 @@ class NonceUse:
 
 @dataclass(frozen=True, slots=True)
 class OpenMandateLimits:
+    """An open mandate, as its uses are counted under its lock and judged."""
+
     # the open mandate's digests: its identity first (its lock's name), then any other under
     # which its earlier uses were counted; every one of them counts
     digests: tuple[str, ...]
-    max_occurrences: int
-    budget_max: int | None  # minor units, in the closed mandate's currency
+    # whether it allows one more use (pure; the mandate's own constraints: proxy/mandates/ap2.py
+    # OpenMandateUse.allows), given its uses so far, what they spent, and the new use's amount
+    allows: Callable[[int, int, int | None], bool]
 
 
 class MandateStore:
@@ -108,36 +112,51 @@ class MandateStore:
         """``new`` created, in one transaction, if its ``nonce`` is the agent's, unexpired and
         unused (or used by ``new`` itself: the same presentation again) and the open mandate of
         ``limits`` still allows one more use of ``new.amount``. None if ``new.operation_id``
-        exists (a replay: the caller compares); else why not. Raises as ``Store.create``."""
+        exists (a replay: the caller compares); else why not. Raises as ``Store.create``. The
+        nonce is consumed and the open mandate's use counted under its lock, before the
+        insert, in one transaction (proxy/store/locks.py ``lock_count_insert``)."""
+
+        async def count(conn: asyncpg.Connection) -> OpenMandateUsed | None:
+            if nonce is not None:
+                await _use_nonce(conn, nonce, new.operation_id)
+            if limits is None:
+                return None
+            return await _open_mandate_use(conn, limits, new)
+
+        def admit(used: OpenMandateUsed | None) -> bool:
+            if used is None or limits is None:  # no open mandate, or a replay
+                return True
+            return limits.allows(used.occurrences, used.spent, new.amount)
 
         async def create(
             conn: asyncpg.Connection,
         ) -> Operation | OpenMandateUsed | NonceRefused | None:
+            keys = [] if limits is None else [LockKey(LockKind.OPEN_MANDATE, limits.digests[0])]
             try:
-                async with conn.transaction():
-                    if nonce is not None:
-                        await _use_nonce(conn, nonce, new.operation_id)
-                    if limits is not None:
-                        await _within_open_mandate(conn, limits, new)
-                    record = await queries.fetchrow(
+                made = await lock_count_insert(
+                    conn,
+                    keys,
+                    count,
+                    admit,
+                    lambda conn: queries.fetchrow(
                         conn, "create_operation", **operation_values(new), actor=actor
-                    )
+                    ),
+                )
             except _Refused as refused:
                 return refused.why  # rolled back: nothing created, the nonce not consumed
+            if not made.admitted:
+                assert made.counted is not None  # admit accepts no count at all
+                return made.counted  # rolled back too
+            record = made.inserted
             return None if record is None else operation_from_record(record)
 
-        try:
-            return await self._store.run(create)
-        except asyncpg.exceptions.UniqueViolationError as exc:
-            if exc.constraint_name == "operations_provider_key_unique":
-                raise IdempotencyKeyInUse(new.idempotency_key) from exc
-            raise AlreadySuperseded(str(new.supersedes)) from exc
+        return await self._store.run(create)
 
 
 class _Refused(Exception):
     """Raised inside the creating transaction so that it rolls back; carries why."""
 
-    def __init__(self, why: OpenMandateUsed | NonceRefused) -> None:
+    def __init__(self, why: NonceRefused) -> None:
         super().__init__(str(why))
         self.why = why
 
@@ -153,18 +172,14 @@ async def _use_nonce(conn: asyncpg.Connection, use: NonceUse, operation_id: str)
     raise _Refused(NonceRefused.EXPIRED if state["expired"] else NonceRefused.USED)
 
 
-async def _within_open_mandate(
+async def _open_mandate_use(
     conn: asyncpg.Connection, limits: OpenMandateLimits, new: NewOperation
-) -> None:
-    """Nothing if the open mandate allows ``new`` (or ``new`` exists: a replay of this closed
-    mandate, its operation unchanged); else ``_Refused`` with its use so far. Takes the open
-    mandate's lock first, so that the count sees every creation before it."""
-    await queries.execute(conn, "budget_lock", lock_name=f"ap2-open:{limits.digests[0]}")
+) -> OpenMandateUsed | None:
+    """The open mandate's use so far; None if ``new`` exists (a replay of this closed mandate,
+    its operation unchanged: nothing more to count). Run under the open mandate's lock, so
+    that the count sees every creation before it."""
     if await queries.fetchrow(conn, "load_operation", operation_id=new.operation_id):
-        return
+        return None
     use = await queries.fetchrow(conn, "mandate_open_use", open_digests=list(limits.digests))
     assert use is not None  # an aggregate: always one row
-    occurrences, spent = int(use["occurrences"]), int(use["spent"])
-    over_budget = limits.budget_max is not None and spent + (new.amount or 0) > limits.budget_max
-    if occurrences >= limits.max_occurrences or over_budget:
-        raise _Refused(OpenMandateUsed(occurrences, spent))
+    return OpenMandateUsed(int(use["occurrences"]), int(use["spent"]))

@@ -40,7 +40,15 @@ class LastOutcome(StrEnum):
 
 
 @dataclass(frozen=True)
-class Operation:
+class Approval:
+    """The one exact request an approval allows, field by field: whose (tenant, agent_id), to
+    which provider's rule (action) and target (method, path, path_params), for how much
+    (amount in minor units, currency), with which approved params, under which idempotency
+    key, as operation_id. Defined here once: the row to insert (``store.NewOperation``), the
+    operation row (``Operation``) and a proposal (``proposal.Proposal``) are one with these
+    fields; the statements that write them (queries.sql), the operations API's request model
+    and the documented request are checked against them (tests/store/test_approval_fields.py)."""
+
     operation_id: str
     tenant: str
     agent_id: str | None
@@ -53,9 +61,37 @@ class Operation:
     currency: str | None
     params: dict[str, Any]
     idempotency_key: str
+
+    def request_public(self) -> dict[str, Any]:
+        """The request, as every public shape (operation, proposal) shows it; the key aside (a
+        proposal does not show it)."""
+        return {
+            "operation_id": self.operation_id,
+            "tenant": self.tenant,
+            "agent_id": self.agent_id,
+            "provider": self.provider,
+            "action": self.action,
+            "target": {"method": self.method, "path": self.path, "path_params": self.path_params},
+            "amount": self.amount,
+            "currency": self.currency,
+            "params": self.params,
+        }
+
+
+@dataclass(frozen=True)
+class Approved(Approval):
+    """An approval as given: its reference (a ticket, a proposal, a mandate), by whom, until
+    when."""
+
     approval_ref: str
     approved_by: str
     expires_at: datetime
+
+
+@dataclass(frozen=True)
+class Operation(Approved):
+    """The authoritative row: the approval, and what became of it."""
+
     status: Status
     revoked_at: datetime | None
     revoked_reason: str | None
@@ -153,15 +189,7 @@ class Operation:
         if body is not None:
             text = body.decode("utf-8", errors="replace")
         return {
-            "operation_id": self.operation_id,
-            "tenant": self.tenant,
-            "agent_id": self.agent_id,
-            "provider": self.provider,
-            "action": self.action,
-            "target": {"method": self.method, "path": self.path, "path_params": self.path_params},
-            "amount": self.amount,
-            "currency": self.currency,
-            "params": self.params,
+            **self.request_public(),
             "idempotency_key": self.idempotency_key,
             "approval": {
                 "ref": self.approval_ref,

@@ -8,6 +8,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from proxy.store.operation import Approval
+
 # A proposal's id, and so the approval_ref of the operation its approval creates, starts so: an
 # operation approved from a proposal is rechecked against the provider before its first send.
 PROPOSAL_ID_PREFIX = "prop_"
@@ -23,20 +25,12 @@ class ProposalState(StrEnum):
 
 
 @dataclass(frozen=True)
-class Proposal:
+class Proposal(Approval):
+    """An agent's request for the approval of one exact request (``Approval``'s fields: the
+    operation its approval creates), and its human decision."""
+
+    agent_id: str  # a proposal is always an agent's
     proposal_id: str
-    operation_id: str
-    tenant: str
-    agent_id: str
-    provider: str
-    action: str
-    method: str
-    path: str
-    path_params: dict[str, str]
-    amount: int | None
-    currency: str | None
-    params: dict[str, Any]
-    idempotency_key: str
     reason: str
     approval_seconds: float
     status: str
@@ -59,15 +53,7 @@ class Proposal:
     def to_public(self) -> dict[str, Any]:
         return {
             "proposal_id": self.proposal_id,
-            "operation_id": self.operation_id,
-            "tenant": self.tenant,
-            "agent_id": self.agent_id,
-            "provider": self.provider,
-            "action": self.action,
-            "target": {"method": self.method, "path": self.path, "path_params": self.path_params},
-            "amount": self.amount,
-            "currency": self.currency,
-            "params": self.params,
+            **self.request_public(),  # not its key: approvers need not see it
             "reason": self.reason,
             "status": self.state.value,
             "expires_at": self.expires_at.isoformat(),

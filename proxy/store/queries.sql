@@ -236,11 +236,18 @@ WITH named AS (
 )
 SELECT c.*, clock_timestamp() AS read_at FROM claimed c;
 
--- name: budget_lock
--- Claims on one budget take turns (lock_name: its lock name, proxy/policy/budgets.py), in the
--- claim's transaction and before the sum below: the sum then sees every claim that went before, and
--- no claim can commit between this one's sum and its UPDATE. Released at commit or rollback.
-SELECT pg_advisory_xact_lock(hashtextextended(%(lock_name)s, 0));
+-- name: advisory_lock
+-- Waits for one advisory lock, held until the transaction ends: the key of proxy/store/locks.py,
+-- kind (what the lock serialises: LockKind) and key (its name's hash). Claims on one budget take
+-- turns so (the lock taken in the claim's transaction before the sum below: the sum then sees
+-- every claim that went before, and no claim can commit between this one's sum and its UPDATE),
+-- as do an open mandate's uses and a tenant's proposals. Released at commit or rollback.
+SELECT pg_advisory_xact_lock(%(kind)s::int4, %(key)s::int4);
+
+-- name: advisory_try_lock
+-- The advisory lock of advisory_lock if no other transaction holds it (then true), held until
+-- the transaction ends; false at once if one does.
+SELECT pg_try_advisory_xact_lock(%(kind)s::int4, %(key)s::int4) AS locked;
 
 -- name: budget_spent
 -- What counts against one budget: the amounts of the provider's operations in the currency
@@ -679,13 +686,10 @@ INSERT INTO audit_instances (instance_id, policy_version)
 VALUES (%(instance_id)s, %(policy_version)s)
 ON CONFLICT (instance_id) DO UPDATE SET policy_version = %(policy_version)s, loaded_at = now();
 
--- name: audit_checkpoint_lock
--- Checkpoint writers (one per replica, rarely) take turns; request traffic never takes it.
-SELECT pg_advisory_xact_lock(7308604897068083316);
-
 -- name: audit_take_changed_heads
 -- The heads that moved since the last checkpoint, marked as taken in the same statement (the
--- caller holds audit_checkpoint_lock). An operation's head is on its row (migration 0020): it
+-- caller holds the checkpoint writers' lock, LockKind.AUDIT_CHECKPOINT: one writer per replica,
+-- rarely; request traffic never takes it). An operation's head is on its row (migration 0020): it
 -- moved if its stream has a record that the last checkpoint's snapshot did not see (by the
 -- inserting transaction, audit_log.txid; the floor is that snapshot's xmin, for the BRIN
 -- index); this statement's snapshot is kept for the next. Every other stream's head is in
@@ -944,12 +948,6 @@ SELECT w.escalations,
 -- the trigger) in the same round trip. A pending proposal past expires_at is expired: no
 -- transition takes it out of pending any more.
 
--- name: proposal_lock
--- Proposals of one tenant are created one at a time: taken in the creating transaction,
--- before the count below, so that the count sees every proposal created before and none is
--- created between this one's count and its INSERT, in any process. Released at commit.
-SELECT pg_advisory_xact_lock(hashtextextended('proposals:' || %(tenant)s, 0));
-
 -- name: proposals_pending_count
 -- The pending, unexpired proposals of a tenant and of its agent_id, and the seconds until
 -- the first of each expires (NULL: none pending): the caps on what waits for a human.
@@ -1130,13 +1128,10 @@ SELECT p.proposal_id, md5(p::text) || (p.expires_at <= now())::text
 -- The audit log as an RFC 6962 Merkle tree (migration 0018; proxy/store/transparency.py):
 -- the integrator's rounds, the proofs' nodes, checkpoints and cosignatures.
 
--- name: transparency_try_lock
--- One integrator at a time across replicas (until the transaction ends); the others skip.
-SELECT pg_try_advisory_xact_lock(7308604897068083317) AS locked;
-
 -- name: transparency_state
 -- The tree's size, the integrator's floor, and the size the stream heads describe (the row
--- locked: one writer per round).
+-- locked: one writer per round; one integrator at a time across replicas holds
+-- LockKind.TRANSPARENCY first, the others skip).
 SELECT tree_size, floor_txid, heads_size FROM transparency_state FOR UPDATE;
 
 -- name: transparency_pending
@@ -1376,8 +1371,8 @@ SELECT a.stream, a.seq, a.at, a.kind, a.operation_id, a.record::text AS record, 
 -- counted it: MandateIdentity, proxy/mandates/identity.py), and their amounts' sum,
 -- counting every one that spends (opgate_spends, migration 0024): all but those that failed, or
 -- were revoked before anything of them was sent; one revoked after it may have been sent still
--- counts. AP2's occurrences and budget. Run after budget_lock on the open mandate, in the same
--- transaction.
+-- counts. AP2's occurrences and budget. Run under the open mandate's lock
+-- (LockKind.OPEN_MANDATE, proxy/store/locks.py), in the same transaction.
 SELECT count(*) AS occurrences, coalesce(sum(amount), 0)::bigint AS spent
 FROM operations
 WHERE approval_ref LIKE 'ap2:%;open:%'

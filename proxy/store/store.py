@@ -20,7 +20,8 @@ from proxy.errors import AlreadySuperseded, IdempotencyKeyInUse, StoreUnavailabl
 from proxy.store import queries
 from proxy.store.connections import Connections
 from proxy.store.faults import is_unavailable
-from proxy.store.operation import Operation, Status
+from proxy.store.locks import LockKey, LockKind, lock_count_insert
+from proxy.store.operation import Approval, Approved, Operation, Status
 from proxy.store.promotion import Proof, SwitchFacts, SyncWitness, prove
 from proxy.store.proposal import PendingProposals, Proposal
 from proxy.store.readiness import ReadinessConnection
@@ -31,22 +32,10 @@ _log = structlog.get_logger("opgate.store")
 
 
 @dataclass(frozen=True)
-class NewOperation:
-    operation_id: str
-    tenant: str
-    agent_id: str | None
-    provider: str
-    action: str
-    method: str
-    path: str
-    path_params: dict[str, str]
-    amount: int | None
-    currency: str | None
-    params: dict[str, Any]
-    idempotency_key: str
-    approval_ref: str
-    approved_by: str
-    expires_at: datetime
+class NewOperation(Approved):
+    """The row to insert: the approval as given (queries.sql ``create_operation``'s
+    parameters but the actor: ``operation_values``), and the operation it replaces, if any."""
+
     supersedes: str | None = None
 
 
@@ -71,8 +60,8 @@ class ProviderAnswer:
 
 @dataclass(frozen=True)
 class BudgetSum:
-    """The operations one budget sums over (queries.sql ``budget_spent``), and the advisory
-    lock claims on it take turns on."""
+    """The operations one budget sums over (queries.sql ``budget_spent``), and the name of the
+    lock claims on it take turns on (``LockKind.BUDGET``, proxy/store/locks.py)."""
 
     lock_name: str
     provider: str
@@ -257,6 +246,23 @@ async def _reset_connection(conn: asyncpg.Connection) -> None:
         await conn.execute("ROLLBACK")
 
 
+class _ApprovalKeyTaken(Exception):
+    """A twin holds the application's Idempotency-Key (``Store.create_keyed`` answers None)."""
+
+
+# The one translation of a unique violation into opgate's own error, by the constraint it broke
+# (schema.sql's names; tests/store/test_store.py keeps each one a constraint of the schema), at
+# the store's boundary (``Store._run``: every call, the mandates' too). A violation of any other
+# constraint is not a conflict opgate expects, and is not translated.
+UNIQUE_VIOLATIONS: dict[str, type[Exception]] = {
+    "operations_provider_key_unique": IdempotencyKeyInUse,
+    # an approved proposal's operation (proposal_approve has no ON CONFLICT): its id is held
+    "operations_pkey": IdempotencyKeyInUse,
+    "operations_supersedes_key": AlreadySuperseded,
+    "approval_keys_pkey": _ApprovalKeyTaken,
+}
+
+
 class Store:
     def __init__(
         self, pool: asyncpg.Pool, acquire_timeout: float, readiness: ReadinessConnection
@@ -333,6 +339,11 @@ class Store:
             return await self._connections.run(call)
         except StoreUnavailable:
             raise
+        except asyncpg.exceptions.UniqueViolationError as exc:
+            error = UNIQUE_VIOLATIONS.get(exc.constraint_name or "")
+            if error is None:
+                raise  # not a conflict opgate expects: a bug, shown as it is
+            raise error(exc.constraint_name) from exc
         except Exception as exc:
             if is_unavailable(exc):
                 raise StoreUnavailable(str(exc) or type(exc).__name__) from exc
@@ -357,15 +368,9 @@ class Store:
         )
 
     async def create(self, new: NewOperation, actor: str) -> Operation | None:
-        """The created row, or None if ``operation_id`` exists already."""
-        try:
-            return await self._create(new, actor)
-        except asyncpg.exceptions.UniqueViolationError as exc:
-            if exc.constraint_name == "operations_provider_key_unique":
-                raise IdempotencyKeyInUse(new.idempotency_key) from exc
-            raise AlreadySuperseded(str(new.supersedes)) from exc
-
-    async def _create(self, new: NewOperation, actor: str) -> Operation | None:
+        """The created row, or None if ``operation_id`` exists already. IdempotencyKeyInUse,
+        AlreadySuperseded: another operation holds its key, or supersedes what it does
+        (``UNIQUE_VIOLATIONS``)."""
         return await self._one("create_operation", **operation_values(new), actor=actor)
 
     async def create_keyed(
@@ -385,12 +390,8 @@ class Store:
                 request_key=key.request_key,
                 fingerprint=fingerprint,
             )
-        except asyncpg.exceptions.UniqueViolationError as exc:
-            if exc.constraint_name == "approval_keys_pkey":
-                return None
-            if exc.constraint_name == "operations_provider_key_unique":
-                raise IdempotencyKeyInUse(new.idempotency_key) from exc
-            raise AlreadySuperseded(str(new.supersedes)) from exc
+        except _ApprovalKeyTaken:
+            return None
 
     async def approval_key(self, key: ApprovalKeyScope) -> ApprovalKeyRecord | None:
         """What the application's Idempotency-Key made: its operation and its approval's
@@ -416,23 +417,25 @@ class Store:
         admit: Callable[[list[int]], bool],
         loaded: Operation | None = None,
     ) -> BudgetedClaim:
-        """``claim`` in one transaction that first takes each budget's lock (in name order:
-        two claims never wait on each other crosswise), then sums what each budget has spent,
+        """``claim`` in one transaction that first takes each budget's lock (in key order,
+        proxy/store/locks.py: two claims never wait on each other crosswise), then sums what
+        each budget has spent,
         and claims only if ``admit`` (pure: the gate's decision) accepts those sums. Claims on
         the same budget, from any number of processes, are serialised: together they can never
         spend more than ``admit`` allows."""
         self._refuse_while_not_durable()
 
         async def claim_under_locks(conn: asyncpg.Connection) -> BudgetedClaim:
-            async with conn.transaction():
-                for name in sorted({s.lock_name for s in sums}):
-                    await queries.execute(conn, "budget_lock", lock_name=name)
-                spent = await _budgets_spent(conn, sums, excluding=claim.operation_id)
-                if not admit(spent):
-                    return BudgetedClaim(spent, False, None)
-                record = await queries.fetchrow(conn, "claim_operation", **claim.arguments())
+            made = await lock_count_insert(
+                conn,
+                [LockKey(LockKind.BUDGET, s.lock_name) for s in sums],
+                lambda conn: _budgets_spent(conn, sums, excluding=claim.operation_id),
+                admit,
+                lambda conn: queries.fetchrow(conn, "claim_operation", **claim.arguments()),
+            )
+            record = made.inserted
             claimed = None if record is None else operation_from_record(record, loaded)
-            return BudgetedClaim(spent, True, claimed)
+            return BudgetedClaim(made.counted, made.admitted, claimed)
 
         return await self._run(claim_under_locks)
 
@@ -733,43 +736,38 @@ class Store:
         the other, so together they never pass the caps."""
         op = new.operation
         values = {
+            **_values(op, _APPROVAL_FIELDS),
             "proposal_id": new.proposal_id,
-            "operation_id": op.operation_id,
-            "tenant": op.tenant,
-            "agent_id": op.agent_id,
-            "provider": op.provider,
-            "action": op.action,
-            "method": op.method,
-            "path": op.path,
-            "path_params": _jsonb(op.path_params),
-            "amount": op.amount,
-            "currency": op.currency,
-            "params": _jsonb(op.params),
-            "idempotency_key": op.idempotency_key,
             "reason": new.reason,
             "approval_seconds": new.approval_seconds,
             "pending_seconds": new.pending_seconds,
             "declined_twin_seconds": declined_twin_seconds,
         }
 
+        async def count(conn: asyncpg.Connection) -> PendingProposals:
+            row = await queries.fetchrow(
+                conn, "proposals_pending_count", tenant=op.tenant, agent_id=op.agent_id
+            )
+            assert row is not None  # an aggregate: always one row
+            return PendingProposals(
+                agent=row["agent_pending"],
+                tenant=row["tenant_pending"],
+                agent_first_expiry_seconds=row["agent_first_expiry_seconds"],
+                tenant_first_expiry_seconds=row["tenant_first_expiry_seconds"],
+            )
+
         async def create_under_lock(conn: asyncpg.Connection) -> Proposal | PendingProposals:
-            async with conn.transaction():
-                await queries.execute(conn, "proposal_lock", tenant=op.tenant)
-                row = await queries.fetchrow(
-                    conn, "proposals_pending_count", tenant=op.tenant, agent_id=op.agent_id
-                )
-                assert row is not None  # an aggregate: always one row
-                waiting = PendingProposals(
-                    agent=row["agent_pending"],
-                    tenant=row["tenant_pending"],
-                    agent_first_expiry_seconds=row["agent_first_expiry_seconds"],
-                    tenant_first_expiry_seconds=row["tenant_first_expiry_seconds"],
-                )
-                if not admit(waiting):
-                    return waiting
-                record = await queries.fetchrow(conn, "proposal_create", **values)
-            assert record is not None  # an INSERT with no condition returns its row
-            return proposal_from_record(record)
+            made = await lock_count_insert(
+                conn,
+                [LockKey(LockKind.PROPOSALS, op.tenant)],
+                count,
+                admit,
+                lambda conn: queries.fetchrow(conn, "proposal_create", **values),
+            )
+            if not made.admitted:
+                return made.counted
+            assert made.inserted is not None  # an INSERT with no condition returns its row
+            return proposal_from_record(made.inserted)
 
         return await self._run(create_under_lock)
 
@@ -812,16 +810,13 @@ class Store:
         """The operation created from the pending, unexpired proposal; None if it was not.
         IdempotencyKeyInUse if an operation already holds its id or its key (the statement
         then changed nothing)."""
-        try:
-            return await self._one(
-                "proposal_approve",
-                proposal_id=proposal_id,
-                approved_by=approved_by,
-                actor=actor,
-                note=note,
-            )
-        except asyncpg.exceptions.UniqueViolationError as exc:
-            raise IdempotencyKeyInUse(proposal_id) from exc
+        return await self._one(
+            "proposal_approve",
+            proposal_id=proposal_id,
+            approved_by=approved_by,
+            actor=actor,
+            note=note,
+        )
 
     async def decline_proposal(
         self, proposal_id: str, declined_by: str, actor: str, note: str | None
@@ -1003,53 +998,26 @@ def operation_from_record(record: asyncpg.Record, loaded: Operation | None = Non
 
 
 def proposal_from_record(record: asyncpg.Record) -> Proposal:
-    return Proposal(
-        proposal_id=record["proposal_id"],
-        operation_id=record["operation_id"],
-        tenant=record["tenant"],
-        agent_id=record["agent_id"],
-        provider=record["provider"],
-        action=record["action"],
-        method=record["method"],
-        path=record["path"],
-        path_params=json.loads(record["path_params"]),
-        amount=record["amount"],
-        currency=record["currency"],
-        params=json.loads(record["params"]),
-        idempotency_key=record["idempotency_key"],
-        reason=record["reason"],
-        approval_seconds=record["approval_seconds"],
-        status=record["status"],
-        expires_at=record["expires_at"],
-        decided_at=record["decided_at"],
-        decided_by=record["decided_by"],
-        decision_note=record["decision_note"],
-        created_at=record["created_at"],
-        read_at=record["read_at"],
-        declined_twin=record["declined_twin"],
-    )
+    values = {name: record[name] for name in _PROPOSAL_FIELDS}
+    values["path_params"] = json.loads(values["path_params"])
+    values["params"] = json.loads(values["params"])
+    return Proposal(**values)
+
+
+_APPROVAL_FIELDS = tuple(f.name for f in fields(Approval))
+_NEW_OPERATION_FIELDS = tuple(f.name for f in fields(NewOperation))
+_PROPOSAL_FIELDS = tuple(f.name for f in fields(Proposal))
+
+
+def _values(approval: Approval, names: Sequence[str]) -> dict[str, Any]:
+    """The named fields of ``approval`` as a statement's parameters (each dict a jsonb)."""
+    values = {name: getattr(approval, name) for name in names}
+    return {name: _jsonb(v) if isinstance(v, dict) else v for name, v in values.items()}
 
 
 def operation_values(new: NewOperation) -> dict[str, Any]:
     """queries.sql ``create_operation``'s parameters but the actor: the approval as written."""
-    return {
-        "operation_id": new.operation_id,
-        "tenant": new.tenant,
-        "agent_id": new.agent_id,
-        "provider": new.provider,
-        "action": new.action,
-        "method": new.method,
-        "path": new.path,
-        "path_params": _jsonb(new.path_params),
-        "amount": new.amount,
-        "currency": new.currency,
-        "params": _jsonb(new.params),
-        "idempotency_key": new.idempotency_key,
-        "approval_ref": new.approval_ref,
-        "approved_by": new.approved_by,
-        "expires_at": new.expires_at,
-        "supersedes": new.supersedes,
-    }
+    return _values(new, _NEW_OPERATION_FIELDS)
 
 
 def _jsonb(value: Any) -> str:

@@ -16,7 +16,7 @@ from datetime import datetime
 
 import asyncpg
 
-from proxy.store import queries
+from proxy.store import locks, queries
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,7 @@ class Pending:
 
 async def try_lock(conn: asyncpg.Connection) -> bool:
     """The integrator's lock, until the transaction ends; False: another replica holds it."""
-    locked: bool = await queries.fetchval(conn, "transparency_try_lock")
-    return locked
+    return await locks.try_lock(conn, locks.LockKey(locks.LockKind.TRANSPARENCY, ""))
 
 
 async def state(conn: asyncpg.Connection) -> State:

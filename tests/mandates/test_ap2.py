@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 
-from proxy.mandates.ap2 import MandateCode, MandateRefusal, MandateTerms, terms_of
+from proxy.mandates.ap2 import (
+    MandateCode,
+    MandateRefusal,
+    MandateTerms,
+    OpenMandateUse,
+    terms_of,
+)
 from proxy.mandates.chain import Expectation, TrustedKey, verify_presentation
 from proxy.mandates.sdjwt import SdJwtInvalid
 from tests.support.mandates import (
@@ -146,3 +152,14 @@ def test_the_closed_mandate_keeps_what_the_open_one_fixed(person: Signer, agent:
     assert isinstance(got, MandateRefusal)
     assert got.code is MandateCode.MISMATCH
     assert got.field == "payee"
+
+
+def test_an_open_mandate_allows_a_use_within_its_count_and_its_budget() -> None:
+    """One more use is allowed while fewer than max_occurrences were made and the budget
+    (when it has one) holds the new amount too; the bounds are exact."""
+    use = OpenMandateUse("open", max_occurrences=3, budget_max=1000)
+    assert use.allows(2, 900, 100)
+    assert not use.allows(3, 0, 0)
+    assert not use.allows(2, 901, 100)
+    assert use.allows(0, 1000, None)  # no amount: nothing added
+    assert OpenMandateUse("open", max_occurrences=1, budget_max=None).allows(0, 10**12, 10**12)

@@ -12,12 +12,18 @@ from datetime import datetime, timedelta
 import asyncpg
 import pytest_asyncio
 
+from proxy.store.locks import LockKey, LockKind
 from proxy.store.queries import QUERIES
 from proxy.store.store import BudgetedClaim, BudgetSum, Claim, Store
 from tests.support.operations import new_operation
 from tests.support.polling import until
 
 BUDGET = BudgetSum("tenant-budget:t1", "fault", "usd", "t1", None, 3600)
+
+
+def _budget_lock(budget: BudgetSum) -> tuple[int, int]:
+    """The budget's lock's key, as another session takes it (proxy/store/locks.py)."""
+    return LockKey(LockKind.BUDGET, budget.lock_name).ints
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -44,7 +50,7 @@ async def _claim_waiting_for(
 ) -> tuple[asyncio.Task[BudgetedClaim], datetime]:
     """A budgeted claim of ``operation_id`` started while ``holder`` holds the budget's lock,
     once it waits for it; and when its transaction began."""
-    await holder.execute("SELECT pg_advisory_lock(hashtextextended($1, 0))", BUDGET.lock_name)
+    await holder.execute("SELECT pg_advisory_lock($1, $2)", *_budget_lock(BUDGET))
     claim = asyncio.create_task(
         store.claim_within_budgets(
             Claim(operation_id, owner="first", lease_seconds=lease_seconds, expected_attempts=0),
@@ -70,7 +76,7 @@ async def _hold_until(holder: asyncpg.Connection, moment: datetime) -> datetime:
         "the database's clock passes the moment",
     )
     released: datetime = await holder.fetchval("SELECT clock_timestamp()")
-    await holder.execute("SELECT pg_advisory_unlock(hashtextextended($1, 0))", BUDGET.lock_name)
+    await holder.execute("SELECT pg_advisory_unlock($1, $2)", *_budget_lock(BUDGET))
     return released
 
 

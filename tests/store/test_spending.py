@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest_asyncio
 
+from proxy.mandates.ap2 import OpenMandateUse
 from proxy.store.mandates import MandateStore, OpenMandateLimits, OpenMandateUsed
 from proxy.store.operation import Operation, Status
 from proxy.store.store import BudgetSum, Claim, NewOperation, ProviderAnswer, Store
@@ -18,7 +19,7 @@ from tests.support.operations import NOW, new_operation, operation
 
 OPEN = "o" * 43  # an open mandate's digest
 BUDGET = 1000
-LIMITS = OpenMandateLimits((OPEN,), max_occurrences=10, budget_max=BUDGET)
+LIMITS = OpenMandateLimits((OPEN,), OpenMandateUse(OPEN, 10, BUDGET).allows)
 ANSWER = ProviderAnswer(200, "pi_1", "application/json", b"{}")
 
 

@@ -5,17 +5,28 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from pathlib import Path
 
 import asyncpg
 import pytest
 import pytest_asyncio
 
-from proxy.errors import IdempotencyKeyInUse, StoreUnavailable
+import proxy.store
+from proxy.errors import AlreadySuperseded, IdempotencyKeyInUse, StoreUnavailable
 from proxy.store import queries
+from proxy.store.mandates import MandateStore
 from proxy.store.operation import Operation, Status
-from proxy.store.store import Claim, ProviderAnswer, Store, operation_from_record
+from proxy.store.store import (
+    UNIQUE_VIOLATIONS,
+    ApprovalKeyScope,
+    Claim,
+    ProviderAnswer,
+    Store,
+    operation_from_record,
+)
 from tests.support.operations import new_operation
 
 
@@ -178,6 +189,36 @@ async def test_a_provider_key_belongs_to_one_operation(store: Store) -> None:
     with pytest.raises(IdempotencyKeyInUse):
         await store.create(new_operation("op_k2", key="shared"), actor="admin")
     assert await store.load("op_k2") is None
+
+
+async def test_each_unique_violation_becomes_opgate_s_own_error(store: Store) -> None:
+    """A second operation superseding the same one is AlreadySuperseded, a key held by
+    another operation IdempotencyKeyInUse, and through the mandates' store alike; a keyed
+    twin's taken Idempotency-Key is None (the caller reads what the key made)."""
+    await store.create(new_operation("op_u1"), actor="admin")
+    await store.create(dataclasses.replace(new_operation("op_u2"), supersedes="op_u1"), "admin")
+    with pytest.raises(AlreadySuperseded):
+        await store.create(dataclasses.replace(new_operation("op_u3"), supersedes="op_u1"), "a")
+    with pytest.raises(IdempotencyKeyInUse):
+        await MandateStore(store).create(
+            new_operation("op_u4", key="key-op_u1"), "a", nonce=None, limits=None
+        )
+    key = ApprovalKeyScope("t1", "admin", "request-1")
+    assert await store.create_keyed(new_operation("op_u5"), "admin", key, "f") is not None
+    assert await store.create_keyed(new_operation("op_u6"), "admin", key, "f") is None
+    assert [await store.load(f"op_u{i}") for i in (3, 4, 6)] == [None, None, None]
+
+
+async def test_another_unique_violation_is_not_translated(store: Store) -> None:
+    """A constraint opgate expects no conflict on is shown as it is, not named a conflict it
+    is not; every constraint the translation names is the schema's."""
+    await store.run(lambda c: c.execute("CREATE TABLE once (x int PRIMARY KEY)"))
+    await store.run(lambda c: c.execute("INSERT INTO once VALUES (1)"))
+    with pytest.raises(asyncpg.exceptions.UniqueViolationError):
+        await store.run(lambda c: c.execute("INSERT INTO once VALUES (1)"))
+    schema = (Path(proxy.store.__file__).parent / "schema.sql").read_text()
+    for constraint in UNIQUE_VIOLATIONS:
+        assert re.search(rf"CONSTRAINT {constraint} (UNIQUE|PRIMARY KEY)", schema), constraint
 
 
 async def expire_reconcile_lease(database_url: str, operation_id: str) -> None:
