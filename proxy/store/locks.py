@@ -62,9 +62,37 @@ class LockKey:
         return int(self.kind), int.from_bytes(digest[:4], "big", signed=True)
 
 
+# The name each kind's lock had in the release before this key space (one bigint,
+# ``hashtextextended(name, 0)``): taken as well, first, so that during a rolling deploy a
+# process of that release and one of this take turns on a budget, a mandate or a tenant's
+# proposals instead of each holding a lock the other never asks for (one claim from each could
+# otherwise pass a limit together). The audit checkpoint and the integrator need none: they
+# also lock a row. To be dropped in the release after, once no process of the old one runs.
+_PREVIOUS_RELEASE_PREFIX = {
+    LockKind.BUDGET: "",  # BudgetKey.lock_name spelled the whole name ("budget:...")
+    LockKind.OPEN_MANDATE: "ap2-open:",
+    LockKind.PROPOSALS: "proposals:",
+}
+
+
+def previous_release_names(keys: Iterable[LockKey]) -> list[str]:
+    """The previous release's lock names of ``keys``, each once, in the order it took them
+    (by name; it never took two kinds in one transaction)."""
+    names = {
+        _PREVIOUS_RELEASE_PREFIX[k.kind] + k.name
+        for k in keys
+        if k.kind in _PREVIOUS_RELEASE_PREFIX
+    }
+    return sorted(names)
+
+
 async def lock(conn: asyncpg.Connection, keys: Iterable[LockKey]) -> None:
     """Wait for each lock of ``keys`` (each key once, in key order), held until the caller's
-    transaction ends."""
+    transaction ends; before them, the previous release's locks of the same keys, in its
+    order (so no process of either release waits crosswise on one of the other)."""
+    keys = list(keys)
+    for name in previous_release_names(keys):
+        await queries.execute(conn, "previous_release_lock", lock_name=name)
     for kind, key in sorted({k.ints for k in keys}):
         await queries.execute(conn, "advisory_lock", kind=kind, key=key)
 

@@ -244,6 +244,12 @@ SELECT c.*, clock_timestamp() AS read_at FROM claimed c;
 -- as do an open mandate's uses and a tenant's proposals. Released at commit or rollback.
 SELECT pg_advisory_xact_lock(%(kind)s::int4, %(key)s::int4);
 
+-- name: previous_release_lock
+-- The lock the release before the two-int key space took for the same budget, open mandate or
+-- tenant's proposals (proxy/store/locks.py): held with the new one while processes of both
+-- releases may run, so that a rolling deploy never lets one claim of each pass a limit.
+SELECT pg_advisory_xact_lock(hashtextextended(%(lock_name)s, 0));
+
 -- name: advisory_try_lock
 -- The advisory lock of advisory_lock if no other transaction holds it (then true), held until
 -- the transaction ends; false at once if one does.

@@ -47,6 +47,22 @@ async def _waiting(conn: asyncpg.Connection, pid: int) -> list[tuple[int, int]]:
     return [(r["kind"], r["key"]) for r in rows]
 
 
+async def _waiting_previous_release(conn: asyncpg.Connection, pid: int) -> list[tuple[int, int]]:
+    """The one-bigint advisory keys (the previous release's) session ``pid`` waits for."""
+    rows = await conn.fetch(
+        "SELECT classid::bigint AS high, objid::bigint AS low FROM pg_locks"
+        " WHERE locktype = 'advisory' AND objsubid = 1 AND NOT granted AND pid = $1",
+        pid,
+    )
+    return [(r["high"], r["low"]) for r in rows]
+
+
+async def _previous_release_oids(conn: asyncpg.Connection, name: str) -> tuple[int, int]:
+    """The previous release's key of ``name`` as pg_locks shows it (high, low 32 bits)."""
+    key: int = await conn.fetchval("SELECT hashtextextended($1, 0)", name)
+    return (key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF
+
+
 async def _held(conn: asyncpg.Connection, pid: int) -> list[tuple[int, int]]:
     rows = await conn.fetch(
         "SELECT classid::bigint AS kind, objid::bigint AS key FROM pg_locks"
@@ -118,8 +134,10 @@ async def test_the_same_key_serialises_lock_count_insert(sessions: Sessions) -> 
         lock_count_insert(second, [key], count, nothing_yet, insert("other"))
     )
     pid = second.get_server_pid()
-    waits = await until(lambda: _waiting(sessions.watcher, pid), "the second waits for the lock")
-    assert waits == [_as_oids(key)]
+    waits = await until(
+        lambda: _waiting_previous_release(sessions.watcher, pid), "the second waits for the lock"
+    )
+    assert waits == [await _previous_release_oids(sessions.watcher, "proposals:tenant-1")]
     go_on.set()
     made_one, made_other = await one, await other
     assert (made_one.admitted, made_one.counted) == (True, 0)
@@ -168,3 +186,35 @@ async def test_a_refusal_rolls_back_what_the_count_wrote(sessions: Sessions) -> 
     assert (made.admitted, made.counted, made.inserted) == (False, 1, None)
     assert await first.fetchval("SELECT count(*) FROM made") == 0
     assert not first.is_in_transaction()
+
+
+async def test_a_process_of_the_previous_release_and_this_one_take_turns(
+    sessions: Sessions,
+) -> None:
+    """During a rolling deploy, a process of the release before the two-int key space holds its
+    lock of a budget, an open mandate or a tenant's proposals: this release's lock of the same
+    waits for it (else one claim of each could pass a limit together); a kind the previous
+    release locked by row (the checkpoint) has no such lock."""
+    first, second = sessions.first, sessions.second
+    cases = {
+        LockKey(LockKind.BUDGET, "budget:6:stripe;"): "budget:6:stripe;",
+        LockKey(LockKind.OPEN_MANDATE, "abc123"): "ap2-open:abc123",
+        LockKey(LockKind.PROPOSALS, "tenant-1"): "proposals:tenant-1",
+    }
+    assert locks.previous_release_names([LockKey(LockKind.AUDIT_CHECKPOINT, "")]) == []
+    for key, previous in cases.items():
+        async with first.transaction():  # the previous release's process, as it locked
+            await first.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", previous)
+            taking = asyncio.create_task(_lock_in_transaction(second, key))
+            pid = second.get_server_pid()
+            waits = await until(
+                lambda pid=pid: _waiting_previous_release(sessions.watcher, pid), f"{key} waits"
+            )
+            assert waits == [await _previous_release_oids(sessions.watcher, previous)]
+            assert not taking.done()
+        await taking  # taken once the previous release's transaction ended
+
+
+async def _lock_in_transaction(conn: asyncpg.Connection, key: LockKey) -> None:
+    async with conn.transaction():
+        await locks.lock(conn, [key])
