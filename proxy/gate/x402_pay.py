@@ -9,8 +9,11 @@ refuse, nothing signed); sign the EIP-3009 authorization whose nonce the operati
 keep it on the operation BEFORE it leaves (the first kept wins: another replica's is sent
 instead of ours); send it with ``PAYMENT-SIGNATURE``, and keep the ``PAYMENT-RESPONSE``
 settlement. A stored payment refused because its nonce is used was paid before: the row
-settles confirmed, its answer lost (``x402_paid_answer_lost``). The protocol's parsing and
-signing are pure (proxy/x402/); the store and the send are here.
+settles confirmed, its answer lost (``x402_paid_answer_lost``). Under the policy set's x402
+limits (proxy/policy/payments.py), a payment is kept only if they admit it, judged in the
+transaction that keeps it, under their locks; refused, nothing is kept or sent
+(``x402_budget_exceeded``). The protocol's parsing and signing are pure (proxy/x402/); the
+store and the send are here.
 
 The SDK (the optional extra ``opgate[x402]``) is imported only when a rule declares ``x402``.
 """
@@ -33,8 +36,9 @@ from proxy.gate.decision import Deny
 from proxy.gate.reasons import Reason
 from proxy.gate.upstream import OutboundRequest, UpstreamResponse
 from proxy.policy.model import X402_TERMS, X402Payment
+from proxy.policy.payments import NO_LIMITS, Spent, X402Limits, limits_for, over_limit
 from proxy.store.operation import LastOutcome, Status
-from proxy.store.x402 import SignedPayment, StoredPayment, X402Payments
+from proxy.store.x402 import PaymentLimitSum, SignedPayment, StoredPayment, X402Payments
 
 if TYPE_CHECKING:
     import aiohttp
@@ -75,11 +79,13 @@ async def send(
     op: Operation,
     outbound: OutboundRequest,
     agent_headers: Mapping[str, str],
+    limits: X402Limits = NO_LIMITS,
 ) -> Paid:
     """Stage 5b for a rule that declares ``x402``: send ``outbound`` for ``op``, with the
     operation's one payment if it has one (the agent's own, if the agent pays and offers one
-    that fits and binds), else unpaid, and pay a 402 once if opgate pays."""
-    payments = X402Payments(store)
+    that fits and binds), else unpaid, and pay a 402 once if opgate pays; a new payment is
+    kept only within ``limits`` (the policy set's)."""
+    payments = _Keeper(X402Payments(store), limits)
     try:
         stored = await payments.stored(op.operation_id)
         offered = agent_headers.get(PAYMENT_SIGNATURE) if terms.payer == "agent" else None
@@ -105,7 +111,7 @@ async def send(
         # The 402 reaches the agent, which pays with its own PAYMENT-SIGNATURE: the provider
         # did nothing for an unpaid request, so the attempt ends as if never sent.
         return Paid(first, settled_as=Unknown(LastOutcome.NOT_SENT))
-    return await pay(store, credentials, client, terms, op, outbound, first)
+    return await pay(store, credentials, client, terms, op, outbound, first, limits)
 
 
 async def pay(
@@ -116,9 +122,10 @@ async def pay(
     op: Operation,
     outbound: OutboundRequest,
     first: UpstreamResponse,
+    limits: X402Limits = NO_LIMITS,
 ) -> Paid:
     """Pay ``first`` (a 402) for ``op`` and send ``outbound`` again with the payment."""
-    payments = X402Payments(store)
+    payments = _Keeper(X402Payments(store), limits)
     # Refused before a payment left, the unpaid request's 402 is all the provider said: it did
     # nothing without payment, so the attempt ends as never sent (the approval decides again).
     unpaid = Unknown(LastOutcome.NOT_SENT)
@@ -132,8 +139,63 @@ async def pay(
     return await _send_paid(payments, client, op, outbound, stored)
 
 
+class _Keeper:
+    """The operation's payments as stage 5b keeps them: within the policy set's x402 limits."""
+
+    def __init__(self, payments: X402Payments, limits: X402Limits) -> None:
+        self.payments = payments
+        self._limits = limits
+
+    async def stored(self, operation_id: str) -> StoredPayment | None:
+        return await self.payments.stored(operation_id)
+
+    async def record_settlement(self, operation_id: str, settlement: dict[str, Any]) -> bool:
+        return await self.payments.record_settlement(operation_id, settlement)
+
+    async def keep(self, op: Operation, signed: SignedPayment) -> StoredPayment | Deny:
+        """``signed`` kept for ``op`` if the limits that apply admit it (judged under their
+        locks, in the transaction that keeps it), or the payment kept for it before; refused:
+        why, and nothing is kept."""
+        keys = limits_for(
+            self._limits,
+            tenant=op.tenant,
+            agent_id=op.agent_id,
+            network=signed.network,
+            asset=signed.asset,
+        )
+        if isinstance(keys, str):  # fail closed: a limit applies that cannot be counted
+            return Deny(Reason.X402_BUDGET_EXCEEDED, keys)
+        if not keys:
+            kept = await self.payments.keep(op.operation_id, signed)
+        else:
+            sums = [
+                PaymentLimitSum(
+                    k.lock_name, k.tenant, k.agent_id, k.network, k.asset, k.window_seconds
+                )
+                for k in keys
+            ]
+
+            def spent_as(sums: list[tuple[int, int]]) -> list[Spent]:
+                return [Spent(amount, count) for amount, count in sums]
+
+            def admit(sums: list[tuple[int, int]]) -> bool:
+                return over_limit(keys, spent_as(sums), signed.amount) is None
+
+            limited = await self.payments.keep_within_limits(op.operation_id, signed, sums, admit)
+            if not limited.admitted:
+                over = over_limit(keys, spent_as(limited.spent), signed.amount)
+                assert over is not None
+                return Deny(
+                    Reason.X402_BUDGET_EXCEEDED, over.detail(), extra={"limit": over.to_public()}
+                )
+            kept = limited.payment
+        if kept is None:  # the row is no longer dispatched: nothing leaves
+            return Deny(Reason.X402_PAYMENT_REFUSED, "the operation is no longer dispatched")
+        return kept
+
+
 async def _send_paid(
-    payments: X402Payments,
+    payments: _Keeper,
     client: aiohttp.ClientSession,
     op: Operation,
     outbound: OutboundRequest,
@@ -156,7 +218,7 @@ async def _send_paid(
 
 
 async def _bind_offered(
-    payments: X402Payments,
+    payments: _Keeper,
     terms: X402Payment,
     op: Operation,
     header: str,
@@ -202,9 +264,9 @@ async def _bind_offered(
         valid_before=checked.valid_before,
         payer_kind="agent",
     )
-    kept = await payments.keep(op.operation_id, signed)
-    if kept is None:
-        return Deny(Reason.X402_PAYMENT_REFUSED, "the operation is no longer dispatched")
+    kept = await payments.keep(op, signed)
+    if isinstance(kept, Deny):
+        return kept
     if kept.payload_sha256 != digest:  # another request bound another one first
         return Deny(
             Reason.PAYMENT_AUTHORIZATION_MISMATCH,
@@ -215,7 +277,7 @@ async def _bind_offered(
 
 
 async def _payment_to_send(
-    payments: X402Payments,
+    payments: _Keeper,
     credentials: CredentialSource,
     terms: X402Payment,
     op: Operation,
@@ -228,10 +290,7 @@ async def _payment_to_send(
     signed = _sign(credentials, terms, op, first)
     if isinstance(signed, Deny):
         return signed
-    kept = await payments.keep(op.operation_id, signed)
-    if kept is None:  # the row is no longer dispatched: nothing leaves
-        return Deny(Reason.X402_PAYMENT_REFUSED, "the operation is no longer dispatched")
-    return kept
+    return await payments.keep(op, signed)
 
 
 def _sign(
@@ -366,7 +425,7 @@ def _refused(stored: StoredPayment, answered: UpstreamResponse) -> Paid:
 
 
 async def _keep_settlement(
-    payments: X402Payments, operation_id: str, answered: UpstreamResponse
+    payments: _Keeper, operation_id: str, answered: UpstreamResponse
 ) -> str | None:
     """Keep the answer's PAYMENT-RESPONSE with the payment; its transaction, if it names one."""
     from proxy.x402.refusal import Refused
