@@ -39,6 +39,8 @@ class PaidApi:
     crash_on_arrival: Callable[[], Awaitable[None]] | None = None
     crash_after_settlement: Callable[[], Awaitable[None]] | None = None
     next_pay_to: str | None = None  # the payee after the next unpaid 402 (a swap)
+    # the payee by the request's User-Agent (else pay_to): one API, many merchants, at once
+    pay_to_by_user_agent: dict[str, str] = field(default_factory=dict)
     served: int = 0
     base: str = ""
     payment_headers_seen: list[str] = field(default_factory=list)
@@ -98,7 +100,9 @@ async def paid_api(ledger: Ledger) -> AsyncIterator[PaidApi]:
         if timeout not in built:
             option = PaymentOption(
                 scheme="exact",
-                pay_to=lambda _context: state.pay_to,
+                pay_to=lambda context: state.pay_to_by_user_agent.get(
+                    context.adapter.get_user_agent(), state.pay_to
+                ),
                 price=AssetAmount(
                     amount=str(PRICE),
                     asset=TOKEN,
