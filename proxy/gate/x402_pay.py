@@ -31,6 +31,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.errors import StoreUnavailable, UpstreamError, UpstreamNotSent
 from proxy.gate import upstream
+from proxy.gate.budgets import payment_limit_sum
 from proxy.gate.classify import Classified, Settled, Unknown
 from proxy.gate.decision import Deny
 from proxy.gate.reasons import Reason
@@ -38,7 +39,7 @@ from proxy.gate.upstream import OutboundRequest, UpstreamResponse
 from proxy.policy.model import X402_TERMS, X402Payment
 from proxy.policy.payments import NO_LIMITS, Spent, X402Limits, limits_for, over_limit
 from proxy.store.operation import LastOutcome, Status
-from proxy.store.x402 import PaymentLimitSum, SignedPayment, StoredPayment, X402Payments
+from proxy.store.x402 import SignedPayment, StoredPayment, X402Payments
 
 if TYPE_CHECKING:
     import aiohttp
@@ -168,12 +169,7 @@ class _Keeper:
         if not keys:
             kept = await self.payments.keep(op.operation_id, signed)
         else:
-            sums = [
-                PaymentLimitSum(
-                    k.lock_name, k.tenant, k.agent_id, k.network, k.asset, k.window_seconds
-                )
-                for k in keys
-            ]
+            sums = [payment_limit_sum(k) for k in keys]
 
             def spent_as(sums: list[tuple[int, int]]) -> list[Spent]:
                 return [Spent(amount, count) for amount, count in sums]

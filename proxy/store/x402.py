@@ -141,6 +141,21 @@ def _kept(payment: SignedPayment, header: str) -> StoredPayment:
     )
 
 
+async def _limit_spent(conn: asyncpg.Connection, s: PaymentLimitSum) -> tuple[int, int]:
+    """(amount, payments) of one limit's key in its window (queries.sql payment_limit_spent)."""
+    row = await queries.fetchrow(
+        conn,
+        "payment_limit_spent",
+        tenant=s.tenant,
+        agent_id=s.agent_id,
+        network=s.network,
+        asset=s.asset,
+        window_seconds=s.window_seconds,
+    )
+    assert row is not None  # an aggregate always answers
+    return int(row["spent"]), int(row["payments"])
+
+
 class X402Payments:
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -184,19 +199,7 @@ class X402Payments:
                 record = await queries.fetchrow(conn, "stored_payment", operation_id=operation_id)
                 if record is not None:
                     return LimitedKeep([], True, _stored_from(record))
-                spent = []
-                for s in sums:
-                    row = await queries.fetchrow(
-                        conn,
-                        "payment_limit_spent",
-                        tenant=s.tenant,
-                        agent_id=s.agent_id,
-                        network=s.network,
-                        asset=s.asset,
-                        window_seconds=s.window_seconds,
-                    )
-                    assert row is not None  # an aggregate always answers
-                    spent.append((int(row["spent"]), int(row["payments"])))
+                spent = [await _limit_spent(conn, s) for s in sums]
                 if not admit(spent):
                     return LimitedKeep(spent, False, None)
                 header = await queries.fetchval(conn, "store_payment", **values)
@@ -208,6 +211,31 @@ class X402Payments:
                 return LimitedKeep(spent, True, None if record is None else _stored_from(record))
 
         return await self._store._run(keep_under_locks)
+
+    async def limit_spent(self, sums: Sequence[PaymentLimitSum]) -> list[tuple[int, int]]:
+        """What each limit's key has paid now, without its lock: advisory (a read); only
+        ``keep_within_limits`` decides."""
+
+        async def read(conn: asyncpg.Connection) -> list[tuple[int, int]]:
+            return [await _limit_spent(conn, s) for s in sums]
+
+        return await self._store._run(read)
+
+    async def limit_spent_by_key(
+        self, network: str | None, asset: str | None, window_seconds: float, *, per_agent: bool
+    ) -> list[tuple[str, str | None, int, int]]:
+        """(tenant, agent_id, amount, payments) of every key that paid in the window (advisory)."""
+        records = await self._store._run(
+            lambda conn: queries.fetch(
+                conn,
+                "payment_limit_spent_by_key",
+                network=network,
+                asset=asset,
+                window_seconds=window_seconds,
+                per_agent=per_agent,
+            )
+        )
+        return [(r["tenant"], r["agent_id"], int(r["spent"]), int(r["payments"])) for r in records]
 
     async def record_settlement(self, operation_id: str, settlement: dict[str, Any]) -> bool:
         """Keep the settlement read for the operation's payment (False: one was kept already)."""

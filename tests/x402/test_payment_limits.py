@@ -4,10 +4,10 @@ asset's units spans payees, whoever signs; the payment over it is never kept, se
 
 from __future__ import annotations
 
-import textwrap
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -19,28 +19,19 @@ from x402.http.clients.httpx import x402HttpxClient
 from x402.mechanisms.evm.exact import register_exact_evm_client
 
 from tests.support.auditlog import flushed, stored_requests
-from tests.support.opgate import AGENT_TOKEN, Opgate, StartOpgate, problem
-from tests.support.x402_gate import REPORT, WALLET, approve_purchase, paid_policy
-from tests.support.x402_ledger import NETWORK, TOKEN, Ledger
+from tests.support.opgate import AGENT_TOKEN, Opgate, StartOpgate, admin_headers, problem
+from tests.support.x402_gate import (
+    REPORT,
+    WALLET,
+    approve_purchase,
+    paid_policy,
+    payments_policy,
+)
+from tests.support.x402_ledger import Ledger
 from tests.support.x402_server import PAYEE, PRICE, PaidApi, paid_api
 
 AGENT_WALLET: LocalAccount = Account.from_key("0x" + "5b" * 32)
 PAYEES = [PAYEE, "0x" + "ab" * 20, "0x" + "cd" * 20]
-
-
-def payments_policy(*, limit: int, max_payments: int = 100) -> str:
-    """The set's payments file: a tenant budget of ``limit`` atomic units of the test token per
-    day across payees, and a rate limit of ``max_payments`` a day."""
-    return textwrap.dedent(f"""\
-        version: 1
-        payments:
-          x402:
-            budgets:
-              - {{scope: tenant, network: "{NETWORK}", asset: "{TOKEN}", limit: {limit},
-                  window: 24h}}
-            rate_limits:
-              - {{scope: tenant, max_payments: {max_payments}, window: 24h}}
-        """)
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -126,6 +117,22 @@ async def test_a_tenant_budget_spans_payees_and_the_payment_over_it_is_never_sen
             if r.get("operation_id") == ops[2]
         ]
         assert any(r.get("reason") == "x402_budget_exceeded" for r in records), records
+        for query in ("?tenant=t1", ""):  # the one asked for; every tenant that paid
+            shown = await x402_standings(gate, query)
+            assert [
+                (s["kind"], s["tenant"], s["spent"], s["payments"], s["remaining"]) for s in shown
+            ] == [
+                ("x402_budget", "t1", str(2 * PRICE), 2, "0"),
+                ("x402_rate_limit", "t1", str(2 * PRICE), 2, 98),
+            ]
+
+
+async def x402_standings(gate: Opgate, query: str) -> list[dict[str, Any]]:
+    """GET /v1/budgets's x402 limits."""
+    async with gate.http.get(f"{gate.ops_url}/v1/budgets{query}", headers=admin_headers()) as r:
+        assert r.status == 200
+        found: list[dict[str, Any]] = (await r.json())["x402"]
+        return found
 
 
 async def test_a_rate_limit_counts_payments_whatever_they_pay(

@@ -15,10 +15,9 @@ import pytest_asyncio
 
 from tests.support.killable_opgate import spawn_opgate
 from tests.support.opgate import AGENT_TOKEN, admin_headers, process_env
-from tests.support.x402_gate import REPORT, WALLET, paid_policy, terms
+from tests.support.x402_gate import REPORT, WALLET, paid_policy, payments_policy, terms
 from tests.support.x402_ledger import Ledger
 from tests.support.x402_server import PRICE, PaidApi, paid_api
-from tests.x402.test_payment_limits import payments_policy
 
 PURCHASES = 8
 BUDGET = 3 * PRICE
