@@ -20,7 +20,9 @@ The SDK (the optional extra ``opgate[x402]``) is imported only when a rule decla
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import importlib
 import json
 import time
 from collections.abc import Mapping
@@ -68,6 +70,40 @@ class Paid:
     evidence: dict[str, Any] | None = None  # the payment sent (StoredPayment.evidence)
 
 
+# The SDK's modules stage 5b imports, with web3 and eth-account behind them: seconds of imports.
+_SDK_MODULES = (
+    "eth_account",
+    "proxy.x402.authorization",
+    "proxy.x402.challenge",
+    "proxy.x402.choice",
+    "proxy.x402.offered",
+    "proxy.x402.refusal",
+    "proxy.x402.settlement",
+)
+_sdk_loading: asyncio.Future[None] | None = None
+_sdk_ready = False
+
+
+async def _sdk_loaded() -> None:
+    """Import the SDK once, in a thread, before stage 5b first needs it: imported on the event
+    loop (the first payment after a start), it held every request of the process for seconds,
+    long enough for their statements to time out (503 store_unavailable). Every request awaits
+    the one import; a missing extra is reported where it is used (``_sign``)."""
+    global _sdk_loading, _sdk_ready
+    if _sdk_ready:
+        return
+    if _sdk_loading is None or _sdk_loading.get_loop() is not asyncio.get_running_loop():
+
+        def load() -> None:
+            with contextlib.suppress(ImportError):
+                for name in _SDK_MODULES:
+                    importlib.import_module(name)
+
+        _sdk_loading = asyncio.ensure_future(asyncio.to_thread(load))
+    await asyncio.shield(_sdk_loading)
+    _sdk_ready = True
+
+
 def asks_payment(answered: UpstreamResponse | UpstreamError) -> bool:
     return isinstance(answered, UpstreamResponse) and answered.status == 402
 
@@ -86,6 +122,7 @@ async def send(
     operation's one payment if it has one (the agent's own, if the agent pays and offers one
     that fits and binds), else unpaid, and pay a 402 once if opgate pays; a new payment is
     kept only within ``limits`` (the policy set's)."""
+    await _sdk_loaded()
     payments = _Keeper(X402Payments(store), limits)
     try:
         stored = await payments.stored(op.operation_id)
