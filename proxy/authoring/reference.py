@@ -229,6 +229,13 @@ MEANINGS: dict[Reason, str] = {
         "The agent sent another payment authorization than the one bound to the operation (its "
         "first, by nonce): nothing was sent; the bound one's digest and nonce are attached."
     ),
+    Reason.X402_BUDGET_EXCEEDED: (
+        "Keeping the operation's payment would take its tenant's or agent's x402 payments over "
+        "a budget (the asset's atomic units, across payees and providers) or a payment rate "
+        "limit of the policy's payments file: nothing was kept or sent, whoever signs; the "
+        "limit and what was paid in its window are attached (`limit`). The attempt ends as "
+        "never sent: the operation may pay once the window has room."
+    ),
     Reason.PRECONDITION_FAILED: (
         "The rule's preconditions (a lookup at the provider before the send) no longer hold: "
         "the lookup's evidence is attached, nothing was sent, the row stays `created` and the "

@@ -9,12 +9,14 @@ SQL condition shared with open mandates (``opgate_spends``, migration 0024): eve
 operation that may have left, a revoked one included; only a failed one, or one revoked before
 anything of it was sent, is left out. Everything else that
 shows a remaining budget (an approval refused early, ``GET /v1/budgets``, ``/metrics``) reads
-the same sums without the lock: advice, never a decision.
+the same sums without the lock: advice, never a decision. The policy set's x402 limits
+(proxy/policy/payments.py) are judged where a payment is kept (proxy/gate/x402_pay.py); their
+standing is shown here beside the budgets (``x402_standings``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.gate.decision import Deny
@@ -28,9 +30,11 @@ from proxy.policy.budgets import (
     budgets_for,
 )
 from proxy.policy.model import Mode, Provider, Rule
+from proxy.policy.payments import PaymentLimitKey, PaymentScope, X402Limits
 from proxy.policy.set import PolicySet
 from proxy.store.operation import Operation
 from proxy.store.store import BudgetSum, Store
+from proxy.store.x402 import PaymentLimitSum, X402Payments
 
 
 @dataclass(frozen=True)
@@ -207,4 +211,63 @@ async def budget_standings(
                 for t, a, spent in by_key
                 if tenant is None or t == tenant
             )
+    return found
+
+
+def payment_limit_sum(key: PaymentLimitKey) -> PaymentLimitSum:
+    return PaymentLimitSum(
+        lock_name=key.lock_name,
+        tenant=key.tenant,
+        agent_id=key.agent_id,
+        network=key.network,
+        asset=key.asset,
+        window_seconds=key.window_seconds,
+    )
+
+
+@dataclass(frozen=True)
+class X402Standing:
+    """One x402 limit of one tenant (or agent), what its payments paid in its window (the
+    amounts' sum, in the asset's atomic units, and how many), and what is left."""
+
+    key: PaymentLimitKey
+    spent: int
+    payments: int
+
+    def to_public(self) -> dict[str, Any]:
+        used = self.spent if self.key.budget is not None else self.payments
+        shown = {**self.key.describe(), "spent": str(self.spent), "payments": self.payments}
+        left = max(0, self.key.limit - used)
+        return shown | {"remaining": str(left) if self.key.budget is not None else left}
+
+
+async def x402_standings(
+    store: Store, limits: X402Limits, *, tenant: str | None = None, agent_id: str | None = None
+) -> list[X402Standing]:
+    """What is left of each x402 limit (advisory, read without the locks): for ``tenant`` (and
+    ``agent_id``, for agent limits), spent or not; else for every key that paid in the window."""
+    payments = X402Payments(store)
+    declared: list[tuple[PaymentScope, int, PaymentLimitKey]] = []
+    for budget in limits.budgets:
+        key = PaymentLimitKey("", None, budget.window_seconds, budget=budget)
+        declared.append((budget.scope, budget.window_seconds, key))
+    for rate in limits.rate_limits:
+        key = PaymentLimitKey("", None, rate.window_seconds, rate_limit=rate)
+        declared.append((rate.scope, rate.window_seconds, key))
+    found: list[X402Standing] = []
+    for scope, window, template in declared:
+        per_agent = scope is PaymentScope.AGENT
+        if tenant is not None and (not per_agent or agent_id is not None):
+            key = replace(template, tenant=tenant, agent_id=agent_id if per_agent else None)
+            [(spent, count)] = await payments.limit_spent([payment_limit_sum(key)])
+            found.append(X402Standing(key, spent, count))
+            continue
+        by_key = await payments.limit_spent_by_key(
+            template.network, template.asset, window, per_agent=per_agent
+        )
+        found.extend(
+            X402Standing(replace(template, tenant=t, agent_id=a), spent, count)
+            for t, a, spent, count in by_key
+            if tenant is None or t == tenant
+        )
     return found

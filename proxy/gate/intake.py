@@ -32,6 +32,7 @@ from proxy.gate.ids import IdKind, id_rule, valid_id
 from proxy.gate.reasons import Reason
 from proxy.policy.model import BodyKind, OperationRequirement, Provider, Rule
 from proxy.policy.paths import is_canonical_path
+from proxy.policy.payments import NO_LIMITS, X402Limits
 from proxy.policy.set import PolicySet, match_rule
 from proxy.store.operation import Operation
 from proxy.store.store import Store
@@ -52,6 +53,8 @@ class Target:
     headers: CIMultiDictProxy[str]
     # Forward-proxy mode: leaves through the client that checks resolved addresses.
     forwarded: bool = False
+    # the set's limits on x402 payments, of the set the request is decided by
+    x402_limits: X402Limits = NO_LIMITS
 
 
 def identify(policy: PolicySet, agents: AgentDirectory, request: web.Request) -> Target | Deny:
@@ -132,6 +135,7 @@ def identify_request(
         idempotency_key=headers.get(key_header) if key_header else None,
         headers=headers,
         forwarded=forwarded is not None,
+        x402_limits=policy.x402_limits,
     )
 
 

@@ -484,6 +484,7 @@ async def _send_and_record(
             op,
             ready.outbound,
             target.headers,
+            target.x402_limits,
         )
         answered, payment_refused, paid_as = paid.answered, paid.refusal, paid.settled_as
         sending = sending.updated(payment=paid.evidence)

@@ -84,6 +84,7 @@ class Reason(StrEnum):
     X402_PAID_ANSWER_LOST = "x402_paid_answer_lost"
     X402_PAYMENT_INVALID = "x402_payment_invalid"
     PAYMENT_AUTHORIZATION_MISMATCH = "payment_authorization_mismatch"
+    X402_BUDGET_EXCEEDED = "x402_budget_exceeded"
     # limits
     AGENT_CONCURRENCY_EXCEEDED = "agent_concurrency_exceeded"
     RATE_LIMITED = "rate_limited"
@@ -470,6 +471,13 @@ REASONS: dict[Reason, ReasonInfo] = {
         "The operation is bound to another payment authorization",
         "Nothing was sent. The operation's first authorization is its only one: send that one "
         "again (the same PAYMENT-SIGNATURE), or ask opgate for the operation's status.",
+    ),
+    Reason.X402_BUDGET_EXCEEDED: ReasonInfo(
+        403,
+        "The payment would exceed an x402 budget or payment rate limit",
+        "Nothing was paid or sent, and re-sending will not help while the limit is spent: the "
+        "limit and what its tenant or agent has paid in its window are attached. Wait for the "
+        "window, or ask the operator.",
     ),
     Reason.AGENT_CONCURRENCY_EXCEEDED: ReasonInfo(
         429,

@@ -11,15 +11,20 @@ instead of ours); send it with ``PAYMENT-SIGNATURE``, and keep the ``PAYMENT-RES
 settlement. A stored payment refused because its nonce is used was paid before: the row
 settles confirmed, its answer lost (``x402_paid_answer_lost``), unless the server keeps its
 answers by the ``payment-identifier`` extension's id: then the stored payment, sent again as
-it is, brings back its answer (``recover_answer``, which reconciliation calls). The protocol's
-parsing and signing are pure (proxy/x402/); the store and the send are here.
+it is, brings back its answer (``recover_answer``, which reconciliation calls). Under the
+policy set's x402 limits (proxy/policy/payments.py), a payment is kept only if they admit it,
+judged in the transaction that keeps it, under their locks; refused, nothing is kept or sent
+(``x402_budget_exceeded``). The protocol's parsing and signing are pure (proxy/x402/); the
+store and the send are here.
 
 The SDK (the optional extra ``opgate[x402]``) is imported only when a rule declares ``x402``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import importlib
 import json
 import time
 from collections.abc import Mapping
@@ -30,11 +35,13 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.errors import StoreUnavailable, UpstreamError, UpstreamNotSent
 from proxy.gate import upstream
+from proxy.gate.budgets import payment_limit_sum
 from proxy.gate.classify import Classified, Settled, Unknown
 from proxy.gate.decision import Deny
 from proxy.gate.reasons import Reason
 from proxy.gate.upstream import OutboundRequest, UpstreamResponse
 from proxy.policy.model import X402_TERMS, X402Payment
+from proxy.policy.payments import NO_LIMITS, Spent, X402Limits, limits_for, over_limit
 from proxy.store.operation import LastOutcome, Status
 from proxy.store.x402 import SignedPayment, StoredPayment, X402Payments
 
@@ -66,6 +73,40 @@ class Paid:
     evidence: dict[str, Any] | None = None  # the payment sent (StoredPayment.evidence)
 
 
+# The SDK's modules stage 5b imports, with web3 and eth-account behind them: seconds of imports.
+_SDK_MODULES = (
+    "eth_account",
+    "proxy.x402.authorization",
+    "proxy.x402.challenge",
+    "proxy.x402.choice",
+    "proxy.x402.offered",
+    "proxy.x402.refusal",
+    "proxy.x402.settlement",
+)
+_sdk_loading: asyncio.Future[None] | None = None
+_sdk_ready = False
+
+
+async def _sdk_loaded() -> None:
+    """Import the SDK once, in a thread, before stage 5b first needs it: imported on the event
+    loop (the first payment after a start), it held every request of the process for seconds,
+    long enough for their statements to time out (503 store_unavailable). Every request awaits
+    the one import; a missing extra is reported where it is used (``_sign``)."""
+    global _sdk_loading, _sdk_ready
+    if _sdk_ready:
+        return
+    if _sdk_loading is None or _sdk_loading.get_loop() is not asyncio.get_running_loop():
+
+        def load() -> None:
+            with contextlib.suppress(ImportError):
+                for name in _SDK_MODULES:
+                    importlib.import_module(name)
+
+        _sdk_loading = asyncio.ensure_future(asyncio.to_thread(load))
+    await asyncio.shield(_sdk_loading)
+    _sdk_ready = True
+
+
 def asks_payment(answered: UpstreamResponse | UpstreamError) -> bool:
     return isinstance(answered, UpstreamResponse) and answered.status == 402
 
@@ -78,11 +119,14 @@ async def send(
     op: Operation,
     outbound: OutboundRequest,
     agent_headers: Mapping[str, str],
+    limits: X402Limits = NO_LIMITS,
 ) -> Paid:
     """Stage 5b for a rule that declares ``x402``: send ``outbound`` for ``op``, with the
     operation's one payment if it has one (the agent's own, if the agent pays and offers one
-    that fits and binds), else unpaid, and pay a 402 once if opgate pays."""
-    payments = X402Payments(store)
+    that fits and binds), else unpaid, and pay a 402 once if opgate pays; a new payment is
+    kept only within ``limits`` (the policy set's)."""
+    await _sdk_loaded()
+    payments = _Keeper(X402Payments(store), limits)
     try:
         stored = await payments.stored(op.operation_id)
         offered = agent_headers.get(PAYMENT_SIGNATURE) if terms.payer == "agent" else None
@@ -108,7 +152,7 @@ async def send(
         # The 402 reaches the agent, which pays with its own PAYMENT-SIGNATURE: the provider
         # did nothing for an unpaid request, so the attempt ends as if never sent.
         return Paid(first, settled_as=Unknown(LastOutcome.NOT_SENT))
-    return await pay(store, credentials, client, terms, op, outbound, first)
+    return await pay(store, credentials, client, terms, op, outbound, first, limits)
 
 
 async def pay(
@@ -119,9 +163,10 @@ async def pay(
     op: Operation,
     outbound: OutboundRequest,
     first: UpstreamResponse,
+    limits: X402Limits = NO_LIMITS,
 ) -> Paid:
     """Pay ``first`` (a 402) for ``op`` and send ``outbound`` again with the payment."""
-    payments = X402Payments(store)
+    payments = _Keeper(X402Payments(store), limits)
     # Refused before a payment left, the unpaid request's 402 is all the provider said: it did
     # nothing without payment, so the attempt ends as never sent (the approval decides again).
     unpaid = Unknown(LastOutcome.NOT_SENT)
@@ -135,8 +180,58 @@ async def pay(
     return await _send_paid(payments, client, op, outbound, stored)
 
 
+class _Keeper:
+    """The operation's payments as stage 5b keeps them: within the policy set's x402 limits."""
+
+    def __init__(self, payments: X402Payments, limits: X402Limits) -> None:
+        self.payments = payments
+        self._limits = limits
+
+    async def stored(self, operation_id: str) -> StoredPayment | None:
+        return await self.payments.stored(operation_id)
+
+    async def record_settlement(self, operation_id: str, settlement: dict[str, Any]) -> bool:
+        return await self.payments.record_settlement(operation_id, settlement)
+
+    async def keep(self, op: Operation, signed: SignedPayment) -> StoredPayment | Deny:
+        """``signed`` kept for ``op`` if the limits that apply admit it (judged under their
+        locks, in the transaction that keeps it), or the payment kept for it before; refused:
+        why, and nothing is kept."""
+        keys = limits_for(
+            self._limits,
+            tenant=op.tenant,
+            agent_id=op.agent_id,
+            network=signed.network,
+            asset=signed.asset,
+        )
+        if isinstance(keys, str):  # fail closed: a limit applies that cannot be counted
+            return Deny(Reason.X402_BUDGET_EXCEEDED, keys)
+        if not keys:
+            kept = await self.payments.keep(op.operation_id, signed)
+        else:
+            sums = [payment_limit_sum(k) for k in keys]
+
+            def spent_as(sums: list[tuple[int, int]]) -> list[Spent]:
+                return [Spent(amount, count) for amount, count in sums]
+
+            def admit(sums: list[tuple[int, int]]) -> bool:
+                return over_limit(keys, spent_as(sums), signed.amount) is None
+
+            limited = await self.payments.keep_within_limits(op.operation_id, signed, sums, admit)
+            if not limited.admitted:
+                over = over_limit(keys, spent_as(limited.spent), signed.amount)
+                assert over is not None
+                return Deny(
+                    Reason.X402_BUDGET_EXCEEDED, over.detail(), extra={"limit": over.to_public()}
+                )
+            kept = limited.payment
+        if kept is None:  # the row is no longer dispatched: nothing leaves
+            return Deny(Reason.X402_PAYMENT_REFUSED, "the operation is no longer dispatched")
+        return kept
+
+
 async def _send_paid(
-    payments: X402Payments,
+    payments: _Keeper,
     client: aiohttp.ClientSession,
     op: Operation,
     outbound: OutboundRequest,
@@ -212,7 +307,7 @@ async def recover_answer(
 
 
 async def _bind_offered(
-    payments: X402Payments,
+    payments: _Keeper,
     terms: X402Payment,
     op: Operation,
     header: str,
@@ -258,9 +353,9 @@ async def _bind_offered(
         valid_before=checked.valid_before,
         payer_kind="agent",
     )
-    kept = await payments.keep(op.operation_id, signed)
-    if kept is None:
-        return Deny(Reason.X402_PAYMENT_REFUSED, "the operation is no longer dispatched")
+    kept = await payments.keep(op, signed)
+    if isinstance(kept, Deny):
+        return kept
     if kept.payload_sha256 != digest:  # another request bound another one first
         return Deny(
             Reason.PAYMENT_AUTHORIZATION_MISMATCH,
@@ -271,7 +366,7 @@ async def _bind_offered(
 
 
 async def _payment_to_send(
-    payments: X402Payments,
+    payments: _Keeper,
     credentials: CredentialSource,
     terms: X402Payment,
     op: Operation,
@@ -284,10 +379,7 @@ async def _payment_to_send(
     signed = _sign(credentials, terms, op, first)
     if isinstance(signed, Deny):
         return signed
-    kept = await payments.keep(op.operation_id, signed)
-    if kept is None:  # the row is no longer dispatched: nothing leaves
-        return Deny(Reason.X402_PAYMENT_REFUSED, "the operation is no longer dispatched")
-    return kept
+    return await payments.keep(op, signed)
 
 
 def _sign(
@@ -422,7 +514,7 @@ def _refused(stored: StoredPayment, answered: UpstreamResponse) -> Paid:
 
 
 async def _keep_settlement(
-    payments: X402Payments, operation_id: str, answered: UpstreamResponse
+    payments: _Keeper | X402Payments, operation_id: str, answered: UpstreamResponse
 ) -> str | None:
     """Keep the answer's PAYMENT-RESPONSE with the payment; its transaction, if it names one."""
     from proxy.x402.refusal import Refused

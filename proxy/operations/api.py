@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from proxy.admin.access import Approver, admin_problem, admin_token_matches, approver_for
 from proxy.errors import AlreadySuperseded, IdempotencyKeyInUse, StoreUnavailable
 from proxy.gate.bodies import BodyRejected, parse_json_object
-from proxy.gate.budgets import budget_standings, remaining_budget
+from proxy.gate.budgets import budget_standings, remaining_budget, x402_standings
 from proxy.gate.decision import Deny
 from proxy.gate.identity import credential_from
 from proxy.gate.ids import IdKind, id_rule, path_operation_id, reserved_prefix
@@ -416,15 +416,22 @@ async def resolve_operation(request: web.Request) -> web.Response:
 async def list_budgets(request: web.Request) -> web.Response:
     """Every budget of the loaded policy and what is left of it now (advisory), per tenant or
     agent for those scopes: the keys that spent anything in the window, or the one asked for
-    (``?tenant=``, ``&agent_id=``)."""
+    (``?tenant=``, ``&agent_id=``); and the same of the policy set's x402 limits (``x402``)."""
     gateway = request.app[GATEWAY]
     query = query_of(request)
     wanted = query.get("provider")
     providers = [p for p in gateway.policy.providers if wanted in (None, p.provider)]
-    found = await budget_standings(
-        gateway.store, providers, tenant=query.get("tenant"), agent_id=query.get("agent_id")
+    tenant, agent_id = query.get("tenant"), query.get("agent_id")
+    found = await budget_standings(gateway.store, providers, tenant=tenant, agent_id=agent_id)
+    x402 = await x402_standings(
+        gateway.store, gateway.policy.x402_limits, tenant=tenant, agent_id=agent_id
     )
-    return web.json_response({"budgets": [standing.to_public() for standing in found]})
+    return web.json_response(
+        {
+            "budgets": [standing.to_public() for standing in found],
+            "x402": [standing.to_public() for standing in x402],
+        }
+    )
 
 
 async def healthz(request: web.Request) -> web.Response:

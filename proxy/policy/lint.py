@@ -46,7 +46,13 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from proxy.policy.fields import never_matches, param_matcher
-from proxy.policy.load import PolicyProblem, cross_file_problems, parse_policy_text
+from proxy.policy.load import (
+    PolicyProblem,
+    cross_file_problems,
+    is_payments_text,
+    parse_policy_text,
+    parse_yaml_model,
+)
 from proxy.policy.model import (
     BodyKind,
     FormFieldInjection,
@@ -56,6 +62,7 @@ from proxy.policy.model import (
     Rule,
 )
 from proxy.policy.paths import PathPattern, Segment
+from proxy.policy.payments import PaymentsPolicy
 
 SCHEMA_HINT = "see the policy JSON Schema (`opgate policy schema`)"
 
@@ -98,6 +105,10 @@ def lint_policy_texts(
     findings: list[Finding] = []
     parsed: list[tuple[Provider, Path, yaml.Node]] = []
     for path, text in texts:
+        if is_payments_text(text):  # the set's payment limits: no rules to lint
+            _, problems = parse_yaml_model(text, str(path), PaymentsPolicy)
+            findings.extend(_from_problem(p) for p in problems)
+            continue
         provider, problems = parse_policy_text(text, str(path))
         findings.extend(_from_problem(p) for p in problems)
         if provider is None and problems:

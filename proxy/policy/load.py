@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from proxy.policy.model import Provider
+from proxy.policy.payments import NO_LIMITS, PaymentsPolicy, is_payments_document
 from proxy.policy.set import PolicySet
 
 
@@ -61,17 +62,47 @@ def policy_version(texts: list[tuple[Path, str]]) -> str:
 def build_policy_set(texts: list[tuple[Path, str]], directory: str) -> PolicySet:
     problems: list[PolicyProblem] = []
     providers: list[tuple[Provider, Path]] = []
+    payments: list[PaymentsPolicy] = []
+    payments_files: list[Path] = []
     if not texts:
         raise PolicyLoadError([PolicyProblem(directory, 1, 1, "no *.yaml policy files found")])
     for path, text in texts:
+        if is_payments_text(text):
+            limits, file_problems = parse_yaml_model(text, str(path), PaymentsPolicy)
+            problems.extend(file_problems)
+            payments_files.append(path)
+            if limits is not None:
+                payments.append(limits)
+            continue
         provider, file_problems = parse_policy_text(text, str(path))
         problems.extend(file_problems)
         if provider is not None:
             providers.append((provider, path))
     problems.extend(cross_file_problems(providers))
+    for path in payments_files[1:]:
+        problems.append(
+            PolicyProblem(
+                str(path),
+                1,
+                1,
+                f"the payment limits are declared once (also in {payments_files[0]})",
+            )
+        )
     if problems:
         raise PolicyLoadError(problems)
-    return PolicySet(tuple(p for p, _ in providers), version=policy_version(texts))
+    x402_limits = payments[0].payments.x402 if payments else NO_LIMITS
+    return PolicySet(
+        tuple(p for p, _ in providers), version=policy_version(texts), x402_limits=x402_limits
+    )
+
+
+def is_payments_text(text: str) -> bool:
+    """Whether a policy file is the set's payments file (``payments:``, no ``provider:``); a
+    file that does not parse is read as a provider's, which reports why."""
+    try:
+        return is_payments_document(yaml.safe_load(text))
+    except yaml.YAMLError:
+        return False
 
 
 TESTS_SUFFIX = ".tests.yaml"

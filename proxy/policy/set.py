@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxy.policy.model import Provider, Rule
+from proxy.policy.payments import NO_LIMITS, X402Limits
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,8 @@ class RuleMatch:
 class PolicySet:
     providers: tuple[Provider, ...]
     version: str  # a digest of the files that make the set: names the policy in audit records
+    # the limits on x402 payments across every provider and payee (the set's payments file)
+    x402_limits: X402Limits = NO_LIMITS
 
     def provider_named(self, name: str) -> Provider | None:
         return next((p for p in self.providers if p.provider == name), None)

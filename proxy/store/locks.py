@@ -44,6 +44,7 @@ class LockKind(IntEnum):
     PROPOSALS = 3  # proposals of one tenant waiting for a human (name: the tenant)
     AUDIT_CHECKPOINT = 4  # the audit log's checkpoint writers (name: "")
     TRANSPARENCY = 5  # the Merkle tree's integrator (name: "")
+    X402_LIMIT = 6  # payments under one x402 budget or rate limit (name: PaymentLimitKey.lock_name)
 
 
 @dataclass(frozen=True)

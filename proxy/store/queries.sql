@@ -1451,6 +1451,39 @@ SELECT operation_id, %(header)s, %(payload_sha256)s, %(nonce)s, %(payer)s, %(pay
 ON CONFLICT (operation_id) WHERE released_at IS NULL DO NOTHING
 RETURNING header;
 
+-- name: payment_limit_spent
+-- What one x402 payment limit's key has paid in its window (proxy/policy/payments.py): the sum
+-- of the amounts, and the number, of the payments kept for the tenant's operations (agent_id,
+-- NULL: any agent's) on network in asset (NULL, NULL: any: a rate limit), whatever the payee
+-- and the provider, kept in the last window_seconds and not released (released: proven unpaid,
+-- release_unpaid_payment). Run after the key's advisory lock (proxy/store/locks.py), in the
+-- transaction that keeps the payment (store_payment): a payment kept on another replica is seen once committed,
+-- and none can commit between this sum and the insert. The window ends at this statement's
+-- start (after the lock was taken).
+SELECT coalesce(sum(p.amount), 0)::text AS spent, count(*) AS payments
+  FROM x402_payments p JOIN operations o ON o.operation_id = p.operation_id
+ WHERE p.released_at IS NULL
+   AND p.signed_at > statement_timestamp() - make_interval(secs => %(window_seconds)s)
+   AND o.tenant = %(tenant)s
+   AND (%(agent_id)s::text IS NULL OR o.agent_id = %(agent_id)s)
+   AND (%(network)s::text IS NULL OR p.network = %(network)s)
+   AND (%(asset)s::text IS NULL OR lower(p.asset) = %(asset)s);
+
+-- name: payment_limit_spent_by_key
+-- payment_limit_spent for every tenant (per_agent: every tenant and agent) that paid anything
+-- in the window: what GET /v1/budgets shows of an x402 limit (advisory, read without the lock).
+-- An operation approved for no agent is no agent's (agent_id NULL, left out per agent).
+SELECT o.tenant, CASE WHEN %(per_agent)s THEN o.agent_id END AS agent_id,
+       sum(p.amount)::text AS spent, count(*) AS payments
+  FROM x402_payments p JOIN operations o ON o.operation_id = p.operation_id
+ WHERE p.released_at IS NULL
+   AND p.signed_at > statement_timestamp() - make_interval(secs => %(window_seconds)s)
+   AND (%(network)s::text IS NULL OR p.network = %(network)s)
+   AND (%(asset)s::text IS NULL OR lower(p.asset) = %(asset)s)
+   AND (NOT %(per_agent)s OR o.agent_id IS NOT NULL)
+ GROUP BY 1, 2
+ ORDER BY 1, 2;
+
 -- name: stored_payment
 -- The live payment stored for an operation, if any: its header and terms, and its settlement
 -- once read. A released payment (proven unpaid: release_unpaid_payment) is not sent again.

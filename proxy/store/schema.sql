@@ -1,5 +1,5 @@
 -- opgate's current schema: what the migrations in proxy/store/migrations/ build, up
--- to 0030_sync_witness.sql. GENERATED, do not edit; it is never run. Rewrite it with
+-- to 0031_x402_limits.sql. GENERATED, do not edit; it is never run. Rewrite it with
 --     .venv/bin/python -m proxy.store.schema
 -- (tests/store/test_schema.py fails when it differs from what the migrations build).
 
@@ -385,6 +385,7 @@ CREATE INDEX proposals_pending ON proposals USING btree (created_at) WHERE (stat
 CREATE INDEX proposals_pending_by_agent ON proposals USING btree (tenant, agent_id, expires_at) WHERE (status = 'pending'::text);
 CREATE INDEX proposals_withdrawn ON proposals USING btree (decided_at) WHERE (status = 'withdrawn'::text);
 CREATE INDEX transparency_heads_bucket ON transparency_heads USING btree (bucket);
+CREATE INDEX x402_payments_live_by_time ON x402_payments USING btree (signed_at) WHERE (released_at IS NULL);
 CREATE UNIQUE INDEX x402_payments_one_live ON x402_payments USING btree (operation_id) WHERE (released_at IS NULL);
 
 -- ----------------------------------------------------------------------------------------- views

@@ -1,15 +1,21 @@
 """The one live payment of an operation (queries.sql ``store_payment``, ``stored_payment``,
 ``record_payment_settlement``, ``release_unpaid_payment``; migrations x402, x402_released): the
 one opgate signed, or the agent's own bound by its nonce; kept before it leaves, read back by
-every later attempt, its settlement kept once, and released only when proven unpaid."""
+every later attempt, its settlement kept once, and released only when proven unpaid. Under
+payment limits (``keep_within_limits``, ``payment_limit_spent``; migration x402_limits), kept
+only if the limits' sums, read under their locks in the same transaction, admit it."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.store import queries
+import asyncpg
+
+from proxy.store import locks, queries
+from proxy.store.locks import LockKey, LockKind
 from proxy.store.store import Store
 
 
@@ -62,6 +68,95 @@ class StoredPayment:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class PaymentLimitSum:
+    """The kept payments one limit sums over (queries.sql ``payment_limit_spent``), and the advisory
+    lock payments under it take turns on."""
+
+    lock_name: str
+    tenant: str
+    agent_id: str | None  # None: every agent of the tenant
+    network: str | None  # None with asset: any (a rate limit)
+    asset: str | None  # lower case
+    window_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class LimitedKeep:
+    """A payment kept under its limits' locks: what each limit's key had paid before it (the
+    amounts' sum, the number of payments; empty when the operation had its payment already),
+    whether ``admit`` let it in, and the payment to send (None: refused, or the operation is
+    not dispatched)."""
+
+    spent: list[tuple[int, int]]
+    admitted: bool
+    payment: StoredPayment | None
+
+
+def _stored_from(record: asyncpg.Record) -> StoredPayment:
+    settlement = record["settlement"]
+    return StoredPayment(
+        record["header"],
+        record["payload_sha256"],
+        record["nonce"],
+        json.loads(settlement) if isinstance(settlement, str) else settlement,
+        record["payer"],
+        record["pay_to"],
+        int(record["amount"]),
+        record["asset"],
+        record["network"],
+        record["valid_before"],
+        record["payer_kind"],
+    )
+
+
+def _store_values(operation_id: str, payment: SignedPayment) -> dict[str, Any]:
+    return {
+        "operation_id": operation_id,
+        "header": payment.header,
+        "payload_sha256": payment.payload_sha256,
+        "nonce": payment.nonce,
+        "payer": payment.payer,
+        "pay_to": payment.pay_to,
+        "amount": str(payment.amount),
+        "asset": payment.asset,
+        "network": payment.network,
+        "valid_before": payment.valid_before,
+        "payer_kind": payment.payer_kind,
+    }
+
+
+def _kept(payment: SignedPayment, header: str) -> StoredPayment:
+    return StoredPayment(
+        header,
+        payment.payload_sha256,
+        payment.nonce,
+        None,
+        payment.payer,
+        payment.pay_to,
+        payment.amount,
+        payment.asset,
+        payment.network,
+        payment.valid_before,
+        payment.payer_kind,
+    )
+
+
+async def _limit_spent(conn: asyncpg.Connection, s: PaymentLimitSum) -> tuple[int, int]:
+    """(amount, payments) of one limit's key in its window (queries.sql payment_limit_spent)."""
+    row = await queries.fetchrow(
+        conn,
+        "payment_limit_spent",
+        tenant=s.tenant,
+        agent_id=s.agent_id,
+        network=s.network,
+        asset=s.asset,
+        window_seconds=s.window_seconds,
+    )
+    assert row is not None  # an aggregate always answers
+    return int(row["spent"]), int(row["payments"])
+
+
 class X402Payments:
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -70,58 +165,77 @@ class X402Payments:
         record = await self._store._run(
             lambda conn: queries.fetchrow(conn, "stored_payment", operation_id=operation_id)
         )
-        if record is None:
-            return None
-        settlement = record["settlement"]
-        return StoredPayment(
-            record["header"],
-            record["payload_sha256"],
-            record["nonce"],
-            json.loads(settlement) if isinstance(settlement, str) else settlement,
-            record["payer"],
-            record["pay_to"],
-            int(record["amount"]),
-            record["asset"],
-            record["network"],
-            record["valid_before"],
-            record["payer_kind"],
-        )
+        return None if record is None else _stored_from(record)
 
     async def keep(self, operation_id: str, payment: SignedPayment) -> StoredPayment | None:
         """The payment to send: ``payment`` if it is now the operation's, else the one kept
         before it; None if the operation is not dispatched and has none."""
+        values = _store_values(operation_id, payment)
         header = await self._store._run(
-            lambda conn: queries.fetchval(
-                conn,
-                "store_payment",
-                operation_id=operation_id,
-                header=payment.header,
-                payload_sha256=payment.payload_sha256,
-                nonce=payment.nonce,
-                payer=payment.payer,
-                pay_to=payment.pay_to,
-                amount=str(payment.amount),
-                asset=payment.asset,
-                network=payment.network,
-                valid_before=payment.valid_before,
-                payer_kind=payment.payer_kind,
-            )
+            lambda conn: queries.fetchval(conn, "store_payment", **values)
         )
         if header is not None:
-            return StoredPayment(
-                header,
-                payment.payload_sha256,
-                payment.nonce,
-                None,
-                payment.payer,
-                payment.pay_to,
-                payment.amount,
-                payment.asset,
-                payment.network,
-                payment.valid_before,
-                payment.payer_kind,
-            )
+            return _kept(payment, header)
         return await self.stored(operation_id)
+
+    async def keep_within_limits(
+        self,
+        operation_id: str,
+        payment: SignedPayment,
+        sums: Sequence[PaymentLimitSum],
+        admit: Callable[[list[tuple[int, int]]], bool],
+    ) -> LimitedKeep:
+        """``keep`` in one transaction that first takes each limit's lock (proxy/store/locks.py,
+        in key order: two payments never wait on each other crosswise), then, unless the
+        operation has its payment already (sent again, it counts nothing new), sums what each
+        limit's key has paid and keeps ``payment`` only if ``admit`` (pure: the gate's
+        decision) accepts those sums. Payments under one limit, from any number of processes,
+        take turns: together they can never pay more than ``admit`` allows."""
+        values = _store_values(operation_id, payment)
+
+        async def keep_under_locks(conn: asyncpg.Connection) -> LimitedKeep:
+            async with conn.transaction():
+                await locks.lock(conn, [LockKey(LockKind.X402_LIMIT, s.lock_name) for s in sums])
+                record = await queries.fetchrow(conn, "stored_payment", operation_id=operation_id)
+                if record is not None:
+                    return LimitedKeep([], True, _stored_from(record))
+                spent = [await _limit_spent(conn, s) for s in sums]
+                if not admit(spent):
+                    return LimitedKeep(spent, False, None)
+                header = await queries.fetchval(conn, "store_payment", **values)
+                if header is not None:
+                    return LimitedKeep(spent, True, _kept(payment, header))
+                # another kept one first (a keep under no lock: a policy reloaded), or the
+                # operation is not dispatched
+                record = await queries.fetchrow(conn, "stored_payment", operation_id=operation_id)
+                return LimitedKeep(spent, True, None if record is None else _stored_from(record))
+
+        return await self._store._run(keep_under_locks)
+
+    async def limit_spent(self, sums: Sequence[PaymentLimitSum]) -> list[tuple[int, int]]:
+        """What each limit's key has paid now, without its lock: advisory (a read); only
+        ``keep_within_limits`` decides."""
+
+        async def read(conn: asyncpg.Connection) -> list[tuple[int, int]]:
+            return [await _limit_spent(conn, s) for s in sums]
+
+        return await self._store._run(read)
+
+    async def limit_spent_by_key(
+        self, network: str | None, asset: str | None, window_seconds: float, *, per_agent: bool
+    ) -> list[tuple[str, str | None, int, int]]:
+        """(tenant, agent_id, amount, payments) of every key that paid in the window (advisory)."""
+        records = await self._store._run(
+            lambda conn: queries.fetch(
+                conn,
+                "payment_limit_spent_by_key",
+                network=network,
+                asset=asset,
+                window_seconds=window_seconds,
+                per_agent=per_agent,
+            )
+        )
+        return [(r["tenant"], r["agent_id"], int(r["spent"]), int(r["payments"])) for r in records]
 
     async def record_settlement(self, operation_id: str, settlement: dict[str, Any]) -> bool:
         """Keep the settlement read for the operation's payment (False: one was kept already)."""

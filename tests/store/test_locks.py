@@ -87,6 +87,7 @@ def test_a_key_is_its_kind_then_its_names_hash() -> None:
         "PROPOSALS": 3,
         "AUDIT_CHECKPOINT": 4,
         "TRANSPARENCY": 5,
+        "X402_LIMIT": 6,
     }
     assert LockKey(LockKind.BUDGET, "x").ints == (1, 762385986)
     assert LockKey(LockKind.OPEN_MANDATE, "x").ints == (2, 762385986)

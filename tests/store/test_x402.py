@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest_asyncio
 
 from proxy.store.store import Claim, Store
-from proxy.store.x402 import SignedPayment, X402Payments
+from proxy.store.x402 import PaymentLimitSum, SignedPayment, X402Payments
 from tests.support.operations import new_operation
 
 PAYMENT = SignedPayment(
@@ -101,3 +101,84 @@ async def test_a_payment_is_released_only_by_the_lease_holder_for_its_nonce(stor
     kept = await payments.keep("op_x402_release", second)
     assert kept is not None
     assert kept.header == "second"
+
+
+def _limit(
+    lock_name: str = "x402:budget-t1", *, asset: str | None = PAYMENT.asset
+) -> PaymentLimitSum:
+    return PaymentLimitSum(
+        lock_name=lock_name,
+        tenant="t1",
+        agent_id=None,
+        network=PAYMENT.network if asset is not None else None,
+        asset=asset,
+        window_seconds=3600.0,
+    )
+
+
+async def test_payments_racing_from_separate_pools_never_pay_beyond_the_budget(
+    database_url: str,
+) -> None:
+    """Twenty operations of one tenant, each paying its own payee 100 under a budget of 1000,
+    kept at once from two pools (two processes' worth of connections): exactly ten are kept,
+    and the database's own sum of the kept payments is the limit, never more."""
+    pools = [await Store.open(database_url, min_size=1, max_size=10) for _ in range(2)]
+    try:
+        ids = [f"op_x402_budget_{i}" for i in range(20)]
+        for operation_id in ids:
+            await pools[0].create(new_operation(operation_id), actor="test")
+            claim = Claim(operation_id, owner="a", lease_seconds=30, expected_attempts=0)
+            await pools[0].claim(claim)
+        limit = 1000
+
+        def admit(spent: list[tuple[int, int]]) -> bool:
+            return all(amount + 100 <= limit for amount, _ in spent)
+
+        async def pay(i: int) -> bool:
+            payment = dataclasses.replace(
+                PAYMENT,
+                header=f"payment-{i}",
+                amount=100,
+                pay_to="0x" + f"{i:040x}",
+                nonce="0x" + f"{i:064x}",
+            )
+            kept = await X402Payments(pools[i % 2]).keep_within_limits(
+                ids[i], payment, [_limit()], admit
+            )
+            return kept.payment is not None
+
+        kept = await asyncio.gather(*(pay(i) for i in range(20)))
+        assert sum(kept) == 10
+        total = await pools[1]._run(
+            lambda conn: conn.fetchrow(
+                "SELECT sum(amount)::bigint AS paid, count(DISTINCT pay_to) AS payees"
+                " FROM x402_payments WHERE released_at IS NULL"
+            )
+        )
+        assert total is not None
+        assert (total["paid"], total["payees"]) == (limit, 10)
+    finally:
+        for pool in pools:
+            await pool.close()
+
+
+async def test_an_operation_paying_again_counts_once_and_a_rate_limit_counts_payments(
+    store: Store,
+) -> None:
+    """An operation whose payment is kept gets it back under a spent budget (its own payment
+    is not counted twice); a rate limit sums the number of payments in any asset."""
+    payments = X402Payments(store)
+    for operation_id in ("op_x402_rate_1", "op_x402_rate_2"):
+        await store.create(new_operation(operation_id), actor="test")
+        await store.claim(Claim(operation_id, owner="a", lease_seconds=30, expected_attempts=0))
+    rate = _limit("x402:rate-t1", asset=None)
+    one_payment = lambda spent: all(count + 1 <= 1 for _, count in spent)  # noqa: E731
+    first = await payments.keep_within_limits("op_x402_rate_1", PAYMENT, [rate], one_payment)
+    assert first.payment is not None
+    assert first.spent == [(0, 0)]
+    again = await payments.keep_within_limits("op_x402_rate_1", PAYMENT, [rate], one_payment)
+    assert again.payment == first.payment
+    other = dataclasses.replace(PAYMENT, asset="0x" + "55" * 20, header="other")
+    refused = await payments.keep_within_limits("op_x402_rate_2", other, [rate], one_payment)
+    assert (refused.admitted, refused.payment, refused.spent) == (False, None, [(2**255, 1)])
+    assert await payments.stored("op_x402_rate_2") is None

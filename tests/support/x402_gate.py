@@ -51,6 +51,21 @@ def paid_policy(
         """)
 
 
+def payments_policy(*, limit: int, max_payments: int = 100) -> str:
+    """The set's payments file: a tenant budget of ``limit`` atomic units of the test token per
+    day across payees, and a rate limit of ``max_payments`` a day."""
+    return textwrap.dedent(f"""\
+        version: 1
+        payments:
+          x402:
+            budgets:
+              - {{scope: tenant, network: "{NETWORK}", asset: "{TOKEN}", limit: {limit},
+                  window: 24h}}
+            rate_limits:
+              - {{scope: tenant, max_payments: {max_payments}, window: 24h}}
+        """)
+
+
 def terms(resource: str, **changes: str) -> dict[str, str]:
     """The payment terms an approval names (policy X402_TERMS)."""
     return {

@@ -55,6 +55,8 @@ class PaidApi:
     crash_after_settlement: Callable[[], Awaitable[None]] | None = None
     next_pay_to: str | None = None  # the payee after the next unpaid 402 (a swap)
     payment_ids: bool = False  # the payment-identifier extension declared and honoured
+    # the payee by the request's User-Agent (else pay_to): one API, many merchants, at once
+    pay_to_by_user_agent: dict[str, str] = field(default_factory=dict)
     served: int = 0
     replayed: int = 0  # paid requests answered from a kept answer (payment-identifier)
     base: str = ""
@@ -124,7 +126,9 @@ async def paid_api(ledger: Ledger) -> AsyncIterator[PaidApi]:
         if (timeout, payment_ids) not in built:
             option = PaymentOption(
                 scheme="exact",
-                pay_to=lambda _context: state.pay_to,
+                pay_to=lambda context: state.pay_to_by_user_agent.get(
+                    context.adapter.get_user_agent(), state.pay_to
+                ),
                 price=AssetAmount(
                     amount=str(PRICE),
                     asset=TOKEN,

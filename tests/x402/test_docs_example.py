@@ -16,6 +16,7 @@ import pytest
 import pytest_asyncio
 from eth_account import Account
 
+from proxy.policy.load import load_policy_dir
 from tests.support.opgate import AGENT_TOKEN, Opgate, StartOpgate, admin_headers
 from tests.support.paths import REPO
 from tests.support.x402_chain_rpc import ChainRpc, chain_rpc
@@ -27,9 +28,10 @@ PAGE = REPO / "docs" / "x402.md"
 AGENT_WALLET = Account.from_key("0x" + "6b" * 32)
 
 
-def block(language: str) -> str:
-    """The page's one fenced block in ``language``."""
-    [code] = re.findall(rf"^```{language}\n(.*?)^```", PAGE.read_text("utf-8"), re.S | re.M)
+def block(language: str, containing: str = "") -> str:
+    """The page's one fenced block in ``language`` (that contains ``containing``)."""
+    found = re.findall(rf"^```{language}\n(.*?)^```", PAGE.read_text("utf-8"), re.S | re.M)
+    [code] = [text for text in found if containing in text]
     return code
 
 
@@ -78,7 +80,7 @@ async def test_the_worked_example_pays_once_in_each_mode(
     """The page's client buys an approved report; its answer is lost after settlement; asked
     again, opgate sends nothing (reconcile_required); reconciliation reads the nonce used and
     settles it paid; asked again, the row answers. The ledger holds one settlement."""
-    policy = block("yaml")
+    policy = block("yaml", "provider:")
     if payer == "agent":
         policy = policy.replace("payer: opgate", "payer: agent")
         policy = re.sub(r"\n\s*wallet_secret:[^\n]*", "", policy)
@@ -106,3 +108,15 @@ async def test_the_worked_example_pays_once_in_each_mode(
         assert answered.json()["code"] == "x402_paid_answer_lost"
     [settled] = ledger.settlements[before:]
     assert settled.payer == (WALLET.address if payer == "opgate" else AGENT_WALLET.address)
+
+
+def test_the_payments_file_on_the_page_loads_as_the_sets_limits(tmp_path: Path) -> None:
+    """The page's payments file, beside its provider policy, is the set's x402 limits."""
+    (tmp_path / "paid.yaml").write_text(block("yaml", "provider:"))
+    (tmp_path / "payments.yaml").write_text(block("yaml", "payments:"))
+    limits = load_policy_dir(tmp_path).x402_limits
+    assert [(b.scope.value, b.limit, b.window) for b in limits.budgets] == [
+        ("tenant", 50_000_000, "24h"),
+        ("agent", 5_000_000, "1h"),
+    ]
+    assert [(r.scope.value, r.max_payments) for r in limits.rate_limits] == [("agent", 20)]
