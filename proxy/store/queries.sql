@@ -182,9 +182,12 @@ ON CONFLICT (timeline_id) DO UPDATE
 --   not deduplicate; counted from creation, before which the key was never sent), or
 --   the caller (after_lookup_by) holds a live reconciliation lease under which the provider's
 --   complete list showed no effect (the lease is consumed: no other attempt could start meanwhile).
--- unchanged_since, when given: the row's updated_at when it was read for the rule's
--- precondition lookup (proxy/gate/preconditions.py); the claim then requires the row unchanged
--- since.
+-- The decision it commits was made on a read of the row (proxy/gate/transitions.py), and it
+-- commits only that decision: read_version, the row's updated_at as the decision read it (every
+-- statement that writes the row moves it), must still be the row's, and decided_before, the
+-- decision's deadline (the approval's expiry counted in), must not have passed. Zero rows is a
+-- conflict, explained from a fresh read (proxy/gate/pipeline.py), never retried blindly. NULL:
+-- no read to compare with (tests and tools that claim a row they did not decide on).
 -- The claim's transaction waits for a synchronous standby whatever synchronous_commit the
 -- server, database or role says (local or off would acknowledge a claim a failover can lose,
 -- and its request would leave twice): set_config(..., true) lasts to the end of this
@@ -231,7 +234,8 @@ WITH named AS (
                                            + make_interval(secs => %(dedup_window_seconds)s))))
                      OR (reconcile_owner = %(after_lookup_by)s
                          AND reconcile_lease_until > clock_timestamp()))))
-       AND (%(unchanged_since)s::timestamptz IS NULL OR updated_at = %(unchanged_since)s)
+       AND (%(read_version)s::timestamptz IS NULL OR updated_at = %(read_version)s)
+       AND (%(decided_before)s::timestamptz IS NULL OR clock_timestamp() < %(decided_before)s)
     RETURNING *
 )
 SELECT c.*, clock_timestamp() AS read_at FROM claimed c;
@@ -281,7 +285,7 @@ SELECT CASE WHEN %(by_tenant)s::bool THEN tenant END AS tenant,
 -- status (no transition); the lookup's evidence (evidence) is kept as its event, which the recovery
 -- read answers from (new_approval_required). Only while nothing of the operation has left and
 -- no attempt is in flight.
--- The row is updated only to write the record (its updated_at, which a claim's unchanged_since
+-- The row is updated only to write the record (its updated_at, which a claim's read_version
 -- compares, stays). Returns the record's seq in the operation's stream.
 UPDATE operations
    SET audit_event = jsonb_build_object('event', 'precondition_failed', 'actor', %(actor)s::text,
@@ -418,7 +422,7 @@ SELECT o.*, now() AS read_at FROM operations o
 -- that a timeline switch put in doubt (lookup_before_send): the lookup before its first send here
 -- (proxy/gate/resend.py). Reconciliation (in_doubt false) never takes a created row: absence there
 -- means "send it", not "failed". unchanged_since, when given: the row's updated_at as a
--- precondition lookup saw it (claim_operation's unchanged_since); the lease is taken only on the
+-- decision that asks read it (claim_operation's read_version); the lease is taken only on the
 -- row unchanged since, and the claim then needs it unchanged since the lease.
 WITH taken AS (
     UPDATE operations
