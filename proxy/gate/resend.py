@@ -134,4 +134,3 @@ def only_paced(current: Operation, decided_on: Operation, rule: ClaimRule) -> bo
         current.updated_at == decided_on.updated_at
         and transition(current, rule).claim is ClaimKind.RESEND_AFTER_LOOKUP
     )
-

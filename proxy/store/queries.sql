@@ -193,6 +193,10 @@ ON CONFLICT (timeline_id) DO UPDATE
 -- and its request would leave twice): set_config(..., true) lasts to the end of this
 -- transaction, so it holds through PgBouncer's transaction pooling; remote_apply is kept.
 -- It is in `named`'s WHERE, which every claim evaluates, so the planner cannot drop it.
+-- `named` also locks the row before the UPDATE reads it: a claim that waited for the row (another
+-- transaction locked it, or changed it and rolled back) then compares its conditions with the
+-- time after the wait. Without it, PostgreSQL rechecks a waiting UPDATE's conditions only when
+-- the row was changed and committed, and a decision could commit past its deadline.
 -- A row marked lookup_before_send (a timeline switch put it in doubt: timeline_seen) is claimed
 -- only by the holder (after_lookup_by) of a live reconciliation lease, under which the provider
 -- showed no effect (proxy/gate/resend.py), whatever its status. The claim clears it.
@@ -201,10 +205,12 @@ ON CONFLICT (timeline_id) DO UPDATE
 -- row), never now(), the transaction's start: an approval that expired during the wait is not
 -- claimed, and the lease and dispatched_at run from the claim itself.
 WITH named AS (
-    SELECT %(operation_id)s::text AS id
-     WHERE set_config('synchronous_commit',
+    SELECT operation_id AS id FROM operations
+     WHERE operation_id = %(operation_id)s
+       AND set_config('synchronous_commit',
                       CASE current_setting('synchronous_commit')
                            WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) <> ''
+       FOR NO KEY UPDATE
 ), claimed AS (
     UPDATE operations
        SET status = 'dispatched', attempts = attempts + 1, dispatched_at = clock_timestamp(),

@@ -566,7 +566,7 @@ class Store:
     ) -> Operation | None:
         """The reconciliation lease of a dispatched operation; with ``in_doubt``, also of a
         created one that a timeline switch put in doubt (its lookup before the send).
-        ``unchanged_since``: the row's ``updated_at`` as a precondition lookup saw it."""
+        ``unchanged_since``: the row's ``updated_at`` as the decision that asks read it."""
         return await self._one(
             "claim_reconcile_one",
             operation_id=operation_id,
