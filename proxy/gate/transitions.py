@@ -54,7 +54,7 @@ Where the gate and recovery say different things of one state, this is why:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
@@ -208,6 +208,54 @@ def reconcile_reason(rule: ClaimRule, op: Operation) -> str:
             f"({rule.dedup_window_seconds:g} s after creation)"
         )
     return f"the last attempt ended {op.last_outcome or 'without an answer'}; {why}"
+
+
+# --- reconciliation: what the holder of a row's reconciliation lease does with it ------------
+class Reconciling(StrEnum):
+    """What reconciliation (proxy/recovery/reconcile.py) does with a dispatched row whose
+    reconciliation lease it holds, decided on the transition the row has for anyone else (as
+    if the lease were free), so that it leaves to the agent exactly what the gate would send:
+
+        give_back           in doubt after a timeline switch, never sent here, approval
+                            standing: the agent's send asks the provider first (in_doubt),
+                            which a paced lookup here would hold up until expiry
+        leave_until_expiry  never sent, approval standing (resend_not_sent): the agent may
+                            still send it
+        no_effect           never sent, approval ended (beneath: resend_not_sent): nothing
+                            left and nothing may leave any more; settled failed, unasked
+        leave_while_deduplicated
+                            no lookup declared, the provider still deduplicates the key
+                            (resend_deduplicated): the agent's re-send is safe while it does
+        escalate            no lookup declared, and nothing else: a human decides (a row in
+                            doubt after a timeline switch included, key or no key: the gate
+                            escalates it at the agent's next send, in_doubt_unverifiable)
+        look_up             the rule declares lookups: the provider is asked
+    """
+
+    GIVE_BACK = "give_back"
+    LEAVE_UNTIL_EXPIRY = "leave_until_expiry"
+    NO_EFFECT = "no_effect"
+    LEAVE_WHILE_DEDUPLICATED = "leave_while_deduplicated"
+    ESCALATE = "escalate"
+    LOOK_UP = "look_up"
+
+
+def reconciling(op: Operation, rule: ClaimRule) -> Reconciling:
+    """What reconciliation does with ``op`` (dispatched, not escalated: an escalated row is
+    only looked at again), whose reconciliation lease the caller holds."""
+    step = transition(replace(op, reconcile_lease_until=None), rule)
+    never_sent = op.last_outcome == LastOutcome.NOT_SENT
+    if step.kind in (Kind.IN_DOUBT, Kind.IN_DOUBT_UNVERIFIABLE) and never_sent:
+        return Reconciling.GIVE_BACK
+    if step.kind is Kind.RESEND_NOT_SENT:
+        return Reconciling.LEAVE_UNTIL_EXPIRY
+    if step.beneath is not None and step.beneath.kind is Kind.RESEND_NOT_SENT:
+        return Reconciling.NO_EFFECT
+    if rule.lookups:
+        return Reconciling.LOOK_UP
+    if step.kind is Kind.RESEND_DEDUPLICATED:
+        return Reconciling.LEAVE_WHILE_DEDUPLICATED
+    return Reconciling.ESCALATE
 
 
 # --- committing a decision: on the row as read, before its deadline --------------------------
