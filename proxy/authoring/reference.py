@@ -123,6 +123,11 @@ MEANINGS: dict[Reason, str] = {
         "The claim statement claimed nothing on a row that, read again, may be sent: nothing was"
         " sent, and opgate logs `claim_refused` with the row's transition."
     ),
+    Reason.DECISION_STALE: (
+        "The claim commits only the decision made on the row as read: another writer moved the"
+        " row since (a lookup, a reconciliation), or the decision outlived its deadline (the"
+        " approval's expiry, an attempt's lease). Nothing was sent."
+    ),
     Reason.OPERATION_FAILED: (
         "The provider refused the operation; its answer is attached. A new attempt needs a new "
         "approval."

@@ -79,7 +79,7 @@ from proxy.gate.reasons import Reason
 from proxy.gate.resend import ask_before_resend
 from proxy.gate.signatures import signed_headers
 from proxy.gate.token_exchange import answer_token_request, token_request_provider
-from proxy.gate.transitions import ClaimRule, transition
+from proxy.gate.transitions import ClaimRule, commit_guard, stale_reason, transition
 from proxy.gate.upstream import OutboundRequest, UpstreamResponse
 from proxy.observe.audit import (
     AuditRecord,
@@ -411,9 +411,8 @@ async def _decide_and_claim(
             shown_extra = {**(refused.extra or {}), "precondition": checked.evidence}
             return progress.known.updated(refusal=replace(refused, extra=shown_extra))
 
-    # 4c. claim: the row becomes dispatched in one conditional statement
-    unchanged_since = op.updated_at if checked is not None else None
-    claimed = await _claim(gw, target, op, decision, unchanged_since, progress)
+    # 4c. claim: the row becomes dispatched in one conditional statement, on the row as read
+    claimed = await _claim(gw, target, op, decision, progress)
     if isinstance(claimed, ClaimConflict):  # answered from the row as it is now
         current = claimed.current
         if isinstance(claimed.outcome, Replay):  # it carries the answer that won the race
@@ -673,28 +672,30 @@ async def _claim(
     target: Target,
     op: Operation,
     decision: Forward,
-    unchanged_since: datetime | None,
     progress: Progress,
 ) -> Operation | ClaimConflict:
     """The conditional UPDATE (a re-send after an unknown outcome asks the provider first),
-    under the locks of the spend budgets it counts against; on zero rows, re-read the row and
-    say why."""
+    under the locks of the spend budgets it counts against, committing the decision made on
+    ``op`` only on the row unchanged since and before the decision's deadline
+    (transitions.commit_guard); on zero rows, re-read the row and say why."""
     provider = target.provider
     budgets = budget_claim(provider, target.rule, op)
     if isinstance(budgets, Deny):
         return ClaimConflict(budgets, op)
     lookup_owner = None
+    lifetime = _decision_seconds(gw, target)
+    guard = commit_guard(op, lifetime)
     if decision.claim is ClaimKind.RESEND_AFTER_LOOKUP and target.rule.reconcile is not None:
-        asked = await ask_before_resend(gw, provider, target.rule.reconcile, op, unchanged_since)
+        asked = await ask_before_resend(gw, provider, target.rule.reconcile, op)
         if isinstance(asked, Operation):  # the provider has the effect: settled, replayed
             return ClaimConflict(Replay(), asked)
         if isinstance(asked, Deny):
             return ClaimConflict(asked, op)
         lookup_owner = asked.lookup_owner
-        if lookup_owner is not None and unchanged_since is not None:
-            # the lease was taken on the row unchanged since the preconditions' lookup; the
-            # claim needs it unchanged since the lease (whose own write moved updated_at)
-            unchanged_since = asked.leased_at
+        # the claim rests on the row as the lookup last wrote it (the lease's own write moved
+        # updated_at), and on the lookup's lease while it lasts
+        leased = asked.decided_on.reconcile_lease_until if lookup_owner is not None else None
+        guard = commit_guard(asked.decided_on, lifetime, leased)
     rule = ClaimRule.of(provider, target.rule.name)  # the rule the request matched
     claim = Claim(
         op.operation_id,
@@ -703,7 +704,8 @@ async def _claim(
         expected_attempts=op.attempts,
         dedup_window_seconds=rule.dedup_window_seconds,
         after_lookup_by=lookup_owner,
-        unchanged_since=unchanged_since,
+        read_version=guard.read_version,
+        decided_before=guard.decided_before,
         actor=gw.settings.instance_id,
     )
     try:
@@ -728,18 +730,24 @@ async def _claim(
         claimed = made.operation
     if claimed is not None:
         return claimed
-    if lookup_owner is not None:
-        await gw.store.release_reconcile(op.operation_id, lookup_owner)
     # Operations are never deleted, so the row is there; fall back on the old one regardless.
     current = await gw.store.load(op.operation_id) or op
+    stale = stale_reason(guard, current)  # read before the lookup's lease is given back
+    if lookup_owner is not None:
+        await gw.store.release_reconcile(op.operation_id, lookup_owner)
+        current = await gw.store.load(op.operation_id) or current
     explained = decide_by_state(target.provider, current)
     if isinstance(explained, Forward) and current.attempts != op.attempts:
         # It was claimable a moment ago and is again: another attempt won and already ended.
         explained = Deny(Reason.OPERATION_IN_FLIGHT, "another attempt claimed it first", 1)
+    elif isinstance(explained, Forward) and stale is not None:
+        # A writer moved the row since the decision read it, or the decision outlived its
+        # deadline: what was decided is not committed; the next request decides afresh.
+        explained = Deny(Reason.DECISION_STALE, f"{stale}: nothing was sent", 1)
     elif isinstance(explained, Forward):
-        # No attempt came between, and the row still allows the send: the statement refused
-        # what the checks allow (or the row moved under a lookup's unchanged_since). Named,
-        # never sent; the next request decides again.
+        # No attempt came between, the row is as decided, the deadline holds, and the row
+        # still allows the send: the statement refused what the checks allow. Named, never
+        # sent; the next request decides again.
         _log.warning(
             "claim_refused",
             operation_id=op.operation_id,
@@ -747,7 +755,7 @@ async def _claim(
             claim=explained.claim.value,
             attempts=current.attempts,
             after_lookup=lookup_owner is not None,
-            unchanged_since=None if unchanged_since is None else unchanged_since.isoformat(),
+            read_version=guard.read_version.isoformat(),
         )
         explained = Deny(
             Reason.CLAIM_REFUSED,
@@ -773,6 +781,12 @@ def _remember_cut_off(gw: Gateway, claim: CutOffClaim) -> None:
         return released is not None
 
     gw.cut_off.remember(claim, release)
+
+
+def _decision_seconds(gw: Gateway, target: Target) -> float:
+    """How long a decision may take to commit after its read (its lookups included): as long
+    as an attempt's lease; one older rests on facts that time alone may have changed."""
+    return _lease_seconds(gw, target)
 
 
 def _lease_seconds(gw: Gateway, target: Target) -> float:

@@ -54,6 +54,7 @@ class Reason(StrEnum):
     RECONCILE_REQUIRED = "reconcile_required"
     OPERATION_ESCALATED = "operation_escalated"
     CLAIM_REFUSED = "claim_refused"
+    DECISION_STALE = "decision_stale"
     # proposals (the agent asks a human for the approval of an exact request)
     PROPOSAL_INVALID = "proposal_invalid"
     APPROVAL_NOT_SENDABLE = "approval_not_sendable"
@@ -112,6 +113,7 @@ RETRYABLE: frozenset[Reason] = frozenset(
         Reason.BODY_TIMEOUT,
         Reason.OPERATION_IN_FLIGHT,
         Reason.CLAIM_REFUSED,
+        Reason.DECISION_STALE,
         Reason.PRECONDITION_UNVERIFIABLE,
         Reason.AGENT_CONCURRENCY_EXCEEDED,
         Reason.RATE_LIMITED,
@@ -322,6 +324,12 @@ REASONS: dict[Reason, ReasonInfo] = {
         "The claim refused a send the operation's state allows",
         "Nothing was sent. Ask again after Retry-After; if it persists, the operator has the "
         "log line claim_refused (read get_operation's next_action meanwhile).",
+    ),
+    Reason.DECISION_STALE: ReasonInfo(
+        409,
+        "The operation changed, or the decision's deadline passed, before the claim",
+        "Nothing was sent. Send the identical request again: it is decided on the row as it "
+        "is then.",
     ),
     Reason.PROPOSAL_INVALID: ReasonInfo(
         400,

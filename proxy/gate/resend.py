@@ -33,12 +33,11 @@ import json
 import math
 import secrets
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from proxy.gate.checks import reconcile_required
 from proxy.gate.classify import object_id_from
-from proxy.gate.decision import Deny
+from proxy.gate.decision import ClaimKind, Deny
 from proxy.gate.lookup import (
     ask_provider,
     grace_remaining,
@@ -46,6 +45,7 @@ from proxy.gate.lookup import (
     lookup_lease_seconds,
 )
 from proxy.gate.reasons import Reason
+from proxy.gate.transitions import ClaimRule, seconds_until, transition
 from proxy.policy.model import Provider, Reconcile
 from proxy.runtime import Gateway
 from proxy.store.operation import Operation, Status
@@ -56,36 +56,33 @@ from proxy.store.store import ProviderAnswer
 class Cleared:
     """The re-send may be claimed. ``lookup_owner``: the reconciliation lease under which the
     provider showed no effect (None: the claim must rest on the key or on ``not_sent``);
-    ``leased_at``: the row's ``updated_at`` once that lease was taken (the lease's own write),
-    which a claim that needs the row unchanged compares with."""
+    ``decided_on``: the row as this last read it (the lease's own write, or what an
+    inconclusive lookup left), whose version and deadline guard the claim
+    (transitions.commit_guard)."""
 
     lookup_owner: str | None
-    leased_at: datetime | None = None
+    decided_on: Operation
 
 
 async def ask_before_resend(
-    gw: Gateway,
-    provider: Provider,
-    reconcile: Reconcile,
-    op: Operation,
-    unchanged_since: datetime | None = None,
+    gw: Gateway, provider: Provider, reconcile: Reconcile, op: Operation
 ) -> Cleared | Operation | Deny:
-    """Cleared to claim; or the operation as the lookup settled it; or a refusal.
-    ``unchanged_since``: the row's ``updated_at`` as a precondition lookup saw it; the lease
-    is taken only on the row unchanged since."""
-    window = provider.dedup_window_for(provider.rule_named(op.action))
+    """Cleared to claim; or the operation as the lookup settled it; or a refusal. ``op``: the
+    row as the gate decided on it; the lease is taken only on the row unchanged since."""
+    rule = ClaimRule.of(provider, op.action)
     owner = f"{gw.settings.instance_id}:resend:{secrets.token_hex(4)}"
     lease = lookup_lease_seconds(provider, reconcile, gw.settings.lease_margin_seconds)
     taken = await gw.store.claim_reconcile_one(
-        op.operation_id, owner, lease, in_doubt=True, unchanged_since=unchanged_since
+        op.operation_id, owner, lease, in_doubt=True, unchanged_since=op.updated_at
     )
     if taken is None:
         current = await gw.store.load(op.operation_id) or op
-        if not _only_paced(current, op):
-            return Cleared(None)  # it moved on: the claim fails and is explained from the row
+        if not only_paced(current, op, rule):
+            # it moved on: the claim, guarded by the row as decided, fails and is explained
+            return Cleared(None, op)
         # Asked too recently: the re-send waits for the next lookup rather than rest on the
         # key alone; the provider may have shown the effect since.
-        due_in = _seconds_until(current, current.next_reconcile_at)
+        due_in = seconds_until(current, current.next_reconcile_at)
         return Deny(
             Reason.RECONCILE_REQUIRED,
             f"the provider is asked before a re-send; the next lookup is due in {due_in} s",
@@ -118,29 +115,22 @@ async def ask_before_resend(
     in_doubt = taken.lookup_before_send is not None
     wait = grace_remaining(taken, grace_seconds_for(provider, reconcile, taken))
     if asked.all_absent_conclusively() and wait <= 0:
-        return Cleared(owner, taken.updated_at)
+        return Cleared(owner, taken)
     retry_in: float = wait if asked.all_absent_conclusively() else reconcile.retry_seconds
-    await gw.store.reconcile_inconclusive(
+    left = await gw.store.reconcile_inconclusive(
         op.operation_id, owner, retry_in, evidence, expected_attempts=taken.attempts
     )
-    if taken.key_deduplicated(window) and not in_doubt:
-        return Cleared(None)
+    if taken.key_deduplicated(rule.dedup_window_seconds) and not in_doubt:
+        return Cleared(None, left or taken)
     return reconcile_required(provider, taken, max(1, math.ceil(retry_in)))
 
 
-def _only_paced(current: Operation, decided_on: Operation) -> bool:
-    """The row is as the decision saw it, and only the pacing kept the lookup from starting."""
-    in_doubt = current.status is Status.CREATED and current.lookup_before_send is not None
+def only_paced(current: Operation, decided_on: Operation, rule: ClaimRule) -> bool:
+    """Only the pacing kept the lookup's lease from being taken: the row, read again, is the
+    version the decision read, and still allows a re-send after a lookup (transitions.py: so
+    no lease is live, nothing settled or escalated it); of claim_reconcile_one's conditions,
+    only the next lookup's moment is left."""
     return (
-        (current.status is Status.DISPATCHED or in_doubt)
-        and current.attempts == decided_on.attempts
-        and current.escalated_at is None
-        and not current.lease_is_live()
-        and not current.reconciliation_is_live()
+        current.updated_at == decided_on.updated_at
+        and transition(current, rule).claim is ClaimKind.RESEND_AFTER_LOOKUP
     )
-
-
-def _seconds_until(op: Operation, moment: datetime | None) -> int:
-    if moment is None:
-        return 1
-    return max(1, math.ceil((moment - op.read_at).total_seconds()))

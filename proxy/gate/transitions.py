@@ -24,6 +24,11 @@ FIRST, RESEND and ``ask_then_resend`` (whose lookup may fall back on the key) as
 the other RESEND_AFTER_LOOKUP transitions only for the holder of a live lookup lease under which
 the provider showed no effect (proxy/gate/resend.py); it claims nothing the gate refuses.
 tests/gate/test_transitions_agree.py drives every state and rule through both and checks it.
+It commits only the decision made here, on the row as read (``commit_guard``): the row's version
+then (its ``updated_at``, which every statement that writes the row moves) and the decision's
+deadline (the approval's expiry, the lookup lease it rests on, and its own lifetime). A row that
+changed since, or a deadline passed, claims nothing: the caller reads the row again and says
+why (``decision_stale``), and decides afresh only on a new request.
 
 Where the gate and recovery say different things of one state, this is why:
 (a) The approval ended: the gate names what stops the send; recovery says what to do about
@@ -49,8 +54,8 @@ Where the gate and recovery say different things of one state, this is why:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -203,6 +208,95 @@ def reconcile_reason(rule: ClaimRule, op: Operation) -> str:
             f"({rule.dedup_window_seconds:g} s after creation)"
         )
     return f"the last attempt ended {op.last_outcome or 'without an answer'}; {why}"
+
+
+# --- reconciliation: what the holder of a row's reconciliation lease does with it ------------
+class Reconciling(StrEnum):
+    """What reconciliation (proxy/recovery/reconcile.py) does with a dispatched row whose
+    reconciliation lease it holds, decided on the transition the row has for anyone else (as
+    if the lease were free), so that it leaves to the agent exactly what the gate would send:
+
+        give_back           in doubt after a timeline switch, never sent here, approval
+                            standing: the agent's send asks the provider first (in_doubt),
+                            which a paced lookup here would hold up until expiry
+        leave_until_expiry  never sent, approval standing (resend_not_sent): the agent may
+                            still send it
+        no_effect           never sent, approval ended (beneath: resend_not_sent): nothing
+                            left and nothing may leave any more; settled failed, unasked
+        leave_while_deduplicated
+                            no lookup declared, the provider still deduplicates the key
+                            (resend_deduplicated): the agent's re-send is safe while it does
+        escalate            no lookup declared, and nothing else: a human decides (a row in
+                            doubt after a timeline switch included, key or no key: the gate
+                            escalates it at the agent's next send, in_doubt_unverifiable)
+        look_up             the rule declares lookups: the provider is asked
+    """
+
+    GIVE_BACK = "give_back"
+    LEAVE_UNTIL_EXPIRY = "leave_until_expiry"
+    NO_EFFECT = "no_effect"
+    LEAVE_WHILE_DEDUPLICATED = "leave_while_deduplicated"
+    ESCALATE = "escalate"
+    LOOK_UP = "look_up"
+
+
+def reconciling(op: Operation, rule: ClaimRule) -> Reconciling:
+    """What reconciliation does with ``op`` (dispatched, not escalated: an escalated row is
+    only looked at again), whose reconciliation lease the caller holds."""
+    step = transition(replace(op, reconcile_lease_until=None), rule)
+    never_sent = op.last_outcome == LastOutcome.NOT_SENT
+    if step.kind in (Kind.IN_DOUBT, Kind.IN_DOUBT_UNVERIFIABLE) and never_sent:
+        return Reconciling.GIVE_BACK
+    if step.kind is Kind.RESEND_NOT_SENT:
+        return Reconciling.LEAVE_UNTIL_EXPIRY
+    if step.beneath is not None and step.beneath.kind is Kind.RESEND_NOT_SENT:
+        return Reconciling.NO_EFFECT
+    if rule.lookups:
+        return Reconciling.LOOK_UP
+    if step.kind is Kind.RESEND_DEDUPLICATED:
+        return Reconciling.LEAVE_WHILE_DEDUPLICATED
+    return Reconciling.ESCALATE
+
+
+# --- committing a decision: on the row as read, before its deadline --------------------------
+@dataclass(frozen=True)
+class CommitGuard:
+    """What the statement committing a transition decided on a read requires: the row's
+    version as read (``updated_at``), and the moment after which the decision is stale (on the
+    database's clock, as ``read_at`` is)."""
+
+    read_version: datetime
+    decided_before: datetime
+
+
+def commit_guard(
+    op: Operation, lifetime_seconds: float, lease_until: datetime | None = None
+) -> CommitGuard:
+    """The guard of a decision made on ``op`` (the row as read): unchanged since, and before
+    the earliest of the approval's expiry, ``lifetime_seconds`` after the read (how long the
+    decider may take to commit: a decision older than that rests on facts that time alone may
+    have changed, leases lapsed, a key's deduplication ended), and the end of the lookup lease
+    the decision rests on (``lease_until``)."""
+    deadline = min(op.expires_at, op.read_at + timedelta(seconds=lifetime_seconds))
+    if lease_until is not None:
+        deadline = min(deadline, lease_until)
+    return CommitGuard(op.updated_at, deadline)
+
+
+def stale_reason(guard: CommitGuard, current: Operation) -> str | None:
+    """Why a decision guarded by ``guard`` no longer holds of ``current`` (the row read again
+    after its commit claimed nothing); None: it still would."""
+    if current.updated_at != guard.read_version:
+        return (
+            f"the operation changed while this request was decided (read at version "
+            f"{guard.read_version.isoformat()}, now {current.updated_at.isoformat()})"
+        )
+    if current.read_at >= guard.decided_before:
+        return (
+            f"the decision was stale before it could commit (its deadline "
+            f"{guard.decided_before.isoformat()} passed)"
+        )
+    return None
 
 
 # --- the gate: what a request identical to the approval gets ---------------------------------

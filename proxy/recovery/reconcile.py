@@ -35,10 +35,11 @@ from proxy.gate.lookup import (
     grace_seconds_for,
     lookup_lease_seconds,
 )
+from proxy.gate.transitions import ClaimRule, Reconciling, reconciling
 from proxy.policy.set import PolicySet
 from proxy.recovery.x402_state import payment_of, reconcile_payment
 from proxy.runtime import Gateway
-from proxy.store.operation import LastOutcome, Operation, Status
+from proxy.store.operation import Operation, Status
 from proxy.store.store import ProviderAnswer
 
 _log = structlog.get_logger("opgate.reconcile")
@@ -88,18 +89,14 @@ async def reconcile_claimed(gw: Gateway, op: Operation, owner: str) -> Operation
     store, attempts = gw.store, op.attempts
     if op.escalated_at is not None:
         return await _look_at_escalated(gw, op, owner, evidence)
-    if op.last_outcome == LastOutcome.NOT_SENT and op.lookup_before_send is not None:
-        if op.approval_stands():
-            # Nothing left on this timeline, but the lost one may have re-sent it: the agent's
-            # send looks it up first (proxy/gate/resend.py), and must not find the lookup
-            # paced until expiry. Given back unpaced; otherwise looked up as any unknown.
-            await store.release_reconcile(op.operation_id, owner)
-            return await store.load(op.operation_id)
-    elif op.last_outcome == LastOutcome.NOT_SENT:
-        if not op.approval_stands():
-            # Nothing ever left and nothing may leave any more: no effect, without asking.
-            return await _settle_no_effect(gw, op, owner, evidence)
-        # Nothing left yet and the agent may still send it: leave it to the agent until expiry.
+    claim_rule = ClaimRule.of(provider, op.action)
+    handling = reconciling(op, claim_rule)  # proxy/gate/transitions.py says why each
+    if handling is Reconciling.GIVE_BACK:
+        await store.release_reconcile(op.operation_id, owner)
+        return await store.load(op.operation_id)
+    if handling is Reconciling.NO_EFFECT:
+        return await _settle_no_effect(gw, op, owner, evidence)
+    if handling is Reconciling.LEAVE_UNTIL_EXPIRY:
         until_expiry = max(1.0, (op.expires_at - op.read_at).total_seconds())
         return await store.reconcile_inconclusive(
             op.operation_id, owner, until_expiry, evidence, expected_attempts=attempts
@@ -109,11 +106,10 @@ async def reconcile_claimed(gw: Gateway, op: Operation, owner: str) -> Operation
     if paying is not None and payment is not None:  # its nonce is the evidence (x402_state.py)
         return await reconcile_payment(gw, paying, op, payment, owner, evidence)
     if provider is None or reconcile is None:
-        dedup_window = provider.dedup_window_for(rule) if provider is not None else None
-        if op.key_deduplicated(dedup_window) and op.approval_stands():
+        if handling is Reconciling.LEAVE_WHILE_DEDUPLICATED:
             # Nothing to ask, but the agent is told to retry and the provider deduplicates the
             # re-send: leave it to the agent while that holds, then a human decides.
-            window = dedup_window or 0.0
+            window = claim_rule.dedup_window_seconds or 0.0
             until = min(op.expires_at, op.created_at + timedelta(seconds=window))
             return await store.reconcile_inconclusive(
                 op.operation_id,

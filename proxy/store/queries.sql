@@ -182,14 +182,21 @@ ON CONFLICT (timeline_id) DO UPDATE
 --   not deduplicate; counted from creation, before which the key was never sent), or
 --   the caller (after_lookup_by) holds a live reconciliation lease under which the provider's
 --   complete list showed no effect (the lease is consumed: no other attempt could start meanwhile).
--- unchanged_since, when given: the row's updated_at when it was read for the rule's
--- precondition lookup (proxy/gate/preconditions.py); the claim then requires the row unchanged
--- since.
+-- The decision it commits was made on a read of the row (proxy/gate/transitions.py), and it
+-- commits only that decision: read_version, the row's updated_at as the decision read it (every
+-- statement that writes the row moves it), must still be the row's, and decided_before, the
+-- decision's deadline (the approval's expiry counted in), must not have passed. Zero rows is a
+-- conflict, explained from a fresh read (proxy/gate/pipeline.py), never retried blindly. NULL:
+-- no read to compare with (tests and tools that claim a row they did not decide on).
 -- The claim's transaction waits for a synchronous standby whatever synchronous_commit the
 -- server, database or role says (local or off would acknowledge a claim a failover can lose,
 -- and its request would leave twice): set_config(..., true) lasts to the end of this
 -- transaction, so it holds through PgBouncer's transaction pooling; remote_apply is kept.
 -- It is in `named`'s WHERE, which every claim evaluates, so the planner cannot drop it.
+-- `named` also locks the row before the UPDATE reads it: a claim that waited for the row (another
+-- transaction locked it, or changed it and rolled back) then compares its conditions with the
+-- time after the wait. Without it, PostgreSQL rechecks a waiting UPDATE's conditions only when
+-- the row was changed and committed, and a decision could commit past its deadline.
 -- A row marked lookup_before_send (a timeline switch put it in doubt: timeline_seen) is claimed
 -- only by the holder (after_lookup_by) of a live reconciliation lease, under which the provider
 -- showed no effect (proxy/gate/resend.py), whatever its status. The claim clears it.
@@ -198,10 +205,12 @@ ON CONFLICT (timeline_id) DO UPDATE
 -- row), never now(), the transaction's start: an approval that expired during the wait is not
 -- claimed, and the lease and dispatched_at run from the claim itself.
 WITH named AS (
-    SELECT %(operation_id)s::text AS id
-     WHERE set_config('synchronous_commit',
+    SELECT operation_id AS id FROM operations
+     WHERE operation_id = %(operation_id)s
+       AND set_config('synchronous_commit',
                       CASE current_setting('synchronous_commit')
                            WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) <> ''
+       FOR NO KEY UPDATE
 ), claimed AS (
     UPDATE operations
        SET status = 'dispatched', attempts = attempts + 1, dispatched_at = clock_timestamp(),
@@ -231,7 +240,8 @@ WITH named AS (
                                            + make_interval(secs => %(dedup_window_seconds)s))))
                      OR (reconcile_owner = %(after_lookup_by)s
                          AND reconcile_lease_until > clock_timestamp()))))
-       AND (%(unchanged_since)s::timestamptz IS NULL OR updated_at = %(unchanged_since)s)
+       AND (%(read_version)s::timestamptz IS NULL OR updated_at = %(read_version)s)
+       AND (%(decided_before)s::timestamptz IS NULL OR clock_timestamp() < %(decided_before)s)
     RETURNING *
 )
 SELECT c.*, clock_timestamp() AS read_at FROM claimed c;
@@ -294,7 +304,7 @@ SELECT CASE WHEN %(by_tenant)s::bool THEN tenant END AS tenant,
 -- status (no transition); the lookup's evidence (evidence) is kept as its event, which the recovery
 -- read answers from (new_approval_required). Only while nothing of the operation has left and
 -- no attempt is in flight.
--- The row is updated only to write the record (its updated_at, which a claim's unchanged_since
+-- The row is updated only to write the record (its updated_at, which a claim's read_version
 -- compares, stays). Returns the record's seq in the operation's stream.
 UPDATE operations
    SET audit_event = jsonb_build_object('event', 'precondition_failed', 'actor', %(actor)s::text,
@@ -431,7 +441,7 @@ SELECT o.*, now() AS read_at FROM operations o
 -- that a timeline switch put in doubt (lookup_before_send): the lookup before its first send here
 -- (proxy/gate/resend.py). Reconciliation (in_doubt false) never takes a created row: absence there
 -- means "send it", not "failed". unchanged_since, when given: the row's updated_at as a
--- precondition lookup saw it (claim_operation's unchanged_since); the lease is taken only on the
+-- decision that asks read it (claim_operation's read_version); the lease is taken only on the
 -- row unchanged since, and the claim then needs it unchanged since the lease.
 WITH taken AS (
     UPDATE operations

@@ -109,8 +109,10 @@ class Claim:
     numbered ``expected_attempts``, the lease taken by ``owner`` for ``lease_seconds``.
     ``dedup_window_seconds``: how long after creation the provider deduplicates the key (None:
     never relied on). ``after_lookup_by``: the live lookup lease under which the provider showed
-    no effect. ``unchanged_since``: the row's ``updated_at`` as a precondition lookup saw it;
-    the claim then needs it unchanged. ``actor``: the claim event's (None: the owner)."""
+    no effect. ``read_version``: the row's ``updated_at`` as the decision read it, and
+    ``decided_before``: the decision's deadline (proxy/gate/transitions.py ``commit_guard``);
+    the claim commits only on the row unchanged since, before the deadline (None: unguarded,
+    for a caller that decided on no read). ``actor``: the claim event's (None: the owner)."""
 
     operation_id: str
     owner: str
@@ -118,7 +120,8 @@ class Claim:
     expected_attempts: int
     dedup_window_seconds: float | None = None
     after_lookup_by: str | None = None
-    unchanged_since: datetime | None = None
+    read_version: datetime | None = None
+    decided_before: datetime | None = None
     actor: str | None = None
 
     def arguments(self) -> dict[str, Any]:
@@ -566,7 +569,7 @@ class Store:
     ) -> Operation | None:
         """The reconciliation lease of a dispatched operation; with ``in_doubt``, also of a
         created one that a timeline switch put in doubt (its lookup before the send).
-        ``unchanged_since``: the row's ``updated_at`` as a precondition lookup saw it."""
+        ``unchanged_since``: the row's ``updated_at`` as the decision that asks read it."""
         return await self._one(
             "claim_reconcile_one",
             operation_id=operation_id,

@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from proxy.gate import preconditions
+from proxy.gate import pipeline, preconditions
+from proxy.recovery.reconcile import reconcile_now
+from proxy.store.operation import Operation, Status
+from proxy.store.store import Claim
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import Opgate, StartOpgate
 from tests.support.pipeline import op_header
@@ -166,3 +169,61 @@ async def test_a_claim_the_statement_refuses_though_the_checks_allow_it_is_logge
     [line] = [entry for entry in logs if entry["event"] == "claim_refused"]
     assert line["operation_id"] == op["operation_id"]
     assert (line["transition"], line["claim"], line["attempts"]) == ("first", "first", 0)
+
+
+# --- the claim commits the decision made on the row as read, before its deadline -------------
+_DISPATCHED_NOT_SENT = """
+UPDATE operations SET status = 'dispatched', attempts = 1, unsent_attempts = 1,
+       last_outcome = 'not_sent', dispatched_at = clock_timestamp(),
+       attempt_ended_at = clock_timestamp(), updated_at = clock_timestamp()
+ WHERE operation_id = $1
+"""
+
+
+async def test_a_decision_on_a_row_a_concurrent_writer_moved_claims_nothing(
+    fault_gate: Opgate, fault_provider: FaultProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A re-send decided on a row whose last attempt never left, while the reconciler, between
+    the read and the claim, takes and gives back the row's lease (leaving it to the agent):
+    the claim commits nothing the decision did not see; the agent is told decision_stale,
+    nothing is sent, and the next request, decided on the row as it is then, sends it once."""
+    op = await fault_gate.approve()
+    gw = fault_gate.running.gateway
+    await gw.store.run(lambda conn: conn.execute(_DISPATCHED_NOT_SENT, op["operation_id"]))
+    real_claim = gw.store.claim
+    written: list[Operation | None] = []
+
+    async def claim_after_a_concurrent_write(
+        claim: Claim, loaded: Operation | None = None
+    ) -> Operation | None:
+        if not written:  # the reconciler's pass, on its own connections, commits first
+            written.append(await reconcile_now(gw, claim.operation_id))
+        return await real_claim(claim, loaded)
+
+    monkeypatch.setattr(gw.store, "claim", claim_after_a_concurrent_write)
+    status, _, body = await fault_gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))
+    assert status == 409, body
+    assert json.loads(body)["code"] == "decision_stale"
+    assert fault_provider.requests == []
+    [moved] = written
+    assert moved is not None
+    assert (moved.status, moved.attempts) == (Status.DISPATCHED, 1)
+    status, _, body = await fault_gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))
+    assert status == 200, body
+    assert len(fault_provider.requests) == 1
+
+
+async def test_a_decision_past_its_deadline_claims_nothing(
+    fault_gate: Opgate, fault_provider: FaultProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first send whose decision may live no time at all (its deadline is its read): the
+    claim, committed after it, claims nothing; decision_stale, nothing sent, the row created."""
+    op = await fault_gate.approve()
+    monkeypatch.setattr(pipeline, "_decision_seconds", lambda gw, target: 0.0, raising=False)
+    status, _, body = await fault_gate.send(REFUND, data=GOOD_BODY, headers=op_header(op))
+    assert status == 409, body
+    assert json.loads(body)["code"] == "decision_stale"
+    assert fault_provider.requests == []
+    row = await fault_gate.running.gateway.store.load(op["operation_id"])
+    assert row is not None
+    assert (row.status, row.attempts) == (Status.CREATED, 0)

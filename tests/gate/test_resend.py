@@ -5,11 +5,19 @@ inconclusive answer lets it go only while the provider still deduplicates on the
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 
 import asyncpg
+import pytest
 
+from proxy.gate.decision import ClaimKind
+from proxy.gate.resend import only_paced
+from proxy.gate.transitions import ClaimRule, transition
+from proxy.store.operation import LastOutcome, Operation, Status
 from tests.support.fault_provider import FaultMode, FaultProvider
+from tests.support.operations import NOW, operation
 from tests.support.opgate import StartOpgate, admin_headers, fault_policy
 from tests.support.pipeline import GOOD_BODY, op_header
 
@@ -201,3 +209,49 @@ async def test_a_re_send_waits_for_its_lookup_when_one_was_just_made(
         )
     assert (status, headers.get("Idempotent-Replayed")) == (200, "true")
     assert len(fault_provider.effects) == 1
+
+
+# --- "only the pacing kept the lookup": asked of the transition module ------------------------
+_DECIDED = operation(
+    status=Status.DISPATCHED,
+    attempts=1,
+    last_outcome=LastOutcome.UNKNOWN_TIMEOUT,
+    lease_until=NOW - timedelta(seconds=1),
+    next_reconcile_at=NOW + timedelta(seconds=30),
+    created_at=NOW - timedelta(hours=1),
+)
+_ASKS = ClaimRule("fault", None, lookups=True)
+_MOVED = NOW + timedelta(microseconds=1)
+_IN_DOUBT = replace(_DECIDED, status=Status.CREATED, attempts=0, lookup_before_send=NOW)
+ONLY_PACED_CASES: dict[str, tuple[Operation, bool]] = {
+    "unchanged, the next lookup not due": (_DECIDED, True),
+    "unchanged, in doubt after a switch (created)": (_IN_DOUBT, True),
+    "moved by another writer": (replace(_DECIDED, updated_at=_MOVED), False),
+    "another attempt in flight": (
+        replace(_DECIDED, updated_at=_MOVED, attempts=2, lease_until=NOW + timedelta(seconds=9)),
+        False,
+    ),
+    "settled": (replace(_DECIDED, status=Status.CONFIRMED), False),
+    "escalated": (replace(_DECIDED, escalated_at=NOW), False),
+    "revoked": (replace(_DECIDED, revoked_at=NOW), False),
+    "expired": (replace(_DECIDED, expires_at=NOW), False),
+    "reconciling": (replace(_DECIDED, reconcile_lease_until=NOW + timedelta(seconds=9)), False),
+    "never sent (re-sent without a lookup)": (
+        replace(_DECIDED, last_outcome=LastOutcome.NOT_SENT),
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(ONLY_PACED_CASES))
+def test_only_the_pacing_kept_the_lookup_when_the_transition_still_asks_first(
+    scenario: str,
+) -> None:
+    """The lease refused on a row that is the version decided on and whose transition still
+    claims after a lookup: paced (told when the next lookup is due); anything else moved on
+    (the claim, guarded by the version, fails and is explained from the row)."""
+    current, paced = ONLY_PACED_CASES[scenario]
+    decided_on = _IN_DOUBT if current is _IN_DOUBT else _DECIDED
+    assert only_paced(current, decided_on, _ASKS) is paced
+    step = transition(current, _ASKS)
+    assert paced == (step.claim is ClaimKind.RESEND_AFTER_LOOKUP and current.updated_at == NOW)

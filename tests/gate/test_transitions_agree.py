@@ -2,7 +2,8 @@
 through ``transitions.transition`` and through queries.sql ``claim_operation`` on a real
 PostgreSQL. Where the module claims without a lookup, the statement claims as the gate calls it;
 where it claims after a lookup, the statement claims for the holder of the lookup's lease; where
-it refuses, the statement claims nothing."""
+it refuses, the statement claims nothing; and where a concurrent writer moved the row after the
+read, the statement, guarded by the version read (``commit_guard``), claims nothing either."""
 
 from __future__ import annotations
 
@@ -16,7 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.gate.decision import ClaimKind
-from proxy.gate.transitions import CLAIMED_WITHOUT_LOOKUP, ClaimRule, Kind, transition
+from proxy.gate.transitions import (
+    CLAIMED_WITHOUT_LOOKUP,
+    ClaimRule,
+    Kind,
+    commit_guard,
+    transition,
+)
 from proxy.store import queries
 from proxy.store.operation import LastOutcome, Operation, Status
 from proxy.store.store import Claim, operation_from_record, operation_values
@@ -156,22 +163,38 @@ async def _row(conn: asyncpg.Connection, operation_id: str, state: RowState) -> 
 
 
 async def _claims(
-    conn: asyncpg.Connection, op: Operation, rule: ClaimRule, *, after_lookup: bool
+    conn: asyncpg.Connection,
+    op: Operation,
+    rule: ClaimRule,
+    *,
+    after_lookup: bool,
+    moved: bool = False,
 ) -> bool:
-    """Whether claim_operation claims ``op`` as the gate calls it (after its own lookup, under
-    that lookup's lease), rolled back so that the row stays as it was."""
+    """Whether claim_operation claims ``op`` as the gate calls it (guarded by the row's version
+    as read and the decision's deadline; after its own lookup, under that lookup's lease, on
+    the row as the lease left it), rolled back so that the row stays as it was. ``moved``: a
+    concurrent writer changed the row (nothing but its version) after the read."""
     transaction = conn.transaction()
     await transaction.start()
     try:
         looker = None
+        guard = commit_guard(op, 3600.0)
         if after_lookup:
             looker = "the-gate-lookup"
-            await conn.execute(
+            leased = await conn.fetchrow(
                 "UPDATE operations SET reconcile_owner = $2,"
-                " reconcile_lease_until = clock_timestamp() + interval '1 hour'"
-                " WHERE operation_id = $1",
+                " reconcile_lease_until = clock_timestamp() + interval '1 hour',"
+                " updated_at = clock_timestamp()"
+                " WHERE operation_id = $1 RETURNING *, clock_timestamp() AS read_at",
                 op.operation_id,
                 looker,
+            )
+            lease = operation_from_record(leased)
+            guard = commit_guard(lease, 3600.0, lease.reconcile_lease_until)
+        if moved:
+            await conn.execute(
+                "UPDATE operations SET updated_at = clock_timestamp() WHERE operation_id = $1",
+                op.operation_id,
             )
         claim = Claim(
             op.operation_id,
@@ -180,6 +203,8 @@ async def _claims(
             expected_attempts=op.attempts,
             dedup_window_seconds=rule.dedup_window_seconds,
             after_lookup_by=looker,
+            read_version=guard.read_version,
+            decided_before=guard.decided_before,
         )
         return await queries.fetchrow(conn, "claim_operation", **claim.arguments()) is not None
     finally:
@@ -197,6 +222,10 @@ async def _agree(
     assert claimed == (step.kind in CLAIMED_WITHOUT_LOOKUP), f"{told}, the statement {claimed}"
     if step.claim is ClaimKind.RESEND_AFTER_LOOKUP:
         assert await _claims(conn, op, rule, after_lookup=True), f"{told}, after the lookup"
+    # a decision on a row another writer moved since commits nothing, whatever it decided
+    lookup = step.claim is ClaimKind.RESEND_AFTER_LOOKUP
+    stale = await _claims(conn, op, rule, after_lookup=lookup, moved=True)
+    assert not stale, f"{told}, and the statement claimed a row that moved since"
     return step.kind
 
 

@@ -155,7 +155,8 @@ async def _claim(conn: asyncpg.Connection, operation_id: str) -> None:
     claimed = await queries.fetchrow(
         conn, "claim_operation",
         operation_id=operation_id, owner="me", lease_seconds=30.0, expected_attempts=0,
-        actor=None, dedup_window_seconds=None, after_lookup_by=None, unchanged_since=None,
+        actor=None, dedup_window_seconds=None, after_lookup_by=None,
+        read_version=None, decided_before=None,
     )  # fmt: skip
     assert claimed is not None
 

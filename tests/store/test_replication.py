@@ -108,7 +108,7 @@ async def test_claim_sets_its_own_synchronous_commit(database_url: str) -> None:
                 conn, "claim_operation",
                 operation_id="op_sync", owner="me", lease_seconds=30.0, expected_attempts=0,
                 actor=None, dedup_window_seconds=None, after_lookup_by=None,
-                unchanged_since=None,
+                read_version=None, decided_before=None,
             )  # fmt: skip
             assert claimed is not None
             level = await conn.fetchval("SHOW synchronous_commit")

@@ -397,14 +397,14 @@ async def test_a_full_pool_still_fails_closed_after_the_acquire_timeout(database
         await small.close()
 
 
-async def test_a_claim_after_a_lookup_needs_the_row_unchanged_since(store: Store) -> None:
-    """A claim given the updated_at its precondition lookup saw fails once the row changed
-    (its updated_at is no longer the one seen), and goes while it is as it was."""
+async def test_a_claim_needs_the_row_at_the_version_its_decision_read(store: Store) -> None:
+    """A claim given the updated_at its decision read fails once the row changed (its
+    updated_at is no longer the one read), and goes while it is as it was."""
     created = await store.create(new_operation("op_pre"), actor="test")
     assert created is not None
     seen = created.updated_at
     claimed = await store.claim(
-        Claim("op_pre", owner="a", lease_seconds=30, expected_attempts=0, unchanged_since=seen)
+        Claim("op_pre", owner="a", lease_seconds=30, expected_attempts=0, read_version=seen)
     )
     assert claimed is not None
     await store.create(new_operation("op_pre2"), actor="test")
@@ -412,7 +412,7 @@ async def test_a_claim_after_a_lookup_needs_the_row_unchanged_since(store: Store
     assert before is not None
     stale = before.updated_at - timedelta(microseconds=1)
     refused = await store.claim(
-        Claim("op_pre2", owner="a", lease_seconds=30, expected_attempts=0, unchanged_since=stale)
+        Claim("op_pre2", owner="a", lease_seconds=30, expected_attempts=0, read_version=stale)
     )
     assert refused is None
 

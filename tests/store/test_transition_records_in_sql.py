@@ -242,7 +242,8 @@ async def _claim(conn: asyncpg.Connection, operation_id: str, expected_attempts:
         conn, "claim_operation",
         operation_id=operation_id, owner="gw-1", lease_seconds=30.0,
         expected_attempts=expected_attempts, actor=None, dedup_window_seconds=86400.0,
-        after_lookup_by=None, unchanged_since=None,
+        after_lookup_by=None,
+        read_version=None, decided_before=None,
     )  # fmt: skip
     assert claimed is not None
 
