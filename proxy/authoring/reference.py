@@ -241,6 +241,13 @@ MEANINGS: dict[Reason, str] = {
         "limit and what was paid in its window are attached (`limit`). The attempt ends as "
         "never sent: the operation may pay once the window has room."
     ),
+    Reason.X402_MANDATE_BUDGET_EXCEEDED: (
+        "Keeping the payment of an operation made under an AP2 open mandate would take the "
+        "payments kept under that mandate (across its payees, whoever signs) past its "
+        "`payment.budget`, summed through the payments file's pegs under the mandate's lock; or "
+        "a payment's asset has no peg to the mandate's currency, or the mandate's budget was "
+        "never recorded: nothing was kept or sent (docs/x402.md)."
+    ),
     Reason.PRECONDITION_FAILED: (
         "The rule's preconditions (a lookup at the provider before the send) no longer hold: "
         "the lookup's evidence is attached, nothing was sent, the row stays `created` and the "

@@ -86,6 +86,7 @@ class Reason(StrEnum):
     X402_PAYMENT_INVALID = "x402_payment_invalid"
     PAYMENT_AUTHORIZATION_MISMATCH = "payment_authorization_mismatch"
     X402_BUDGET_EXCEEDED = "x402_budget_exceeded"
+    X402_MANDATE_BUDGET_EXCEEDED = "x402_mandate_budget_exceeded"
     # limits
     AGENT_CONCURRENCY_EXCEEDED = "agent_concurrency_exceeded"
     RATE_LIMITED = "rate_limited"
@@ -486,6 +487,13 @@ REASONS: dict[Reason, ReasonInfo] = {
         "Nothing was paid or sent, and re-sending will not help while the limit is spent: the "
         "limit and what its tenant or agent has paid in its window are attached. Wait for the "
         "window, or ask the operator.",
+    ),
+    Reason.X402_MANDATE_BUDGET_EXCEEDED: ReasonInfo(
+        403,
+        "The payment would exceed the budget of the open mandate that approved the operation",
+        "Nothing was paid or sent: the payments already kept under the AP2 open mandate, across "
+        "its payees, leave no room for this one (or an asset has no peg to the mandate's "
+        "currency). Ask the person for a new mandate, or the operator.",
     ),
     Reason.AGENT_CONCURRENCY_EXCEEDED: ReasonInfo(
         429,

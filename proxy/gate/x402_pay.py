@@ -41,9 +41,17 @@ from proxy.gate.decision import Deny
 from proxy.gate.reasons import Reason
 from proxy.gate.upstream import OutboundRequest, UpstreamResponse
 from proxy.policy.model import X402_TERMS, X402Payment
-from proxy.policy.payments import NO_LIMITS, Spent, X402Limits, limits_for, over_limit
+from proxy.policy.payments import (
+    NO_LIMITS,
+    MandateOverBudget,
+    Spent,
+    X402Limits,
+    limits_for,
+    mandate_over_budget,
+    over_limit,
+)
 from proxy.store.operation import LastOutcome, Status
-from proxy.store.x402 import SignedPayment, StoredPayment, X402Payments
+from proxy.store.x402 import OpenMandatePaid, SignedPayment, StoredPayment, X402Payments
 
 if TYPE_CHECKING:
     import aiohttp
@@ -195,8 +203,10 @@ class _Keeper:
 
     async def keep(self, op: Operation, signed: SignedPayment) -> StoredPayment | Deny:
         """``signed`` kept for ``op`` if the limits that apply admit it (judged under their
-        locks, in the transaction that keeps it), or the payment kept for it before; refused:
-        why, and nothing is kept."""
+        locks, in the transaction that keeps it), and, for an operation made under an AP2 open
+        mandate, if the mandate's budget admits it too (summed under the mandate's lock, in the
+        same transaction); or the payment kept for it before; refused: why, and nothing is
+        kept."""
         keys = limits_for(
             self._limits,
             tenant=op.tenant,
@@ -206,7 +216,17 @@ class _Keeper:
         )
         if isinstance(keys, str):  # fail closed: a limit applies that cannot be counted
             return Deny(Reason.X402_BUDGET_EXCEEDED, keys)
-        if not keys:
+        mandate = None
+        open_digest = open_mandate_of(op.approval_ref)
+        if open_digest is not None:
+            mandate = await self.payments.open_mandate_cap(open_digest)
+            if mandate is None:  # fail closed: its budget cannot be known
+                return Deny(
+                    Reason.X402_MANDATE_BUDGET_EXCEEDED,
+                    "the operation was made under an open mandate whose budget opgate never "
+                    "recorded: its payments cannot be counted against it",
+                )
+        if not keys and mandate is None:
             kept = await self.payments.keep(op.operation_id, signed)
         else:
             sums = [payment_limit_sum(k) for k in keys]
@@ -217,7 +237,35 @@ class _Keeper:
             def admit(sums: list[tuple[int, int]]) -> bool:
                 return over_limit(keys, spent_as(sums), signed.amount) is None
 
-            limited = await self.payments.keep_within_limits(op.operation_id, signed, sums, admit)
+            def over_mandate(paid: OpenMandatePaid) -> MandateOverBudget | None:
+                assert mandate is not None
+                return mandate_over_budget(
+                    self._limits,
+                    budget_max=mandate.budget_max,
+                    currency=mandate.currency,
+                    paid=paid.paid,
+                    spent=paid.spent,
+                    network=signed.network,
+                    asset=signed.asset,
+                    amount=signed.amount,
+                )
+
+            limited = await self.payments.keep_within_limits(
+                op.operation_id,
+                signed,
+                sums,
+                admit,
+                mandate=mandate,
+                admit_mandate=lambda paid: over_mandate(paid) is None,
+            )
+            if not limited.admitted and limited.mandate_paid is not None:
+                refused = over_mandate(limited.mandate_paid)
+                assert refused is not None
+                return Deny(
+                    Reason.X402_MANDATE_BUDGET_EXCEEDED,
+                    refused.detail,
+                    extra={"mandate": {"open_digest": open_digest, **refused.to_public()}},
+                )
             if not limited.admitted:
                 over = over_limit(keys, spent_as(limited.spent), signed.amount)
                 assert over is not None
@@ -228,6 +276,15 @@ class _Keeper:
         if kept is None:  # the row is no longer dispatched: nothing leaves
             return Deny(Reason.X402_PAYMENT_REFUSED, "the operation is no longer dispatched")
         return kept
+
+
+def open_mandate_of(approval_ref: str) -> str | None:
+    """The digest of the AP2 open mandate an operation was made under (its approval
+    ``ap2:<closed>;open:<open>``: docs/mandates.md), else None."""
+    if not approval_ref.startswith("ap2:"):
+        return None
+    _, found, open_digest = approval_ref.partition(";open:")
+    return open_digest if found else None
 
 
 async def _send_paid(

@@ -233,6 +233,35 @@ def approved_params(
     return approved
 
 
+def x402_approved_params(
+    terms: MandateTerms, params: Mapping[str, Any], atomic: int | None
+) -> dict[str, Any] | MandateRefusal:
+    """The params of the x402 operation a mandate approves (policy ``X402_TERMS``): the agent's
+    ``params`` (the resource, asset and network it names; the rule's own lists hold them at
+    the payment) with the mandate's payee as ``x402_pay_to`` and its amount, ``atomic`` units
+    of the asset through the payments file's peg (None: it does not convert exactly, or the
+    asset has no peg to the mandate's currency), as ``x402_max_amount``. The agent may repeat
+    either, never choose another value."""
+    if atomic is None:
+        return MandateRefusal(
+            MandateCode.MISMATCH,
+            f"the mandate's {terms.amount} ({terms.currency} minor units) is not a whole number "
+            "of atomic units of an asset pegged to its currency in the payments file",
+            field="payment_amount",
+        )
+    approved = dict(params)
+    for param, what, value in (
+        ("x402_pay_to", "payee", terms.payee_id),
+        ("x402_max_amount", "payment_amount", str(atomic)),
+    ):
+        if param in approved and approved[param] != value:
+            return MandateRefusal(
+                MandateCode.MISMATCH, f"the call's {param} is not the mandate's {what}", field=what
+            )
+        approved[param] = value
+    return approved
+
+
 def unchanged(open_content: dict[str, Any], closed: dict[str, Any]) -> MandateRefusal | None:
     """AP2: "verify the closed Mandate Content has these values unchanged"."""
     for name, value in open_content.items():

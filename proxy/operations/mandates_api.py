@@ -46,6 +46,7 @@ from proxy.mandates.ap2 import (
     MandateTerms,
     approved_params,
     terms_of,
+    x402_approved_params,
 )
 from proxy.mandates.chain import (
     Expectation,
@@ -74,6 +75,7 @@ from proxy.operations.approvals import (
     same_approval,
     validation_errors,
 )
+from proxy.policy.payments import to_atomic
 from proxy.recovery.api import recorded, recovery_view
 from proxy.runtime import GATEWAY, Gateway
 from proxy.settings import MandateIssuerConfig, Settings
@@ -384,6 +386,8 @@ def _approved_params(
     rule = None if provider is None else provider.rule_named(presentation.action)
     if rule is None:
         return dict(presentation.params)
+    if rule.x402 is not None:
+        return _x402_params(gw, presentation, terms)
     if rule.mandate is None:
         return Refused(
             Reason.APPROVAL_NOT_SENDABLE,
@@ -392,6 +396,32 @@ def _approved_params(
         )
     params = approved_params(
         terms, rule.mandate.carried(), presentation.params, rule.mandate.absent
+    )
+    return Refused.of(params) if isinstance(params, MandateRefusal) else params
+
+
+def _x402_params(
+    gw: Gateway, presentation: Presentation, terms: MandateTerms
+) -> dict[str, Any] | Refused:
+    """An x402 call's payment terms from the mandate (docs/mandates.md, "Paying an x402 API"):
+    its payee as the payee, its amount converted exactly through the payments file's peg of the
+    asset and network the agent names; no peg: not sendable (fail closed)."""
+    asset = presentation.params.get("x402_asset")
+    network = presentation.params.get("x402_network")
+    if not isinstance(asset, str) or not isinstance(network, str):
+        return Refused(
+            Reason.APPROVAL_NOT_SENDABLE,
+            "an x402 call approved by a mandate names its x402_asset and x402_network in params",
+        )
+    peg = gw.policy.x402_limits.peg(network, asset)
+    if peg is None:
+        return Refused(
+            Reason.APPROVAL_NOT_SENDABLE,
+            f"asset {asset} on {network} has no peg to a currency in the payments file: a "
+            "mandate's amount cannot be paid in it",
+        )
+    params = x402_approved_params(
+        terms, presentation.params, to_atomic(peg, terms.amount, terms.currency)
     )
     return Refused.of(params) if isinstance(params, MandateRefusal) else params
 
@@ -427,9 +457,17 @@ def _plan(
         expires = min(expires, datetime.fromtimestamp(terms.expires_at, UTC))
     provider = gw.policy.provider_named(presentation.provider)
     rule = None if provider is None else provider.rule_named(presentation.action)
-    if rule is not None and rule.amount is None:
+    # an x402 call carries the mandate's amount as its payment's maximum (x402_max_amount), and
+    # the payment kept is what counts against an open mandate's budget (proxy/store/x402.py)
+    x402 = rule is not None and rule.x402 is not None
+    if rule is not None and rule.amount is None and not x402:
         return [f"rule {rule.name} reads no amount: a payment mandate cannot approve it"]
-    if rule is not None and rule.currency is None and not (provider and provider.budgets):
+    if (
+        rule is not None
+        and rule.currency is None
+        and not x402
+        and not (provider and provider.budgets)
+    ):
         # the currency the person approved could not be compared with what is sent
         return [f"rule {rule.name} reads no currency: a payment mandate cannot approve it"]
     try:
@@ -440,8 +478,8 @@ def _plan(
             provider=presentation.provider,
             action=presentation.action,
             path_params=presentation.path_params,
-            amount=terms.amount,
-            currency=terms.currency,
+            amount=None if x402 else terms.amount,
+            currency=None if x402 else terms.currency,
             params=params,
             idempotency_key="ap2k_" + hashlib.sha256(digest.encode()).hexdigest()[:40],
             approval_ref=f"ap2:{digest}" + (f";open:{open_digest}" if open_digest else ""),
@@ -498,7 +536,12 @@ async def _create(
     actor = planned.approved_by
     limits = None
     if terms.open_use is not None and open_mandate is not None:
-        limits = OpenMandateLimits(open_mandate.spellings, terms.open_use.allows)
+        limits = OpenMandateLimits(
+            open_mandate.spellings,
+            terms.open_use.allows,
+            budget_max=terms.open_use.budget_max,
+            currency=terms.currency,
+        )
     try:
         outcome = await MandateStore(gw.store).create(planned, actor, nonce=nonce, limits=limits)
         if isinstance(outcome, OpenMandateUsed):

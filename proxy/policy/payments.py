@@ -20,17 +20,26 @@ payments they make, in any asset. What counts: every payment kept for an operati
 opgate, or the agent's own bound to it) in the window and not released (proven unpaid by the
 token: proxy/recovery/x402_state.py); a payment kept may have settled. An operation's payment
 counts once: sending it again counts nothing.
+
+A peg names the currency an asset is worth, one to one (``pegs: [{network, asset, currency,
+decimals}]``: USDC on Base is USD with 6 decimals): an AP2 open mandate's budget is in minor
+units of a currency, x402 payments in the asset's atomic units, and the payments kept under an
+open mandate are summed against its budget through the pegs, exactly (``mandate_over_budget``).
+A payment in an asset without a peg to the mandate's currency is refused: it cannot be counted.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from fractions import Fraction
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from proxy.policy.budgets import window_seconds
+from proxy.policy.currencies import exponent
 
 _MAX_UINT256 = 2**256 - 1
 
@@ -74,9 +83,39 @@ class X402RateLimit(_Windowed):
     max_payments: Annotated[int, Field(strict=True, ge=1, le=1_000_000)]
 
 
+class X402Peg(_Strict):
+    """``asset`` on ``network`` is worth one ``currency`` (an ISO 4217 code opgate knows the
+    exponent of) per 10^``decimals`` atomic units: how a payment is counted against an AP2 open
+    mandate's budget, which is in the currency's minor units."""
+
+    network: Annotated[str, Field(pattern=r"^eip155:[1-9][0-9]{0,17}$")]
+    asset: Annotated[str, Field(pattern=r"^0x[0-9a-fA-F]{40}$")]
+    currency: Annotated[str, Field(pattern=r"^[A-Z]{3}$", examples=["USD"])]
+    decimals: Annotated[int, Field(strict=True, ge=0, le=36)]
+
+    @field_validator("currency")
+    @classmethod
+    def _known_currency(cls, currency: str) -> str:
+        if exponent(currency) is None:
+            raise ValueError(f"{currency} is not an ISO 4217 currency opgate knows the exponent of")
+        return currency
+
+    def value(self, atomic: int) -> Fraction:
+        """``atomic`` units of the asset in units of the currency, exactly."""
+        return Fraction(atomic, 10**self.decimals)
+
+
 class X402Limits(_Strict):
     budgets: list[X402Budget] = Field(default_factory=list)
     rate_limits: list[X402RateLimit] = Field(default_factory=list)
+    pegs: list[X402Peg] = Field(default_factory=list)
+
+    def peg(self, network: str, asset: str) -> X402Peg | None:
+        """The peg of ``asset`` on ``network`` (any case of its hex digits), if one is set."""
+        for peg in self.pegs:
+            if peg.network == network and peg.asset.lower() == asset.lower():
+                return peg
+        return None
 
     @model_validator(mode="after")
     def _one_limit_per_key(self) -> X402Limits:
@@ -95,6 +134,11 @@ class X402Limits(_Strict):
                 raise ValueError(
                     f"two rate limits of scope {r.scope.value} and window {r.window}: keep one"
                 )
+            seen.add(key)
+        for p in self.pegs:
+            key = ("peg", p.network, p.asset.lower(), "")
+            if key in seen:
+                raise ValueError(f"two pegs of asset {p.asset} on network {p.network}: keep one")
             seen.add(key)
         return self
 
@@ -248,9 +292,90 @@ def over_limit(keys: list[PaymentLimitKey], spent: list[Spent], amount: int) -> 
     return None
 
 
+@dataclass(frozen=True)
+class MandateOverBudget:
+    """Why a payment under an AP2 open mandate is refused: its budget would be passed, or the
+    payments cannot be counted against it (an asset without a peg to its currency)."""
+
+    detail: str
+    budget_max: int | None  # minor units of currency
+    currency: str
+    paid: Fraction | None  # in units of currency, before this payment (None: not counted)
+
+    def to_public(self) -> dict[str, object]:
+        shown: dict[str, object] = {"currency": self.currency}
+        if self.budget_max is not None:
+            shown["budget_max"] = str(self.budget_max)
+        if self.paid is not None:
+            minor = self.paid * 10 ** (exponent(self.currency) or 0)
+            shown["paid"] = str(minor) if minor.denominator == 1 else f"{float(minor):.6f}"
+        return shown
+
+
+def mandate_over_budget(
+    limits: X402Limits,
+    *,
+    budget_max: int | None,
+    currency: str,
+    paid: Sequence[tuple[str, str, int]],
+    spent: int = 0,
+    network: str,
+    asset: str,
+    amount: int,
+) -> MandateOverBudget | None:
+    """Whether one more payment of ``amount`` atomic units of ``asset`` on ``network``, after
+    ``paid`` ((network, asset, atomic units) already kept under the open mandate) and ``spent``
+    (minor units of ``currency``: its operations approved with an amount), passes the
+    open mandate's budget of ``budget_max`` minor units of ``currency`` (None: it has none),
+    comparing exact values through the pegs; or cannot be counted (fail closed). Pure."""
+    if budget_max is None:
+        return None
+    places = exponent(currency)
+    if places is None:
+        return MandateOverBudget(
+            f"the open mandate's currency {currency} has no known exponent",
+            budget_max,
+            currency,
+            None,
+        )
+    total, value = Fraction(spent, 10**places), Fraction(0)
+    for net, held, atomic in (*paid, (network, asset, amount)):
+        peg = limits.peg(net, held)
+        if peg is None or peg.currency != currency.upper():
+            return MandateOverBudget(
+                f"asset {held} on {net} has no peg to {currency} in the payments file: a payment "
+                f"in it cannot be counted against the open mandate's budget",
+                budget_max,
+                currency,
+                None,
+            )
+        value = peg.value(atomic)  # the last: this payment's
+        total += value
+    if total <= Fraction(budget_max, 10**places):
+        return None
+    return MandateOverBudget(
+        f"paying {amount} (atomic units of {asset} on {network}) would take the payments under "
+        f"the open mandate past its budget of {budget_max} (minor units of {currency})",
+        budget_max,
+        currency,
+        total - value,
+    )
+
+
+def to_atomic(peg: X402Peg, minor: int, currency: str) -> int | None:
+    """``minor`` units of ``currency`` in the pegged asset's atomic units, when that is a whole
+    number (else None: refuse, never round). Pure."""
+    places = exponent(currency)
+    if places is None or peg.currency != currency.upper():
+        return None
+    value = Fraction(minor, 10**places) * 10**peg.decimals
+    return value.numerator if value.denominator == 1 else None
+
+
 NO_LIMITS = X402Limits()
 __all__ = [
     "NO_LIMITS",
+    "MandateOverBudget",
     "OverLimit",
     "PaymentLimitKey",
     "Payments",
@@ -258,8 +383,11 @@ __all__ = [
     "Spent",
     "X402Budget",
     "X402Limits",
+    "X402Peg",
     "X402RateLimit",
     "is_payments_document",
     "limits_for",
+    "mandate_over_budget",
     "over_limit",
+    "to_atomic",
 ]

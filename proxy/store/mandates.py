@@ -1,5 +1,5 @@
 """The statements of operations approved by signed mandates (queries.sql ``mandate*``,
-migrations 0019 and 0021): revoked mandates; the nonces opgate issues for key bindings; and
+migrations 0019, 0021 and 0032): revoked mandates; the nonces opgate issues for key bindings; and
 an operation created in one transaction that consumes its key binding's nonce and, under an
 open mandate, counts the mandate's uses and budget under its advisory lock first, so that any
 number of processes together never use a nonce twice nor exceed an open mandate."""
@@ -59,6 +59,10 @@ class OpenMandateLimits:
     # whether it allows one more use (pure; the mandate's own constraints: proxy/mandates/ap2.py
     # OpenMandateUse.allows), given its uses so far, what they spent, and the new use's amount
     allows: Callable[[int, int, int | None], bool]
+    # its payment.budget (minor units of currency; None: none), recorded with its first closed
+    # mandate so that payments kept under it are summed against it too (proxy/store/x402.py)
+    budget_max: int | None = None
+    currency: str = ""
 
 
 class MandateStore:
@@ -180,6 +184,16 @@ async def _open_mandate_use(
     that the count sees every creation before it."""
     if await queries.fetchrow(conn, "load_operation", operation_id=new.operation_id):
         return None
+    for spelling in limits.digests:
+        await queries.execute(
+            conn,
+            "record_open_mandate_cap",
+            open_digest=spelling,
+            identity=limits.digests[0],
+            spellings=list(limits.digests),
+            budget_max=None if limits.budget_max is None else str(limits.budget_max),
+            currency=limits.currency,
+        )
     use = await queries.fetchrow(conn, "mandate_open_use", open_digests=list(limits.digests))
     assert use is not None  # an aggregate: always one row
     return OpenMandateUsed(int(use["occurrences"]), int(use["spent"]))

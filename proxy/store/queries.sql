@@ -1395,6 +1395,37 @@ WHERE approval_ref LIKE 'ap2:%;open:%'
   AND split_part(approval_ref, ';open:', 2) = ANY(%(open_digests)s::text[])
   AND opgate_spends(status, attempts, unsent_attempts, revoked_at, lookup_before_send);
 
+-- name: record_open_mandate_cap
+-- An open mandate's budget (budget_max, minor units of currency; NULL: it has no
+-- payment.budget) under one spelling of its digest (open_digest), with its identity and every
+-- spelling (migration 0032). Written in the transaction that creates a closed mandate's
+-- operation under it, after its lock; the first one written stays.
+INSERT INTO open_mandate_caps (open_digest, identity, spellings, budget_max, currency)
+VALUES (%(open_digest)s, %(identity)s, %(spellings)s::text[], %(budget_max)s::numeric,
+        %(currency)s)
+ON CONFLICT (open_digest) DO NOTHING;
+
+-- name: open_mandate_cap
+-- The budget recorded for the open mandate an operation's approval_ref names (any spelling),
+-- its identity (its lock's name) and every spelling of its digest; no row: none recorded.
+SELECT identity, spellings, budget_max::text AS budget_max, currency
+  FROM open_mandate_caps WHERE open_digest = %(open_digest)s;
+
+-- name: open_mandate_paid
+-- What the payments kept for the operations made under one open mandate (under any of its
+-- digests: open_digests) have paid, per network and asset, whatever the payee and whoever
+-- signed: every payment kept and not released (released: proven unpaid), whatever became of its
+-- operation (a payment kept may have settled, even for an operation that then failed). Run
+-- under the open mandate's lock (LockKind.OPEN_MANDATE), in the transaction that keeps a
+-- payment (store_payment), so that payments under one open mandate take turns.
+SELECT p.network, lower(p.asset) AS asset, sum(p.amount)::text AS paid
+  FROM x402_payments p JOIN operations o ON o.operation_id = p.operation_id
+ WHERE p.released_at IS NULL
+   AND o.approval_ref LIKE 'ap2:%;open:%'
+   AND split_part(o.approval_ref, ';open:', 2) = ANY(%(open_digests)s::text[])
+ GROUP BY 1, 2
+ ORDER BY 1, 2;
+
 -- name: mandates_revoked
 -- Which of the mandate digests are revoked.
 SELECT digest FROM revoked_mandates WHERE digest = ANY(%(digests)s::text[]);

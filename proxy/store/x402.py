@@ -3,7 +3,10 @@
 one opgate signed, or the agent's own bound by its nonce; kept before it leaves, read back by
 every later attempt, its settlement kept once, and released only when proven unpaid. Under
 payment limits (``keep_within_limits``, ``payment_limit_spent``; migration x402_limits), kept
-only if the limits' sums, read under their locks in the same transaction, admit it."""
+only if the limits' sums, read under their locks in the same transaction, admit it. An operation
+made under an AP2 open mandate keeps its payment only if the mandate's budget, recorded when its
+first closed mandate was (``open_mandate_cap``, migration 0032), admits what every payment under
+that mandate has paid (``open_mandate_paid``), summed under the mandate's own lock."""
 
 from __future__ import annotations
 
@@ -82,6 +85,30 @@ class PaymentLimitSum:
 
 
 @dataclass(frozen=True, slots=True)
+class OpenMandateCap:
+    """An open mandate's budget as recorded (migration 0032): ``budget_max`` minor units of
+    ``currency`` (None: the mandate has no ``payment.budget``), the identity its lock is named
+    by, and every spelling of its digest an operation's approval may name."""
+
+    identity: str
+    spellings: tuple[str, ...]
+    budget_max: int | None
+    currency: str
+
+
+@dataclass(frozen=True, slots=True)
+class OpenMandatePaid:
+    """What the payments under one open mandate have paid: (network, asset in lower case,
+    atomic units) per network and asset, not released; and ``spent``, the amounts (minor units
+    of its currency) of its other operations that spend (those approved with an amount:
+    queries.sql ``mandate_open_use``; an x402 operation's approval has none, its payment
+    counts)."""
+
+    paid: tuple[tuple[str, str, int], ...]
+    spent: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class LimitedKeep:
     """A payment kept under its limits' locks: what each limit's key had paid before it (the
     amounts' sum, the number of payments; empty when the operation had its payment already),
@@ -91,6 +118,7 @@ class LimitedKeep:
     spent: list[tuple[int, int]]
     admitted: bool
     payment: StoredPayment | None
+    mandate_paid: OpenMandatePaid | None = None  # summed under an open mandate's lock
 
 
 def _stored_from(record: asyncpg.Record) -> StoredPayment:
@@ -157,6 +185,15 @@ async def _limit_spent(conn: asyncpg.Connection, s: PaymentLimitSum) -> tuple[in
     return int(row["spent"]), int(row["payments"])
 
 
+async def _open_mandate_paid(conn: asyncpg.Connection, cap: OpenMandateCap) -> OpenMandatePaid:
+    digests = list(cap.spellings)
+    rows = await queries.fetch(conn, "open_mandate_paid", open_digests=digests)
+    use = await queries.fetchrow(conn, "mandate_open_use", open_digests=digests)
+    assert use is not None  # an aggregate: always one row
+    paid = tuple((r["network"], r["asset"], int(r["paid"])) for r in rows)
+    return OpenMandatePaid(paid, int(use["spent"]))
+
+
 class X402Payments:
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -184,33 +221,65 @@ class X402Payments:
         payment: SignedPayment,
         sums: Sequence[PaymentLimitSum],
         admit: Callable[[list[tuple[int, int]]], bool],
+        *,
+        mandate: OpenMandateCap | None = None,
+        admit_mandate: Callable[[OpenMandatePaid], bool] | None = None,
     ) -> LimitedKeep:
         """``keep`` in one transaction that first takes each limit's lock (proxy/store/locks.py,
         in key order: two payments never wait on each other crosswise), then, unless the
         operation has its payment already (sent again, it counts nothing new), sums what each
         limit's key has paid and keeps ``payment`` only if ``admit`` (pure: the gate's
         decision) accepts those sums. Payments under one limit, from any number of processes,
-        take turns: together they can never pay more than ``admit`` allows."""
+        take turns: together they can never pay more than ``admit`` allows.
+
+        ``mandate``: the operation was made under that open mandate; its lock is taken with the
+        limits' (one sorted order, as its closed mandates' creation takes it), what every
+        payment under it has paid is summed, and ``admit_mandate`` (pure) must accept that too."""
         values = _store_values(operation_id, payment)
+        keys = [LockKey(LockKind.X402_LIMIT, s.lock_name) for s in sums]
+        if mandate is not None:
+            keys.append(LockKey(LockKind.OPEN_MANDATE, mandate.identity))
 
         async def keep_under_locks(conn: asyncpg.Connection) -> LimitedKeep:
             async with conn.transaction():
-                await locks.lock(conn, [LockKey(LockKind.X402_LIMIT, s.lock_name) for s in sums])
+                await locks.lock(conn, keys)
                 record = await queries.fetchrow(conn, "stored_payment", operation_id=operation_id)
                 if record is not None:
                     return LimitedKeep([], True, _stored_from(record))
                 spent = [await _limit_spent(conn, s) for s in sums]
                 if not admit(spent):
                     return LimitedKeep(spent, False, None)
+                paid = None
+                if mandate is not None:
+                    paid = await _open_mandate_paid(conn, mandate)
+                    if admit_mandate is None or not admit_mandate(paid):
+                        return LimitedKeep(spent, False, None, paid)
                 header = await queries.fetchval(conn, "store_payment", **values)
                 if header is not None:
-                    return LimitedKeep(spent, True, _kept(payment, header))
+                    return LimitedKeep(spent, True, _kept(payment, header), paid)
                 # another kept one first (a keep under no lock: a policy reloaded), or the
                 # operation is not dispatched
                 record = await queries.fetchrow(conn, "stored_payment", operation_id=operation_id)
-                return LimitedKeep(spent, True, None if record is None else _stored_from(record))
+                kept = None if record is None else _stored_from(record)
+                return LimitedKeep(spent, True, kept, paid)
 
         return await self._store._run(keep_under_locks)
+
+    async def open_mandate_cap(self, open_digest: str) -> OpenMandateCap | None:
+        """The budget recorded for the open mandate ``open_digest`` (any spelling); None: none
+        was (a mandate whose closed mandates were all made before it was recorded)."""
+        row = await self._store._run(
+            lambda conn: queries.fetchrow(conn, "open_mandate_cap", open_digest=open_digest)
+        )
+        if row is None:
+            return None
+        budget = row["budget_max"]
+        return OpenMandateCap(
+            row["identity"],
+            tuple(row["spellings"]),
+            None if budget is None else int(budget),
+            row["currency"],
+        )
 
     async def limit_spent(self, sums: Sequence[PaymentLimitSum]) -> list[tuple[int, int]]:
         """What each limit's key has paid now, without its lock: advisory (a read); only
