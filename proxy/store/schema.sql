@@ -1,5 +1,5 @@
 -- opgate's current schema: what the migrations in proxy/store/migrations/ build, up
--- to 0031_x402_limits.sql. GENERATED, do not edit; it is never run. Rewrite it with
+-- to 0032_open_mandate_caps.sql. GENERATED, do not edit; it is never run. Rewrite it with
 --     .venv/bin/python -m proxy.store.schema
 -- (tests/store/test_schema.py fails when it differs from what the migrations build).
 
@@ -115,6 +115,17 @@ CREATE TABLE mandate_nonces (
     used_for text,
     CONSTRAINT mandate_nonces_pkey PRIMARY KEY (nonce),
     CONSTRAINT mandate_nonces_check CHECK (((used_at IS NULL) = (used_for IS NULL)))
+);
+
+CREATE TABLE open_mandate_caps (
+    open_digest text NOT NULL,
+    identity text NOT NULL,
+    spellings text[] NOT NULL,
+    budget_max numeric(78,0),
+    currency text NOT NULL,
+    recorded_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT open_mandate_caps_pkey PRIMARY KEY (open_digest),
+    CONSTRAINT open_mandate_caps_budget_max_check CHECK ((budget_max > (0)::numeric))
 );
 
 CREATE TABLE operation_events_unchained (
