@@ -15,8 +15,11 @@ from proxy.policy.payments import (
     X402Budget,
     X402Limits,
     X402RateLimit,
+    X402Peg,
     limits_for,
+    mandate_over_budget,
     over_limit,
+    to_atomic,
 )
 
 PROVIDER = """\
@@ -235,3 +238,59 @@ def test_over_limit_names_the_limit_one_more_payment_breaks(
     rate_first = [k for k in keys if k.rate_limit] + [k for k in keys if k.budget]
     over = over_limit(rate_first, spent, amount)
     assert (None if over is None else over.key.describe()["kind"]) == broken
+
+
+PEG = X402Peg(network=BASE, asset=USDC, currency="USD", decimals=6)
+
+
+@pytest.mark.parametrize(
+    ("peg", "minor", "currency", "atomic"),
+    [
+        ("usdc", 1, "USD", 10_000),  # one cent is 10000 atomic units
+        ("usdc", 2500, "usd", 25_000_000),
+        ("usdc", 1, "EUR", None),  # pegged to another currency
+        ("usdc", 1, "XXX", None),  # no exponent known
+        ("two decimals", 3, "KWD", None),  # 0.003 KWD in a 2-decimal asset: not whole
+        ("two decimals", 30, "KWD", 3),
+    ],
+    ids=["a cent", "lower case", "another currency", "unknown", "not whole", "whole"],
+)
+def test_a_mandates_amount_converts_to_atomic_units_exactly_or_not_at_all(
+    peg: str, minor: int, currency: str, atomic: int | None
+) -> None:
+    """A currency's minor units become the pegged asset's atomic units only when the result is
+    whole and the peg is to that currency: never rounded."""
+    pegged = PEG if peg == "usdc" else X402Peg(network=BASE, asset=USDC, currency="KWD", decimals=2)
+    assert to_atomic(pegged, minor, currency) == atomic
+
+
+def test_payments_under_an_open_mandate_are_summed_exactly_through_the_pegs() -> None:
+    """A budget of 5 cents: 4 cents paid across assets and a cent of operations approved with
+    an amount leave no room for one more atomic unit; an asset without a peg to USD cannot be
+    counted, whatever its amount (fail closed); no budget, nothing to judge."""
+    other = "0x" + "12" * 20
+    limits = X402Limits(
+        pegs=[PEG, X402Peg(network=BASE, asset=other, currency="USD", decimals=18)]
+    )
+    paid = [(BASE, USDC.lower(), 30_000), (BASE, other, 10**16)]  # 3 cents + 1 cent
+    judge = {"budget_max": 5, "currency": "USD", "paid": paid, "network": BASE, "asset": USDC}
+    assert mandate_over_budget(limits, **judge, spent=1, amount=0) is None
+    over = mandate_over_budget(limits, **judge, spent=1, amount=1)
+    assert over is not None
+    assert over.to_public() == {"currency": "USD", "budget_max": "5", "paid": "5"}
+    assert mandate_over_budget(limits, **judge, amount=10_000) is None
+    unpegged = {**judge, "asset": "0x" + "99" * 20}
+    refused = mandate_over_budget(limits, **unpegged, amount=0)
+    assert refused is not None and "no peg" in refused.detail
+    assert mandate_over_budget(limits, **{**unpegged, "budget_max": None}, amount=1) is None
+
+
+def test_two_pegs_of_one_asset_are_refused(tmp_path: Path) -> None:
+    """An asset worth two currencies could be counted in either: one peg per asset."""
+    write(tmp_path, "pay.yaml", PROVIDER)
+    peg = f'{{network: "{BASE}", asset: "{USDC}", currency: USD, decimals: 6}}'
+    text = f"version: 1\npayments:\n  x402:\n    pegs:\n      - {peg}\n      - {peg}\n"
+    write(tmp_path, "payments.yaml", text)
+    with pytest.raises(PolicyLoadError) as info:
+        load_policy_dir(tmp_path)
+    assert "two pegs" in str(info.value.problems[0])

@@ -9,8 +9,15 @@ from collections.abc import AsyncIterator
 
 import pytest_asyncio
 
+from proxy.store import queries
 from proxy.store.store import Claim, Store
-from proxy.store.x402 import PaymentLimitSum, SignedPayment, X402Payments
+from proxy.store.x402 import (
+    OpenMandateCap,
+    OpenMandatePaid,
+    PaymentLimitSum,
+    SignedPayment,
+    X402Payments,
+)
 from tests.support.operations import new_operation
 
 PAYMENT = SignedPayment(
@@ -182,3 +189,72 @@ async def test_an_operation_paying_again_counts_once_and_a_rate_limit_counts_pay
     refused = await payments.keep_within_limits("op_x402_rate_2", other, [rate], one_payment)
     assert (refused.admitted, refused.payment, refused.spent) == (False, None, [(2**255, 1)])
     assert await payments.stored("op_x402_rate_2") is None
+
+
+async def test_payments_under_one_open_mandate_racing_from_two_pools_never_pass_its_budget(
+    database_url: str,
+) -> None:
+    """Twenty operations made under one AP2 open mandate (ten approved under each spelling of
+    its digest), each paying its own payee 100, kept at once from two pools, with no x402
+    limit at all: the mandate's lock and sum alone let exactly ten in (a budget of 1000), and a
+    card payment of the mandate approved with an amount counts against the same budget."""
+    pools = [await Store.open(database_url, min_size=1, max_size=10) for _ in range(2)]
+    try:
+        spellings = ("open_identity", "open_twin")
+        for spelling in spellings:
+            await pools[0]._run(
+                lambda conn, s=spelling: queries.execute(  # type: ignore[misc]
+                    conn,
+                    "record_open_mandate_cap",
+                    open_digest=s,
+                    identity=spellings[0],
+                    spellings=list(spellings),
+                    budget_max="1200",
+                    currency="USD",
+                )
+            )
+        card = dataclasses.replace(
+            new_operation("op_card"), amount=200, approval_ref="ap2:card;open:open_identity"
+        )
+        await pools[0].create(card, actor="test")
+        ids = [f"op_x402_mandate_{i}" for i in range(20)]
+        for i, operation_id in enumerate(ids):
+            op = dataclasses.replace(
+                new_operation(operation_id),
+                amount=None,
+                currency=None,
+                approval_ref=f"ap2:closed{i};open:{spellings[i % 2]}",
+            )
+            await pools[0].create(op, actor="test")
+            claim = Claim(operation_id, owner="a", lease_seconds=30, expected_attempts=0)
+            await pools[0].claim(claim)
+        cap = await X402Payments(pools[0]).open_mandate_cap("open_twin")
+        assert cap == OpenMandateCap("open_identity", spellings, 1200, "USD")
+
+        def within(paid: OpenMandatePaid) -> bool:  # minor units throughout: 1 atomic = 1 cent
+            return paid.spent + sum(amount for _, _, amount in paid.paid) + 100 <= 1200
+
+        async def pay(i: int) -> bool:
+            payment = dataclasses.replace(
+                PAYMENT,
+                header=f"payment-{i}",
+                amount=100,
+                pay_to="0x" + f"{i:040x}",
+                nonce="0x" + f"{i:064x}",
+            )
+            kept = await X402Payments(pools[i % 2]).keep_within_limits(
+                ids[i], payment, [], lambda _: True, mandate=cap, admit_mandate=within
+            )
+            return kept.payment is not None
+
+        kept = await asyncio.gather(*(pay(i) for i in range(20)))
+        assert sum(kept) == 10
+        total = await pools[1]._run(
+            lambda conn: conn.fetchval(
+                "SELECT sum(amount)::bigint FROM x402_payments WHERE released_at IS NULL"
+            )
+        )
+        assert total == 1000
+    finally:
+        for pool in pools:
+            await pool.close()
