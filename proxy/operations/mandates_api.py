@@ -75,7 +75,7 @@ from proxy.operations.approvals import (
     same_approval,
     validation_errors,
 )
-from proxy.policy.payments import to_atomic
+from proxy.policy.payments import paid_in_minor, to_atomic
 from proxy.recovery.api import recorded, recovery_view
 from proxy.runtime import GATEWAY, Gateway
 from proxy.settings import MandateIssuerConfig, Settings
@@ -541,6 +541,7 @@ async def _create(
             terms.open_use.allows,
             budget_max=terms.open_use.budget_max,
             currency=terms.currency,
+            paid_in_minor=lambda paid: paid_in_minor(gw.policy.x402_limits, paid, terms.currency),
         )
     try:
         outcome = await MandateStore(gw.store).create(planned, actor, nonce=nonce, limits=limits)

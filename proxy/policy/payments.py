@@ -362,6 +362,26 @@ def mandate_over_budget(
     )
 
 
+def paid_in_minor(
+    limits: X402Limits, paid: Sequence[tuple[str, str, int]], currency: str
+) -> int | None:
+    """What ``paid`` ((network, asset, atomic units)) is worth in minor units of ``currency``
+    through the pegs, rounded up (a cap never undercounts); None: an asset has no peg to that
+    currency, so it cannot be counted. Pure."""
+    places = exponent(currency)
+    if places is None:
+        return None
+    total = Fraction(0)
+    for network, asset, atomic in paid:
+        peg = limits.peg(network, asset)
+        if peg is None or peg.currency != currency.upper():
+            return None
+        total += peg.value(atomic)
+    minor = total * 10**places
+    rounded_up: int = -(-minor.numerator // minor.denominator)
+    return rounded_up
+
+
 def to_atomic(peg: X402Peg, minor: int, currency: str) -> int | None:
     """``minor`` units of ``currency`` in the pegged asset's atomic units, when that is a whole
     number (else None: refuse, never round). Pure."""
@@ -389,5 +409,6 @@ __all__ = [
     "limits_for",
     "mandate_over_budget",
     "over_limit",
+    "paid_in_minor",
     "to_atomic",
 ]

@@ -30,6 +30,8 @@ class OpenMandateUsed:
 
     occurrences: int
     spent: int
+    # what the x402 payments kept under it paid: (network, asset, atomic units)
+    paid: tuple[tuple[str, str, int], ...] = ()
 
 
 class NonceRefused(StrEnum):
@@ -63,6 +65,9 @@ class OpenMandateLimits:
     # mandate so that payments kept under it are summed against it too (proxy/store/x402.py)
     budget_max: int | None = None
     currency: str = ""
+    # the x402 payments kept under it in minor units of its currency (None: cannot be counted,
+    # refuse): they count against its budget with its operations' amounts
+    paid_in_minor: Callable[[tuple[tuple[str, str, int], ...]], int | None] | None = None
 
 
 class MandateStore:
@@ -130,7 +135,13 @@ class MandateStore:
         def admit(used: OpenMandateUsed | None) -> bool:
             if used is None or limits is None:  # no open mandate, or a replay
                 return True
-            return limits.allows(used.occurrences, used.spent, new.amount)
+            spent = used.spent
+            if used.paid:
+                worth = None if limits.paid_in_minor is None else limits.paid_in_minor(used.paid)
+                if worth is None:  # fail closed: a payment that cannot be counted
+                    return False
+                spent += worth
+            return limits.allows(used.occurrences, spent, new.amount)
 
         async def create(
             conn: asyncpg.Connection,
@@ -196,4 +207,6 @@ async def _open_mandate_use(
         )
     use = await queries.fetchrow(conn, "mandate_open_use", open_digests=list(limits.digests))
     assert use is not None  # an aggregate: always one row
-    return OpenMandateUsed(int(use["occurrences"]), int(use["spent"]))
+    rows = await queries.fetch(conn, "open_mandate_paid", open_digests=list(limits.digests))
+    paid = tuple((r["network"], r["asset"], int(r["paid"])) for r in rows)
+    return OpenMandateUsed(int(use["occurrences"]), int(use["spent"]), paid)

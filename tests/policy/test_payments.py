@@ -14,8 +14,8 @@ from proxy.policy.payments import (
     Spent,
     X402Budget,
     X402Limits,
-    X402RateLimit,
     X402Peg,
+    X402RateLimit,
     limits_for,
     mandate_over_budget,
     over_limit,
@@ -269,9 +269,7 @@ def test_payments_under_an_open_mandate_are_summed_exactly_through_the_pegs() ->
     an amount leave no room for one more atomic unit; an asset without a peg to USD cannot be
     counted, whatever its amount (fail closed); no budget, nothing to judge."""
     other = "0x" + "12" * 20
-    limits = X402Limits(
-        pegs=[PEG, X402Peg(network=BASE, asset=other, currency="USD", decimals=18)]
-    )
+    limits = X402Limits(pegs=[PEG, X402Peg(network=BASE, asset=other, currency="USD", decimals=18)])
     paid = [(BASE, USDC.lower(), 30_000), (BASE, other, 10**16)]  # 3 cents + 1 cent
     judge = {"budget_max": 5, "currency": "USD", "paid": paid, "network": BASE, "asset": USDC}
     assert mandate_over_budget(limits, **judge, spent=1, amount=0) is None
@@ -281,7 +279,8 @@ def test_payments_under_an_open_mandate_are_summed_exactly_through_the_pegs() ->
     assert mandate_over_budget(limits, **judge, amount=10_000) is None
     unpegged = {**judge, "asset": "0x" + "99" * 20}
     refused = mandate_over_budget(limits, **unpegged, amount=0)
-    assert refused is not None and "no peg" in refused.detail
+    assert refused is not None
+    assert "no peg" in refused.detail
     assert mandate_over_budget(limits, **{**unpegged, "budget_max": None}, amount=1) is None
 
 

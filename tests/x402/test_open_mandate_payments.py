@@ -21,7 +21,14 @@ from x402.http.clients.httpx import x402HttpxClient
 from x402.mechanisms.evm.exact import register_exact_evm_client
 
 from tests.support.auditlog import flushed, stored_requests
-from tests.support.mandate_gate import AUDIENCE, PERSON, issued_nonce, mandate_settings, present
+from tests.support.mandate_gate import (
+    AUDIENCE,
+    PERSON,
+    issued_nonce,
+    mandate_policy,
+    mandate_settings,
+    present,
+)
 from tests.support.mandates import Signer, closed_payment, open_mandate, present_under, withhold
 from tests.support.opgate import AGENT_TOKEN, Opgate, StartOpgate, problem
 from tests.support.x402_gate import REPORT, WALLET, paid_policy
@@ -47,8 +54,9 @@ def _payee(address: str) -> dict[str, str]:
 
 
 def _constraints(budget: int) -> list[dict[str, Any]]:
+    allowed = [_payee(PAYEE), _payee(OTHER_PAYEE), _payee("acct_merchant")]
     return [
-        {"type": "payment.allowed_payees", "allowed": [_payee(PAYEE), _payee(OTHER_PAYEE)]},
+        {"type": "payment.allowed_payees", "allowed": allowed},
         {"type": "payment.budget", "max": budget, "currency": "USD"},
         {"type": "payment.agent_recurrence", "frequency": "ON_DEMAND", "max_occurrences": 5},
     ]
@@ -72,7 +80,8 @@ def _settings(tmp_path: Path) -> dict[str, Any]:
     """PERSON's mandates for tenant t1; both payees' ids (their addresses) paid through the
     paid API's provider."""
     settings = mandate_settings(tmp_path, provider="paid")
-    settings["mandate_issuers"][0]["payees"] = {PAYEE: "paid", OTHER_PAYEE: "paid"}
+    payees = {PAYEE: "paid", OTHER_PAYEE: "paid", "acct_merchant": "fault"}
+    settings["mandate_issuers"][0]["payees"] = payees
     return settings
 
 
@@ -242,3 +251,49 @@ async def test_an_open_mandate_shown_without_its_limits_funds_no_payment(
             assert await conn.fetchval("SELECT count(*) FROM operations") == 0
         finally:
             await conn.close()
+
+
+async def test_card_payments_and_x402_payments_under_one_open_mandate_share_its_budget(
+    start_opgate: StartOpgate,
+    policy_dir: Path,
+    tmp_path: Path,
+    api: PaidApi,
+    ledger: Ledger,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A budget of 2 cents: an x402 payment of 1 cent is kept, so a card payment of 2 cents
+    under the same open mandate is refused at its creation (mandate_exhausted) and one of 1
+    cent is made; the next x402 payment of 1 cent is then refused where it would be kept
+    (x402_mandate_budget_exceeded), unpaid."""
+    monkeypatch.setenv("OPGATE_SECRET_PAID_WALLET", WALLET.key.hex())
+    (policy_dir / "paid.yaml").write_text(paid_policy())
+    (policy_dir / "fault.yaml").write_text(mandate_policy())
+    (policy_dir / "payments.yaml").write_text(PEGGED)
+    open_token = open_mandate(PERSON, AGENT, _constraints(budget=2 * CENTS))
+    async with start_opgate(upstream_overrides={"paid": api.base}, **_settings(tmp_path)) as gate:
+        status, first = await _approve(gate, api, open_token, PAYEE, CENTS)
+        assert status == 201, first
+        paid = await _buy(gate, first["operation"]["operation"]["operation_id"], "opgate")
+        assert paid[0] == 200, paid
+
+        async def card(amount: int) -> tuple[int, dict[str, Any]]:
+            presentation = present_under(
+                open_token,
+                AGENT,
+                closed_payment(amount=amount, payee_id="acct_merchant"),
+                aud=AUDIENCE,
+                nonce=await issued_nonce(gate, gate.http),
+            )
+            return await present(gate, gate.http, presentation, params={"source": "pm_card"})
+
+        status, refused = await card(2 * CENTS)
+        assert (status, refused["code"]) == (403, "mandate_exhausted"), refused
+        status, made = await card(CENTS)
+        assert status == 201, made
+        status, second = await _approve(gate, api, open_token, OTHER_PAYEE, CENTS)
+        assert status == 201, second
+        api.pay_to = OTHER_PAYEE
+        status, body = await _buy(gate, second["operation"]["operation"]["operation_id"], "opgate")
+        assert (status, problem(body)["code"]) == (403, "x402_mandate_budget_exceeded"), body
+        assert problem(body)["mandate"]["paid"] == str(2 * CENTS)
+    assert [s.pay_to.lower() for s in ledger.settlements] == [PAYEE.lower()]
