@@ -17,6 +17,7 @@ import pytest_asyncio
 from eth_account import Account
 
 from proxy.policy.load import load_policy_dir
+from proxy.policy.payments import to_atomic
 from tests.support.opgate import AGENT_TOKEN, Opgate, StartOpgate, admin_headers
 from tests.support.paths import REPO
 from tests.support.x402_chain_rpc import ChainRpc, chain_rpc
@@ -113,10 +114,20 @@ async def test_the_worked_example_pays_once_in_each_mode(
 def test_the_payments_file_on_the_page_loads_as_the_sets_limits(tmp_path: Path) -> None:
     """The page's payments file, beside its provider policy, is the set's x402 limits."""
     (tmp_path / "paid.yaml").write_text(block("yaml", "provider:"))
-    (tmp_path / "payments.yaml").write_text(block("yaml", "payments:"))
+    (tmp_path / "payments.yaml").write_text(block("yaml", "rate_limits:"))
     limits = load_policy_dir(tmp_path).x402_limits
     assert [(b.scope.value, b.limit, b.window) for b in limits.budgets] == [
         ("tenant", 50_000_000, "24h"),
         ("agent", 5_000_000, "1h"),
     ]
     assert [(r.scope.value, r.max_payments) for r in limits.rate_limits] == [("agent", 20)]
+
+
+def test_the_pegs_on_the_page_load_and_convert_a_cent(tmp_path: Path) -> None:
+    """The page's pegs file loads: USDC on Base is USD at 6 decimals, a cent 10000 units."""
+    (tmp_path / "paid.yaml").write_text(block("yaml", "provider:"))
+    (tmp_path / "payments.yaml").write_text(block("yaml", "pegs:"))
+    limits = load_policy_dir(tmp_path).x402_limits
+    [peg] = limits.pegs
+    assert limits.peg(peg.network, peg.asset.upper().replace("0X", "0x")) == peg
+    assert to_atomic(peg, 1, "USD") == 10_000
