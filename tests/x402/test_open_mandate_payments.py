@@ -29,7 +29,14 @@ from tests.support.mandate_gate import (
     mandate_settings,
     present,
 )
-from tests.support.mandates import Signer, closed_payment, open_mandate, present_under, withhold
+from tests.support.mandates import (
+    Signer,
+    closed_payment,
+    open_mandate,
+    present_under,
+    twin,
+    withhold,
+)
 from tests.support.opgate import AGENT_TOKEN, Opgate, StartOpgate, problem
 from tests.support.x402_gate import REPORT, WALLET, paid_policy
 from tests.support.x402_ledger import NETWORK, TOKEN, Ledger
@@ -161,8 +168,9 @@ async def test_an_open_mandates_budget_spans_payees_and_the_payment_over_it_is_n
     open_token = open_mandate(PERSON, AGENT, _constraints(budget=CENTS))
     async with start_opgate(upstream_overrides={"paid": api.base}, **_settings(tmp_path)) as gate:
         ops, answers = [], []
-        for payee in (PAYEE, OTHER_PAYEE):
-            status, created = await _approve(gate, api, open_token, payee, CENTS)
+        # the second under the open mandate's twin text: one mandate, one budget
+        for payee, token in ((PAYEE, open_token), (OTHER_PAYEE, twin(open_token))):
+            status, created = await _approve(gate, api, token, payee, CENTS)
             assert status == 201, created
             operation_id = created["operation"]["operation"]["operation_id"]
             params = await _params(gate, operation_id)
@@ -216,18 +224,31 @@ async def test_an_x402_mandate_names_its_payee_and_amount_and_an_unpegged_asset_
             await conn.close()
 
 
+def _duplicated() -> str:
+    """The open mandate with its constraints disclosure given twice."""
+    jwt, constraints, _ = open_mandate(PERSON, AGENT, _constraints(1)).split("~")
+    return f"{jwt}~{constraints}~{constraints}~"
+
+
 @pytest.mark.parametrize(
-    ("scenario", "open_token"),
+    ("scenario", "open_token", "withheld"),
     [
-        ("constraints withheld", lambda: withhold(open_mandate(PERSON, AGENT, _constraints(1)), 0)),
+        (
+            "constraints withheld",
+            lambda: withhold(open_mandate(PERSON, AGENT, _constraints(1)), 0),
+            True,
+        ),
         (
             "the payee constraint's element withheld",
             lambda: withhold(open_mandate(PERSON, AGENT, _constraints(1), elements=True), 1),
+            True,
         ),
         (
             "the budget's element withheld",
             lambda: withhold(open_mandate(PERSON, AGENT, _constraints(1), elements=True), 2),
+            True,
         ),
+        ("a disclosure given twice", _duplicated, False),
     ],
 )
 async def test_an_open_mandate_shown_without_its_limits_funds_no_payment(
@@ -237,15 +258,24 @@ async def test_an_open_mandate_shown_without_its_limits_funds_no_payment(
     api: PaidApi,
     scenario: str,
     open_token: Any,
+    withheld: bool,
 ) -> None:
     """The open mandate presented without its payee constraint, or without its budget, or
-    without its constraints at all: mandate_invalid naming the withheld claim, no operation."""
+    without its constraints at all, or with a disclosure duplicated: mandate_invalid (naming
+    the withheld claim), no operation; and the open mandate trimmed of the agent's closed
+    mandate approves nothing either."""
     (policy_dir / "paid.yaml").write_text(paid_policy(payer="agent"))
     (policy_dir / "payments.yaml").write_text(PEGGED)
     async with start_opgate(upstream_overrides={"paid": api.base}, **_settings(tmp_path)) as gate:
         status, answer = await _approve(gate, api, open_token(), OTHER_PAYEE, 1)
         assert (status, answer["code"]) == (403, "mandate_invalid"), (scenario, answer)
-        assert answer["claim"].startswith("constraints"), answer
+        if withheld:
+            assert answer["claim"].startswith("constraints"), answer
+        alone = open_mandate(PERSON, AGENT, _constraints(1))
+        status, answer = await present(
+            gate, gate.http, alone, provider="paid", action="report.buy", params={}
+        )
+        assert (status, answer["code"]) == (403, "mandate_invalid"), answer
         conn = await asyncpg.connect(gate.running.gateway.settings.database_url)
         try:
             assert await conn.fetchval("SELECT count(*) FROM operations") == 0
