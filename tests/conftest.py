@@ -83,8 +83,9 @@ if os.environ.get("OPGATE_EVENT_LOOP", "asyncio") != "asyncio":
     # Only when asked for: with this hook pytest-asyncio parametrizes a session fixture with
     # the loop factory for async tests only, so a synchronous test that uses an async fixture
     # (database_url) between two async ones tore down every session fixture above it ("The
-    # fixture value for 'pg_template' is not available"). Without it the suite runs on
-    # asyncio's own loop, which is the server's default (``event_loop: asyncio``).
+    # fixture value for 'pg_template' is not available"). Without it the in-process tests run
+    # on asyncio's own loop; the opgate processes they start run on the server's default
+    # (``event_loop: uvloop``) unless OPGATE_EVENT_LOOP names one (tests/support/environment.py).
 
     def pytest_asyncio_loop_factories(
         config: pytest.Config, item: pytest.Item

@@ -19,6 +19,7 @@ import pytest
 
 from proxy.transparency import note
 from tests.support.cli import free_port, run_cli, wait_ready
+from tests.support.environment import inherited
 from tests.support.opgate import SHIPPED_POLICIES
 from tests.support.opgate_process import opgate_process
 from tests.support.paths import REPO
@@ -78,7 +79,7 @@ async def test_serve_dev_starts_on_the_embedded_database_and_stops_cleanly(
     accepts an approval with its generated admin token, and exits 0 on SIGTERM."""
     data_dir = open_data_dir
     agent_port, ops_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")}
+    env = inherited()
     env["OPGATE_FORWARD_LISTEN"] = f"127.0.0.1:{free_port()}"  # never the default 3128
     process = await asyncio.create_subprocess_exec(
         sys.executable,

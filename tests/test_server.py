@@ -38,9 +38,9 @@ async def test_what_started_is_kept_out_of_later_collections(
 
 
 async def test_the_suite_runs_on_the_event_loop_the_server_runs_on() -> None:
-    """In-process tests (listeners, forward mode's tunnels, clients) run on the loop the
-    setting ``event_loop`` gives a server by default: asyncio, unless OPGATE_EVENT_LOOP says
-    otherwise (tests/conftest.py)."""
+    """In-process tests (listeners, forward mode's tunnels, clients) run on the loop
+    OPGATE_EVENT_LOOP names, asyncio when it names none (tests/conftest.py says why not the
+    server's default, uvloop, which the processes the tests start run on)."""
     wanted = os.environ.get("OPGATE_EVENT_LOOP", "asyncio")
     module = type(asyncio.get_running_loop()).__module__.partition(".")[0]
     assert module == wanted

@@ -253,11 +253,23 @@ async def _write_answer(
     """The answer, written within ``answer_write_timeout_seconds`` (aiohttp has no write
     timeout: ``write_eof`` waits for the socket to drain, for ever if the agent never reads).
     Written here rather than by aiohttp once the handler returns, so that the deadline holds;
-    a connection that is not taken in time is aborted."""
+    a connection that is not taken in time is aborted.
+
+    ``write_eof`` returning is not enough to say the answer went: a write that fails in the
+    transport (the agent's reset reached the socket before the event loop read it) closes the
+    transport and drops the bytes without raising, and ``write_eof`` waits only for a paused
+    transport. So the transport is asked afterwards, by aiohttp's own test before every write:
+    gone or closing, the agent went while its answer was written (on uvloop this was the usual
+    way an agent's reset showed, bench/opgate-process-cpu.md). An agent that half-closes its
+    side while its answer is flushed counts as gone here too, as aiohttp counts it for any
+    write after its FIN."""
     try:
         async with asyncio.timeout(settings.answer_write_timeout_seconds):
             await response.prepare(request)
             await response.write_eof()
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            emit_undelivered(record, Undelivered.AGENT_DISCONNECTED)
     except TimeoutError:
         emit_undelivered(record, Undelivered.WRITE_TIMEOUT)
         _log.warning(

@@ -34,6 +34,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
+from tests.support.environment import inherited
 from tests.support.fault_provider import FaultProvider
 from tests.support.killable_opgate import KillableOpgate, free_port, spawn_opgate
 from tests.support.opgate import (
@@ -66,7 +67,7 @@ async def _spawn(env: dict[str, str], stdout: int | IO[bytes], log_path: Path) -
     """opgate with its stdout on ``stdout`` (stderr to ``log_path``), once it answers
     ``/healthz``: readiness may rightly fail here, with a broken log sink."""
     agent_port, ops_port = free_port(), free_port()
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")}
+    full_env = inherited()
     full_env.update(env)
     full_env["OPGATE_AGENT_LISTEN"] = f"127.0.0.1:{agent_port}"
     full_env["OPGATE_OPS_LISTEN"] = f"127.0.0.1:{ops_port}"
@@ -159,7 +160,7 @@ async def _verify(env: dict[str, str]) -> tuple[int, str]:
     """``opgate audit verify`` on the test's database: exit code and output."""
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "proxy", "audit", "verify", cwd=REPO,
-        env={**{k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")}, **env},
+        env={**inherited(), **env},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     out, _ = await asyncio.wait_for(process.communicate(), 120)

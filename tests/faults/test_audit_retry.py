@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,6 +20,7 @@ import pytest_asyncio
 from proxy.observe.auditlog.records import MANY_RECORDS
 from proxy.observe.auditlog.writer import RequestRecordWriter
 from proxy.store.store import Store
+from tests.support.environment import inherited
 from tests.support.paths import REPO
 from tests.support.pg_relay import TcpRelay, dsn_through_relay, relay_target
 
@@ -61,7 +61,7 @@ async def _verify(database_url: str) -> tuple[int, str]:
     """``opgate audit verify`` on the test's database: exit code and output."""
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "proxy", "audit", "verify", "--database-url", database_url,
-        cwd=REPO, env={k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")},
+        cwd=REPO, env=inherited(),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     out, _ = await asyncio.wait_for(process.communicate(), 120)

@@ -34,6 +34,7 @@ import pytest
 import pytest_asyncio
 
 from tests.support.cluster import Cluster, missing_reason, running_cluster
+from tests.support.environment import inherited
 from tests.support.failover import approve, recovery_view, send_approved
 from tests.support.fault_provider import FaultProvider
 from tests.support.killable_opgate import REPO, KillableOpgate, spawn_opgate
@@ -139,7 +140,7 @@ async def test_asynchronous_standby_refuses_start_unless_accepted(
                 "serve",
                 cwd=REPO,
                 env={
-                    **{k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")},
+                    **inherited(),
                     **env,
                     "OPGATE_AGENT_LISTEN": "127.0.0.1:0",
                     "OPGATE_OPS_LISTEN": "127.0.0.1:0",
@@ -411,7 +412,7 @@ async def _verify_audit(env: dict[str, str]) -> int:
         "audit",
         "verify",
         cwd=REPO,
-        env={**{k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")}, **env},
+        env={**inherited(), **env},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )

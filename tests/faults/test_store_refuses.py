@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import sys
 import uuid
@@ -24,6 +23,7 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
+from tests.support.environment import inherited
 from tests.support.fault_provider import FaultProvider
 from tests.support.mcp_client import http_client, refused_code
 from tests.support.opgate import (
@@ -451,7 +451,7 @@ async def _until_async(check: Callable[[], Awaitable[bool]], what: str) -> None:
 async def _opgate_command(*args: str, env: dict[str, str]) -> tuple[int, str]:
     """``python -m proxy ARGS`` with ``env`` on top of a clean environment: exit status and
     stderr."""
-    full = {k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")}
+    full = inherited()
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

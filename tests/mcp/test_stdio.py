@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from typing import Any
 
@@ -14,6 +13,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import TextResourceContents
 
 from tests.mcp.conftest import approved_refund, revoke
+from tests.support.environment import inherited
 from tests.support.localstripe_server import list_refunds
 from tests.support.mcp_client import refused_code, stdio_client, structured
 from tests.support.mcp_tasks import (
@@ -71,7 +71,7 @@ async def test_over_stdio_a_request_with_invalid_params_gets_an_error_answer(
 ) -> None:
     """A request with an id whose params do not fit its method is answered with a JSON-RPC
     error for that id, never with silence (the client would wait forever)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")}
+    env = inherited()
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         *("-m", "proxy", "mcp", "--url", stripe_gate.agent_url, "--token", AGENT_TOKEN),

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from collections.abc import AsyncIterator
 from importlib.metadata import version
@@ -21,6 +20,7 @@ from mcp.shared.exceptions import MCPError
 from structlog.testing import capture_logs
 
 from proxy.mcp.origins import origin_allowed
+from tests.support.environment import inherited
 from tests.support.mcp_client import stdio_client
 from tests.support.mcp_wire import call, post
 from tests.support.opgate import AGENT_TOKEN, SHIPPED_POLICIES, Opgate, StartOpgate
@@ -175,7 +175,7 @@ def _said(capabilities: dict[str, Any]) -> dict[str, Any]:
 
 async def _stdio_capabilities(agent_url: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The relay's initialize answer (capabilities and serverInfo), raw."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")}
+    env = inherited()
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         *("-m", "proxy", "mcp", "--url", agent_url, "--token", AGENT_TOKEN),

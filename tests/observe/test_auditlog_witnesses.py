@@ -24,6 +24,7 @@ from proxy.settings import WitnessConfig
 from proxy.store import audit
 from proxy.store.store import Store
 from proxy.transparency import note
+from tests.support.environment import inherited
 from tests.support.paths import REPO
 from tests.support.postgres import dsn_for_database
 
@@ -91,7 +92,7 @@ class WitnessProcess:
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")}
+    env = inherited()
     env["PYTHONPATH"] = str(REPO)
     return env
 

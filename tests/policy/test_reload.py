@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -18,6 +17,7 @@ from structlog.testing import capture_logs
 from proxy.gate.identity import token_digest
 from proxy.policy.load import load_policy_dir, policy_version
 from tests.support.cli import free_port, wait_ready
+from tests.support.environment import inherited
 from tests.support.fault_provider import FaultProvider
 from tests.support.opgate import ADMIN_TOKEN, StartOpgate, admin_headers, fault_policy, problem
 from tests.support.paths import REPO
@@ -206,7 +206,7 @@ async def test_sighup_reloads_a_running_opgate_serve(database_url: str, tmp_path
     policy_dir.mkdir()
     (policy_dir / "fault.yaml").write_text(POLICY_A)
     ops_port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")}
+    env = inherited()
     env |= {
         "OPGATE_DATABASE_URL": database_url,
         "OPGATE_POLICY_DIR": str(policy_dir),

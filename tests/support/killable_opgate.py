@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import socket
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import aiohttp
 
+from tests.support.environment import inherited
 from tests.support.paths import REPO
 
 
@@ -54,7 +54,7 @@ async def spawn_opgate(
     what ``python -m`` runs (a test-support entry point that adds a fault point, e.g.
     tests/support/opgate_killed_before_paid_send.py)."""
     agent_port, ops_port = free_port(), free_port()
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")}
+    full_env = inherited()
     full_env.update(env)
     full_env["OPGATE_AGENT_LISTEN"] = f"127.0.0.1:{agent_port}"
     full_env["OPGATE_OPS_LISTEN"] = f"127.0.0.1:{ops_port}"

@@ -4,7 +4,6 @@ token, or over stdio by spawning ``opgate mcp`` the way a local agent runtime do
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,6 +14,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult
 
+from tests.support.environment import inherited
 from tests.support.paths import REPO
 
 
@@ -50,7 +50,7 @@ async def stdio_client(
 ) -> AsyncIterator[Client]:
     """``opgate mcp --url ... --token ...`` as a child process; the client stops it on exit.
     ``extensions``: the client's (``ClientExtension``), e.g. the tasks extension's."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")}
+    env = inherited()
     server = StdioServerParameters(
         command=sys.executable,
         args=["-m", "proxy", "mcp", "--url", agent_url, "--token", token],

@@ -25,6 +25,7 @@ import aiohttp
 import yaml
 from aiohttp import web
 
+from tests.support.environment import inherited
 from tests.support.paths import REPO
 
 SUITE_DIR = REPO / "tests" / "mcp" / "conformance"
@@ -131,7 +132,7 @@ class SuiteRun:
 async def run_suite(node_path: str, url: str, out: Path, *selection: str) -> SuiteRun:
     """The server scenarios ``selection`` names (the suite's own options) against ``url``;
     the checks each scenario reported (read from the suite's output directory)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OPGATE_")}
+    env = inherited()
     env["PATH"] = f"{Path(node_path).parent}{os.pathsep}{env.get('PATH', '')}"
     child = await asyncio.create_subprocess_exec(
         node_path,
