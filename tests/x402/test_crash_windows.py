@@ -3,11 +3,13 @@ SIGKILLed by the paid API (the SDK's resource server and exact facilitator over 
 token) when the paid request arrives, before anything is verified, or once it has settled,
 before the answer; or the answer lost with opgate alive. A replacement opgate process and a
 replacement agent holding only the operation id then finish it (the agent's recovery read,
-then the send it advises): exactly one settlement per operation in the ledger, every run."""
+then the send it advises): exactly one settlement per operation in the ledger, every run.
+One run per window by default; ``OPGATE_X402_RUNS=N`` runs N."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -34,7 +36,8 @@ from tests.support.x402_processes import (
 )
 from tests.support.x402_server import PRICE, PaidApi, paid_api
 
-RUNS = 3  # per window
+# One run per window in CI; the figures in docs/x402.md are of OPGATE_X402_RUNS=3.
+RUNS = int(os.environ.get("OPGATE_X402_RUNS", "1"))  # per window
 KILLED_BEFORE_PAID_SEND = "tests.support.opgate_killed_before_paid_send"
 
 
