@@ -8,7 +8,7 @@ from typing import Any
 
 from eth_account import Account
 
-from tests.support.opgate import Opgate
+from tests.support.opgate import AGENT_TOKEN, Opgate, admin_headers
 from tests.support.x402_ledger import NETWORK, TOKEN
 from tests.support.x402_server import PAYEE, PRICE
 
@@ -86,3 +86,24 @@ async def approve_purchase(gate: Opgate, resource: str, **changes: str) -> dict[
         currency=None,
         params=terms(resource, **changes),
     )
+
+
+async def buy(gate: Opgate, operation_id: str) -> tuple[int, dict[str, str], bytes]:
+    """The agent's purchase of REPORT for ``operation_id`` through opgate's forward mode."""
+    return await gate.send(
+        REPORT,
+        method="GET",
+        headers={"X-Operation-Id": operation_id, "Proxy-Authorization": f"Bearer {AGENT_TOKEN}"},
+        token=None,
+        content_type=None,
+    )
+
+
+async def reconcile(gate: Opgate, operation_id: str) -> dict[str, Any]:
+    """The operations API's reconcile of ``operation_id``; the row after it."""
+    async with gate.http.post(
+        f"{gate.ops_url}/v1/operations/{operation_id}/reconcile", headers=admin_headers()
+    ) as response:
+        assert response.status == 200
+    row: dict[str, Any] = await gate.operation(operation_id)
+    return row

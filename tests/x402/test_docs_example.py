@@ -18,10 +18,10 @@ from eth_account import Account
 
 from proxy.policy.load import load_policy_dir
 from proxy.policy.payments import to_atomic
-from tests.support.opgate import AGENT_TOKEN, Opgate, StartOpgate, admin_headers
+from tests.support.opgate import AGENT_TOKEN, StartOpgate
 from tests.support.paths import REPO
 from tests.support.x402_chain_rpc import ChainRpc, chain_rpc
-from tests.support.x402_gate import WALLET, approve_purchase
+from tests.support.x402_gate import WALLET, approve_purchase, reconcile
 from tests.support.x402_ledger import Ledger
 from tests.support.x402_server import PRICE, PaidApi, paid_api
 
@@ -54,15 +54,6 @@ async def api(ledger: Ledger) -> AsyncIterator[PaidApi]:
 async def node(ledger: Ledger) -> AsyncIterator[ChainRpc]:
     async with chain_rpc(ledger) as running:
         yield running
-
-
-async def reconcile(gate: Opgate, operation_id: str) -> dict[str, Any]:
-    async with gate.http.post(
-        f"{gate.ops_url}/v1/operations/{operation_id}/reconcile", headers=admin_headers()
-    ) as response:
-        assert response.status == 200
-    row: dict[str, Any] = await gate.operation(operation_id)
-    return row
 
 
 @pytest.mark.parametrize(

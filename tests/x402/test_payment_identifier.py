@@ -20,9 +20,9 @@ from x402.http.utils import decode_payment_required_header
 from x402.schemas import PaymentRequired
 
 from proxy.x402.authorization import operation_nonce, sign_payment, signature_header
-from tests.support.opgate import AGENT_TOKEN, Opgate, StartOpgate, admin_headers, problem
+from tests.support.opgate import Opgate, StartOpgate, problem
 from tests.support.x402_chain_rpc import ChainRpc, chain_rpc
-from tests.support.x402_gate import REPORT, WALLET, approve_purchase, paid_policy
+from tests.support.x402_gate import WALLET, approve_purchase, buy, paid_policy, reconcile
 from tests.support.x402_ledger import Ledger
 from tests.support.x402_server import PRICE, PaidApi, paid_api
 
@@ -61,25 +61,6 @@ async def gate(
     (policy_dir / "paid.yaml").write_text(paid_policy(chain_rpc=True, expiry_margin=0))
     async with start_opgate(upstream_overrides={"paid": api.base}) as running:
         yield running
-
-
-async def buy(gate: Opgate, operation_id: str) -> tuple[int, dict[str, str], bytes]:
-    return await gate.send(
-        REPORT,
-        method="GET",
-        headers={"X-Operation-Id": operation_id, "Proxy-Authorization": f"Bearer {AGENT_TOKEN}"},
-        token=None,
-        content_type=None,
-    )
-
-
-async def reconcile(gate: Opgate, operation_id: str) -> dict[str, Any]:
-    async with gate.http.post(
-        f"{gate.ops_url}/v1/operations/{operation_id}/reconcile", headers=admin_headers()
-    ) as response:
-        assert response.status == 200
-    row: dict[str, Any] = await gate.operation(operation_id)
-    return row
 
 
 async def paid_header(http: aiohttp.ClientSession, api: PaidApi, signer: Any) -> str:

@@ -17,9 +17,9 @@ import pytest
 import pytest_asyncio
 
 from proxy.x402.authorization import operation_nonce
-from tests.support.opgate import AGENT_TOKEN, Opgate, StartOpgate, admin_headers, problem
+from tests.support.opgate import Opgate, StartOpgate, problem
 from tests.support.x402_chain_rpc import ChainRpc, chain_rpc
-from tests.support.x402_gate import REPORT, WALLET, approve_purchase, paid_policy
+from tests.support.x402_gate import WALLET, approve_purchase, buy, paid_policy, reconcile
 from tests.support.x402_ledger import Ledger
 from tests.support.x402_server import PAYEE, PRICE, PaidApi, paid_api
 
@@ -56,25 +56,6 @@ async def gate(
     (policy_dir / "paid.yaml").write_text(paid_policy(chain_rpc=True, expiry_margin=0))
     async with start_opgate(upstream_overrides={"paid": api.base}) as running:
         yield running
-
-
-async def buy(gate: Opgate, operation_id: str) -> tuple[int, dict[str, str], bytes]:
-    return await gate.send(
-        REPORT,
-        method="GET",
-        headers={"X-Operation-Id": operation_id, "Proxy-Authorization": f"Bearer {AGENT_TOKEN}"},
-        token=None,
-        content_type=None,
-    )
-
-
-async def reconcile(gate: Opgate, operation_id: str) -> dict[str, Any]:
-    async with gate.http.post(
-        f"{gate.ops_url}/v1/operations/{operation_id}/reconcile", headers=admin_headers()
-    ) as response:
-        assert response.status == 200
-    row: dict[str, Any] = await gate.operation(operation_id)
-    return row
 
 
 async def test_a_paid_operation_whose_answer_was_lost_is_settled_paid_from_its_nonce(
