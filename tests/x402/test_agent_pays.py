@@ -26,7 +26,7 @@ from tests.support.opgate import AGENT_TOKEN, Opgate, StartOpgate, problem
 from tests.support.x402_gate import REPORT, approve_purchase, paid_policy
 from tests.support.x402_ledger import Ledger
 from tests.support.x402_minting import challenge
-from tests.support.x402_server import PAYEE, PRICE, PaidApi, paid_api
+from tests.support.x402_server import PAYEE, PRICE, PaidApi
 
 AGENT_WALLET: LocalAccount = Account.from_key("0x" + "5a" * 32)  # the agent's own key
 
@@ -36,12 +36,6 @@ async def ledger() -> Ledger:
     chain = Ledger(now=lambda: int(time.time()))
     chain.fund(AGENT_WALLET.address, 10 * PRICE)
     return chain
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def api(ledger: Ledger) -> AsyncIterator[PaidApi]:
-    async with paid_api(ledger) as running:
-        yield running
 
 
 @contextlib.asynccontextmanager

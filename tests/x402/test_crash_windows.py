@@ -12,7 +12,6 @@ import asyncio
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -22,7 +21,7 @@ import pytest_asyncio
 
 from proxy.x402.authorization import operation_nonce
 from tests.support.killable_opgate import KillableOpgate, spawn_opgate
-from tests.support.x402_chain_rpc import ChainRpc, chain_rpc
+from tests.support.x402_chain_rpc import ChainRpc
 from tests.support.x402_gate import WALLET
 from tests.support.x402_ledger import Ledger
 from tests.support.x402_processes import (
@@ -34,7 +33,7 @@ from tests.support.x402_processes import (
     finish_as_a_replacement,
     nonce_of,
 )
-from tests.support.x402_server import PRICE, PaidApi, paid_api
+from tests.support.x402_server import PRICE, PaidApi
 
 # One run per window in CI; the figures in docs/x402.md are of OPGATE_X402_RUNS=3.
 RUNS = int(os.environ.get("OPGATE_X402_RUNS", "1"))  # per window
@@ -46,24 +45,6 @@ async def ledger() -> Ledger:
     chain = Ledger(now=lambda: int(time.time()))
     chain.fund(WALLET.address, 100 * PRICE)
     return chain
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def api(ledger: Ledger) -> AsyncIterator[PaidApi]:
-    async with paid_api(ledger) as running:
-        yield running
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def node(ledger: Ledger) -> AsyncIterator[ChainRpc]:
-    async with chain_rpc(ledger) as running:
-        yield running
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(trust_env=False) as session:
-        yield session
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +20,10 @@ from proxy.policy.load import load_policy_dir
 from proxy.policy.payments import to_atomic
 from tests.support.opgate import AGENT_TOKEN, StartOpgate
 from tests.support.paths import REPO
-from tests.support.x402_chain_rpc import ChainRpc, chain_rpc
+from tests.support.x402_chain_rpc import ChainRpc
 from tests.support.x402_gate import WALLET, approve_purchase, reconcile
 from tests.support.x402_ledger import Ledger
-from tests.support.x402_server import PRICE, PaidApi, paid_api
+from tests.support.x402_server import PRICE, PaidApi
 
 PAGE = REPO / "docs" / "x402.md"
 AGENT_WALLET = Account.from_key("0x" + "6b" * 32)
@@ -42,18 +42,6 @@ async def ledger() -> Ledger:
     chain.fund(WALLET.address, 10 * PRICE)
     chain.fund(AGENT_WALLET.address, 10 * PRICE)
     return chain
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def api(ledger: Ledger) -> AsyncIterator[PaidApi]:
-    async with paid_api(ledger) as running:
-        yield running
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def node(ledger: Ledger) -> AsyncIterator[ChainRpc]:
-    async with chain_rpc(ledger) as running:
-        yield running
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from tests.support.opgate import AGENT_TOKEN, SECOND_AGENT_TOKEN, Opgate, StartO
 from tests.support.x402_gate import REPORT, WALLET, approve_purchase, paid_policy
 from tests.support.x402_ledger import Ledger
 from tests.support.x402_minting import RESOURCE, challenge, encoded, nested, requirement
-from tests.support.x402_server import PAYEE, PRICE, PaidApi, paid_api
+from tests.support.x402_server import PAYEE, PRICE, PaidApi
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -27,12 +27,6 @@ async def ledger() -> Ledger:
     chain = Ledger(now=lambda: int(time.time()))
     chain.fund(WALLET.address, 10 * PRICE)
     return chain
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def api(ledger: Ledger) -> AsyncIterator[PaidApi]:
-    async with paid_api(ledger) as running:
-        yield running
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -7,7 +7,6 @@ payment that would pass it is never kept, sent or settled."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,7 @@ from tests.support.mandates import (
 from tests.support.opgate import AGENT_TOKEN, Opgate, StartOpgate, problem
 from tests.support.x402_gate import REPORT, WALLET, paid_policy
 from tests.support.x402_ledger import NETWORK, TOKEN, Ledger
-from tests.support.x402_server import PAYEE, PRICE, PaidApi, paid_api
+from tests.support.x402_server import PAYEE, PRICE, PaidApi
 
 AGENT = Signer("agent-key")
 AGENT_WALLET: LocalAccount = Account.from_key("0x" + "6c" * 32)
@@ -75,12 +74,6 @@ async def ledger() -> Ledger:
     chain.fund(WALLET.address, 10 * PRICE)
     chain.fund(AGENT_WALLET.address, 10 * PRICE)
     return chain
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def api(ledger: Ledger) -> AsyncIterator[PaidApi]:
-    async with paid_api(ledger) as running:
-        yield running
 
 
 def _settings(tmp_path: Path) -> dict[str, Any]:

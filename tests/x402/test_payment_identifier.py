@@ -21,10 +21,10 @@ from x402.schemas import PaymentRequired
 
 from proxy.x402.authorization import operation_nonce, sign_payment, signature_header
 from tests.support.opgate import Opgate, StartOpgate, problem
-from tests.support.x402_chain_rpc import ChainRpc, chain_rpc
+from tests.support.x402_chain_rpc import ChainRpc
 from tests.support.x402_gate import WALLET, approve_purchase, buy, paid_policy, reconcile
 from tests.support.x402_ledger import Ledger
-from tests.support.x402_server import PRICE, PaidApi, paid_api
+from tests.support.x402_server import PRICE, PaidApi
 
 OPERATION_ID = "op_0123456789abcdef0123"  # an id the extension allows (16-128 of [A-Za-z0-9_-])
 
@@ -34,18 +34,6 @@ async def ledger() -> Ledger:
     chain = Ledger(now=lambda: int(time.time()))
     chain.fund(WALLET.address, 10 * PRICE)
     return chain
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def api(ledger: Ledger) -> AsyncIterator[PaidApi]:
-    async with paid_api(ledger) as running:
-        yield running
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def node(ledger: Ledger) -> AsyncIterator[ChainRpc]:
-    async with chain_rpc(ledger) as running:
-        yield running
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -5,7 +5,6 @@ asset's units spans payees, whoever signs; the payment over it is never kept, se
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from tests.support.x402_gate import (
     payments_policy,
 )
 from tests.support.x402_ledger import Ledger
-from tests.support.x402_server import PAYEE, PRICE, PaidApi, paid_api
+from tests.support.x402_server import PAYEE, PRICE, PaidApi
 
 AGENT_WALLET: LocalAccount = Account.from_key("0x" + "5b" * 32)
 PAYEES = [PAYEE, "0x" + "ab" * 20, "0x" + "cd" * 20]
@@ -40,12 +39,6 @@ async def ledger() -> Ledger:
     chain.fund(WALLET.address, 10 * PRICE)
     chain.fund(AGENT_WALLET.address, 10 * PRICE)
     return chain
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def api(ledger: Ledger) -> AsyncIterator[PaidApi]:
-    async with paid_api(ledger) as running:
-        yield running
 
 
 async def buy(gate: Opgate, operation_id: str) -> tuple[int, bytes]:

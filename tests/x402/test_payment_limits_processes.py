@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from tests.support.killable_opgate import spawn_opgate
 from tests.support.opgate import AGENT_TOKEN, admin_headers, process_env
 from tests.support.x402_gate import REPORT, WALLET, paid_policy, payments_policy, terms
 from tests.support.x402_ledger import Ledger
-from tests.support.x402_server import PRICE, PaidApi, paid_api
+from tests.support.x402_server import PRICE, PaidApi
 
 PURCHASES = 8
 BUDGET = 3 * PRICE
@@ -28,12 +27,6 @@ async def ledger() -> Ledger:
     chain = Ledger(now=lambda: int(time.time()))
     chain.fund(WALLET.address, 100 * PRICE)
     return chain
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def api(ledger: Ledger) -> AsyncIterator[PaidApi]:
-    async with paid_api(ledger) as running:
-        yield running
 
 
 async def test_two_processes_paying_different_payees_at_once_stay_within_the_budget(

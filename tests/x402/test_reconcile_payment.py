@@ -18,10 +18,10 @@ import pytest_asyncio
 
 from proxy.x402.authorization import operation_nonce
 from tests.support.opgate import Opgate, StartOpgate, problem
-from tests.support.x402_chain_rpc import ChainRpc, chain_rpc
+from tests.support.x402_chain_rpc import ChainRpc
 from tests.support.x402_gate import WALLET, approve_purchase, buy, paid_policy, reconcile
 from tests.support.x402_ledger import Ledger
-from tests.support.x402_server import PAYEE, PRICE, PaidApi, paid_api
+from tests.support.x402_server import PAYEE, PRICE, PaidApi
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -29,18 +29,6 @@ async def ledger() -> Ledger:
     chain = Ledger(now=lambda: int(time.time()))
     chain.fund(WALLET.address, 10 * PRICE)
     return chain
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def api(ledger: Ledger) -> AsyncIterator[PaidApi]:
-    async with paid_api(ledger) as running:
-        yield running
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def node(ledger: Ledger) -> AsyncIterator[ChainRpc]:
-    async with chain_rpc(ledger) as running:
-        yield running
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -13,7 +13,6 @@ import asyncio
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ import pytest_asyncio
 
 from proxy.x402.authorization import operation_nonce
 from tests.support.killable_opgate import spawn_opgate
-from tests.support.x402_chain_rpc import ChainRpc, chain_rpc
+from tests.support.x402_chain_rpc import ChainRpc
 from tests.support.x402_gate import WALLET
 from tests.support.x402_ledger import Ledger
 from tests.support.x402_processes import (
@@ -34,7 +33,7 @@ from tests.support.x402_processes import (
     env_for,
     nonce_of,
 )
-from tests.support.x402_server import PRICE, PaidApi, paid_api
+from tests.support.x402_server import PRICE, PaidApi
 
 # per mode, each raced by the two replicas: 4 in CI; the figures in docs/x402.md are of
 # OPGATE_X402_RUNS=3 (10 operations per mode)
@@ -47,24 +46,6 @@ async def ledger() -> Ledger:
     chain.fund(WALLET.address, 100 * PRICE)
     chain.fund(AGENT_WALLET.address, 100 * PRICE)
     return chain
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def api(ledger: Ledger) -> AsyncIterator[PaidApi]:
-    async with paid_api(ledger) as running:
-        yield running
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def node(ledger: Ledger) -> AsyncIterator[ChainRpc]:
-    async with chain_rpc(ledger) as running:
-        yield running
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(trust_env=False) as session:
-        yield session
 
 
 def lost_the_race(answer: tuple[int, dict[str, Any], dict[str, str]]) -> str:
